@@ -1,0 +1,269 @@
+package notify
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Transport names. Exactly one is installed per engine.
+const (
+	TransportOOB          = "oob"           // classic: notifies over the TCP OOB channel
+	TransportRDMATwoSided = "rdma_twosided" // per-peer CtrlChannel on an RC QP
+)
+
+// ErrConfig is wrapped by every configuration error; the message names the field and why.
+var ErrConfig = errors.New("notify: bad configuration")
+
+// config is the engine's resolved configuration: defaults, then MC_* environment (FromEnv),
+// then options.
+type config struct {
+	listenAddr string
+
+	transport     string
+	transportSet  []string // every transport asked for by options, to detect a conflict
+	notifyEnabled bool
+	oobFallback   bool
+
+	recvCount       int
+	bufferSize      int
+	maxPendingSends int
+	connectTimeout  time.Duration
+	maxNotifySize   int
+	recvQueue       int
+
+	handshakeConnectTimeout time.Duration
+	handshakeMaxLength      int
+
+	provider  string
+	filters   []string
+	mtu       int // bytes; 0 = port active MTU
+	ibPort    int
+	gidIndex  int // -1 = auto
+	busyPoll  time.Duration
+	noCredits bool
+	logger    zerolog.Logger
+	onNotify  func(Notify)
+	errs      []error
+}
+
+func defaultConfig() config {
+	return config{
+		listenAddr:              "127.0.0.1:0",
+		transport:               TransportOOB,
+		notifyEnabled:           true,
+		oobFallback:             true,
+		recvCount:               64,
+		bufferSize:              4096,
+		maxPendingSends:         64,
+		connectTimeout:          10 * time.Second,
+		maxNotifySize:           1 << 20,
+		recvQueue:               4096,
+		handshakeConnectTimeout: 5 * time.Second,
+		handshakeMaxLength:      1 << 20,
+		ibPort:                  1,
+		gidIndex:                -1,
+		logger:                  zerolog.Nop(),
+	}
+}
+
+func (c *config) fail(field string, format string, args ...any) {
+	c.errs = append(c.errs, fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, args...)))
+}
+
+func (c *config) intRange(field string, v, lo, hi int) bool {
+	if v < lo || v > hi {
+		c.fail(field, "%d out of range %d..%d", v, lo, hi)
+		return false
+	}
+	return true
+}
+
+// parseBool accepts the spellings Mooncake's getenv helpers accept.
+func parseBool(s string) (bool, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "1", "true", "yes", "on", "y", "t":
+		return true, nil
+	case "0", "false", "no", "off", "n", "f":
+		return false, nil
+	}
+	return false, fmt.Errorf("%q is not a boolean (use 1/0, true/false, yes/no, on/off)", s)
+}
+
+// fromEnv applies the MC_* variables of DESIGN.md. lookup is os.LookupEnv in production.
+func (c *config) fromEnv(lookup func(string) (string, bool)) {
+	boolVar := func(name string, dst *bool) {
+		if s, ok := lookup(name); ok && s != "" {
+			v, err := parseBool(s)
+			if err != nil {
+				c.fail(name, "%v", err)
+				return
+			}
+			*dst = v
+		}
+	}
+	intVar := func(name string, lo, hi int, dst *int) {
+		if s, ok := lookup(name); ok && s != "" {
+			v, err := strconv.Atoi(strings.TrimSpace(s))
+			if err != nil {
+				c.fail(name, "%q is not an integer", s)
+				return
+			}
+			if c.intRange(name, v, lo, hi) {
+				*dst = v
+			}
+		}
+	}
+	var useTwoSided bool
+	boolVar("MC_USE_RDMA_TWOSIDED", &useTwoSided)
+	if useTwoSided {
+		c.transport = TransportRDMATwoSided
+	}
+	boolVar("MC_RDMA_NOTIFY_ENABLED", &c.notifyEnabled)
+	boolVar("MC_RDMA_NOTIFY_OOB_FALLBACK", &c.oobFallback)
+	intVar("MC_RDMA_NOTIFY_RECV_COUNT", 1, 4096, &c.recvCount)
+	intVar("MC_RDMA_NOTIFY_BUFFER_SIZE", 256, 65536, &c.bufferSize)
+	intVar("MC_RDMA_NOTIFY_MAX_PENDING_SENDS", 1, 4096, &c.maxPendingSends)
+	ms := int(c.connectTimeout / time.Millisecond)
+	intVar("MC_RDMA_NOTIFY_CONNECT_TIMEOUT_MS", 100, 600000, &ms)
+	c.connectTimeout = time.Duration(ms) * time.Millisecond
+	if s, ok := lookup("MC_TE_FILTERS"); ok && strings.TrimSpace(s) != "" {
+		c.filters = nil
+		for _, f := range strings.Split(s, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				c.filters = append(c.filters, f)
+			}
+		}
+	}
+	if s, ok := lookup("MC_MTU"); ok && s != "" {
+		v, err := strconv.Atoi(strings.TrimSpace(s))
+		switch {
+		case err != nil:
+			c.fail("MC_MTU", "%q is not an integer", s)
+		case v != 512 && v != 1024 && v != 2048 && v != 4096:
+			c.fail("MC_MTU", "%d: must be 512, 1024, 2048 or 4096", v)
+		default:
+			c.mtu = v
+		}
+	}
+	intVar("MC_IB_PORT", 1, 255, &c.ibPort)
+	if s, ok := lookup("MC_GID_INDEX"); ok && s != "" && !strings.EqualFold(s, "auto") {
+		intVar("MC_GID_INDEX", 0, 255, &c.gidIndex)
+	}
+	port := 0
+	intVar("MC_HANDSHAKE_PORT", 1, 65535, &port)
+	if port != 0 {
+		c.listenAddr = "0.0.0.0:" + strconv.Itoa(port)
+	}
+	secs := int(c.handshakeConnectTimeout / time.Second)
+	intVar("MC_HANDSHAKE_CONNECT_TIMEOUT", 1, 3599, &secs)
+	c.handshakeConnectTimeout = time.Duration(secs) * time.Second
+	intVar("MC_HANDSHAKE_MAX_LENGTH", 1<<20, 128<<20, &c.handshakeMaxLength)
+}
+
+// validate checks what options may have set and returns every error found, joined.
+func (c *config) validate() error {
+	if len(c.transportSet) > 0 {
+		first := c.transportSet[0]
+		for _, t := range c.transportSet[1:] {
+			if t != first {
+				c.fail("transport", "both %q and %q requested: exactly one transport per engine", first, t)
+				break
+			}
+		}
+		c.transport = first
+	}
+	switch c.transport {
+	case TransportOOB, TransportRDMATwoSided:
+	default:
+		c.fail("transport", "%q: want %q or %q", c.transport, TransportOOB, TransportRDMATwoSided)
+	}
+	c.intRange("recv_count", c.recvCount, 1, 4096)
+	c.intRange("buffer_size", c.bufferSize, 256, 65536)
+	c.intRange("max_pending_sends", c.maxPendingSends, 1, 4096)
+	if c.connectTimeout < 100*time.Millisecond || c.connectTimeout > 600*time.Second {
+		c.fail("connect_timeout", "%v out of range 100ms..600s", c.connectTimeout)
+	}
+	c.intRange("max_notify_size", c.maxNotifySize, 1, 128<<20)
+	c.intRange("recv_queue", c.recvQueue, 1, 1<<24)
+	if c.mtu != 0 && c.mtu != 256 && c.mtu != 512 && c.mtu != 1024 && c.mtu != 2048 && c.mtu != 4096 {
+		c.fail("mtu", "%d: must be 256, 512, 1024, 2048 or 4096", c.mtu)
+	}
+	if c.busyPoll < 0 || c.busyPoll > time.Second {
+		c.fail("busy_poll", "%v out of range 0..1s", c.busyPoll)
+	}
+	if c.listenAddr == "" {
+		c.fail("listen_addr", "empty")
+	}
+	return errors.Join(c.errs...)
+}
+
+// Option configures an Engine. Options are applied after the environment (FromEnv).
+type Option func(*config)
+
+// WithListenAddr sets the OOB listener address, e.g. "127.0.0.1:0". Its bound host:port is
+// the engine's peer name.
+func WithListenAddr(addr string) Option { return func(c *config) { c.listenAddr = addr } }
+
+// WithTransport selects "oob" (classic) or "rdma_twosided". Asking for both is an error.
+func WithTransport(name string) Option {
+	return func(c *config) {
+		for _, t := range strings.Split(name, ",") {
+			c.transportSet = append(c.transportSet, strings.TrimSpace(t))
+		}
+	}
+}
+
+// WithOOBFallback sets whether a notify that cannot go over RDMA goes over OOB (default true).
+func WithOOBFallback(on bool) Option { return func(c *config) { c.oobFallback = on } }
+
+// WithRecvCount sets the RECV ring depth per channel, the advertised notify_rq_depth (1..4096).
+func WithRecvCount(n int) Option { return func(c *config) { c.recvCount = n } }
+
+// WithBufferSize sets the bytes per RECV buffer, the largest frame (256..65536).
+func WithBufferSize(n int) Option { return func(c *config) { c.bufferSize = n } }
+
+// WithMaxPendingSends bounds queued plus in-flight sends per peer (1..4096).
+func WithMaxPendingSends(n int) Option { return func(c *config) { c.maxPendingSends = n } }
+
+// WithConnectTimeout bounds a channel connect (100ms..600s).
+func WithConnectTimeout(d time.Duration) Option { return func(c *config) { c.connectTimeout = d } }
+
+// WithMaxNotifySize bounds name+msg of one notify (default 1 MiB).
+func WithMaxNotifySize(n int) Option { return func(c *config) { c.maxNotifySize = n } }
+
+// WithRecvQueue bounds the received-notify queue; when it is full, credits stop and senders
+// wait (backpressure), nothing is dropped.
+func WithRecvQueue(n int) Option { return func(c *config) { c.recvQueue = n } }
+
+// WithProvider forces an ibv provider ("soft" or "verbs").
+func WithProvider(name string) Option { return func(c *config) { c.provider = name } }
+
+// WithDeviceFilters restricts device choice to these names (as MC_TE_FILTERS).
+func WithDeviceFilters(names ...string) Option {
+	return func(c *config) { c.filters = append([]string(nil), names...) }
+}
+
+// WithMTU caps the path MTU in bytes (as MC_MTU); the channel uses min of both sides.
+func WithMTU(bytes int) Option { return func(c *config) { c.mtu = bytes } }
+
+// WithBusyPoll lets the reactor spin up to d before sleeping in epoll (default 0: never).
+func WithBusyPoll(d time.Duration) Option { return func(c *config) { c.busyPoll = d } }
+
+// WithLogger sets the engine's logger (default: nothing is logged).
+func WithLogger(l zerolog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithHandler delivers each notify by calling h on the engine's reactor thread instead of
+// queueing it for Recv/GetNotifies: the lowest-latency path. h must not block.
+func WithHandler(h func(Notify)) Option { return func(c *config) { c.onNotify = h } }
+
+// WithCreditsDisabled switches credit flow control off. Test only: it exists so a test can
+// show that without credits a burst does hit RNR.
+func WithCreditsDisabled() Option { return func(c *config) { c.noCredits = true } }
+
+func envLookup(name string) (string, bool) { return os.LookupEnv(name) }

@@ -1,0 +1,73 @@
+package notify
+
+import (
+	"context"
+	"sort"
+	"time"
+
+	"github.com/twosided/twosided/ctrlchannel"
+	"github.com/twosided/twosided/reactor"
+)
+
+// PeerStats are the counters of one peer.
+type PeerStats struct {
+	Peer       string
+	State      string // idle, connecting, awaiting-peer, up
+	Epoch      uint64
+	Sent       uint64 // notifies posted on the ctrl channel
+	Received   uint64 // notifies delivered from this peer (any path)
+	Duplicates uint64 // duplicates dropped
+	LastError  string
+	Channel    *ctrlchannel.ChannelStats
+}
+
+// Stats is a snapshot of the engine.
+type Stats struct {
+	Name      string
+	Transport string
+	Device    string
+	Session   uint64
+	Queued    int // received, not yet consumed
+	Paused    bool
+	Peers     []PeerStats
+	Reactor   reactor.Stats
+}
+
+// Stats returns a snapshot; it waits at most a second for the reactor.
+func (e *Engine) Stats() Stats {
+	s := Stats{Name: e.name, Transport: e.cfg.transport, Device: e.devName, Session: e.session, Queued: e.rq.len()}
+	if e.loop == nil {
+		return s
+	}
+	s.Reactor = e.loop.Stats()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	done := make(chan []PeerStats, 1)
+	var paused bool
+	if err := e.loop.SubmitWait(ctx, func() {
+		ps := make([]PeerStats, 0, len(e.peers))
+		for _, p := range e.peers {
+			st := PeerStats{Peer: p.name, State: p.state.String(), Epoch: p.epoch, Sent: p.sent,
+				Received: p.received, Duplicates: p.dups}
+			if p.lastErr != nil {
+				st.LastError = p.lastErr.Error()
+			}
+			if p.ch != nil {
+				cs := p.ch.Stats()
+				st.Channel = &cs
+			}
+			ps = append(ps, st)
+		}
+		paused = e.paused
+		done <- ps
+	}); err != nil {
+		return s
+	}
+	select {
+	case ps := <-done:
+		sort.Slice(ps, func(i, j int) bool { return ps[i].Peer < ps[j].Peer })
+		s.Peers, s.Paused = ps, paused
+	case <-ctx.Done():
+	}
+	return s
+}
