@@ -1,0 +1,56 @@
+// Package ctrlchannel is the per-peer control channel of twosided: the CtrlFrame v1 codec
+// (byte-compatible with Mooncake's rdma_twosided ctrl_frame), the credit ledger, the
+// channel state machine, and the driver that binds the machine to one RC QP and the
+// reactor.
+//
+// The package owns the frame format, flow control, in-order delivery with duplicate and
+// stale-epoch dropping, and fragmentation of large notifies. It must not touch sockets,
+// the OOB channel, handshakes, environment variables or the engine's path choice: the
+// engine (package notify) exchanges LocalInfo/PeerInfo out of band, assigns sessions,
+// epochs and seqs, and decides about fallback.
+//
+// # Layers
+//
+// The codec (frame.go, payload.go) and the credit Ledger are plain functions and values.
+// Machine is the protocol core: a pure state machine in the style of etcd/raft's
+// Step/Ready. Events go in (Submit, RecvWC, SendWC, FailWC, Repost, Tick, Connected,
+// SetPaused, Close); actions come out of Ready (post RECV, post SEND, deliver, complete a
+// request, set the timer, close). It makes no syscalls, starts no goroutines, takes no
+// locks and never reads the clock: time is an argument. Channel is the driver: it owns
+// the QP, the CQ and the two registered rings, runs on the reactor's loop and performs the
+// machine's actions.
+//
+// # Credit flow control
+//
+// Every frame consumes one RECV the peer posted. The receiver counts the RECVs it has
+// posted in this epoch, a cumulative total that starts at its notify_rq_depth, and tells
+// the sender that total: in the ack_seq field of every frame it sends (piggyback), or in
+// an explicit CREDIT_GRANT frame (resource RequestSlots) once a quarter of the peer's data
+// window has been reposted without an outgoing frame to carry it. The total only counts
+// RECVs reaped and reposted, so the sender never has more SENDs in flight than RECVs the
+// peer has posted and RNR does not happen in steady state. One RECV of the peer's ring is
+// kept in reserve for credit frames: notifies may use at most notify_rq_depth-1, so two
+// peers that both send at full rate can always still tell each other about credit. A
+// credit frame's own RECV is returned only by piggyback or together with data credit,
+// never by a credit frame of its own, so credit frames cannot ping-pong forever.
+//
+// # Mooncake peers and extensions
+//
+// A peer that did not set the Extensions feature bit in the handshake (a Mooncake
+// engine) only ever gets NOTIFY_COMPAT frames with ack_seq 0. Mooncake never returns
+// credit for notify RECVs, so towards such a peer the window is Mooncake's own rule: at
+// most min(MaxPendingSends, notify_rq_depth) SENDs without a completion; a transient RNR
+// is then retried by the QP (rnr_retry 7). Between two twosided peers (both set
+// Extensions) the credit protocol above applies, and notifies whose name+msg do not fit
+// one RECV buffer are cut into NOTIFY_FRAGMENT frames (type 64, a twosided extension: u32
+// total, u32 offset, bytes of the NOTIFY_COMPAT payload), reassembled up to MaxNotifySize.
+// Towards a Mooncake peer such a notify fails with ErrTooLarge; it is never truncated.
+//
+// # Sequence numbers
+//
+// A notify's seq is assigned by the engine: strictly increasing per sending session,
+// kept across a retry on another path or a reconnect with a new epoch; gaps are allowed.
+// The receiver drops a notify whose seq is not above the highest one it delivered from
+// that session (seq 0 means unstamped and is always delivered) and every frame whose epoch
+// is not the channel's. Credit frames carry seq 0.
+package ctrlchannel

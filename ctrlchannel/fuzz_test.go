@@ -1,0 +1,143 @@
+package ctrlchannel
+
+import (
+	"bytes"
+	"encoding/binary"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func FuzzDecodeHeader(f *testing.F) {
+	f.Add(notifyFrameBytes)
+	f.Add(grantFrameBytes)
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var h Header
+		p, err := DecodeHeader(b, &h)
+		if err != nil {
+			require.Equal(t, Header{}, h)
+			return
+		}
+		require.Len(t, p, int(h.PayloadLen))
+		out := make([]byte, HeaderLen)
+		require.NoError(t, EncodeHeader(out, &h))
+		require.Equal(t, b[:HeaderLen], out, "decode then encode gives the bytes back")
+	})
+}
+
+func FuzzHeaderRoundTrip(f *testing.F) {
+	f.Add(uint8(10), uint16(0), uint64(1), uint64(2), uint64(3), uint64(4), []byte("x"))
+	f.Fuzz(func(t *testing.T, typ uint8, flags uint16, session, epoch, seq, ack uint64, payload []byte) {
+		h := Header{Type: FrameType(typ), Flags: Flags(flags), Session: session, Epoch: epoch, Seq: seq,
+			AckSeq: ack, PayloadLen: uint32(len(payload))}
+		buf := make([]byte, HeaderLen+len(payload))
+		if err := EncodeHeader(buf, &h); err != nil {
+			require.False(t, h.Type.Valid() && h.Flags&^knownFlags == 0, "valid header rejected: %v", err)
+			return
+		}
+		copy(buf[HeaderLen:], payload)
+		var got Header
+		p, err := DecodeHeader(buf, &got)
+		require.NoError(t, err)
+		require.Equal(t, h, got)
+		require.Equal(t, payload, append([]byte{}, p...))
+	})
+}
+
+func FuzzDecodeNotifyCompat(f *testing.F) {
+	f.Add("req-7", []byte("done"), []byte(nil))
+	f.Add("", []byte{}, []byte{1})
+	f.Fuzz(func(t *testing.T, name string, msg []byte, raw []byte) {
+		// Round trip of an encoded notify.
+		buf := make([]byte, HeaderLen+NotifyCompatLen(name, msg))
+		h := Header{Session: 1, Epoch: 1, Seq: 1}
+		n, err := EncodeNotifyCompat(buf, &h, name, msg)
+		require.NoError(t, err)
+		var hd Header
+		p, err := DecodeHeader(buf[:n], &hd)
+		require.NoError(t, err)
+		var nc NotifyCompat
+		require.NoError(t, DecodeNotifyCompat(p, &nc))
+		require.Equal(t, name, string(nc.Name))
+		require.True(t, bytes.Equal(msg, nc.Msg))
+
+		// Arbitrary bytes never panic; a success re-encodes to the same bytes.
+		var any NotifyCompat
+		if err := DecodeNotifyCompat(raw, &any); err != nil {
+			require.Equal(t, NotifyCompat{}, any)
+			return
+		}
+		again := make([]byte, HeaderLen+NotifyCompatLen(string(any.Name), any.Msg))
+		n, err = EncodeNotifyCompat(again, &Header{}, string(any.Name), any.Msg)
+		require.NoError(t, err)
+		require.Equal(t, raw, again[HeaderLen:n])
+	})
+}
+
+func FuzzDecodeCreditGrant(f *testing.F) {
+	f.Add(grantFrameBytes[HeaderLen:])
+	f.Add([]byte{0, 0})
+	f.Add([]byte{2, 0, 1, 0, 5, 0, 0, 0, 0, 0, 0, 0, 2, 0, 6, 0, 0, 0, 0, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var g CreditGrant
+		if err := DecodeCreditGrant(raw, &g); err != nil {
+			require.Equal(t, CreditGrant{}, g)
+			return
+		}
+		out := make([]byte, g.Len())
+		n, err := EncodeCreditGrant(out, &g)
+		require.NoError(t, err)
+		require.Equal(t, raw, out[:n])
+		var back CreditGrant
+		require.NoError(t, DecodeCreditGrant(out[:n], &back))
+		require.Equal(t, g, back)
+	})
+}
+
+// FuzzReassembly cuts a notify into fragments of a fuzzed size and reassembles it, and
+// feeds arbitrary fragment payloads to a Reassembler, which must never panic.
+func FuzzReassembly(f *testing.F) {
+	f.Add("req-7", []byte("done"), uint16(3), []byte{17, 0, 0, 0, 0, 0, 0, 0, 5})
+	f.Add("", []byte{}, uint16(1), []byte{})
+	f.Fuzz(func(t *testing.T, name string, msg []byte, size uint16, raw []byte) {
+		chunk := int(size%512) + 1
+		total := NotifyCompatLen(name, msg)
+		r := Reassembler{Max: len(name) + len(msg)}
+		h := Header{Type: TypeNotifyFragment, Session: 1, Epoch: 1, Seq: 9}
+		var out []byte
+		buf := make([]byte, FragmentHeaderLen+chunk)
+		for off := 0; off < total; off += chunk {
+			n := min(chunk, total-off)
+			l := encodeFragmentOf(buf, name, msg, off, n)
+			var fr Fragment
+			require.NoError(t, DecodeFragment(buf[:l], &fr))
+			got, err := r.Add(&h, &fr)
+			require.NoError(t, err)
+			if off+n < total {
+				require.Nil(t, got)
+			}
+			out = got
+		}
+		var nc NotifyCompat
+		require.NoError(t, DecodeNotifyCompat(out, &nc))
+		require.Equal(t, name, string(nc.Name))
+		require.True(t, bytes.Equal(msg, nc.Msg))
+
+		// Arbitrary fragments: split raw into length-prefixed pieces.
+		r2 := Reassembler{Max: 1 << 12}
+		for len(raw) >= 2 {
+			l := int(binary.LittleEndian.Uint16(raw)) % 64
+			raw = raw[2:]
+			l = min(l, len(raw))
+			var fr Fragment
+			if DecodeFragment(raw[:l], &fr) == nil {
+				got, err := r2.Add(&h, &fr)
+				if err == nil && got != nil {
+					require.Len(t, got, int(fr.Total))
+				}
+			}
+			raw = raw[l:]
+		}
+	})
+}
