@@ -1,0 +1,97 @@
+package oob
+
+import (
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Config of a Node. A zero field takes its default; a value out of range is an
+// ErrBadConfig error naming the field.
+type Config struct {
+	// ListenAddr is the host:port to listen on (default ":12001", Mooncake's
+	// MC_HANDSHAKE_PORT default). Port 0 picks a free port; see Node.Addr.
+	ListenAddr string
+	// MaxFrame is the largest accepted frame length, counting the type byte
+	// (default 1 MiB, allowed 1..128 MiB; the engine parses MC_HANDSHAKE_MAX_LENGTH).
+	MaxFrame int
+	// ConnectTimeout bounds a TCP connect (default 5 s, allowed 1 ms..3599 s).
+	ConnectTimeout time.Duration
+	// RequestTimeout bounds a request when ctx has no earlier deadline (default 10 s,
+	// allowed 1 ms..1 h).
+	RequestTimeout time.Duration
+	// IdleTimeout cuts a connection that made no read progress for this long: a client
+	// that sent half a frame and stalled, a half-open persistent connection, a classic
+	// client that does not close after the reply (default 10 s, allowed 10 ms..1 h).
+	// Client-side persistent connections send a keepalive probe after IdleTimeout/3 idle.
+	IdleTimeout time.Duration
+	// MaxConns caps the accepted connections at once (default 4096, allowed 1..1<<20);
+	// above it a new connection is closed at once.
+	MaxConns int
+	// MaxConnBuffer caps the bytes queued for writing on one connection (default
+	// 4 MiB or 2*MaxFrame+64 KiB, whichever is larger; must be at least MaxFrame+9).
+	// A connection over it is closed.
+	MaxConnBuffer int
+	// Logger for connection-level events (default: disabled).
+	Logger zerolog.Logger
+}
+
+// Defaults.
+const (
+	DefaultListenAddr     = ":12001"
+	DefaultConnectTimeout = 5 * time.Second
+	DefaultRequestTimeout = 10 * time.Second
+	DefaultIdleTimeout    = 10 * time.Second
+	DefaultMaxConns       = 4096
+	defaultMinConnBuffer  = 4 << 20
+)
+
+func (c Config) withDefaults() (Config, error) {
+	if c.ListenAddr == "" {
+		c.ListenAddr = DefaultListenAddr
+	}
+	if _, _, err := net.SplitHostPort(c.ListenAddr); err != nil {
+		return c, fmt.Errorf("%w: ListenAddr %q: %v", ErrBadConfig, c.ListenAddr, err)
+	}
+	if c.MaxFrame == 0 {
+		c.MaxFrame = DefaultMaxFrame
+	}
+	if c.MaxFrame < MinMaxFrame || c.MaxFrame > MaxMaxFrame {
+		return c, fmt.Errorf("%w: MaxFrame %d out of range %d..%d", ErrBadConfig, c.MaxFrame, MinMaxFrame, MaxMaxFrame)
+	}
+	var err error
+	if c.ConnectTimeout, err = durField("ConnectTimeout", c.ConnectTimeout, DefaultConnectTimeout, time.Millisecond, 3599*time.Second); err != nil {
+		return c, err
+	}
+	if c.RequestTimeout, err = durField("RequestTimeout", c.RequestTimeout, DefaultRequestTimeout, time.Millisecond, time.Hour); err != nil {
+		return c, err
+	}
+	if c.IdleTimeout, err = durField("IdleTimeout", c.IdleTimeout, DefaultIdleTimeout, 10*time.Millisecond, time.Hour); err != nil {
+		return c, err
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = DefaultMaxConns
+	}
+	if c.MaxConns < 1 || c.MaxConns > 1<<20 {
+		return c, fmt.Errorf("%w: MaxConns %d out of range 1..%d", ErrBadConfig, c.MaxConns, 1<<20)
+	}
+	if c.MaxConnBuffer == 0 {
+		c.MaxConnBuffer = max(defaultMinConnBuffer, 2*c.MaxFrame+64<<10)
+	}
+	if c.MaxConnBuffer < c.MaxFrame+HeaderSize || c.MaxConnBuffer > 1<<30 {
+		return c, fmt.Errorf("%w: MaxConnBuffer %d out of range %d (MaxFrame+9)..%d", ErrBadConfig, c.MaxConnBuffer, c.MaxFrame+HeaderSize, 1<<30)
+	}
+	return c, nil
+}
+
+func durField(name string, v, def, lo, hi time.Duration) (time.Duration, error) {
+	if v == 0 {
+		return def, nil
+	}
+	if v < lo || v > hi {
+		return v, fmt.Errorf("%w: %s %v out of range %v..%v", ErrBadConfig, name, v, lo, hi)
+	}
+	return v, nil
+}

@@ -1,0 +1,178 @@
+package oob
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// MsgType is the type byte of a daemon frame.
+type MsgType uint8
+
+// Mooncake HandShakeRequestType values.
+const (
+	TypeConnection MsgType = 0
+	TypeMetadata   MsgType = 1
+	TypeNotify     MsgType = 2
+	TypeProbe      MsgType = 3
+)
+
+func (t MsgType) String() string {
+	switch t {
+	case TypeConnection:
+		return "connection"
+	case TypeMetadata:
+		return "metadata"
+	case TypeNotify:
+		return "notify"
+	case TypeProbe:
+		return "probe"
+	}
+	return fmt.Sprintf("type(%d)", uint8(t))
+}
+
+func (t MsgType) valid() bool { return t <= TypeProbe }
+
+// HeaderSize is the u64 length plus the type byte.
+const HeaderSize = 9
+
+// Frame size limits (Mooncake MC_HANDSHAKE_MAX_LENGTH: default 1 MiB, allowed 1..128 MiB).
+const (
+	DefaultMaxFrame = 1 << 20
+	MinMaxFrame     = 1 << 20
+	MaxMaxFrame     = 128 << 20
+)
+
+// AppendFrame appends one frame (length, type, body) to dst.
+func AppendFrame(dst []byte, t MsgType, body []byte) []byte {
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(len(body))+1)
+	dst = append(dst, byte(t))
+	return append(dst, body...)
+}
+
+// beginFrame appends a header with a placeholder length; finishFrame patches it once the
+// body has been appended after it. Lets encoders write JSON straight into the output.
+func beginFrame(dst []byte, t MsgType) ([]byte, int) {
+	at := len(dst)
+	dst = append(dst, 0, 0, 0, 0, 0, 0, 0, 0, byte(t))
+	return dst, at
+}
+
+func finishFrame(dst []byte, at int) []byte {
+	binary.LittleEndian.PutUint64(dst[at:], uint64(len(dst)-at-8))
+	return dst
+}
+
+// FrameError is a framing failure. Type is the request's type byte when one was read
+// (HasType), so the error reply can carry it.
+type FrameError struct {
+	Err     error // ErrFrameTooLarge or ErrBadFrame
+	Length  uint64
+	Type    MsgType
+	HasType bool
+	Reason  string
+}
+
+func (e *FrameError) Error() string { return e.Err.Error() + ": " + e.Reason }
+func (e *FrameError) Unwrap() error { return e.Err }
+
+// ParseHeader validates a frame header. hdr must hold at least 8 bytes; the type byte is
+// read when len(hdr) >= 9. It returns the body length (without the type byte).
+// A length is checked as soon as its 8 bytes are present; ok is false when more bytes
+// are needed.
+func ParseHeader(hdr []byte, maxFrame int) (t MsgType, bodyLen int, ok bool, err error) {
+	if len(hdr) < 8 {
+		return 0, 0, false, nil
+	}
+	n := binary.LittleEndian.Uint64(hdr)
+	if n == 0 {
+		return 0, 0, false, &FrameError{Err: ErrBadFrame, Reason: "length 0 (must count the type byte)"}
+	}
+	if len(hdr) < HeaderSize {
+		if n > uint64(maxFrame) {
+			// Wait for the type byte so the reply can carry it.
+			return 0, 0, false, nil
+		}
+		return 0, 0, false, nil
+	}
+	t = MsgType(hdr[8])
+	if n > uint64(maxFrame) {
+		return t, 0, false, &FrameError{Err: ErrFrameTooLarge, Length: n, Type: t, HasType: true,
+			Reason: fmt.Sprintf("length %d above maximum %d", n, maxFrame)}
+	}
+	if !t.valid() {
+		return t, 0, false, &FrameError{Err: ErrBadFrame, Length: n, Type: t, HasType: true,
+			Reason: fmt.Sprintf("unknown type %d", uint8(t))}
+	}
+	return t, int(n - 1), true, nil
+}
+
+// ParseFrame parses the first frame in b. It returns n == 0 and a nil error when b holds
+// only part of a frame; then call again with more bytes. body aliases b. On error the
+// connection must be answered with an error reply and closed.
+func ParseFrame(b []byte, maxFrame int) (t MsgType, body []byte, n int, err error) {
+	t, bl, ok, err := ParseHeader(b, maxFrame)
+	if err != nil || !ok {
+		return t, nil, 0, err
+	}
+	if len(b)-HeaderSize < bl {
+		return t, nil, 0, nil
+	}
+	return t, b[HeaderSize : HeaderSize+bl], HeaderSize + bl, nil
+}
+
+// Parser parses frames from a byte stream delivered in pieces of any size. Bytes of a
+// frame that spans pieces are copied into an internal buffer reused across frames; a
+// frame wholly inside one piece is returned without copying.
+type Parser struct {
+	MaxFrame int
+	buf      []byte // partial frame bytes (header and body so far)
+}
+
+// Buffered is the number of bytes of an incomplete frame held by p.
+func (p *Parser) Buffered() int { return len(p.buf) }
+
+// Reset drops any partial frame.
+func (p *Parser) Reset() { p.buf = p.buf[:0] }
+
+// Next consumes bytes from in and returns the next complete frame, if any. consumed is how
+// many bytes of in were used; call again with in[consumed:] until consumed is 0 and ok is
+// false. body is valid until the next call. After an error the Parser must be Reset before
+// reuse.
+func (p *Parser) Next(in []byte) (t MsgType, body []byte, consumed int, ok bool, err error) {
+	if len(p.buf) == 0 {
+		t, body, n, err := ParseFrame(in, p.MaxFrame)
+		if err != nil {
+			return t, nil, 0, false, err
+		}
+		if n > 0 {
+			return t, body, n, true, nil
+		}
+		// Incomplete: hold what we have (bounded: at most HeaderSize+MaxFrame bytes).
+		p.buf = append(p.buf, in...)
+		return 0, nil, len(in), false, nil
+	}
+	// Complete the header first.
+	if len(p.buf) < HeaderSize {
+		k := min(HeaderSize-len(p.buf), len(in))
+		p.buf = append(p.buf, in[:k]...)
+		consumed = k
+		in = in[k:]
+	}
+	t, bl, hok, err := ParseHeader(p.buf, p.MaxFrame)
+	if err != nil {
+		return t, nil, consumed, false, err
+	}
+	if !hok {
+		return 0, nil, consumed, false, nil
+	}
+	need := HeaderSize + bl - len(p.buf)
+	k := min(need, len(in))
+	p.buf = append(p.buf, in[:k]...)
+	consumed += k
+	if k < need {
+		return 0, nil, consumed, false, nil
+	}
+	body = p.buf[HeaderSize:]
+	p.buf = p.buf[:0]
+	return t, body, consumed, true, nil
+}

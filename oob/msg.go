@@ -1,0 +1,522 @@
+package oob
+
+import (
+	"encoding/base64"
+	"fmt"
+	"strconv"
+	"unicode/utf8"
+)
+
+// NotifyRequest is one notify. From, Session, Epoch and Seq are optional (""/0 = absent);
+// twosided peers send them so the receiver can drop duplicates across paths.
+//
+// On the receiving side the request and its Msg are valid only until HandleNotify returns
+// (the decoder reuses its buffers): copy what you keep.
+type NotifyRequest struct {
+	Name                string
+	Msg                 []byte
+	From                string
+	Session, Epoch, Seq uint64
+}
+
+// HandshakeDesc is the handshake RPC body (type Connection): Mooncake's fields, the
+// ctrl-channel additions and the twosided extensions (ts_*, zero = absent).
+type HandshakeDesc struct {
+	LocalNICPath, PeerNICPath string
+	QPNum                     []uint32
+	LocalLID                  uint16
+	LocalGID                  string
+	ReplyMsg                  string
+
+	CtrlChannel   bool
+	NotifyQPNum   uint32
+	NotifyRQDepth uint16
+
+	// twosided extensions (ts_*), zero = absent
+	MTU        uint32
+	PSN        uint32
+	Session    uint64
+	Epoch      uint64
+	BufSize    uint32
+	Extensions bool
+	PeerName   string
+}
+
+// JSON member names.
+const (
+	fName       = "name"
+	fNotifyMsg  = "notify_msg"
+	fMsgB64     = "ts_msg_b64"
+	fFrom       = "ts_from"
+	fSession    = "ts_session"
+	fEpoch      = "ts_epoch"
+	fSeq        = "ts_seq"
+	fID         = "ts_id"
+	fHello      = "ts_hello"
+	fError      = "ts_error"
+	fLocalNIC   = "local_nic_path"
+	fPeerNIC    = "peer_nic_path"
+	fQPNum      = "qp_num"
+	fLocalLID   = "local_lid"
+	fLocalGID   = "local_gid"
+	fReplyMsg   = "reply_msg"
+	fCtrl       = "ctrl_channel"
+	fNotifyQPN  = "notify_qp_num"
+	fNotifyRQD  = "notify_rq_depth"
+	fMTU        = "ts_mtu"
+	fPSN        = "ts_psn"
+	fBufSize    = "ts_buf_size"
+	fExtensions = "ts_extensions"
+	fPeer       = "ts_peer"
+
+	replySuccess = "success"
+	helloVersion = 1
+	maxPSN       = 1<<24 - 1
+)
+
+// reqMeta is what every twosided request or reply may carry besides its body.
+type reqMeta struct {
+	id       uint64
+	hasID    bool
+	twosided bool // saw any ts_* member
+}
+
+// appendNotifyRequest writes a Notify frame. twosided adds the ts_* members (and base64
+// for a Msg that is not UTF-8); a Mooncake peer gets exactly name and notify_msg.
+func appendNotifyRequest(dst []byte, req *NotifyRequest, m reqMeta, twosided bool) []byte {
+	dst, at := beginFrame(dst, TypeNotify)
+	o := jsonObj{b: append(dst, '{')}
+	o.str(fName, req.Name)
+	if twosided && !utf8.Valid(req.Msg) {
+		o.str(fNotifyMsg, "")
+		o.key(fMsgB64)
+		o.b = append(o.b, '"')
+		o.b = base64.StdEncoding.AppendEncode(o.b, req.Msg)
+		o.b = append(o.b, '"')
+	} else {
+		o.bytes(fNotifyMsg, req.Msg)
+	}
+	if twosided {
+		if m.hasID {
+			o.uint(fID, m.id)
+		}
+		if req.From != "" {
+			o.str(fFrom, req.From)
+		}
+		if req.Session != 0 {
+			o.uint(fSession, req.Session)
+		}
+		if req.Epoch != 0 {
+			o.uint(fEpoch, req.Epoch)
+		}
+		if req.Seq != 0 {
+			o.uint(fSeq, req.Seq)
+		}
+	}
+	return finishFrame(append(o.b, '}'), at)
+}
+
+// notifyDecoder decodes Notify request bodies into reused buffers; loop-only.
+type notifyDecoder struct {
+	key, name, msg, from, b64 []byte
+	lastName, lastFrom        string
+	req                       NotifyRequest
+}
+
+func (d *notifyDecoder) decode(body []byte) (*NotifyRequest, reqMeta, error) {
+	var m reqMeta
+	r := jsonReader{b: body}
+	d.name, d.msg, d.from, d.b64 = d.name[:0], d.msg[:0], d.from[:0], d.b64[:0]
+	d.req = NotifyRequest{}
+	hasB64 := false
+	var err error
+	d.key, err = r.object(d.key, func(k []byte) error {
+		var err error
+		if r.isNull() {
+			return nil
+		}
+		switch string(k) {
+		case fName:
+			d.name, err = r.str(fName, d.name)
+		case fNotifyMsg:
+			d.msg, err = r.str(fNotifyMsg, d.msg)
+		case fMsgB64:
+			m.twosided, hasB64 = true, true
+			d.b64, err = r.str(fMsgB64, d.b64)
+		case fFrom:
+			m.twosided = true
+			d.from, err = r.str(fFrom, d.from)
+		case fSession:
+			m.twosided = true
+			d.req.Session, err = r.uint(fSession, 1<<64-1)
+		case fEpoch:
+			m.twosided = true
+			d.req.Epoch, err = r.uint(fEpoch, 1<<64-1)
+		case fSeq:
+			m.twosided = true
+			d.req.Seq, err = r.uint(fSeq, 1<<64-1)
+		case fID:
+			m.twosided, m.hasID = true, true
+			m.id, err = r.uint(fID, 1<<64-1)
+		default:
+			err = r.skip(0)
+		}
+		return err
+	})
+	if err == nil {
+		err = r.end()
+	}
+	if err != nil {
+		return nil, m, err
+	}
+	if hasB64 {
+		n := base64.StdEncoding.DecodedLen(len(d.b64))
+		d.msg = growLen(d.msg[:0], n)
+		n, err = base64.StdEncoding.Decode(d.msg, d.b64)
+		if err != nil {
+			return nil, m, jsonErr(fMsgB64, "bad base64: %v", err)
+		}
+		d.msg = d.msg[:n]
+	}
+	d.lastName = intern(d.lastName, d.name)
+	d.lastFrom = intern(d.lastFrom, d.from)
+	d.req.Name, d.req.From, d.req.Msg = d.lastName, d.lastFrom, d.msg
+	return &d.req, m, nil
+}
+
+// intern returns last when it equals b, so a stream of notifies with one name allocates
+// its string once.
+func intern(last string, b []byte) string {
+	if last == string(b) {
+		return last
+	}
+	return string(b)
+}
+
+func growLen(b []byte, n int) []byte {
+	if cap(b) < n {
+		return make([]byte, n)
+	}
+	return b[:n]
+}
+
+// appendNotifyReply writes the reply to a Notify: "success", or "" (rejected) with the
+// reason in ts_error for a twosided requester.
+func appendNotifyReply(dst []byte, m reqMeta, rejectReason string, rejected bool) []byte {
+	dst, at := beginFrame(dst, TypeNotify)
+	o := jsonObj{b: append(dst, '{')}
+	o.str(fName, "")
+	if rejected {
+		o.str(fNotifyMsg, "")
+	} else {
+		o.str(fNotifyMsg, replySuccess)
+	}
+	if m.twosided {
+		if m.hasID {
+			o.uint(fID, m.id)
+		}
+		if rejected {
+			o.str(fError, rejectReason)
+		}
+	}
+	return finishFrame(append(o.b, '}'), at)
+}
+
+// appendErrorReply writes the reply to a request that could not be parsed or served.
+func appendErrorReply(dst []byte, t MsgType, m reqMeta, reason string) []byte {
+	dst, at := beginFrame(dst, t)
+	o := jsonObj{b: append(dst, '{')}
+	o.str(fName, "")
+	o.str(fNotifyMsg, "")
+	o.str(fReplyMsg, reason)
+	o.str(fError, reason)
+	if m.hasID {
+		o.uint(fID, m.id)
+	}
+	return finishFrame(append(o.b, '}'), at)
+}
+
+// appendProbe writes a Probe request or reply: hello (negotiation) and/or an id.
+func appendProbe(dst []byte, m reqMeta, hello bool) []byte {
+	dst, at := beginFrame(dst, TypeProbe)
+	o := jsonObj{b: append(dst, '{')}
+	if hello {
+		o.uint(fHello, helloVersion)
+	}
+	if m.hasID {
+		o.uint(fID, m.id)
+	}
+	return finishFrame(append(o.b, '}'), at)
+}
+
+// probeDecode reads a Probe request.
+func probeDecode(body []byte, key []byte) (hello uint64, m reqMeta, _ []byte, err error) {
+	r := jsonReader{b: body}
+	key, err = r.object(key, func(k []byte) error {
+		var err error
+		if r.isNull() {
+			return nil
+		}
+		switch string(k) {
+		case fHello:
+			m.twosided = true
+			hello, err = r.uint(fHello, 1<<32-1)
+		case fID:
+			m.twosided, m.hasID = true, true
+			m.id, err = r.uint(fID, 1<<64-1)
+		default:
+			err = r.skip(0)
+		}
+		return err
+	})
+	if err == nil {
+		err = r.end()
+	}
+	return hello, m, key, err
+}
+
+// replyInfo is what a client reads from a Notify or Probe reply.
+type replyInfo struct {
+	m            reqMeta
+	hasNotifyMsg bool
+	notifyOK     bool // notify_msg non-empty
+	hello        uint64
+	errMsg       []byte // reply_msg or ts_error
+}
+
+func (ri *replyInfo) decode(body []byte, key []byte) ([]byte, error) {
+	r := jsonReader{b: body}
+	errBuf := ri.errMsg[:0]
+	*ri = replyInfo{}
+	key, err := r.object(key, func(k []byte) error {
+		var err error
+		if r.isNull() {
+			return nil
+		}
+		switch string(k) {
+		case fNotifyMsg:
+			ri.hasNotifyMsg = true
+			ri.notifyOK, err = r.strNonEmpty(fNotifyMsg)
+		case fReplyMsg, fError:
+			field := fReplyMsg
+			if k[0] == 't' {
+				ri.m.twosided = true
+				field = fError
+			}
+			if len(errBuf) == 0 {
+				errBuf, err = r.str(field, errBuf[:0])
+			} else {
+				_, err = r.strNonEmpty(field)
+			}
+		case fHello:
+			ri.m.twosided = true
+			ri.hello, err = r.uint(fHello, 1<<32-1)
+		case fID:
+			ri.m.twosided, ri.m.hasID = true, true
+			ri.m.id, err = r.uint(fID, 1<<64-1)
+		default:
+			err = r.skip(0)
+		}
+		return err
+	})
+	ri.errMsg = errBuf
+	if err == nil {
+		err = r.end()
+	}
+	return key, err
+}
+
+// appendHandshake writes a Connection frame (request or reply).
+func appendHandshake(dst []byte, d *HandshakeDesc, m reqMeta) []byte {
+	dst, at := beginFrame(dst, TypeConnection)
+	o := jsonObj{b: append(dst, '{')}
+	o.str(fLocalNIC, d.LocalNICPath)
+	o.str(fPeerNIC, d.PeerNICPath)
+	o.key(fQPNum)
+	o.b = append(o.b, '[')
+	for i, q := range d.QPNum {
+		if i > 0 {
+			o.b = append(o.b, ',')
+		}
+		o.b = strconv.AppendUint(o.b, uint64(q), 10)
+	}
+	o.b = append(o.b, ']')
+	o.uint(fLocalLID, uint64(d.LocalLID))
+	o.str(fLocalGID, d.LocalGID)
+	o.str(fReplyMsg, d.ReplyMsg)
+	if d.CtrlChannel {
+		o.boolean(fCtrl, true)
+	}
+	if d.NotifyQPNum != 0 {
+		o.uint(fNotifyQPN, uint64(d.NotifyQPNum))
+	}
+	if d.NotifyRQDepth != 0 {
+		o.uint(fNotifyRQD, uint64(d.NotifyRQDepth))
+	}
+	if d.MTU != 0 {
+		o.uint(fMTU, uint64(d.MTU))
+	}
+	if d.PSN != 0 {
+		o.uint(fPSN, uint64(d.PSN))
+	}
+	if d.Session != 0 {
+		o.uint(fSession, d.Session)
+	}
+	if d.Epoch != 0 {
+		o.uint(fEpoch, d.Epoch)
+	}
+	if d.BufSize != 0 {
+		o.uint(fBufSize, uint64(d.BufSize))
+	}
+	if d.Extensions {
+		o.boolean(fExtensions, true)
+	}
+	if d.PeerName != "" {
+		o.str(fPeer, d.PeerName)
+	}
+	if m.hasID {
+		o.uint(fID, m.id)
+	}
+	return finishFrame(append(o.b, '}'), at)
+}
+
+// checkHandshake validates the ranges of fields set by the caller before sending.
+func checkHandshake(d *HandshakeDesc) error {
+	if d.MTU != 0 && !validMTU(d.MTU) {
+		return fmt.Errorf("%w: HandshakeDesc.MTU: %d is not one of 256, 512, 1024, 2048, 4096", ErrBadRequest, d.MTU)
+	}
+	if d.PSN > maxPSN {
+		return fmt.Errorf("%w: HandshakeDesc.PSN: %d above 24 bits", ErrBadRequest, d.PSN)
+	}
+	return nil
+}
+
+func validMTU[T uint64 | uint32](v T) bool {
+	switch v {
+	case 256, 512, 1024, 2048, 4096:
+		return true
+	}
+	return false
+}
+
+// DecodeHandshake strictly decodes a Connection body. A wrong-typed or out-of-range field
+// is an ErrBadFrame error naming the field.
+func DecodeHandshake(body []byte) (*HandshakeDesc, error) {
+	d, _, err := decodeHandshake(body)
+	return d, err
+}
+
+func decodeHandshake(body []byte) (*HandshakeDesc, reqMeta, error) {
+	var m reqMeta
+	d := &HandshakeDesc{}
+	r := jsonReader{b: body}
+	var sb []byte
+	str := func(field string) (string, error) {
+		var err error
+		sb, err = r.str(field, sb[:0])
+		return string(sb), err
+	}
+	_, err := r.object(nil, func(k []byte) error {
+		var err error
+		var v uint64
+		if r.isNull() {
+			return nil
+		}
+		switch string(k) {
+		case fLocalNIC:
+			d.LocalNICPath, err = str(fLocalNIC)
+		case fPeerNIC:
+			d.PeerNICPath, err = str(fPeerNIC)
+		case fQPNum:
+			d.QPNum, err = r.uint32Array(fQPNum, d.QPNum[:0])
+		case fLocalLID:
+			v, err = r.uint(fLocalLID, 1<<16-1)
+			d.LocalLID = uint16(v)
+		case fLocalGID:
+			d.LocalGID, err = str(fLocalGID)
+		case fReplyMsg:
+			d.ReplyMsg, err = str(fReplyMsg)
+		case fCtrl:
+			d.CtrlChannel, err = r.boolean(fCtrl)
+		case fNotifyQPN:
+			v, err = r.uint(fNotifyQPN, 1<<32-1)
+			d.NotifyQPNum = uint32(v)
+		case fNotifyRQD:
+			v, err = r.uint(fNotifyRQD, 1<<16-1)
+			if err == nil && v == 0 {
+				err = jsonErr(fNotifyRQD, "0 out of range 1..65535")
+			}
+			d.NotifyRQDepth = uint16(v)
+		case fMTU:
+			m.twosided = true
+			v, err = r.uint(fMTU, 4096)
+			if err == nil && !validMTU(v) {
+				err = jsonErr(fMTU, "%d is not one of 256, 512, 1024, 2048, 4096", v)
+			}
+			d.MTU = uint32(v)
+		case fPSN:
+			m.twosided = true
+			v, err = r.uint(fPSN, maxPSN)
+			d.PSN = uint32(v)
+		case fSession:
+			m.twosided = true
+			d.Session, err = r.uint(fSession, 1<<64-1)
+		case fEpoch:
+			m.twosided = true
+			d.Epoch, err = r.uint(fEpoch, 1<<64-1)
+		case fBufSize:
+			m.twosided = true
+			v, err = r.uint(fBufSize, 1<<32-1)
+			d.BufSize = uint32(v)
+		case fExtensions:
+			m.twosided = true
+			d.Extensions, err = r.boolean(fExtensions)
+		case fPeer:
+			m.twosided = true
+			d.PeerName, err = str(fPeer)
+		case fID:
+			m.twosided, m.hasID = true, true
+			m.id, err = r.uint(fID, 1<<64-1)
+		default:
+			err = r.skip(0)
+		}
+		return err
+	})
+	if err == nil {
+		err = r.end()
+	}
+	if err != nil {
+		return nil, m, err
+	}
+	return d, m, nil
+}
+
+func (r *jsonReader) uint32Array(field string, dst []uint32) ([]uint32, error) {
+	if c := r.peek(); c != '[' {
+		return dst, jsonErr(field, "want array, got %s", typeName(c))
+	}
+	r.i++
+	if r.peek() == ']' {
+		r.i++
+		return dst, nil
+	}
+	for k := 0; ; k++ {
+		if k >= 1<<16 {
+			return dst, jsonErr(field, "more than 65536 elements")
+		}
+		v, err := r.uint(field, 1<<32-1)
+		if err != nil {
+			return dst, err
+		}
+		dst = append(dst, uint32(v))
+		switch r.peek() {
+		case ',':
+			r.i++
+		case ']':
+			r.i++
+			return dst, nil
+		default:
+			return dst, jsonErr(field, "want ',' or ']'")
+		}
+	}
+}
