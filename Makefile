@@ -1,0 +1,84 @@
+# twosided build and check targets. `make test` is what CI runs (.ci/run) on a clean clone.
+#
+#   make test        vet, gofmt check, unit tests with -race, short fuzzing, then the cgo
+#                    verbs provider (build tag rdma): vet and tests
+#   make build       build every package and the twosided binary
+#   make fuzz        every Fuzz target in the tree for FUZZTIME each (default 30s)
+#   make fuzz-short  every Fuzz target for FUZZTIME_SHORT each (default 3s)
+#   make bench       benchmarks, BENCHTIME each (default 1s)
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+
+GO             ?= go
+PKGS           ?= ./...
+FUZZTIME       ?= 30s
+FUZZTIME_SHORT ?= 3s
+BENCHTIME      ?= 1s
+VERBS_H        ?= /usr/include/infiniband/verbs.h
+
+.PHONY: test build vet fmt-check unit fuzz fuzz-short bench rdma rdma-deps
+
+test: vet fmt-check unit fuzz-short rdma
+
+build:
+	$(GO) build $(PKGS)
+	$(GO) build -o bin/twosided ./cmd/twosided
+
+vet:
+	$(GO) vet $(PKGS)
+
+fmt-check:
+	@files="$$(gofmt -l .)"; \
+	if [ -n "$$files" ]; then echo "gofmt -l: these files are not gofmt'ed:"; echo "$$files"; exit 1; fi
+
+unit:
+	$(GO) test -race $(PKGS)
+
+# run-fuzz runs every Fuzz target of $(PKGS) for $(1) each. Targets are found with
+# `go test -list '^Fuzz'`, which prints a package's target names and then its "ok" line.
+define run-fuzz
+	@targets="$$($(GO) test -list '^Fuzz' $(PKGS) | \
+		awk '/^Fuzz/ { names = names " " $$1; next } \
+		     /^ok/   { if (names != "") print $$2 names; names = "" }')"; \
+	if [ -z "$$targets" ]; then echo "fuzz: no Fuzz targets found"; exit 0; fi; \
+	while read -r pkg names; do \
+		for name in $$names; do \
+			echo "fuzz: $$pkg $$name for $(1)"; \
+			$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(1) "$$pkg"; \
+		done; \
+	done <<< "$$targets"
+endef
+
+fuzz:
+	$(call run-fuzz,$(FUZZTIME))
+
+fuzz-short:
+	$(call run-fuzz,$(FUZZTIME_SHORT))
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
+
+# rdma-deps installs the libibverbs headers when they are missing and we are root.
+rdma-deps:
+	@if [ -f "$(VERBS_H)" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null; then exit 0; fi; \
+	echo "rdma: $(VERBS_H) missing; installing libibverbs-dev"; \
+	apt-get update; \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y libibverbs-dev
+
+# rdma vets and tests the cgo verbs provider; without headers (and no root to install them)
+# it says so and skips only this part.
+rdma: rdma-deps
+	@if [ ! -f "$(VERBS_H)" ]; then \
+		echo "rdma: SKIPPED: $(VERBS_H) not found and cannot install libibverbs-dev" \
+		     "(needs root and apt-get); the cgo verbs provider (-tags rdma) was not checked"; \
+		exit 0; \
+	fi; \
+	if [ "$$($(GO) env CGO_ENABLED)" != 1 ]; then \
+		echo "rdma: SKIPPED: cgo is disabled (no C compiler?); the verbs provider was not checked"; \
+		exit 0; \
+	fi; \
+	echo "$(GO) vet -tags rdma $(PKGS)"; $(GO) vet -tags rdma $(PKGS); \
+	echo "$(GO) test -race -tags rdma ./ibv/..."; $(GO) test -race -tags rdma ./ibv/...
