@@ -2,7 +2,7 @@
 #
 #   make test        vet, gofmt check, unit tests with -race, short fuzzing, then the cgo
 #                    verbs provider (build tag rdma): vet and tests
-#   make build       build every package and the twosided binary
+#   make build       build every package (go build ./cmd/twosided for the binary)
 #   make fuzz        every Fuzz target in the tree for FUZZTIME each (default 30s)
 #   make fuzz-short  every Fuzz target for FUZZTIME_SHORT each (default 3s)
 #   make bench       benchmarks, BENCHTIME each (default 1s)
@@ -23,7 +23,6 @@ test: vet fmt-check unit fuzz-short rdma
 
 build:
 	$(GO) build $(PKGS)
-	$(GO) build -o bin/twosided ./cmd/twosided
 
 vet:
 	$(GO) vet $(PKGS)
