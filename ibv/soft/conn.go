@@ -1,0 +1,378 @@
+package soft
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/twosided/twosided/ibv"
+)
+
+// Connection states.
+const (
+	connConnecting int32 = iota
+	connUp
+	connDead
+)
+
+const (
+	readBufLen  = 256 << 10
+	maxBacklog  = 64 << 20 // bytes queued on a connection before packets are dropped
+	dialTimeout = 2000     // ms
+)
+
+// conn is one TCP connection between two devices; it multiplexes their QPs. Its reader is a
+// goroutine locked to an OS thread that blocks in read(2) on the raw fd. Writers (PostSend, the
+// readers' ACKs, timers) append packets to out under mu and write them with a non-blocking
+// send; what the socket does not take waits for a flusher goroutine (backpressure only).
+type conn struct {
+	d        *device
+	remote   ibv.GID
+	outbound bool
+	state    atomic.Int32
+
+	mu       sync.Mutex
+	fd       int
+	out      []byte
+	off      int
+	flushing bool
+	delay    time.Duration // link delay seen by the packet being built
+	delayQ   []delayedPacket
+	delayT   *time.Timer
+}
+
+type delayedPacket struct {
+	at time.Time
+	b  []byte
+}
+
+// sendNB is send(2) with MSG_DONTWAIT, without allocating.
+func sendNB(fd int, b []byte) (int, unix.Errno) {
+	n, _, e := unix.Syscall6(unix.SYS_SENDTO, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)),
+		unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, 0, 0)
+	return int(n), e
+}
+
+// startPacketLocked reports whether a packet may be appended now, and where it starts.
+func (c *conn) startPacketLocked() (int, bool) {
+	if c.state.Load() == connDead || len(c.out)-c.off > maxBacklog {
+		return 0, false
+	}
+	if c.d.p.faultsOn.Load() != 0 {
+		cut, delay := c.d.p.linkState(c.d.gid, c.remote)
+		if cut || c.d.isDown() {
+			c.d.ctr.cutDropped.Add(1)
+			return 0, false
+		}
+		c.delay = delay
+	} else {
+		c.delay = 0
+	}
+	return len(c.out), true
+}
+
+// endPacketLocked accounts for the packet appended since start and holds it back when the
+// link is delayed (or older packets still are: order is kept).
+func (c *conn) endPacketLocked(start int) {
+	c.d.ctr.packetsSent.Add(1)
+	if c.delay == 0 && len(c.delayQ) == 0 {
+		return
+	}
+	b := append([]byte(nil), c.out[start:]...)
+	c.out = c.out[:start]
+	c.delayQ = append(c.delayQ, delayedPacket{at: time.Now().Add(c.delay), b: b})
+	if c.delayT == nil {
+		c.delayT = time.AfterFunc(c.delay, c.releaseDelayed)
+	} else if len(c.delayQ) == 1 {
+		c.delayT.Reset(c.delay)
+	}
+}
+
+func (c *conn) releaseDelayed() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	i := 0
+	for ; i < len(c.delayQ) && !c.delayQ[i].at.After(now); i++ {
+		if c.state.Load() != connDead {
+			c.out = append(c.out, c.delayQ[i].b...)
+		}
+	}
+	c.delayQ = append(c.delayQ[:0], c.delayQ[i:]...)
+	if len(c.delayQ) > 0 {
+		c.delayT.Reset(c.delayQ[0].at.Sub(now))
+	}
+	c.flushLocked()
+}
+
+// flushLocked writes what it can of out without blocking.
+func (c *conn) flushLocked() {
+	if c.state.Load() != connUp || c.flushing || c.off == len(c.out) {
+		return
+	}
+	if !c.writeOutLocked() {
+		c.flushing = true
+		c.d.wg.Add(1)
+		go c.flusher()
+	}
+}
+
+// writeOutLocked sends out until it is drained (true) or the socket is full (false).
+func (c *conn) writeOutLocked() bool {
+	for c.off < len(c.out) {
+		n, e := sendNB(c.fd, c.out[c.off:])
+		switch e {
+		case 0:
+			c.off += n
+		case unix.EINTR:
+		case unix.EAGAIN:
+			if c.off > len(c.out)/2 {
+				c.out = c.out[:copy(c.out, c.out[c.off:])]
+				c.off = 0
+			}
+			return false
+		default:
+			c.failLocked()
+			return true
+		}
+	}
+	c.out, c.off = c.out[:0], 0
+	return true
+}
+
+// flusher waits for the socket to drain while out holds bytes the socket refused.
+func (c *conn) flusher() {
+	defer c.d.wg.Done()
+	for {
+		c.mu.Lock()
+		if c.state.Load() != connUp {
+			c.flushing = false
+			c.mu.Unlock()
+			return
+		}
+		fd := c.fd
+		c.mu.Unlock()
+		pfd := [2]unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}, {Fd: int32(c.d.stopfd), Events: unix.POLLIN}}
+		_, _ = unix.Poll(pfd[:], 50)
+		c.mu.Lock()
+		if c.state.Load() != connUp || c.writeOutLocked() {
+			c.flushing = false
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+	}
+}
+
+// failLocked marks the connection dead and wakes its reader, which closes the fd.
+func (c *conn) failLocked() {
+	c.state.Store(connDead)
+	if c.fd >= 0 {
+		_ = unix.Shutdown(c.fd, unix.SHUT_RDWR)
+	}
+	c.out, c.off = nil, 0
+}
+
+func (c *conn) shutdown() {
+	c.mu.Lock()
+	c.failLocked()
+	c.mu.Unlock()
+}
+
+// dial connects to the remote device, sends HELLO and what was queued meanwhile, then reads.
+func (c *conn) dial() {
+	defer c.d.wg.Done()
+	fd, err := c.connect()
+	if err != nil {
+		c.d.ctr.dialFailures.Add(1)
+		c.mu.Lock()
+		c.failLocked()
+		c.mu.Unlock()
+		c.d.forget(c)
+		return
+	}
+	c.d.ctr.connsDialed.Add(1)
+	var hello [hdrLen + 16]byte
+	h := header{op: opHello, dstQPN: helloMagic, srcQPN: helloVersion, length: 16}
+	h.put(hello[:])
+	copy(hello[hdrLen:], c.d.gid[:])
+	c.mu.Lock()
+	if c.state.Load() == connDead {
+		c.mu.Unlock()
+		unix.Close(fd)
+		c.d.forget(c)
+		return
+	}
+	c.fd = fd
+	pending := c.out[c.off:]
+	c.out = append(hello[:], pending...)
+	c.off = 0
+	c.state.Store(connUp)
+	c.flushLocked()
+	c.mu.Unlock()
+	c.serve(false)
+}
+
+func (c *conn) connect() (int, error) {
+	ap, err := addrFromGID(c.remote)
+	if err != nil {
+		return -1, err
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		return -1, err
+	}
+	sa := &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
+	err = unix.Connect(fd, sa)
+	if err == unix.EINPROGRESS {
+		pfd := [2]unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}, {Fd: int32(c.d.stopfd), Events: unix.POLLIN}}
+		deadline := time.Now().Add(dialTimeout * time.Millisecond)
+		for {
+			left := time.Until(deadline)
+			if left <= 0 {
+				err = unix.ETIMEDOUT
+				break
+			}
+			n, perr := unix.Poll(pfd[:], int(left/time.Millisecond)+1)
+			if perr == unix.EINTR {
+				continue
+			}
+			if perr != nil {
+				err = perr
+				break
+			}
+			if n > 0 && pfd[1].Revents != 0 {
+				err = ibv.ErrClosed
+				break
+			}
+			if n > 0 && pfd[0].Revents != 0 {
+				soerr, gerr := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
+				err = gerr
+				if gerr == nil && soerr != 0 {
+					err = unix.Errno(soerr)
+				}
+				break
+			}
+		}
+	}
+	if err == nil {
+		err = unix.SetNonblock(fd, false)
+	}
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	return fd, nil
+}
+
+// rxBatch is what a reader gathers while handling the packets of one read: QPs owing a
+// response (one cumulative ACK or NAK each) and connections holding unsent packets.
+type rxBatch struct {
+	touched []*qp
+	dirty   []*conn
+}
+
+func (rx *rxBatch) markDirty(c *conn) {
+	for _, x := range rx.dirty {
+		if x == c {
+			return
+		}
+	}
+	rx.dirty = append(rx.dirty, c)
+}
+
+func (rx *rxBatch) end() {
+	for i, q := range rx.touched {
+		q.respond(rx)
+		rx.touched[i] = nil
+	}
+	rx.touched = rx.touched[:0]
+	for i, c := range rx.dirty {
+		c.mu.Lock()
+		c.flushLocked()
+		c.mu.Unlock()
+		rx.dirty[i] = nil
+	}
+	rx.dirty = rx.dirty[:0]
+}
+
+// serve is the reader: it runs on a locked OS thread, blocks in read(2), and handles every
+// complete packet of each read before answering them in one batch.
+func (c *conn) serve(needHello bool) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	defer c.closeFd()
+	buf := make([]byte, readBufLen)
+	rx := &rxBatch{touched: make([]*qp, 0, 16), dirty: make([]*conn, 0, 4)}
+	w := 0
+	var h header
+	for {
+		if w == len(buf) {
+			return // a packet larger than any buffer: cannot happen, decodeHeader bounds length
+		}
+		n, err := unix.Read(c.fd, buf[w:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || n <= 0 {
+			return
+		}
+		w += n
+		r := 0
+		for w-r >= hdrLen {
+			if decodeHeader(buf[r:w], &h) != nil {
+				return
+			}
+			total := hdrLen + int(h.length)
+			if w-r < total {
+				if total > len(buf) {
+					nb := make([]byte, total+readBufLen)
+					w = copy(nb, buf[r:w])
+					r = 0
+					buf = nb
+				}
+				break
+			}
+			payload := buf[r+hdrLen : r+total]
+			r += total
+			if needHello {
+				if h.op != opHello {
+					return
+				}
+				copy(c.remote[:], payload)
+				needHello = false
+				c.d.registerInbound(c)
+				continue
+			}
+			if h.op == opHello {
+				return
+			}
+			c.d.onPacket(c, &h, payload, rx)
+		}
+		rx.end()
+		if r > 0 {
+			w = copy(buf, buf[r:w])
+		}
+	}
+}
+
+func (c *conn) closeFd() {
+	c.mu.Lock()
+	c.state.Store(connDead)
+	if c.fd >= 0 {
+		unix.Close(c.fd)
+		c.fd = -1
+	}
+	c.out, c.off = nil, 0
+	if c.delayT != nil {
+		c.delayT.Stop()
+	}
+	c.delayQ = nil
+	c.mu.Unlock()
+	c.d.forget(c)
+}

@@ -1,0 +1,236 @@
+package soft
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/twosided/twosided/ibv"
+)
+
+// channel is a completion channel: an eventfd that is readable while events are queued.
+type channel struct {
+	ctx *context
+	fd  eventfd
+
+	mu     sync.Mutex
+	ring   []*cq // queued events, one per firing
+	head   int
+	n      int
+	cqs    int // CQs attached
+	closed bool
+}
+
+var _ ibv.CompChannel = (*channel)(nil)
+
+func (ch *channel) Fd() int { return int(ch.fd) }
+
+// fire queues one event for c; the fd becomes readable with the first queued event.
+func (ch *channel) fire(c *cq) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if ch.closed {
+		return
+	}
+	if ch.n == len(ch.ring) {
+		nr := make([]*cq, 2*len(ch.ring))
+		for i := 0; i < ch.n; i++ {
+			nr[i] = ch.ring[(ch.head+i)%len(ch.ring)]
+		}
+		ch.ring, ch.head = nr, 0
+	}
+	ch.ring[(ch.head+ch.n)%len(ch.ring)] = c
+	ch.n++
+	if ch.n == 1 {
+		ch.fd.raise()
+	}
+}
+
+func (ch *channel) GetEvent() (ibv.CQ, error) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if ch.closed {
+		return nil, fmt.Errorf("soft: get cq event: %w", ibv.ErrClosed)
+	}
+	if ch.n == 0 {
+		return nil, ibv.ErrWouldBlock
+	}
+	c := ch.ring[ch.head]
+	ch.ring[ch.head] = nil
+	ch.head = (ch.head + 1) % len(ch.ring)
+	ch.n--
+	if ch.n == 0 {
+		ch.fd.drain()
+	}
+	c.events.Add(1)
+	return c, nil
+}
+
+// drop removes the queued events of c (it is being destroyed).
+func (ch *channel) drop(c *cq) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	k := 0
+	for i := 0; i < ch.n; i++ {
+		x := ch.ring[(ch.head+i)%len(ch.ring)]
+		if x != c {
+			ch.ring[(ch.head+k)%len(ch.ring)] = x
+			k++
+		}
+	}
+	for i := k; i < ch.n; i++ {
+		ch.ring[(ch.head+i)%len(ch.ring)] = nil
+	}
+	ch.n = k
+	if ch.n == 0 && !ch.closed {
+		ch.fd.drain()
+	}
+	ch.cqs--
+}
+
+func (ch *channel) Close() error {
+	ch.mu.Lock()
+	if ch.closed {
+		ch.mu.Unlock()
+		return fmt.Errorf("soft: close comp channel: %w", ibv.ErrClosed)
+	}
+	if ch.cqs > 0 {
+		n := ch.cqs
+		ch.mu.Unlock()
+		return fmt.Errorf("soft: close comp channel: %d CQs still use it: %w", n, ibv.ErrBusy)
+	}
+	ch.closed = true
+	unix.Close(int(ch.fd))
+	ch.mu.Unlock()
+	ch.ctx.mu.Lock()
+	delete(ch.ctx.chans, ch)
+	ch.ctx.mu.Unlock()
+	return nil
+}
+
+// cq is a completion queue: a ring of WCs filled by the NIC goroutines.
+type cq struct {
+	ctx *context
+	ch  *channel
+
+	mu            sync.Mutex
+	ring          []ibv.WC
+	head, n       int
+	armed         bool
+	solicitedOnly bool
+	overrun       bool
+	destroyed     bool
+	qps           int
+
+	events atomic.Int64 // got from the channel
+	acked  atomic.Int64
+}
+
+var _ ibv.CQ = (*cq)(nil)
+
+// push adds a CQE as the NIC does, firing the channel when armed. It returns false on
+// overrun (the CQ was full): the CQE is lost, the CQ is in error and EventCQErr is raised.
+func (c *cq) push(wc *ibv.WC, solicited bool) bool {
+	c.mu.Lock()
+	if c.destroyed {
+		c.mu.Unlock()
+		return true
+	}
+	if c.overrun {
+		c.mu.Unlock()
+		return false
+	}
+	if c.n == len(c.ring) {
+		c.overrun = true
+		c.mu.Unlock()
+		c.ctx.d.ctr.cqOverruns.Add(1)
+		c.ctx.raise(ibv.AsyncEvent{Type: ibv.EventCQErr, CQ: c})
+		return false
+	}
+	c.ring[(c.head+c.n)%len(c.ring)] = *wc
+	c.n++
+	fire := c.armed && (!c.solicitedOnly || solicited || wc.Status != ibv.WCSuccess)
+	if fire {
+		c.armed = false
+	}
+	c.mu.Unlock()
+	if fire && c.ch != nil {
+		c.ch.fire(c)
+	}
+	return true
+}
+
+func (c *cq) Poll(wcs []ibv.WC) (int, error) {
+	c.mu.Lock()
+	if c.destroyed {
+		c.mu.Unlock()
+		return 0, fmt.Errorf("soft: poll cq: %w", ibv.ErrClosed)
+	}
+	k := len(wcs)
+	if k > c.n {
+		k = c.n
+	}
+	for i := 0; i < k; i++ {
+		wcs[i] = c.ring[c.head]
+		c.head++
+		if c.head == len(c.ring) {
+			c.head = 0
+		}
+	}
+	c.n -= k
+	c.mu.Unlock()
+	return k, nil
+}
+
+func (c *cq) ReqNotify(solicitedOnly bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.destroyed {
+		return fmt.Errorf("soft: req notify cq: %w", ibv.ErrClosed)
+	}
+	if c.ch == nil {
+		return fmt.Errorf("soft: req notify cq: no completion channel: %w", ibv.ErrInvalid)
+	}
+	c.armed = true
+	c.solicitedOnly = solicitedOnly
+	return nil
+}
+
+func (c *cq) AckEvents(n int) { c.acked.Add(int64(n)) }
+
+func (c *cq) CQE() int { return len(c.ring) }
+
+func (c *cq) Channel() ibv.CompChannel {
+	if c.ch == nil {
+		return nil
+	}
+	return c.ch
+}
+
+func (c *cq) Destroy() error {
+	c.mu.Lock()
+	if c.destroyed {
+		c.mu.Unlock()
+		return fmt.Errorf("soft: destroy cq: %w", ibv.ErrClosed)
+	}
+	if c.qps > 0 {
+		n := c.qps
+		c.mu.Unlock()
+		return fmt.Errorf("soft: destroy cq: %d QPs still use it: %w", n, ibv.ErrBusy)
+	}
+	if un := c.events.Load() - c.acked.Load(); un > 0 {
+		c.mu.Unlock()
+		return fmt.Errorf("soft: destroy cq: %d events not acknowledged: %w", un, ibv.ErrBusy)
+	}
+	c.destroyed = true
+	c.mu.Unlock()
+	if c.ch != nil {
+		c.ch.drop(c)
+	}
+	c.ctx.mu.Lock()
+	delete(c.ctx.cqs, c)
+	c.ctx.mu.Unlock()
+	return nil
+}

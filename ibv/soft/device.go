@@ -1,0 +1,421 @@
+package soft
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/twosided/twosided/ibv"
+)
+
+// counters are a device's statistics, updated by its NIC goroutines.
+type counters struct {
+	packetsSent, packetsRecv, bytesSent, bytesRecv atomic.Uint64
+	rnrNaksSent, rnrNaksRecv, seqNaksSent          atomic.Uint64
+	retryTimeouts, retransmits                     atomic.Uint64
+	retryExceeded, rnrRetryExceeded                atomic.Uint64
+	forgedDropped, unknownQPDropped, stateDropped  atomic.Uint64
+	cutDropped, dupPackets, connsDialed            atomic.Uint64
+	connsAccepted, dialFailures, cqOverruns        atomic.Uint64
+}
+
+// Counters is a snapshot of a soft device's statistics.
+type Counters struct {
+	PacketsSent, PacketsRecv uint64 // every packet, ACK/NAK included
+	BytesSent, BytesRecv     uint64 // SEND payload bytes
+	RNRNaksSent              uint64 // RNR NAKs this device answered (no RECV posted)
+	RNRNaksRecv              uint64 // RNR NAKs this device's requesters received
+	SeqNaksSent              uint64 // PSN sequence error NAKs sent
+	RetryTimeouts            uint64 // local ACK timer expiries
+	Retransmits              uint64 // packets sent again (timeout, RNR or sequence NAK)
+	RetryExceeded            uint64 // WRs completed with WCRetryExcErr
+	RNRRetryExceeded         uint64 // WRs completed with WCRNRRetryExcErr
+	ForgedDropped            uint64 // packets from a GID/QPN the QP is not connected to
+	UnknownQPDropped         uint64 // packets for a QPN that does not exist
+	StateDropped             uint64 // packets for a QP not in RTR/RTS
+	CutDropped               uint64 // packets dropped by CutLink
+	DupPackets               uint64 // duplicate SENDs (already placed), ACKed again
+	ConnsDialed              uint64
+	ConnsAccepted            uint64
+	DialFailures             uint64
+	CQOverruns               uint64
+}
+
+func (c *counters) snapshot() Counters {
+	return Counters{
+		PacketsSent: c.packetsSent.Load(), PacketsRecv: c.packetsRecv.Load(),
+		BytesSent: c.bytesSent.Load(), BytesRecv: c.bytesRecv.Load(),
+		RNRNaksSent: c.rnrNaksSent.Load(), RNRNaksRecv: c.rnrNaksRecv.Load(),
+		SeqNaksSent: c.seqNaksSent.Load(), RetryTimeouts: c.retryTimeouts.Load(),
+		Retransmits: c.retransmits.Load(), RetryExceeded: c.retryExceeded.Load(),
+		RNRRetryExceeded: c.rnrRetryExceeded.Load(), ForgedDropped: c.forgedDropped.Load(),
+		UnknownQPDropped: c.unknownQPDropped.Load(), StateDropped: c.stateDropped.Load(),
+		CutDropped: c.cutDropped.Load(), DupPackets: c.dupPackets.Load(),
+		ConnsDialed: c.connsDialed.Load(), ConnsAccepted: c.connsAccepted.Load(),
+		DialFailures: c.dialFailures.Load(), CQOverruns: c.cqOverruns.Load(),
+	}
+}
+
+// device is one soft NIC: a listener, its connections to other devices, its QPs and MRs.
+type device struct {
+	p        *Provider
+	name     string
+	idx      uint64
+	phantom  bool
+	coalesce bool
+	gid      ibv.GID
+	lfd      int // listening socket, -1 for the phantom
+	stopfd   int // eventfd, readable once the device stops; wakes dialers and flushers
+
+	mu       sync.Mutex
+	refs     int
+	dead     bool
+	portDown bool
+	conns    map[ibv.GID]*conn // the connection used to send to each remote device
+	all      map[*conn]struct{}
+	qpMu     sync.RWMutex
+	qps      map[uint32]*qp
+	ctxs     map[*context]struct{}
+	nextQPN  uint32
+	nextMR   uint32
+	mrs      atomic.Pointer[[]*mr] // indexed by lkey>>8; copied on write
+
+	wg  sync.WaitGroup
+	ctr counters
+}
+
+func newDevice(p *Provider, name string, idx uint64, phantom bool, ap netip.AddrPort, coalesce bool) (*device, error) {
+	d := &device{
+		p: p, name: name, idx: idx, phantom: phantom, coalesce: coalesce, lfd: -1,
+		conns: make(map[ibv.GID]*conn), all: make(map[*conn]struct{}),
+		qps: make(map[uint32]*qp), ctxs: make(map[*context]struct{}),
+		nextQPN: 0x10 + uint32(idx&0xff)<<16,
+	}
+	empty := []*mr{nil}
+	d.mrs.Store(&empty)
+	sfd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("soft: %s: eventfd: %w", name, err)
+	}
+	d.stopfd = sfd
+	if phantom {
+		return d, nil
+	}
+	lfd, gid, err := listen(ap)
+	if err != nil {
+		unix.Close(sfd)
+		return nil, fmt.Errorf("soft: %s: listen %s: %w", name, ap, err)
+	}
+	d.lfd, d.gid = lfd, gid
+	d.wg.Add(1)
+	go d.acceptLoop()
+	return d, nil
+}
+
+func listen(ap netip.AddrPort) (int, ibv.GID, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, ibv.GID{}, err
+	}
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+	sa := &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().Unmap().As4()}
+	if err := unix.Bind(fd, sa); err != nil {
+		unix.Close(fd)
+		return -1, ibv.GID{}, err
+	}
+	if err := unix.Listen(fd, 128); err != nil {
+		unix.Close(fd)
+		return -1, ibv.GID{}, err
+	}
+	got, err := unix.Getsockname(fd)
+	if err != nil {
+		unix.Close(fd)
+		return -1, ibv.GID{}, err
+	}
+	in4, ok := got.(*unix.SockaddrInet4)
+	if !ok {
+		unix.Close(fd)
+		return -1, ibv.GID{}, errors.New("not an IPv4 socket")
+	}
+	gid, err := gidFromAddr(netip.AddrPortFrom(netip.AddrFrom4(in4.Addr), uint16(in4.Port)))
+	if err != nil {
+		unix.Close(fd)
+		return -1, ibv.GID{}, err
+	}
+	return fd, gid, nil
+}
+
+func (d *device) info() ibv.DeviceInfo {
+	st := ibv.PortActive
+	d.mu.Lock()
+	down := d.portDown
+	d.mu.Unlock()
+	if d.phantom || down {
+		st = ibv.PortDown
+	}
+	return deviceInfo(d.name, d.idx, st, d.gid)
+}
+
+func (d *device) open() *context {
+	ctx := newContext(d)
+	d.mu.Lock()
+	d.refs++
+	d.ctxs[ctx] = struct{}{}
+	d.mu.Unlock()
+	return ctx
+}
+
+// closeContext drops a context; the last one stops the device.
+func (d *device) closeContext(ctx *context) error {
+	d.mu.Lock()
+	delete(d.ctxs, ctx)
+	d.refs--
+	last := d.refs == 0
+	d.mu.Unlock()
+	if !last {
+		return nil
+	}
+	d.p.release(d)
+	d.kill()
+	done := make(chan struct{})
+	go func() { d.wg.Wait(); close(done) }()
+	var err error
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		err = fmt.Errorf("soft: %s: close: NIC goroutines did not stop within 5s: %w", d.name, ibv.ErrBusy)
+	}
+	if d.lfd >= 0 {
+		unix.Close(d.lfd)
+	}
+	unix.Close(d.stopfd)
+	return err
+}
+
+// kill stops all traffic: no more accepts, every connection shut down, no new dials.
+func (d *device) kill() {
+	d.mu.Lock()
+	if d.dead {
+		d.mu.Unlock()
+		return
+	}
+	d.dead = true
+	conns := make([]*conn, 0, len(d.all))
+	for c := range d.all {
+		conns = append(conns, c)
+	}
+	clear(d.conns)
+	d.mu.Unlock()
+	var one = [8]byte{1}
+	_, _ = unix.Write(d.stopfd, one[:])
+	if d.lfd >= 0 {
+		_ = unix.Shutdown(d.lfd, unix.SHUT_RDWR)
+	}
+	for _, c := range conns {
+		c.shutdown()
+	}
+}
+
+// isDown reports whether the port is DOWN (SetPortState): every packet is dropped.
+func (d *device) isDown() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.portDown
+}
+
+func (d *device) isDead() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.dead
+}
+
+func (d *device) acceptLoop() {
+	defer d.wg.Done()
+	for {
+		nfd, _, err := unix.Accept4(d.lfd, unix.SOCK_CLOEXEC)
+		if err != nil {
+			if err == unix.EINTR || err == unix.ECONNABORTED {
+				continue
+			}
+			if d.isDead() {
+				return
+			}
+			if err == unix.EMFILE || err == unix.ENFILE || err == unix.ENOBUFS || err == unix.ENOMEM {
+				continue
+			}
+			return
+		}
+		_ = unix.SetsockoptInt(nfd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+		c := &conn{d: d, fd: nfd}
+		c.state.Store(connUp)
+		d.mu.Lock()
+		if d.dead {
+			d.mu.Unlock()
+			unix.Close(nfd)
+			return
+		}
+		d.all[c] = struct{}{}
+		d.wg.Add(1)
+		d.mu.Unlock()
+		d.ctr.connsAccepted.Add(1)
+		go func() {
+			defer d.wg.Done()
+			c.serve(true)
+		}()
+	}
+}
+
+// connTo is the connection that carries packets to the device of gid, dialing it when there is
+// none. It returns nil when the device is dead.
+func (d *device) connTo(gid ibv.GID) *conn {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.dead {
+		return nil
+	}
+	if c := d.conns[gid]; c != nil && c.state.Load() != connDead {
+		return c
+	}
+	c := &conn{d: d, fd: -1, remote: gid, outbound: true}
+	c.state.Store(connConnecting)
+	d.conns[gid] = c
+	d.all[c] = struct{}{}
+	d.wg.Add(1)
+	go c.dial()
+	return c
+}
+
+// registerInbound makes an accepted connection the one to send on, unless one exists.
+func (d *device) registerInbound(c *conn) {
+	d.mu.Lock()
+	if !d.dead {
+		if old := d.conns[c.remote]; old == nil || old.state.Load() == connDead {
+			d.conns[c.remote] = c
+		}
+	}
+	d.mu.Unlock()
+}
+
+func (d *device) forget(c *conn) {
+	d.mu.Lock()
+	if d.conns[c.remote] == c {
+		delete(d.conns, c.remote)
+	}
+	delete(d.all, c)
+	d.mu.Unlock()
+}
+
+func (d *device) qpByNum(n uint32) *qp {
+	d.qpMu.RLock()
+	q := d.qps[n]
+	d.qpMu.RUnlock()
+	return q
+}
+
+// translate maps an SGE to the bytes of its MR: the lkey must name a live MR of pd and the
+// range must lie inside it; write needs AccessLocalWrite.
+func (d *device) translate(s *ibv.SGE, pd *pd, write bool) ([]byte, bool) {
+	t := *d.mrs.Load()
+	i := s.LKey >> 8
+	if int(i) >= len(t) {
+		return nil, false
+	}
+	m := t[i]
+	if m == nil || m.lkey != s.LKey || m.pd != pd || (write && m.access&ibv.AccessLocalWrite == 0) {
+		return nil, false
+	}
+	if s.Addr < m.addr || s.Addr-m.addr > uint64(len(m.buf)) || uint64(s.Length) > uint64(len(m.buf))-(s.Addr-m.addr) {
+		return nil, false
+	}
+	off := s.Addr - m.addr
+	return m.buf[off : off+uint64(s.Length)], true
+}
+
+// findByAddr finds the MR of pd that holds [addr, addr+n), for inline data whose lkey
+// hardware ignores.
+func (d *device) findByAddr(addr uint64, n uint32, pd *pd) ([]byte, bool) {
+	for _, m := range *d.mrs.Load() {
+		if m == nil || m.pd != pd || addr < m.addr || addr-m.addr > uint64(len(m.buf)) ||
+			uint64(n) > uint64(len(m.buf))-(addr-m.addr) {
+			continue
+		}
+		off := addr - m.addr
+		return m.buf[off : off+uint64(n)], true
+	}
+	return nil, false
+}
+
+func (d *device) addMR(m *mr) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	old := *d.mrs.Load()
+	idx := -1
+	for i := 1; i < len(old); i++ {
+		if old[i] == nil {
+			idx = i
+			break
+		}
+	}
+	t := make([]*mr, len(old), len(old)+1)
+	copy(t, old)
+	if idx < 0 {
+		idx = len(t)
+		t = append(t, nil)
+	}
+	d.nextMR++
+	m.lkey = uint32(idx)<<8 | (d.nextMR & 0xff)
+	t[idx] = m
+	d.mrs.Store(&t)
+}
+
+func (d *device) removeMR(m *mr) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	old := *d.mrs.Load()
+	t := make([]*mr, len(old))
+	copy(t, old)
+	if i := int(m.lkey >> 8); i < len(t) && t[i] == m {
+		t[i] = nil
+	}
+	d.mrs.Store(&t)
+}
+
+func (d *device) addQP(q *qp) {
+	d.qpMu.Lock()
+	for {
+		d.nextQPN = (d.nextQPN + 1) & psnMask
+		if d.nextQPN < 2 {
+			continue
+		}
+		if _, used := d.qps[d.nextQPN]; !used {
+			break
+		}
+	}
+	q.qpn = d.nextQPN
+	d.qps[q.qpn] = q
+	d.qpMu.Unlock()
+}
+
+func (d *device) removeQP(q *qp) {
+	d.qpMu.Lock()
+	if d.qps[q.qpn] == q {
+		delete(d.qps, q.qpn)
+	}
+	d.qpMu.Unlock()
+}
+
+// raisePort sends a port event to every context of the device.
+func (d *device) contexts() []*context {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]*context, 0, len(d.ctxs))
+	for c := range d.ctxs {
+		out = append(out, c)
+	}
+	return out
+}

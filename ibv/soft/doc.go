@@ -1,0 +1,52 @@
+// Package soft is twosided's software RC provider: a faithful stand-in for an RDMA NIC that
+// carries reliable-connected SEND/RECV traffic over TCP, so that every layer above ibv can be
+// tested, and run across processes or hosts, without RDMA hardware.
+//
+// It owns the provider "soft" (registered in init, configured from the environment), the
+// devices soft0, soft1, … (and an optional phantom device whose port is DOWN), their TCP
+// listeners and connections, and the NIC logic: PSNs, cumulative ACKs, RNR NAKs, retransmit
+// and RNR timers, queue and completion semantics. It must not import any other twosided
+// package but ibv, and it never touches the consumer's goroutines: the consumer sees queues,
+// CQs and non-blocking eventfds only.
+//
+// # Configuration
+//
+// The registered provider reads TWOSIDED_SOFT_DEVICES (number of devices, default 2),
+// TWOSIDED_SOFT_ADDR (TCP listen address of every device, default 127.0.0.1:0; port 0 picks a
+// free port per device, a fixed port p gives device i port p+i) and TWOSIDED_SOFT_PHANTOM
+// (1/true adds soft_phantom) on every GetDeviceList and Open; a bad value is an error naming
+// the variable. New builds an isolated provider from options, for tests.
+//
+// # GID encoding
+//
+// A soft device's GID is the IPv4-mapped IPv6 form of its listen address with the TCP port in
+// the first two bytes (big-endian): bytes 0..1 port, 2..9 zero, 10..11 0xffff, 12..15 the IPv4
+// address. 127.0.0.1:12345 is 3039:0000:0000:0000:0000:ffff:7f00:0001. LID is 0 and the link
+// layer is Ethernet (as RoCE), so RTR needs a global address vector (AHAttr.IsGlobal, DGID).
+// An unspecified listen IP (0.0.0.0) is advertised as 127.0.0.1.
+//
+// # Wire format
+//
+// One TCP connection per pair of devices (the first to send dials) multiplexes all their QPs.
+// The dialer first sends a HELLO packet carrying its GID; then both ends exchange packets,
+// each a 24-byte little-endian header followed by the payload:
+//
+//	0  u8  opcode      1 SEND, 2 SEND_WITH_IMM, 3 ACK, 4 NAK, 5 HELLO
+//	1  u8  syndrome    NAK: 1 RNR, 2 PSN sequence error, 3 invalid request, 4 remote operation error
+//	2  u8  rnr timer   NAK RNR: the responder's min_rnr_timer (IB encoding)
+//	3  u8  flags       bit 0 solicited event
+//	4  u32 dest QPN    HELLO: magic 0x54464f53 ("SOFT")
+//	8  u32 source QPN  HELLO: version 1
+//	12 u32 PSN         24 bits used
+//	16 u32 immediate   SEND_WITH_IMM
+//	20 u32 payload length (HELLO: 16, the GID)
+//
+// A message is one packet and one PSN whatever its size (TCP segments it). ACKs are
+// cumulative (the PSN of the newest message placed) and coalesced: a responder answers once
+// per QP per batch of packets read.
+//
+// # Timers
+//
+// The local ACK timeout (4.096 µs × 2^timeout) fires between one and two periods after the
+// last forward progress, never sooner than 500 µs; min_rnr_timer follows the IB table.
+package soft
