@@ -1,0 +1,517 @@
+package oob
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/twosided/twosided/reactor"
+)
+
+// classicRecheck is how long a peer that answered the hello like Mooncake stays on
+// one-connection-per-request before it is probed again.
+const classicRecheck = time.Minute
+
+// peerState is what the loop knows of one peer address.
+type peerState struct {
+	addr         string
+	sa           unix.Sockaddr
+	conn         *conn // persistent connection, nil when none
+	classicUntil int64
+	twosided     bool // answered a hello once
+}
+
+// call is one client request, from submission to reply. Pooled.
+type call struct {
+	n       *Node
+	typ     MsgType
+	peer    string
+	ap      netip.AddrPort
+	classic bool
+
+	nreq NotifyRequest
+	msg  []byte
+	hs   HandshakeDesc
+
+	// Result, written on the loop before done is signalled.
+	err  error
+	resp *HandshakeDesc
+	done chan struct{}
+
+	// Loop-only.
+	id       uint64
+	conn     *conn
+	finished bool
+
+	abandoned atomic.Bool
+	startFn   func()
+	cancelFn  func()
+	timer     *time.Timer
+}
+
+var callPool = sync.Pool{New: func() any {
+	c := &call{done: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
+	c.timer.Stop()
+	c.startFn = c.start
+	c.cancelFn = c.cancel
+	return c
+}}
+
+func (n *Node) getCall(typ MsgType, peer string) *call {
+	c := callPool.Get().(*call)
+	c.n, c.typ, c.peer, c.classic = n, typ, peer, false
+	c.err, c.resp, c.id, c.conn, c.finished = nil, nil, 0, nil, false
+	c.hs = HandshakeDesc{}
+	c.nreq = NotifyRequest{}
+	return c
+}
+
+func putCall(c *call) {
+	c.n, c.conn, c.resp, c.err = nil, nil, nil, nil
+	c.nreq, c.hs = NotifyRequest{}, HandshakeDesc{}
+	if cap(c.msg) > 64<<10 {
+		c.msg = nil
+	}
+	callPool.Put(c)
+}
+
+// Notify sends req to peer (host:port) and waits for the reply, bounded by ctx and
+// RequestTimeout. Between twosided nodes it uses a persistent multiplexed connection;
+// a Mooncake peer gets one connection per notify. nil means the peer replied success.
+func (n *Node) Notify(ctx context.Context, peer string, req *NotifyRequest) error {
+	return n.notify(ctx, peer, req, false)
+}
+
+// NotifyClassic sends req on a connection of its own, as Mooncake does.
+func (n *Node) NotifyClassic(ctx context.Context, peer string, req *NotifyRequest) error {
+	return n.notify(ctx, peer, req, true)
+}
+
+func (n *Node) notify(ctx context.Context, peer string, req *NotifyRequest, classic bool) error {
+	if req == nil {
+		return fmt.Errorf("%w: notify: req: must not be nil", ErrBadRequest)
+	}
+	c := n.getCall(TypeNotify, peer)
+	c.classic = classic
+	c.msg = append(c.msg[:0], req.Msg...)
+	c.nreq = *req
+	c.nreq.Msg = c.msg
+	return n.do(ctx, c)
+}
+
+// Handshake sends the handshake RPC (type Connection) and returns the peer's descriptor.
+// A non-empty reply_msg is returned with the descriptor and an ErrRejected error.
+func (n *Node) Handshake(ctx context.Context, peer string, req *HandshakeDesc) (*HandshakeDesc, error) {
+	if req == nil {
+		return nil, fmt.Errorf("%w: handshake: req: must not be nil", ErrBadRequest)
+	}
+	if err := checkHandshake(req); err != nil {
+		return nil, err
+	}
+	c := n.getCall(TypeConnection, peer)
+	c.hs = *req
+	c.hs.QPNum = append([]uint32(nil), req.QPNum...)
+	err := n.do(ctx, c)
+	resp := c.resp
+	if err == nil || errors.Is(err, ErrRejected) {
+		putCall(c)
+	}
+	return resp, err
+}
+
+// Probe checks that peer answers (type Probe).
+func (n *Node) Probe(ctx context.Context, peer string) error {
+	return n.do(ctx, n.getCall(TypeProbe, peer))
+}
+
+// do submits c to the loop and waits for its reply. It recycles c unless the wait was
+// abandoned (then the loop may still hold it) or the caller needs c.resp.
+func (n *Node) do(ctx context.Context, c *call) error {
+	keep := c.typ == TypeConnection
+	if n.closed.Load() {
+		return fmt.Errorf("%s %s: %w", c.typ, c.peer, ErrClosed)
+	}
+	ap, err := parsePeer(ctx, c.peer)
+	if err != nil {
+		return err
+	}
+	c.ap = ap
+	if err := n.loop.Submit(c.startFn); err != nil {
+		if errors.Is(err, reactor.ErrQueueFull) {
+			err = n.loop.SubmitWait(ctx, c.startFn)
+		}
+		if err != nil {
+			if errors.Is(err, reactor.ErrStopped) {
+				err = ErrClosed
+			}
+			return fmt.Errorf("%s %s: submit: %w", c.typ, c.peer, err)
+		}
+	}
+	d := n.cfg.RequestTimeout
+	c.timer.Reset(d)
+	select {
+	case <-c.done:
+		c.timer.Stop()
+		err := c.err
+		if !keep {
+			putCall(c)
+		}
+		return err
+	case <-ctx.Done():
+		c.timer.Stop()
+		c.abandon()
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("%s %s: %w: %w", c.typ, c.peer, ErrTimeout, ctx.Err())
+		}
+		return fmt.Errorf("%s %s: %w", c.typ, c.peer, ctx.Err())
+	case <-c.timer.C:
+		c.abandon()
+		return fmt.Errorf("%s %s: %w: no reply within RequestTimeout %v", c.typ, c.peer, ErrTimeout, d)
+	}
+}
+
+func (c *call) abandon() {
+	c.abandoned.Store(true)
+	_ = c.n.loop.Submit(c.cancelFn)
+}
+
+// parsePeer takes "ip:port" without allocating; a host name is resolved here, on the
+// caller's goroutine, bounded by ctx (never on the loop).
+func parsePeer(ctx context.Context, peer string) (netip.AddrPort, error) {
+	if ap, err := netip.ParseAddrPort(peer); err == nil {
+		return ap, nil
+	}
+	host, port, err := net.SplitHostPort(peer)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("%w: peer %q: want host:port: %v", ErrBadRequest, peer, err)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("%w: peer %q: port: %v", ErrBadRequest, peer, err)
+	}
+	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	if err != nil || len(ips) == 0 {
+		return netip.AddrPort{}, fmt.Errorf("%w: peer %q: resolve: %v", ErrPeerUnreachable, peer, err)
+	}
+	for _, ip := range ips {
+		if ip.Unmap().Is4() {
+			return netip.AddrPortFrom(ip.Unmap(), uint16(p)), nil
+		}
+	}
+	return netip.AddrPortFrom(ips[0], uint16(p)), nil
+}
+
+// finish completes c once (loop-only).
+func (c *call) finish(err error, resp *HandshakeDesc) {
+	if c.finished {
+		return
+	}
+	c.finished = true
+	c.conn = nil
+	c.err, c.resp = err, resp
+	c.done <- struct{}{}
+}
+
+// start runs on the loop.
+func (c *call) start() {
+	n := c.n
+	if n.down {
+		c.finish(fmt.Errorf("%s %s: %w", c.typ, c.peer, ErrClosed), nil)
+		return
+	}
+	if c.abandoned.Load() {
+		c.finished = true
+		return
+	}
+	ps := n.peers[c.peer]
+	if ps == nil {
+		ps = &peerState{addr: c.peer, sa: sockaddrOf(c.ap)}
+		n.peers[c.peer] = ps
+	}
+	if c.classic || ps.classicUntil > n.now() {
+		n.startClassic(c, ps)
+		return
+	}
+	pc := ps.conn
+	if pc == nil {
+		var err error
+		pc, err = n.dial(ps, connPersistent)
+		if err != nil {
+			c.finish(err, nil)
+			return
+		}
+		ps.conn = pc
+		n.out = appendProbe(n.out[:0], reqMeta{}, true)
+		pc.send(n.out)
+	}
+	pc.lastUse = n.now()
+	c.conn = pc
+	if pc.state == stateOpen {
+		pc.sendCall(c)
+	} else {
+		pc.queue = append(pc.queue, c)
+	}
+}
+
+// cancel runs on the loop after the waiter gave up.
+func (c *call) cancel() {
+	if c.finished {
+		return
+	}
+	pc := c.conn
+	c.finished = true
+	c.conn = nil
+	if pc == nil || pc.state == stateClosed {
+		return
+	}
+	switch pc.kind {
+	case connClassic:
+		pc.one = nil
+		pc.close(nil)
+	case connPersistent:
+		delete(pc.pending, c.id)
+		for i, q := range pc.queue {
+			if q == c {
+				pc.queue = append(pc.queue[:i], pc.queue[i+1:]...)
+				break
+			}
+		}
+	}
+}
+
+func (n *Node) startClassic(c *call, ps *peerState) {
+	cc, err := n.dial(ps, connClassic)
+	if err != nil {
+		c.finish(err, nil)
+		return
+	}
+	cc.one = c
+	c.conn = cc
+	n.st.classicSent.Add(1)
+	n.out = n.encodeCall(n.out[:0], c, reqMeta{hasID: ps.twosided, twosided: ps.twosided}, ps.twosided)
+	cc.send(n.out)
+}
+
+// sendCall writes c on a ready persistent connection.
+func (pc *conn) sendCall(c *call) {
+	n := pc.n
+	n.nextID++
+	c.id = n.nextID
+	if len(pc.pending) == 0 && pc.kaID == 0 {
+		pc.waitSince = n.now()
+	}
+	pc.pending[c.id] = c
+	n.st.persistentSent.Add(1)
+	n.out = n.encodeCall(n.out[:0], c, reqMeta{id: c.id, hasID: true, twosided: true}, true)
+	pc.send(n.out)
+}
+
+func (n *Node) encodeCall(dst []byte, c *call, m reqMeta, twosided bool) []byte {
+	switch c.typ {
+	case TypeNotify:
+		return appendNotifyRequest(dst, &c.nreq, m, twosided)
+	case TypeConnection:
+		hs := c.hs
+		if !twosided {
+			hs.MTU, hs.PSN, hs.Session, hs.Epoch, hs.BufSize, hs.Extensions, hs.PeerName = 0, 0, 0, 0, 0, false, ""
+		}
+		return appendHandshake(dst, &hs, m)
+	default:
+		return appendProbe(dst, m, false)
+	}
+}
+
+// dial starts a non-blocking connect on the loop.
+func (n *Node) dial(ps *peerState, kind connKind) (*conn, error) {
+	if n.down {
+		return nil, fmt.Errorf("dial %s: %w", ps.addr, ErrClosed)
+	}
+	fd, err := unix.Socket(sockFamily(ps.sa), unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		n.st.dialFailed.Add(1)
+		return nil, fmt.Errorf("%w: %s: socket: %w", ErrPeerUnreachable, ps.addr, err)
+	}
+	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	err = unix.Connect(fd, ps.sa)
+	for err == unix.EINTR {
+		err = unix.Connect(fd, ps.sa)
+	}
+	if err != nil && err != unix.EINPROGRESS {
+		_ = unix.Close(fd)
+		n.st.dialFailed.Add(1)
+		return nil, fmt.Errorf("%w: %s: connect: %w", ErrPeerUnreachable, ps.addr, err)
+	}
+	c := n.newConn(fd, kind, ps)
+	c.state = stateConnecting
+	if err := n.loop.Add(fd, reactor.Writable, c.onEvent); err != nil {
+		_ = unix.Close(fd)
+		n.st.dialFailed.Add(1)
+		return nil, fmt.Errorf("%w: %s: register: %w", ErrPeerUnreachable, ps.addr, err)
+	}
+	n.conns[c] = struct{}{}
+	n.st.clientConns.Add(1)
+	c.connTimer = n.loop.AfterFunc(n.cfg.ConnectTimeout, c.onConnectTimeout)
+	return c, nil
+}
+
+func (c *conn) onConnectTimeout() {
+	if c.state != stateConnecting {
+		return
+	}
+	c.n.st.dialFailed.Add(1)
+	c.close(fmt.Errorf("%w: %w: %s: connect not done within ConnectTimeout %v", ErrPeerUnreachable, ErrTimeout, c.peer.addr, c.n.cfg.ConnectTimeout))
+}
+
+func (c *conn) finishConnect() {
+	n := c.n
+	soerr, err := unix.GetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_ERROR)
+	if err == nil && soerr != 0 {
+		err = unix.Errno(soerr)
+	}
+	if err != nil {
+		n.st.dialFailed.Add(1)
+		c.close(fmt.Errorf("%w: %s: connect: %w", ErrPeerUnreachable, c.peer.addr, err))
+		return
+	}
+	c.connTimer.Stop()
+	n.st.dialed.Add(1)
+	now := n.now()
+	c.lastRead, c.lastWrite, c.waitSince = now, now, now
+	if c.kind == connPersistent {
+		c.state = stateHello
+	} else {
+		c.state = stateOpen
+	}
+	c.writing = true // registered for Writable only; flush sets Readable (and Writable if needed)
+	c.flush()
+	if c.state != stateClosed && c.writing {
+		// flush left data: keep Writable, add Readable.
+		if err := n.loop.Modify(c.fd, reactor.Readable|reactor.Writable); err != nil {
+			c.ioFailed("epoll modify", err)
+		}
+	}
+}
+
+// helloFailed: the peer is not a twosided server (or closed before answering). The
+// queued calls go the classic way; mark makes it stick for classicRecheck.
+func (c *conn) helloFailed(mark bool) {
+	n := c.n
+	ps := c.peer
+	if mark {
+		ps.classicUntil = n.now() + int64(classicRecheck)
+		ps.twosided = false
+	}
+	queue := c.queue
+	c.queue = nil
+	c.close(nil)
+	for _, cl := range queue {
+		cl.conn = nil
+		if cl.abandoned.Load() {
+			cl.finished = true
+			continue
+		}
+		n.startClassic(cl, ps)
+	}
+}
+
+// replyFrame handles one reply on a dialed connection.
+func (c *conn) replyFrame(t MsgType, body []byte) {
+	n := c.n
+	var (
+		m    reqMeta
+		resp *HandshakeDesc
+		err  error
+	)
+	if t == TypeConnection {
+		resp, m, err = decodeHandshake(body)
+	} else {
+		n.key, err = n.ri.decode(body, n.key)
+		m = n.ri.m
+	}
+	if c.state == stateHello {
+		if err != nil || t != TypeProbe || n.ri.hello < helloVersion || len(n.ri.errMsg) > 0 {
+			c.helloFailed(true)
+			return
+		}
+		c.state = stateOpen
+		c.peer.twosided = true
+		c.peer.classicUntil = 0
+		queue := c.queue
+		c.queue = nil
+		for _, cl := range queue {
+			c.sendCall(cl)
+			if c.state == stateClosed {
+				return
+			}
+		}
+		return
+	}
+	if err != nil {
+		c.close(fmt.Errorf("%w: %s: bad reply: %w", ErrPeerUnreachable, c.peer.addr, err))
+		return
+	}
+	var cl *call
+	if c.kind == connClassic {
+		cl = c.one
+		c.one = nil
+	} else {
+		if !m.hasID {
+			c.close(fmt.Errorf("%w: %s: reply without ts_id on a multiplexed connection", ErrPeerUnreachable, c.peer.addr))
+			return
+		}
+		if m.id == c.kaID && t == TypeProbe {
+			c.kaID = 0
+			return
+		}
+		cl = c.pending[m.id]
+		if cl == nil {
+			return // its waiter gave up
+		}
+		delete(c.pending, m.id)
+		if len(c.pending) == 0 {
+			c.waitSince = n.now()
+		}
+	}
+	if cl != nil {
+		cl.finish(c.result(cl, t, resp), resp)
+	}
+	if c.kind == connClassic {
+		c.close(nil)
+	}
+}
+
+// result turns a reply into the call's error.
+func (c *conn) result(cl *call, t MsgType, resp *HandshakeDesc) error {
+	ri := &c.n.ri
+	if t != cl.typ {
+		return fmt.Errorf("%w: %s: %s reply to a %s request", ErrBadFrame, c.peer.addr, t, cl.typ)
+	}
+	switch t {
+	case TypeNotify:
+		c.n.st.notifySent.Add(1)
+		if len(ri.errMsg) > 0 || !ri.notifyOK {
+			reason := string(ri.errMsg)
+			if reason == "" {
+				reason = "empty notify_msg"
+			}
+			return fmt.Errorf("notify %s: %w: %s", c.peer.addr, ErrRejected, reason)
+		}
+	case TypeConnection:
+		if resp.ReplyMsg != "" {
+			return fmt.Errorf("handshake %s: %w: %s", c.peer.addr, ErrRejected, resp.ReplyMsg)
+		}
+	default:
+		if len(ri.errMsg) > 0 {
+			return fmt.Errorf("probe %s: %w: %s", c.peer.addr, ErrRejected, ri.errMsg)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,375 @@
+package oob
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/panjf2000/gnet/v2/pkg/buffer/elastic"
+	"golang.org/x/sys/unix"
+
+	"github.com/twosided/twosided/reactor"
+)
+
+type connKind uint8
+
+const (
+	connServer     connKind = iota // accepted
+	connPersistent                 // dialed, multiplexed (twosided peer)
+	connClassic                    // dialed, one request (Mooncake style)
+)
+
+type connState uint8
+
+const (
+	stateConnecting connState = iota // non-blocking connect in progress
+	stateHello                       // persistent: hello probe sent, waiting for its reply
+	stateOpen                        // serving / ready for requests
+	stateDraining                    // reply (or error reply) queued; then SHUT_WR and wait for EOF
+	stateClosed
+)
+
+// conn is one TCP connection on the loop. All fields are loop-only.
+type conn struct {
+	n     *Node
+	fd    int
+	kind  connKind
+	state connState
+	peer  *peerState // dialed conns
+
+	parser  Parser
+	out     elastic.RingBuffer // bytes the socket did not take yet
+	writing bool               // registered for Writable
+
+	lastRead, lastWrite, lastUse, waitSince, drainSince int64
+
+	// server side
+	persistent bool
+	frames     int
+	inflight   int
+	shutWr     bool
+
+	// client side
+	pending   map[uint64]*call
+	queue     []*call
+	one       *call // classic: the only request
+	kaID      uint64
+	connTimer *reactor.Timer
+}
+
+func (n *Node) newConn(fd int, kind connKind, ps *peerState) *conn {
+	now := n.now()
+	n.nextConn++
+	c := &conn{n: n, fd: fd, kind: kind, peer: ps, lastRead: now, lastWrite: now, lastUse: now}
+	c.parser.MaxFrame = n.cfg.MaxFrame
+	if kind == connPersistent {
+		c.pending = make(map[uint64]*call)
+	}
+	return c
+}
+
+func (c *conn) onEvent(ev reactor.Events) {
+	if c.state == stateClosed {
+		return
+	}
+	if c.state == stateConnecting {
+		if ev&(reactor.Writable|reactor.Error|reactor.Hangup) != 0 {
+			c.finishConnect()
+		}
+		return
+	}
+	if ev&(reactor.Readable|reactor.Error|reactor.Hangup) != 0 {
+		c.onReadable()
+		if c.state == stateClosed {
+			return
+		}
+	}
+	if ev&reactor.Writable != 0 {
+		c.flush()
+	}
+}
+
+func (c *conn) onReadable() {
+	n := c.n
+	for i := 0; i < 16; i++ {
+		k, err := unix.Read(c.fd, n.scratch)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return
+		case err != nil:
+			c.ioFailed("read", err)
+			return
+		case k == 0:
+			c.onEOF()
+			return
+		}
+		if c.state == stateDraining {
+			continue // discard until the peer closes
+		}
+		c.lastRead = n.now()
+		c.consume(n.scratch[:k])
+		if c.state == stateClosed || k < len(n.scratch) {
+			return
+		}
+	}
+}
+
+func (c *conn) consume(b []byte) {
+	for len(b) > 0 {
+		t, body, used, ok, err := c.parser.Next(b)
+		if err != nil {
+			c.frameFailed(err)
+			return
+		}
+		b = b[used:]
+		if ok {
+			if c.kind == connServer {
+				c.serveFrame(t, body)
+			} else {
+				c.replyFrame(t, body)
+			}
+			if c.state == stateClosed || c.state == stateDraining {
+				return
+			}
+		} else if used == 0 {
+			return
+		}
+	}
+}
+
+func (c *conn) frameFailed(err error) {
+	if c.kind != connServer {
+		c.close(fmt.Errorf("%w: %s: bad reply: %w", ErrPeerUnreachable, c.peer.addr, err))
+		return
+	}
+	t := TypeConnection
+	var fe *FrameError
+	if errors.As(err, &fe) && fe.HasType {
+		t = fe.Type
+	}
+	c.reject(t, reqMeta{}, err)
+}
+
+// reject answers a bad request with an error reply, then drains and closes.
+func (c *conn) reject(t MsgType, m reqMeta, err error) {
+	n := c.n
+	n.st.badFrames.Add(1)
+	n.log.Debug().Err(err).Int("fd", c.fd).Msg("oob: bad request")
+	n.out = appendErrorReply(n.out[:0], t, m, err.Error())
+	c.send(n.out)
+	c.drain()
+}
+
+// send writes b, buffering what the socket does not take. b may be reused after return.
+func (c *conn) send(b []byte) {
+	if c.state == stateClosed {
+		return
+	}
+	if c.out.IsEmpty() && c.state != stateConnecting {
+		for len(b) > 0 {
+			k, err := unix.Write(c.fd, b)
+			if err == unix.EINTR {
+				continue
+			}
+			if err == unix.EAGAIN {
+				break
+			}
+			if err != nil {
+				c.ioFailed("write", err)
+				return
+			}
+			b = b[k:]
+		}
+		c.lastWrite = c.n.now()
+		if len(b) == 0 {
+			return
+		}
+	}
+	if c.out.Buffered()+len(b) > c.n.cfg.MaxConnBuffer {
+		c.n.st.overflows.Add(1)
+		c.close(fmt.Errorf("%w: %s: send buffer over MaxConnBuffer %d", ErrPeerUnreachable, c.name(), c.n.cfg.MaxConnBuffer))
+		return
+	}
+	_, _ = c.out.Write(b)
+	if c.state != stateConnecting {
+		c.setWriting(true)
+	}
+}
+
+func (c *conn) flush() {
+	for !c.out.IsEmpty() {
+		head, _ := c.out.Peek(-1)
+		k, err := unix.Write(c.fd, head)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			return
+		}
+		if err != nil {
+			c.ioFailed("write", err)
+			return
+		}
+		c.lastWrite = c.n.now()
+		_, _ = c.out.Discard(k)
+		if k < len(head) {
+			return
+		}
+	}
+	c.setWriting(false)
+	if c.state == stateDraining {
+		c.shutdownWrite()
+	}
+}
+
+func (c *conn) setWriting(on bool) {
+	if c.writing == on || c.state == stateClosed {
+		return
+	}
+	ev := reactor.Readable
+	if on {
+		ev |= reactor.Writable
+	}
+	if err := c.n.loop.Modify(c.fd, ev); err != nil {
+		c.ioFailed("epoll modify", err)
+		return
+	}
+	c.writing = on
+}
+
+// drain ends a server connection politely: the queued reply goes out, then SHUT_WR, then
+// the connection closes on the peer's EOF (or after IdleTimeout).
+func (c *conn) drain() {
+	if c.state == stateClosed || c.state == stateDraining {
+		return
+	}
+	c.state = stateDraining
+	c.drainSince = c.n.now()
+	c.parser.Reset()
+	if c.out.IsEmpty() {
+		c.shutdownWrite()
+	}
+}
+
+func (c *conn) shutdownWrite() {
+	if c.shutWr {
+		return
+	}
+	c.shutWr = true
+	_ = unix.Shutdown(c.fd, unix.SHUT_WR)
+}
+
+func (c *conn) onEOF() {
+	switch {
+	case c.kind == connServer:
+		c.close(nil)
+	case c.kind == connPersistent && c.state == stateHello:
+		// Closed before answering the hello: not a twosided server. Try the classic way.
+		c.helloFailed(false)
+	default:
+		c.close(fmt.Errorf("%w: %s: connection closed by peer", ErrPeerUnreachable, c.peer.addr))
+	}
+}
+
+func (c *conn) ioFailed(op string, err error) {
+	if c.kind == connServer {
+		c.n.log.Debug().Err(err).Int("fd", c.fd).Str("op", op).Msg("oob: connection failed")
+		c.close(nil)
+		return
+	}
+	c.close(fmt.Errorf("%w: %s: %s: %w", ErrPeerUnreachable, c.peer.addr, op, err))
+}
+
+func (c *conn) name() string {
+	if c.peer != nil {
+		return c.peer.addr
+	}
+	return "accepted connection"
+}
+
+// close releases the connection and fails what waits on it with cause (nil: nothing waits,
+// or the waiters were answered).
+func (c *conn) close(cause error) {
+	if c.state == stateClosed {
+		return
+	}
+	n := c.n
+	c.state = stateClosed
+	if c.connTimer != nil {
+		c.connTimer.Stop()
+	}
+	if err := n.loop.Close(c.fd); err != nil {
+		_ = unix.Close(c.fd)
+	}
+	c.out.Done()
+	c.parser = Parser{}
+	delete(n.conns, c)
+	if c.kind == connServer {
+		n.nServer--
+		n.st.serverConns.Add(-1)
+		return
+	}
+	n.st.clientConns.Add(-1)
+	if cause == nil {
+		cause = fmt.Errorf("%w: %s: connection closed", ErrPeerUnreachable, c.peer.addr)
+	}
+	if c.peer.conn == c {
+		c.peer.conn = nil
+	}
+	for id, cl := range c.pending {
+		delete(c.pending, id)
+		cl.finish(cause, nil)
+	}
+	for _, cl := range c.queue {
+		cl.finish(cause, nil)
+	}
+	c.queue = nil
+	if c.one != nil {
+		c.one.finish(cause, nil)
+		c.one = nil
+	}
+}
+
+// sweep runs from the Node's periodic timer: idle cuts and keepalives.
+func (c *conn) sweep(now, idle int64) {
+	switch {
+	case c.state == stateConnecting || c.state == stateClosed:
+		return
+	case c.state == stateDraining:
+		if now-c.drainSince > idle {
+			c.n.st.idleCuts.Add(1)
+			c.close(nil)
+		}
+	case c.kind == connServer:
+		if now-c.lastRead > idle {
+			c.n.st.idleCuts.Add(1)
+			c.close(nil)
+		}
+	case c.kind == connClassic || c.state == stateHello:
+		if now-max(c.lastRead, c.waitSince) > idle {
+			c.n.st.idleCuts.Add(1)
+			c.close(fmt.Errorf("%w: %w: %s: no reply within IdleTimeout %v", ErrPeerUnreachable, ErrTimeout, c.peer.addr, c.n.cfg.IdleTimeout))
+		}
+	default: // persistent, ready
+		outstanding := len(c.pending) > 0 || c.kaID != 0
+		if outstanding && now-max(c.lastRead, c.waitSince) > idle {
+			c.n.st.idleCuts.Add(1)
+			c.close(fmt.Errorf("%w: %w: %s: no reply within IdleTimeout %v (half-open?)", ErrPeerUnreachable, ErrTimeout, c.peer.addr, c.n.cfg.IdleTimeout))
+			return
+		}
+		if !outstanding && now-c.lastUse > 6*idle {
+			c.close(nil) // unused for long: let it go; the next request redials
+			return
+		}
+		if c.kaID == 0 && now-c.lastWrite > idle/3 {
+			c.n.nextID++
+			c.kaID = c.n.nextID
+			if !outstanding {
+				c.waitSince = now
+			}
+			c.n.out = appendProbe(c.n.out[:0], reqMeta{id: c.kaID, hasID: true}, false)
+			c.send(c.n.out)
+		}
+	}
+}

@@ -1,0 +1,324 @@
+package oob
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+
+	"github.com/twosided/twosided/reactor"
+)
+
+// Handler serves the requests a Node receives.
+type Handler interface {
+	// Both are called on the loop goroutine; reply exactly once (possibly later, from the
+	// loop or any goroutine). req is valid only until the call returns.
+	HandleNotify(req *NotifyRequest, reply func(err error))                         // nil → "success", error → rejected (empty notify_msg)
+	HandleHandshake(req *HandshakeDesc, reply func(resp *HandshakeDesc, err error)) // err → reply_msg = err.Error()
+}
+
+// Stats are a Node's counters; safe to read from any goroutine.
+type Stats struct {
+	Accepted        uint64 // server connections accepted
+	RejectedConns   uint64 // accepted connections closed at once: MaxConns reached
+	Dialed          uint64 // client connections that connected
+	DialFailed      uint64 // connects that failed or timed out
+	ServerConns     int64  // server connections open now
+	ClientConns     int64  // client connections open now
+	NotifyServed    uint64 // notifies handed to the Handler
+	HandshakeServed uint64 // handshakes handed to the Handler
+	ProbeServed     uint64 // probes answered
+	NotifySent      uint64 // notifies that got a reply (success or rejected)
+	ClassicSent     uint64 // requests sent on a one-shot connection
+	PersistentSent  uint64 // requests sent on a multiplexed connection
+	BadFrames       uint64 // requests answered with an error reply and the connection closed
+	IdleCuts        uint64 // connections closed for no read progress within IdleTimeout
+	Overflows       uint64 // connections closed for exceeding MaxConnBuffer
+}
+
+type counters struct {
+	accepted, rejected, dialed, dialFailed     atomic.Uint64
+	serverConns, clientConns                   atomic.Int64
+	notifyServed, handshakeServed, probeServed atomic.Uint64
+	notifySent, classicSent, persistentSent    atomic.Uint64
+	badFrames, idleCuts, overflows             atomic.Uint64
+}
+
+// Node is one OOB endpoint: a listener that serves Mooncake and twosided peers, and a
+// client that reaches them. Its sockets live on the reactor loop.
+type Node struct {
+	loop *reactor.Loop
+	cfg  Config
+	h    Handler
+	log  zerolog.Logger
+	addr string
+	lfd  int
+	t0   time.Time
+
+	closed   atomic.Bool
+	closeErr chan struct{} // closed when the loop-side close is done
+
+	st counters
+
+	// Loop-only state.
+	conns    map[*conn]struct{}
+	nServer  int
+	peers    map[string]*peerState
+	sweep    *reactor.Timer
+	scratch  []byte // socket read buffer, shared by all connections of the loop
+	out      []byte // frame encode buffer
+	nd       notifyDecoder
+	key      []byte
+	ri       replyInfo
+	nextID   uint64
+	nextConn uint64
+	down     bool // loop-side close ran
+}
+
+const readChunk = 64 << 10
+
+// Listen binds cfg.ListenAddr and serves on loop. Any goroutine.
+func Listen(loop *reactor.Loop, cfg Config, h Handler) (*Node, error) {
+	if loop == nil {
+		return nil, fmt.Errorf("%w: loop: must not be nil", ErrBadConfig)
+	}
+	if h == nil {
+		return nil, fmt.Errorf("%w: handler: must not be nil", ErrBadConfig)
+	}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	sa, err := listenSockaddr(cfg.ListenAddr)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := unix.Socket(sockFamily(sa), unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("oob: listen %s: socket: %w", cfg.ListenAddr, err)
+	}
+	fail := func(op string, err error) (*Node, error) {
+		_ = unix.Close(fd)
+		return nil, fmt.Errorf("oob: listen %s: %s: %w", cfg.ListenAddr, op, err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+		return fail("SO_REUSEADDR", err)
+	}
+	if err := unix.Bind(fd, sa); err != nil {
+		return fail("bind", err)
+	}
+	if err := unix.Listen(fd, 1024); err != nil {
+		return fail("listen", err)
+	}
+	bound, err := unix.Getsockname(fd)
+	if err != nil {
+		return fail("getsockname", err)
+	}
+	n := &Node{
+		loop: loop, cfg: cfg, h: h, log: cfg.Logger, addr: sockaddrString(bound), lfd: fd,
+		t0: time.Now(), closeErr: make(chan struct{}),
+		conns: make(map[*conn]struct{}), peers: make(map[string]*peerState),
+		scratch: make([]byte, readChunk), out: make([]byte, 0, 4096),
+	}
+	n.nd.key = make([]byte, 0, 32)
+	errc := make(chan error, 1)
+	start := func() {
+		if err := loop.Add(fd, reactor.Readable, n.onAccept); err != nil {
+			errc <- err
+			return
+		}
+		n.sweep = loop.AfterFunc(n.sweepEvery(), n.onSweep)
+		errc <- nil
+	}
+	if loop.InLoop() {
+		start()
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.RequestTimeout)
+		err := loop.SubmitWait(ctx, start)
+		cancel()
+		if err != nil {
+			return fail("register on loop", err)
+		}
+	}
+	if err := <-errc; err != nil {
+		return fail("register on loop", err)
+	}
+	return n, nil
+}
+
+// Addr is the host:port actually bound.
+func (n *Node) Addr() string { return n.addr }
+
+// Stats returns the Node's counters. Any goroutine.
+func (n *Node) Stats() Stats {
+	s := &n.st
+	return Stats{
+		Accepted: s.accepted.Load(), RejectedConns: s.rejected.Load(),
+		Dialed: s.dialed.Load(), DialFailed: s.dialFailed.Load(),
+		ServerConns: s.serverConns.Load(), ClientConns: s.clientConns.Load(),
+		NotifyServed: s.notifyServed.Load(), HandshakeServed: s.handshakeServed.Load(),
+		ProbeServed: s.probeServed.Load(), NotifySent: s.notifySent.Load(),
+		ClassicSent: s.classicSent.Load(), PersistentSent: s.persistentSent.Load(),
+		BadFrames: s.badFrames.Load(), IdleCuts: s.idleCuts.Load(), Overflows: s.overflows.Load(),
+	}
+}
+
+// Close closes the listener and every connection; pending requests fail with ErrClosed.
+// It waits for the loop to do so, bounded by ctx. Calling it again is harmless.
+func (n *Node) Close(ctx context.Context) error {
+	if n.closed.CompareAndSwap(false, true) {
+		f := func() { n.shutdown(); close(n.closeErr) }
+		if n.loop.InLoop() {
+			f()
+			return nil
+		}
+		if err := n.loop.SubmitWait(ctx, f); err != nil {
+			if errors.Is(err, reactor.ErrStopped) {
+				// The loop closed every fd it owned when it stopped.
+				close(n.closeErr)
+				return nil
+			}
+			return fmt.Errorf("oob: close: %w", err)
+		}
+	}
+	if n.loop.InLoop() {
+		return nil
+	}
+	select {
+	case <-n.closeErr:
+		return nil
+	case <-n.loop.Done():
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("oob: close: %w", ctx.Err())
+	}
+}
+
+// shutdown runs on the loop.
+func (n *Node) shutdown() {
+	if n.down {
+		return
+	}
+	n.down = true
+	if n.sweep != nil {
+		n.sweep.Stop()
+	}
+	_ = n.loop.Close(n.lfd)
+	for c := range n.conns {
+		c.close(ErrClosed)
+	}
+}
+
+// now is the loop clock in ns since the Node started.
+func (n *Node) now() int64 { return int64(n.loop.Now().Sub(n.t0)) }
+
+func (n *Node) sweepEvery() time.Duration {
+	return max(min(n.cfg.IdleTimeout, n.cfg.ConnectTimeout)/4, 5*time.Millisecond)
+}
+
+// onSweep enforces idle cuts and sends keepalives; one timer per Node.
+func (n *Node) onSweep() {
+	if n.down {
+		return
+	}
+	now := n.now()
+	idle := int64(n.cfg.IdleTimeout)
+	for c := range n.conns {
+		c.sweep(now, idle)
+	}
+	n.sweep.Reset(n.sweepEvery())
+}
+
+// onAccept accepts until EAGAIN (bounded per event for fairness).
+func (n *Node) onAccept(ev reactor.Events) {
+	for i := 0; i < 256; i++ {
+		fd, _, err := unix.Accept4(n.lfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		if err != nil {
+			if err != unix.EAGAIN && err != unix.EINTR && err != unix.ECONNABORTED {
+				n.log.Warn().Err(err).Msg("oob: accept")
+			}
+			if err == unix.EINTR || err == unix.ECONNABORTED {
+				continue
+			}
+			return
+		}
+		if n.nServer >= n.cfg.MaxConns {
+			n.st.rejected.Add(1)
+			_ = unix.Close(fd)
+			continue
+		}
+		_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+		c := n.newConn(fd, connServer, nil)
+		c.state = stateOpen
+		if err := n.loop.Add(fd, reactor.Readable, c.onEvent); err != nil {
+			_ = unix.Close(fd)
+			n.log.Warn().Err(err).Msg("oob: register accepted connection")
+			continue
+		}
+		n.conns[c] = struct{}{}
+		n.nServer++
+		n.st.accepted.Add(1)
+		n.st.serverConns.Add(1)
+	}
+}
+
+func listenSockaddr(addr string) (unix.Sockaddr, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: ListenAddr %q: %v", ErrBadConfig, addr, err)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return nil, fmt.Errorf("%w: ListenAddr %q: port: %v", ErrBadConfig, addr, err)
+	}
+	if host == "" {
+		return &unix.SockaddrInet4{Port: int(p)}, nil
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		ips, lerr := net.DefaultResolver.LookupNetIP(context.Background(), "ip", host)
+		if lerr != nil || len(ips) == 0 {
+			return nil, fmt.Errorf("%w: ListenAddr %q: host: not an IP and not resolvable", ErrBadConfig, addr)
+		}
+		ip = ips[0]
+	}
+	return sockaddrOf(netip.AddrPortFrom(ip, uint16(p))), nil
+}
+
+func sockaddrOf(ap netip.AddrPort) unix.Sockaddr {
+	ip := ap.Addr().Unmap()
+	if ip.Is4() {
+		return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ip.As4()}
+	}
+	sa := &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ip.As16()}
+	if z := ip.Zone(); z != "" {
+		if ifi, err := net.InterfaceByName(z); err == nil {
+			sa.ZoneId = uint32(ifi.Index)
+		}
+	}
+	return sa
+}
+
+func sockFamily(sa unix.Sockaddr) int {
+	if _, ok := sa.(*unix.SockaddrInet6); ok {
+		return unix.AF_INET6
+	}
+	return unix.AF_INET
+}
+
+func sockaddrString(sa unix.Sockaddr) string {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port)).String()
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port)).String()
+	}
+	return ""
+}
