@@ -1,0 +1,112 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"encoding/xml"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	ChildMain() // the receiving side of two-process runs re-executes this test binary
+	goleak.VerifyTestMain(m)
+}
+
+func tinyConfig(t *testing.T, transports ...string) Config {
+	dir := t.TempDir()
+	return Config{
+		Transports: transports,
+		Procs:      1,
+		Count:      50,
+		Sizes:      []int{64, 4096},
+		Peers:      2,
+		Window:     4,
+		Warmup:     4,
+		Duration:   200 * time.Millisecond,
+		JSONPath:   filepath.Join(dir, "out.json"),
+		PlotPath:   filepath.Join(dir, "out.svg"),
+		ChildArgs:  []string{"-test.run=^$"},
+	}
+}
+
+func checkOutputs(t *testing.T, cfg Config, rep *Report) {
+	t.Helper()
+	b, err := os.ReadFile(cfg.JSONPath)
+	require.NoError(t, err)
+	require.NotEmpty(t, b)
+	var back Report
+	require.NoError(t, json.Unmarshal(b, &back))
+	require.Len(t, back.Results, len(rep.Results))
+	require.NotEmpty(t, back.Settings.GoVersion)
+	require.NotEmpty(t, back.Settings.Commit)
+
+	svg, err := os.ReadFile(cfg.PlotPath)
+	require.NoError(t, err)
+	require.NotEmpty(t, svg)
+	dec := xml.NewDecoder(bytes.NewReader(svg))
+	var root string
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			break
+		}
+		if se, ok := tok.(xml.StartElement); ok && root == "" {
+			root = se.Name.Local
+		}
+	}
+	require.Equal(t, "svg", root)
+	// The whole document must parse, not only its start.
+	require.NoError(t, xml.Unmarshal(svg, new(struct {
+		XMLName xml.Name `xml:"svg"`
+	})))
+}
+
+func TestFloorsOneProcess(t *testing.T) {
+	cfg := tinyConfig(t, FloorBlock, FloorSpin)
+	var out bytes.Buffer
+	rep, err := Run(context.Background(), cfg, &out)
+	require.NoError(t, err)
+	t.Log("\n" + out.String())
+	require.Empty(t, rep.Failures)
+	require.Len(t, rep.Results, 2*len(Scenarios)+2) // burst sweeps two sizes
+	for _, r := range rep.Results {
+		require.Zero(t, r.Errors, "%s %s: %s", r.Scenario, r.Transport, r.FirstError)
+		switch r.Scenario {
+		case ScenarioLatency:
+			require.NotNil(t, r.OneWay)
+			require.EqualValues(t, 50, r.OneWay.Count)
+			require.Equal(t, "one clock", r.OneWayMethod)
+		case ScenarioConnect:
+			require.NotNil(t, r.Connect)
+			require.EqualValues(t, 2, r.Connect.Count)
+		case ScenarioIdle:
+		case ScenarioBidi:
+			require.EqualValues(t, 100, r.Notifies)
+		default:
+			require.EqualValues(t, 50, r.Notifies)
+		}
+	}
+	checkOutputs(t, cfg, rep)
+}
+
+func TestFloorsTwoProcesses(t *testing.T) {
+	cfg := tinyConfig(t, FloorBlock, FloorSpin)
+	cfg.Procs = 2
+	cfg.Scenarios = []string{ScenarioLatency, ScenarioBurst, ScenarioBidi}
+	var out bytes.Buffer
+	rep, err := Run(context.Background(), cfg, &out)
+	require.NoError(t, err)
+	t.Log("\n" + out.String())
+	require.Empty(t, rep.Failures)
+	for _, r := range rep.Results {
+		require.Zero(t, r.Errors, "%s %s: %s", r.Scenario, r.Transport, r.FirstError)
+		require.Positive(t, r.CPUChildUS, "%s %s", r.Scenario, r.Transport)
+	}
+}

@@ -1,0 +1,23 @@
+// Package bench is twosided's benchmark: the scenarios (latency, burst, bidi, fanin, fanout,
+// idle, connect), the transports they run over (rdma_twosided on the soft provider, oob with
+// persistent connections, oob-classic with one TCP connection per notify, as Mooncake's
+// classic notify does) and two floors, minimal TCP ping-pongs on locked OS threads
+// (floor-block: blocking reads, one kernel wake-up per message; floor-spin: non-blocking
+// reads in a spin loop), HDR histograms of the latencies, CPU and wake-up accounting, the
+// table, JSON and SVG outputs, and the harness that puts the receiving side in a second
+// process (the binary re-executes itself; control travels over the child's stdin and
+// stdout).
+//
+// It owns its own sockets (floors, classic client) and the engines it creates. It must not
+// reach into the engine's internals: it uses notify's public API only (New, SendNotify,
+// WithHandler, Stats, Close).
+//
+// Latency. In one process, one-way latency is measured on one monotonic clock, from the
+// start of SendNotify to the receiver's delivery (the handler, on the receiver's reactor
+// thread). In two processes the clocks of the Go runtimes differ, so the receiver echoes
+// every notify back and one-way is half the round trip; the table says so. Call latency is
+// the duration of the SendNotify call.
+//
+// The hot paths (a send, a delivery, a histogram record) allocate nothing per notify:
+// messages, names and timestamps are allocated before the measured phase.
+package bench

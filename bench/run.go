@@ -1,0 +1,329 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
+)
+
+// ErrConfig is wrapped by every bad Config; the message names the field and why.
+var ErrConfig = errors.New("bench: bad configuration")
+
+// Config is one benchmark invocation. The zero value of a field means its default.
+type Config struct {
+	Scenarios  []string      // default: all, in table order
+	Transports []string      // default: all
+	Procs      int           // 1: sender and receiver in one process; 2 (default): two
+	Count      int           // notifies per run; default 2000 (burst: at most 16 MiB per run)
+	Sizes      []int         // message bytes; burst sweeps all, other scenarios use the first
+	Peers      int           // fanin senders, fanout/idle/connect peers; default 4, idle 8, connect 16
+	Window     int           // sends in flight per sender (pipelined scenarios); default 16
+	Warmup     int           // sequential warm-up notifies; default 32
+	Duration   time.Duration // idle time (default 1 s); a cap on every other measured phase (default 10 s)
+	BusyPoll   time.Duration // reactor busy-poll budget; floor-spin is its reference
+	RunTimeout time.Duration // bound on one run; default 2 min
+
+	JSONPath string    // write every figure and the settings here
+	PlotPath string    // write an SVG of latency CDFs and throughput vs size here
+	Progress io.Writer // a progress line for runs longer than 2 s; nil: none
+
+	// Executable and ChildArgs start the receiving process of a two-process run: the
+	// binary itself by default, with ChildArgs (default: "bench"); the child is told its
+	// role by the environment and must call ChildMain first.
+	Executable string
+	ChildArgs  []string
+}
+
+// DefaultSizes is the burst sweep of the default suite.
+var DefaultSizes = []int{16, 256, 4096, 65536}
+
+const (
+	defaultCount    = 2000
+	defaultSize     = 64
+	burstBytesLimit = 16 << 20
+	maxSize         = 64 << 10
+)
+
+func (c *Config) normalize() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, args...)))
+	}
+	if len(c.Scenarios) == 0 || slices.Equal(c.Scenarios, []string{"all"}) {
+		c.Scenarios = Scenarios
+	}
+	for _, s := range c.Scenarios {
+		if !slices.Contains(Scenarios, s) {
+			bad("scenario", "%q: want one of %s or all", s, strings.Join(Scenarios, ", "))
+		}
+	}
+	if len(c.Transports) == 0 || slices.Equal(c.Transports, []string{"all"}) {
+		c.Transports = Transports
+	}
+	for _, t := range c.Transports {
+		if !slices.Contains(Transports, t) {
+			bad("transport", "%q: want one of %s or all", t, strings.Join(Transports, ", "))
+		}
+	}
+	switch c.Procs {
+	case 0:
+		c.Procs = 2
+	case 1, 2:
+	default:
+		bad("procs", "%d: want 1 or 2", c.Procs)
+	}
+	if c.Count < 0 {
+		bad("count", "%d: must be positive", c.Count)
+	}
+	for _, s := range c.Sizes {
+		if s < 1 || s > maxSize {
+			bad("size", "%d out of range 1..%d", s, maxSize)
+		}
+	}
+	if c.Peers < 0 || c.Peers > 256 {
+		bad("peers", "%d out of range 1..256", c.Peers)
+	}
+	if c.Window < 0 || c.Window > 1024 {
+		bad("window", "%d out of range 1..1024", c.Window)
+	}
+	if c.Window == 0 {
+		c.Window = 16
+	}
+	if c.Warmup < 0 {
+		bad("warmup", "%d: must not be negative", c.Warmup)
+	}
+	if c.Warmup == 0 {
+		c.Warmup = 32
+	}
+	if c.Duration < 0 {
+		bad("duration", "%v: must not be negative", c.Duration)
+	}
+	if c.BusyPoll < 0 || c.BusyPoll > time.Second {
+		bad("busy-poll", "%v out of range 0..1s", c.BusyPoll)
+	}
+	if c.RunTimeout <= 0 {
+		c.RunTimeout = 2 * time.Minute
+	}
+	if len(c.ChildArgs) == 0 {
+		c.ChildArgs = []string{"bench"}
+	}
+	if c.Executable == "" && c.Procs == 2 {
+		exe, err := os.Executable()
+		if err != nil {
+			bad("executable", "cannot find this binary to re-execute: %v", err)
+		}
+		c.Executable = exe
+	}
+	return errors.Join(errs...)
+}
+
+// specs expands the configuration into runs, in table order.
+func (c *Config) specs() []runSpec {
+	var out []runSpec
+	size := defaultSize
+	if len(c.Sizes) > 0 {
+		size = c.Sizes[0]
+	}
+	for _, sc := range c.Scenarios {
+		for _, t := range c.Transports {
+			s := runSpec{Scenario: sc, Transport: t, Procs: c.Procs, Size: size, Count: c.Count,
+				Warmup: c.Warmup, Window: c.Window, Duration: c.Duration, BusyPoll: c.BusyPoll, Peers: c.Peers}
+			if s.Count == 0 {
+				s.Count = defaultCount
+			}
+			if s.Duration == 0 {
+				s.Duration = 10 * time.Second
+				if sc == ScenarioIdle {
+					s.Duration = time.Second
+				}
+			}
+			if s.Peers == 0 {
+				switch sc {
+				case ScenarioIdle:
+					s.Peers = 8
+				case ScenarioConnect:
+					s.Peers = 16
+				case ScenarioFanin, ScenarioFanout:
+					s.Peers = 4
+				default:
+					s.Peers = 1
+				}
+			}
+			switch sc {
+			case ScenarioLatency, ScenarioBidi:
+				s.Peers = 1
+			case ScenarioBurst:
+				s.Peers = 1
+				sizes := c.Sizes
+				if len(sizes) == 0 {
+					sizes = DefaultSizes
+				}
+				for _, sz := range sizes {
+					b := s
+					b.Size = sz
+					if c.Count == 0 {
+						b.Count = min(s.Count, max(64, burstBytesLimit/max(sz, minSize)))
+					}
+					out = append(out, b)
+				}
+				continue
+			}
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Settings describe the machine and the invocation of a report.
+type Settings struct {
+	GoVersion  string   `json:"go_version"`
+	GOOS       string   `json:"goos"`
+	GOARCH     string   `json:"goarch"`
+	NumCPU     int      `json:"num_cpu"`
+	GOMAXPROCS int      `json:"gomaxprocs"`
+	Provider   string   `json:"provider"`
+	Commit     string   `json:"commit"`
+	Started    string   `json:"started"`
+	Procs      int      `json:"procs"`
+	Scenarios  []string `json:"scenarios"`
+	Transports []string `json:"transports"`
+	Count      int      `json:"count"`
+	Sizes      []int    `json:"sizes,omitempty"`
+	Peers      int      `json:"peers"`
+	Window     int      `json:"window"`
+	Warmup     int      `json:"warmup"`
+	DurationS  float64  `json:"duration_s"`
+	BusyPollUS float64  `json:"busy_poll_us"`
+	Floor      string   `json:"floor"` // the floor ratios are taken against
+}
+
+// Report is the outcome of Run: the settings, every run's figures and the runs that failed.
+type Report struct {
+	Settings Settings  `json:"settings"`
+	Results  []*Result `json:"results"`
+	Failures []Failure `json:"failures,omitempty"`
+	ElapsedS float64   `json:"elapsed_s"`
+}
+
+// Failure is a run that produced no figures.
+type Failure struct {
+	Scenario  string `json:"scenario"`
+	Transport string `json:"transport"`
+	Size      int    `json:"size"`
+	Error     string `json:"error"`
+}
+
+// Run runs the configured suite, prints the table on out and writes the JSON and SVG
+// files asked for. A run that fails is reported and the suite goes on; Run's error is
+// about the configuration and the output files.
+func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
+	if err := cfg.normalize(); err != nil {
+		return nil, err
+	}
+	rep := &Report{Settings: settingsOf(&cfg)}
+	specs := cfg.specs()
+	prog := newProgress(cfg.Progress, len(specs))
+	defer prog.stop()
+	start := nanotime()
+	for i, s := range specs {
+		if ctx.Err() != nil {
+			return rep, ctx.Err()
+		}
+		prog.set(i, s)
+		rctx, cancel := context.WithTimeout(ctx, cfg.RunTimeout)
+		res, err := runOne(rctx, s, cfg.Executable, cfg.ChildArgs)
+		cancel()
+		if err != nil && res == nil {
+			rep.Failures = append(rep.Failures, Failure{Scenario: s.Scenario, Transport: s.Transport, Size: s.Size, Error: err.Error()})
+			continue
+		}
+		setErr(res, err)
+		rep.Results = append(rep.Results, res)
+	}
+	prog.stop()
+	rep.ElapsedS = float64(nanotime()-start) / 1e9
+	compareFloors(rep.Results, rep.Settings.Floor)
+	writeTable(out, rep)
+	var errs []error
+	if cfg.JSONPath != "" {
+		if err := writeJSON(cfg.JSONPath, rep); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if cfg.PlotPath != "" {
+		if err := writePlot(cfg.PlotPath, rep); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return rep, errors.Join(errs...)
+}
+
+func settingsOf(c *Config) Settings {
+	s := Settings{GoVersion: runtime.Version(), GOOS: runtime.GOOS, GOARCH: runtime.GOARCH,
+		NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Provider: "soft", Commit: commit(),
+		Started: time.Now().UTC().Format(time.RFC3339), Procs: c.Procs, Scenarios: c.Scenarios,
+		Transports: c.Transports, Count: c.Count, Sizes: c.Sizes, Peers: c.Peers, Window: c.Window,
+		Warmup: c.Warmup, DurationS: c.Duration.Seconds(), BusyPollUS: float64(c.BusyPoll) / 1e3, Floor: FloorBlock}
+	if c.BusyPoll > 0 {
+		s.Floor = FloorSpin
+	}
+	return s
+}
+
+// commit is the source revision: git rev-parse, else the build's vcs.revision, else
+// "unknown".
+func commit() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if b, err := exec.CommandContext(ctx, "git", "rev-parse", "HEAD").Output(); err == nil {
+		if s := strings.TrimSpace(string(b)); s != "" {
+			return s
+		}
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, kv := range bi.Settings {
+			if kv.Key == "vcs.revision" && kv.Value != "" {
+				return kv.Value
+			}
+		}
+	}
+	return "unknown"
+}
+
+// compareFloors sets VsFloor on every run that has a floor run of the same scenario, size
+// and peers.
+func compareFloors(rs []*Result, floor string) {
+	for _, r := range rs {
+		if isFloor(r.Transport) {
+			continue
+		}
+		for _, f := range rs {
+			if f.Transport != floor || f.Scenario != r.Scenario || f.Size != r.Size || f.Peers != r.Peers {
+				continue
+			}
+			switch r.Scenario {
+			case ScenarioLatency:
+				if r.OneWay != nil && f.OneWay != nil && f.OneWay.P50 > 0 {
+					r.VsFloor, r.VsFloorOf = r.OneWay.P50/f.OneWay.P50, "one-way p50 / "+floor
+				}
+			case ScenarioConnect:
+				if r.Connect != nil && f.Connect != nil && f.Connect.P50 > 0 {
+					r.VsFloor, r.VsFloorOf = r.Connect.P50/f.Connect.P50, "connect p50 / "+floor
+				}
+			case ScenarioIdle:
+			default:
+				if r.OpsPerSec > 0 && f.OpsPerSec > 0 {
+					r.VsFloor, r.VsFloorOf = f.OpsPerSec/r.OpsPerSec, floor+" ops/s / ops/s"
+				}
+			}
+		}
+	}
+}

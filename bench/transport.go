@@ -1,0 +1,80 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Transports a scenario runs over.
+const (
+	TransportRDMA       = "rdma_twosided" // notify engine, ctrl channel on the soft provider's RC QPs
+	TransportOOB        = "oob"           // notify engine, persistent OOB connections
+	TransportOOBClassic = "oob-classic"   // one TCP connection per notify, as Mooncake's classic notify
+	FloorBlock          = "floor-block"   // TCP ping-pong, blocking reads on locked threads
+	FloorSpin           = "floor-spin"    // TCP ping-pong, non-blocking reads in a spin loop
+)
+
+// Transports lists every transport in table order.
+var Transports = []string{TransportRDMA, TransportOOB, TransportOOBClassic, FloorBlock, FloorSpin}
+
+func isFloor(t string) bool { return t == FloorBlock || t == FloorSpin }
+
+// node is one endpoint of a run: it receives into a sink and makes clients that send to
+// other nodes.
+type node interface {
+	addr() string
+	newClient(peers []string) (client, error)
+	wakeups() uint64 // reactor wake-ups so far (0 for floors)
+	close(ctx context.Context) error
+}
+
+// client sends to a fixed list of peers. send returns once the peer has the message.
+// Clients are used from one goroutine each; lockThread says that goroutine must be locked
+// to its OS thread (floors).
+type client interface {
+	send(ctx context.Context, peer int, msg []byte) error
+	lockThread() bool
+	close()
+}
+
+func newNode(transport string, o nodeOpts, s *sink) (node, error) {
+	switch transport {
+	case FloorBlock, FloorSpin:
+		return newFloorNode(transport == FloorSpin, o.single, s)
+	case TransportRDMA, TransportOOB, TransportOOBClassic:
+		return newEngineNode(transport, o, s)
+	}
+	return nil, fmt.Errorf("%w: transport %q: want one of %v", ErrConfig, transport, Transports)
+}
+
+func durationNS(ns int64) time.Duration { return time.Duration(ns) }
+
+func closeNodes(ctx context.Context, nodes []node) error {
+	var first error
+	for _, n := range nodes {
+		if n == nil {
+			continue
+		}
+		if err := n.close(ctx); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func addrs(nodes []node) []string {
+	out := make([]string, len(nodes))
+	for i, n := range nodes {
+		out[i] = n.addr()
+	}
+	return out
+}
+
+func sumWakeups(nodes []node) uint64 {
+	var w uint64
+	for _, n := range nodes {
+		w += n.wakeups()
+	}
+	return w
+}
