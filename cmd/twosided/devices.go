@@ -162,15 +162,16 @@ func newDeviceReport(d ibv.DeviceInfo) deviceReport {
 	return dr
 }
 
-// writeDevices prints rep in ibv_devinfo's layout, one block per provider.
+// writeDevices prints rep in ibv_devinfo's layout: per provider a header line, then one
+// block per device; a blank line ends every block.
 func writeDevices(w io.Writer, rep devicesReport) {
-	for i, p := range rep.Providers {
-		if i > 0 {
-			fmt.Fprintln(w)
-		}
+	for _, p := range rep.Providers {
 		fmt.Fprintf(w, "provider: %s\n", p.Name)
 		if p.Error != "" {
 			fmt.Fprintf(w, "\terror:\t%s\n", p.Error)
+		}
+		if len(p.Devices) == 0 {
+			fmt.Fprintln(w)
 		}
 		for _, d := range p.Devices {
 			fmt.Fprintf(w, "hca_id:\t%s\n", d.Name)
@@ -187,12 +188,10 @@ func writeDevices(w io.Writer, rep devicesReport) {
 				fmt.Fprintf(w, "\t\t\tGID:\t\t\t%s\n", pt.GID)
 				fmt.Fprintf(w, "\t\t\tlink_layer:\t\t%s\n", pt.LinkLayer)
 			}
+			fmt.Fprintln(w)
 		}
 	}
-	if len(rep.Notes) > 0 {
-		fmt.Fprintln(w)
-		for _, n := range rep.Notes {
-			fmt.Fprintln(w, n)
-		}
+	for _, n := range rep.Notes {
+		fmt.Fprintln(w, n)
 	}
 }

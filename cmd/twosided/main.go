@@ -15,6 +15,9 @@ import (
 	"os/signal"
 	"sort"
 	"syscall"
+
+	// The soft provider is always built in: it is the RDMA device of machines without one.
+	_ "github.com/twosided/twosided/ibv/soft"
 )
 
 // command is one subcommand.
