@@ -17,7 +17,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // activeDevice returns a device with an active port, or skips the test saying why none is.
-func activeDevice(t *testing.T) ibv.DeviceInfo {
+func activeDevice(t testing.TB) ibv.DeviceInfo {
 	t.Helper()
 	devs, err := Provider{}.GetDeviceList()
 	if err != nil {
@@ -163,4 +163,28 @@ func TestPollAllocatesNothing(t *testing.T) {
 		}
 	})
 	require.Zero(t, allocs)
+	allocs = testing.AllocsPerRun(100, func() {
+		if _, err := ch.GetEvent(); err != ibv.ErrWouldBlock {
+			t.Fatal(err)
+		}
+	})
+	require.Zero(t, allocs, "an empty channel costs no allocation")
+}
+
+// BenchmarkPollEmpty is the cost of one ibv_poll_cq through cgo on an empty CQ.
+func BenchmarkPollEmpty(b *testing.B) {
+	dev := activeDevice(b)
+	ctx, err := Provider{}.Open(dev.Name)
+	require.NoError(b, err)
+	defer func() { require.NoError(b, ctx.Close()) }()
+	cq, err := ctx.CreateCQ(16, nil)
+	require.NoError(b, err)
+	defer func() { require.NoError(b, cq.Destroy()) }()
+	wcs := make([]ibv.WC, 16)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := cq.Poll(wcs); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
