@@ -1,0 +1,41 @@
+// Package reactor is twosided's event loop: one goroutine, locked to one OS thread
+// (runtime.LockOSThread), that owns one epoll set and everything waited on through it — the
+// completion-channel fds of the CQs it watches, a wake-up eventfd, its timers, and the fds
+// other packages hand it with Add (the OOB listener and connections).
+//
+// It owns: the epoll fd, the wake-up eventfd, the fds given to Add (closed at Stop unless
+// removed first), the timer heap, the submission queue, and the completion handling rule
+// (DESIGN.md, "Completion handling rule") for the CQs given to WatchCQ. It must not touch: QPs,
+// MRs, protocol state, or the CompChannel/CQ objects' lifetime (it never closes a channel nor
+// destroys a CQ; it only registers the channel fd, polls, arms and acknowledges events).
+//
+// Threading. Other goroutines only Submit funcs; everything else (Add, Modify, Remove, Close,
+// AfterFunc, Timer.Reset/Stop, WatchCQ, CQWatch.Kick/Close) is loop-only: call it from a
+// Handler, a timer or a submitted func. InLoop tells which goroutine is which: the loop's OS
+// thread runs nothing but the loop goroutine, so comparing thread ids is exact.
+//
+// Submissions. A bounded lock-free multi-producer ring (Vyukov's array queue, single consumer)
+// of func values; Submit allocates nothing. The loop publishes "asleep" before it blocks and
+// re-checks the queue; a producer writes the eventfd only if it is the one that flips the loop
+// from asleep to awake, so a batch of submissions costs one eventfd write. A full queue is
+// ErrQueueFull for Submit; SubmitWait parks on a channel the loop closes after it frees room,
+// bounded by the caller's context. Nothing spins and the queue never grows.
+//
+// Timers live in a heap; the blocking epoll_wait takes the next deadline as its timeout,
+// rounded up to whole milliseconds (epoll_wait's unit), so a timer fires at its deadline or up
+// to a millisecond later, never early. There is no fixed-interval tick: with no timer, no
+// submission and no ready fd, the loop sleeps until something happens (Stats.Wakeups stays 0).
+//
+// Busy poll. WithBusyPoll(budget) makes the loop spin up to budget after its last piece of
+// work — epoll_wait with timeout 0, the submission queue, and every watched CQ polled
+// directly — before it arms the CQs and blocks. While spinning the CQs stay unarmed, so a
+// completion costs no channel event; they are armed (and polled once more) right before the
+// loop blocks. The default, 0, never spins.
+//
+// Why not gnet. gnet.Engine runs its own epoll and cannot host foreign fds (completion
+// channels). gnet's pkg/netpoll Poller.Polling blocks without a timeout (no timers without an
+// extra timerfd), yields with runtime.Gosched between rounds and has no busy-poll or wake-up
+// coalescing hook, and its task queue is unbounded and allocates a node per task. So the loop is built on
+// golang.org/x/sys/unix epoll and eventfd directly and uses no gnet package; the OOB package
+// uses gnet's buffers for its sockets on top of Add.
+package reactor

@@ -1,0 +1,480 @@
+package reactor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+)
+
+// Events is a set of epoll event bits (EPOLLIN, EPOLLOUT, EPOLLERR, EPOLLHUP, EPOLLRDHUP).
+type Events uint32
+
+// Event bits, with x/sys/unix's values. Error and Hangup are reported whether asked or not
+// (EPOLLRDHUP only when asked).
+const (
+	Readable Events = unix.EPOLLIN
+	Writable Events = unix.EPOLLOUT
+	Error    Events = unix.EPOLLERR
+	Hangup   Events = unix.EPOLLHUP | unix.EPOLLRDHUP
+)
+
+// Handler gets the ready events of one fd; called on the loop goroutine.
+type Handler func(ev Events)
+
+// Errors; callers test them with errors.Is.
+var (
+	// ErrQueueFull: the submission queue has no room; Submit does not wait (SubmitWait does).
+	ErrQueueFull = errors.New("reactor: submission queue full")
+	// ErrStopped: Stop was called; nothing more is accepted.
+	ErrStopped = errors.New("reactor: stopped")
+	// ErrNotInLoop: a loop-only method was called from another goroutine.
+	ErrNotInLoop = errors.New("reactor: not on the loop goroutine")
+	// ErrInvalid: a bad argument; the wrapping message names the field and the reason.
+	ErrInvalid = errors.New("reactor: invalid argument")
+	// ErrRegistered: the fd or CQ is already registered with the loop.
+	ErrRegistered = errors.New("reactor: already registered")
+	// ErrNotRegistered: the fd is not registered with Add.
+	ErrNotRegistered = errors.New("reactor: not registered")
+	// ErrClosed: the CQWatch was closed already.
+	ErrClosed = errors.New("reactor: closed")
+)
+
+// Limits of the options.
+const (
+	DefaultSubmitQueue  = 4096
+	MaxSubmitQueue      = 1 << 24
+	DefaultSlowCallback = 10 * time.Millisecond
+	DefaultCQBatch      = 32
+	MaxCQBatch          = 4096
+	maxEpollEvents      = 128
+)
+
+type config struct {
+	busyPoll    time.Duration
+	submitQueue int
+	slow        time.Duration
+	cqBatch     int
+	log         *zerolog.Logger
+}
+
+// Option configures New.
+type Option func(*config)
+
+// WithBusyPoll makes the loop spin up to budget after its last piece of work before it blocks
+// (epoll_wait with timeout 0 and the watched CQs polled directly). 0, the default, never spins.
+func WithBusyPoll(budget time.Duration) Option { return func(c *config) { c.busyPoll = budget } }
+
+// WithSubmitQueue sets the capacity of the submission queue (default 4096, 1..1<<24).
+func WithSubmitQueue(n int) Option { return func(c *config) { c.submitQueue = n } }
+
+// WithSlowCallback logs, at warn level, every callback that runs longer than d (default
+// 10ms); 0 turns the log off (Stats.LongestCallback is kept either way).
+func WithSlowCallback(d time.Duration) Option { return func(c *config) { c.slow = d } }
+
+// WithLogger sets the logger (default: JSON to stderr). The loop logs only slow callbacks and
+// CQ errors that no CQErrorHandler takes.
+func WithLogger(l zerolog.Logger) Option { return func(c *config) { c.log = &l } }
+
+// WithCQBatch sets how many WCs one Poll of a watched CQ asks for (default 32, 1..4096).
+func WithCQBatch(n int) Option { return func(c *config) { c.cqBatch = n } }
+
+// Stats are the loop's counters since New.
+type Stats struct {
+	Iterations      uint64        // loop iterations
+	Wakeups         uint64        // returns from a blocking epoll_wait (events or timeout)
+	Interrupts      uint64        // blocking epoll_waits cut short by a signal (EINTR)
+	BusyPolls       uint64        // busy-poll rounds (0 unless WithBusyPoll)
+	FdEvents        uint64        // events handed to Add handlers
+	CQEvents        uint64        // completion-channel events got with GetEvent
+	WCs             uint64        // work completions handed to CQHandlers
+	TimerEvents     uint64        // timers fired
+	SubmitEvents    uint64        // wake-ups through the submission eventfd
+	Submissions     uint64        // submitted funcs run
+	QueueFull       uint64        // submissions refused with ErrQueueFull
+	SlowCallbacks   uint64        // callbacks over the WithSlowCallback threshold
+	LongestCallback time.Duration // longest single callback (handler, timer, func, CQ cycle)
+}
+
+type counters struct {
+	iterations, wakeups, interrupts, busyPolls      atomic.Uint64
+	fdEvents, cqEvents, wcs, timerEvents            atomic.Uint64
+	submitEvents, submissions, queueFull, slowCalls atomic.Uint64
+	longest                                         atomic.Int64
+}
+
+const (
+	awake  int32 = 0
+	asleep int32 = 1
+)
+
+var wakeOne = [8]byte{1} // an eventfd add of 1, host order (any non-zero value wakes)
+
+// Loop is one event loop: one goroutine on one locked OS thread, one epoll set.
+type Loop struct {
+	cfg  config
+	log  zerolog.Logger
+	epfd int
+	wfd  int // wake-up eventfd
+	base time.Time
+	done chan struct{}
+
+	// Shared with other goroutines.
+	q       *ring
+	state   atomic.Int32 // awake or asleep: whether a producer must write the eventfd
+	mu      sync.RWMutex // Submit holds it shared; Stop and the loop's final barrier exclusively
+	stopped atomic.Bool
+	tid     atomic.Int64 // the loop's OS thread id; 0 before start and after exit
+	now     atomic.Int64 // ns since base, read once per iteration
+	waiters atomic.Int32 // SubmitWait callers waiting for room
+	roomMu  sync.Mutex
+	room    chan struct{} // closed by the loop when it frees room and waiters > 0
+	st      counters
+
+	// Loop only.
+	fds       map[int]*fdEntry
+	gen       uint32
+	events    []unix.EpollEvent
+	timers    timerHeap
+	timerSeq  uint64
+	chans     map[int]*chanWatch
+	watches   []*CQWatch
+	watchGen  uint64
+	kicks     []*CQWatch
+	deferArm  bool // busy-poll mode between blocks: CQs are armed only right before blocking
+	cbStart   int64
+	longest   int64
+	wakeBuf   [8]byte
+}
+
+type fdKind uint8
+
+const (
+	kindWake fdKind = iota
+	kindUser
+	kindChannel
+)
+
+type fdEntry struct {
+	kind fdKind
+	gen  uint32 // travels in the epoll data, so a stale event never reaches a new owner of fd
+	ev   Events
+	h    Handler
+	cw   *chanWatch
+}
+
+// New creates a loop and starts its goroutine (locked to its OS thread) immediately.
+func New(opts ...Option) (*Loop, error) {
+	cfg := config{submitQueue: DefaultSubmitQueue, slow: DefaultSlowCallback, cqBatch: DefaultCQBatch}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	switch {
+	case cfg.busyPoll < 0:
+		return nil, fmt.Errorf("reactor: busy poll %v: must not be negative: %w", cfg.busyPoll, ErrInvalid)
+	case cfg.submitQueue < 1 || cfg.submitQueue > MaxSubmitQueue:
+		return nil, fmt.Errorf("reactor: submit queue %d: must be between 1 and %d: %w", cfg.submitQueue, MaxSubmitQueue, ErrInvalid)
+	case cfg.slow < 0:
+		return nil, fmt.Errorf("reactor: slow callback %v: must not be negative: %w", cfg.slow, ErrInvalid)
+	case cfg.cqBatch < 1 || cfg.cqBatch > MaxCQBatch:
+		return nil, fmt.Errorf("reactor: cq batch %d: must be between 1 and %d: %w", cfg.cqBatch, MaxCQBatch, ErrInvalid)
+	}
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("reactor: epoll_create1: %w", err)
+	}
+	wfd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		_ = unix.Close(epfd)
+		return nil, fmt.Errorf("reactor: eventfd: %w", err)
+	}
+	l := &Loop{
+		cfg:    cfg,
+		epfd:   epfd,
+		wfd:    wfd,
+		base:   time.Now(),
+		done:   make(chan struct{}),
+		q:      newRing(cfg.submitQueue),
+		room:   make(chan struct{}),
+		fds:    make(map[int]*fdEntry),
+		events: make([]unix.EpollEvent, maxEpollEvents),
+		chans:  make(map[int]*chanWatch),
+	}
+	if cfg.log != nil {
+		l.log = *cfg.log
+	} else {
+		l.log = zerolog.New(os.Stderr).With().Timestamp().Logger()
+	}
+	l.deferArm = cfg.busyPoll > 0
+	if err := l.register(wfd, Readable, &fdEntry{kind: kindWake}); err != nil {
+		_ = unix.Close(wfd)
+		_ = unix.Close(epfd)
+		return nil, err
+	}
+	go l.run()
+	return l, nil
+}
+
+func (l *Loop) mono() int64 { return int64(time.Since(l.base)) }
+
+// Now is the loop's clock: monotonic time read once per loop iteration. Safe from any
+// goroutine.
+func (l *Loop) Now() time.Time { return l.base.Add(time.Duration(l.now.Load())) }
+
+// InLoop reports whether the caller runs on the loop goroutine. The loop's OS thread is
+// locked to it and runs no other goroutine, so the thread id identifies it.
+func (l *Loop) InLoop() bool {
+	tid := l.tid.Load()
+	return tid != 0 && int64(unix.Gettid()) == tid
+}
+
+// Stats returns the loop's counters. Safe from any goroutine.
+func (l *Loop) Stats() Stats {
+	return Stats{
+		Iterations:      l.st.iterations.Load(),
+		Wakeups:         l.st.wakeups.Load(),
+		Interrupts:      l.st.interrupts.Load(),
+		BusyPolls:       l.st.busyPolls.Load(),
+		FdEvents:        l.st.fdEvents.Load(),
+		CQEvents:        l.st.cqEvents.Load(),
+		WCs:             l.st.wcs.Load(),
+		TimerEvents:     l.st.timerEvents.Load(),
+		SubmitEvents:    l.st.submitEvents.Load(),
+		Submissions:     l.st.submissions.Load(),
+		QueueFull:       l.st.queueFull.Load(),
+		SlowCallbacks:   l.st.slowCalls.Load(),
+		LongestCallback: time.Duration(l.st.longest.Load()),
+	}
+}
+
+// Stop stops the loop: it runs the funcs queued before Stop, closes every fd it owns (the
+// fds given to Add and not removed, its eventfd and epoll fd; never a completion channel) and
+// its goroutine exits. Stop waits for that, bounded by ctx. On the loop goroutine it only
+// starts the stop, which completes when the current callback returns. Calling it again is
+// harmless.
+func (l *Loop) Stop(ctx context.Context) error {
+	l.mu.Lock()
+	if !l.stopped.Load() {
+		l.stopped.Store(true)
+		l.wake() // under the lock: the loop closes the eventfd only after taking it
+	}
+	l.mu.Unlock()
+	if l.InLoop() {
+		return nil
+	}
+	select {
+	case <-l.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("reactor: stop: %w", ctx.Err())
+	}
+}
+
+// Done is closed when the loop goroutine has exited.
+func (l *Loop) Done() <-chan struct{} { return l.done }
+
+func (l *Loop) wake() { _, _ = unix.Write(l.wfd, wakeOne[:]) }
+
+func (l *Loop) run() {
+	runtime.LockOSThread() // never unlocked: the thread ends with the loop
+	l.tid.Store(int64(unix.Gettid()))
+	n := 0
+	for {
+		l.st.iterations.Add(1)
+		now := l.mono()
+		l.now.Store(now)
+		l.cbStart = now
+		l.dispatch(n)
+		l.runQueue()
+		l.runTimers(now)
+		l.runKicks()
+		if l.stopped.Load() {
+			break
+		}
+		n = l.wait()
+	}
+	l.shutdown()
+}
+
+// wait returns how many epoll events are ready in l.events (possibly 0).
+func (l *Loop) wait() int {
+	if l.cfg.busyPoll > 0 {
+		if n, work := l.spin(); work {
+			return n
+		}
+		l.armDeferred()
+	}
+	timeout := l.timeout()
+	if timeout != 0 {
+		// Publish "asleep", then look again: a producer that pushed before seeing it will not
+		// write the eventfd, so the loop must see its func (sequentially consistent atomics).
+		l.state.Store(asleep)
+		if l.q.ready() || len(l.kicks) > 0 || l.stopped.Load() {
+			timeout = 0
+		}
+	}
+	n, err := unix.EpollWait(l.epfd, l.events, timeout)
+	l.state.Store(awake)
+	if l.cfg.busyPoll > 0 {
+		l.deferArm = true
+	}
+	if err != nil {
+		if err == unix.EINTR {
+			l.st.interrupts.Add(1)
+		} else {
+			l.log.Error().Err(err).Msg("reactor: epoll_wait")
+		}
+		return 0
+	}
+	if timeout != 0 {
+		l.st.wakeups.Add(1)
+	}
+	return n
+}
+
+// timeout is the blocking epoll_wait timeout in ms: -1 without timers, the next deadline
+// rounded up otherwise, 0 when work is pending.
+func (l *Loop) timeout() int {
+	if len(l.kicks) > 0 || l.q.ready() {
+		return 0
+	}
+	if len(l.timers) == 0 {
+		return -1
+	}
+	d := l.timers[0].when - l.mono()
+	if d <= 0 {
+		return 0
+	}
+	ms := (d + int64(time.Millisecond) - 1) / int64(time.Millisecond)
+	if ms > math.MaxInt32 {
+		ms = math.MaxInt32
+	}
+	return int(ms)
+}
+
+// spin is the busy-poll phase: it returns (n, true) as soon as there is work, (0, false)
+// when the budget ran out with none.
+func (l *Loop) spin() (int, bool) {
+	deadline := l.mono() + int64(l.cfg.busyPoll)
+	for {
+		l.st.busyPolls.Add(1)
+		if n, err := unix.EpollWait(l.epfd, l.events, 0); err == nil && n > 0 {
+			return n, true
+		}
+		if l.q.ready() || len(l.kicks) > 0 || l.stopped.Load() {
+			return 0, true
+		}
+		now := l.mono()
+		if len(l.timers) > 0 && l.timers[0].when <= now {
+			return 0, true
+		}
+		gen := l.watchGen
+		for i := 0; i < len(l.watches) && gen == l.watchGen; i++ {
+			l.cbStart = now
+			if l.watches[i].spinPoll() {
+				return 0, true
+			}
+		}
+		if now >= deadline {
+			return 0, false
+		}
+	}
+}
+
+func (l *Loop) dispatch(n int) {
+	for i := 0; i < n; i++ {
+		ev := &l.events[i]
+		e := l.fds[int(ev.Fd)]
+		if e == nil || e.gen != uint32(ev.Pad) {
+			continue // removed (or replaced) by an earlier callback of this batch
+		}
+		switch e.kind {
+		case kindWake:
+			_, _ = unix.Read(l.wfd, l.wakeBuf[:])
+			l.st.submitEvents.Add(1)
+		case kindUser:
+			l.st.fdEvents.Add(1)
+			e.h(Events(ev.Events))
+			l.endCallback("fd", int(ev.Fd))
+		case kindChannel:
+			l.drainChannel(e.cw)
+			l.runKicks()
+		}
+	}
+}
+
+// runQueue runs at most one queue's worth of submitted funcs, so that a flood of submissions
+// cannot starve the fds and timers; it returns how many ran.
+func (l *Loop) runQueue() int {
+	n := 0
+	for n < int(l.q.size) {
+		f, ok := l.q.pop()
+		if !ok {
+			break
+		}
+		n++
+		f()
+		l.endCallback("submit", 0)
+	}
+	if n > 0 {
+		l.st.submissions.Add(uint64(n))
+		if l.waiters.Load() > 0 {
+			l.roomMu.Lock()
+			close(l.room)
+			l.room = make(chan struct{})
+			l.roomMu.Unlock()
+		}
+	}
+	return n
+}
+
+func (l *Loop) endCallback(source string, id int) {
+	end := l.mono()
+	d := end - l.cbStart
+	l.cbStart = end
+	if d > l.longest {
+		l.longest = d
+		l.st.longest.Store(d)
+	}
+	if l.cfg.slow > 0 && d > int64(l.cfg.slow) {
+		l.st.slowCalls.Add(1)
+		l.log.Warn().Str("source", source).Int("id", id).Dur("took", time.Duration(d)).
+			Dur("threshold", l.cfg.slow).Msg("reactor: slow callback")
+	}
+}
+
+func (l *Loop) shutdown() {
+	// Barrier: every Submit that got past the stopped check has pushed by now, and no Submit
+	// will push or write the eventfd again.
+	l.mu.Lock()
+	l.mu.Unlock() //nolint:staticcheck // an empty critical section is the point
+	for l.runQueue() > 0 {
+	}
+	for _, cw := range l.chans {
+		if !cw.failed {
+			l.drainChannel(cw)
+		}
+		for _, w := range cw.cqs {
+			w.closed = true
+		}
+	}
+	l.kicks = l.kicks[:0]
+	for fd, e := range l.fds {
+		if e.kind == kindUser {
+			_ = unix.Close(fd)
+		}
+	}
+	_ = unix.Close(l.wfd)
+	_ = unix.Close(l.epfd)
+	l.fds, l.chans, l.watches, l.timers = nil, nil, nil, nil
+	l.tid.Store(0)
+	close(l.done)
+}
