@@ -104,7 +104,8 @@ func (n *Node) notify(ctx context.Context, peer string, req *NotifyRequest, clas
 	c.msg = append(c.msg[:0], req.Msg...)
 	c.nreq = *req
 	c.nreq.Msg = c.msg
-	return n.do(ctx, c)
+	_, err := n.do(ctx, c)
+	return err
 }
 
 // Handshake sends the handshake RPC (type Connection) and returns the peer's descriptor.
@@ -119,29 +120,24 @@ func (n *Node) Handshake(ctx context.Context, peer string, req *HandshakeDesc) (
 	c := n.getCall(TypeConnection, peer)
 	c.hs = *req
 	c.hs.QPNum = append([]uint32(nil), req.QPNum...)
-	err := n.do(ctx, c)
-	resp := c.resp
-	if err == nil || errors.Is(err, ErrRejected) {
-		putCall(c)
-	}
-	return resp, err
+	return n.do(ctx, c)
 }
 
 // Probe checks that peer answers (type Probe).
 func (n *Node) Probe(ctx context.Context, peer string) error {
-	return n.do(ctx, n.getCall(TypeProbe, peer))
+	_, err := n.do(ctx, n.getCall(TypeProbe, peer))
+	return err
 }
 
 // do submits c to the loop and waits for its reply. It recycles c unless the wait was
-// abandoned (then the loop may still hold it) or the caller needs c.resp.
-func (n *Node) do(ctx context.Context, c *call) error {
-	keep := c.typ == TypeConnection
+// abandoned (then the loop may still hold it).
+func (n *Node) do(ctx context.Context, c *call) (*HandshakeDesc, error) {
 	if n.closed.Load() {
-		return fmt.Errorf("%s %s: %w", c.typ, c.peer, ErrClosed)
+		return nil, fmt.Errorf("%s %s: %w", c.typ, c.peer, ErrClosed)
 	}
 	ap, err := parsePeer(ctx, c.peer)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	c.ap = ap
 	if err := n.loop.Submit(c.startFn); err != nil {
@@ -152,7 +148,7 @@ func (n *Node) do(ctx context.Context, c *call) error {
 			if errors.Is(err, reactor.ErrStopped) {
 				err = ErrClosed
 			}
-			return fmt.Errorf("%s %s: submit: %w", c.typ, c.peer, err)
+			return nil, fmt.Errorf("%s %s: submit: %w", c.typ, c.peer, err)
 		}
 	}
 	d := n.cfg.RequestTimeout
@@ -160,21 +156,19 @@ func (n *Node) do(ctx context.Context, c *call) error {
 	select {
 	case <-c.done:
 		c.timer.Stop()
-		err := c.err
-		if !keep {
-			putCall(c)
-		}
-		return err
+		err, resp := c.err, c.resp
+		putCall(c)
+		return resp, err
 	case <-ctx.Done():
 		c.timer.Stop()
 		c.abandon()
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return fmt.Errorf("%s %s: %w: %w", c.typ, c.peer, ErrTimeout, ctx.Err())
+			return nil, fmt.Errorf("%s %s: %w: %w", c.typ, c.peer, ErrTimeout, ctx.Err())
 		}
-		return fmt.Errorf("%s %s: %w", c.typ, c.peer, ctx.Err())
+		return nil, fmt.Errorf("%s %s: %w", c.typ, c.peer, ctx.Err())
 	case <-c.timer.C:
 		c.abandon()
-		return fmt.Errorf("%s %s: %w: no reply within RequestTimeout %v", c.typ, c.peer, ErrTimeout, d)
+		return nil, fmt.Errorf("%s %s: %w: no reply within RequestTimeout %v", c.typ, c.peer, ErrTimeout, d)
 	}
 }
 

@@ -45,7 +45,8 @@ type conn struct {
 	// server side
 	persistent bool
 	frames     int
-	inflight   int
+	reqSeq     uint64
+	open       map[uint64]struct{} // requests handed to the Handler, not answered yet
 	shutWr     bool
 
 	// client side
@@ -311,11 +312,14 @@ func (c *conn) close(cause error) {
 		return
 	}
 	n.st.clientConns.Add(-1)
-	if cause == nil {
-		cause = fmt.Errorf("%w: %s: connection closed", ErrPeerUnreachable, c.peer.addr)
-	}
 	if c.peer.conn == c {
 		c.peer.conn = nil
+	}
+	if len(c.pending) == 0 && len(c.queue) == 0 && c.one == nil {
+		return
+	}
+	if cause == nil {
+		cause = fmt.Errorf("%w: %s: connection closed", ErrPeerUnreachable, c.peer.addr)
 	}
 	for id, cl := range c.pending {
 		delete(c.pending, id)

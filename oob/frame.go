@@ -139,6 +139,9 @@ func (p *Parser) Reset() { p.buf = p.buf[:0] }
 // false. body is valid until the next call. After an error the Parser must be Reset before
 // reuse.
 func (p *Parser) Next(in []byte) (t MsgType, body []byte, consumed int, ok bool, err error) {
+	if len(p.buf) == 0 && cap(p.buf) > 256<<10 {
+		p.buf = nil // do not hold a large frame's buffer on an idle connection
+	}
 	if len(p.buf) == 0 {
 		t, body, n, err := ParseFrame(in, p.MaxFrame)
 		if err != nil {

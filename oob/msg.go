@@ -10,8 +10,8 @@ import (
 // NotifyRequest is one notify. From, Session, Epoch and Seq are optional (""/0 = absent);
 // twosided peers send them so the receiver can drop duplicates across paths.
 //
-// On the receiving side the request and its Msg are valid only until HandleNotify returns
-// (the decoder reuses its buffers): copy what you keep.
+// On the receiving side the *NotifyRequest is reused after HandleNotify returns; its Msg
+// (a fresh slice per request) and strings may be kept.
 type NotifyRequest struct {
 	Name                string
 	Msg                 []byte

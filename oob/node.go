@@ -19,7 +19,9 @@ import (
 // Handler serves the requests a Node receives.
 type Handler interface {
 	// Both are called on the loop goroutine; reply exactly once (possibly later, from the
-	// loop or any goroutine). req is valid only until the call returns.
+	// loop or any goroutine); a second reply is ignored. The *req struct is reused once the
+	// call returns (copy the struct to keep it); NotifyRequest.Msg and the strings are the
+	// Handler's to keep.
 	HandleNotify(req *NotifyRequest, reply func(err error))                         // nil → "success", error → rejected (empty notify_msg)
 	HandleHandshake(req *HandshakeDesc, reply func(resp *HandshakeDesc, err error)) // err → reply_msg = err.Error()
 }

@@ -649,3 +649,37 @@ func childMain() int {
 	_ = loop.Stop(ctx)
 	return 0
 }
+
+// A listener whose accept queue is full drops SYNs, so a connect stays in progress until
+// ConnectTimeout cuts it.
+func TestConnectTimeout(t *testing.T) {
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	require.NoError(t, err)
+	defer syscall.Close(fd)
+	require.NoError(t, syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
+	require.NoError(t, syscall.Listen(fd, 0))
+	sa, err := syscall.Getsockname(fd)
+	require.NoError(t, err)
+	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+	// Fill the accept queue.
+	var fill []net.Conn
+	defer func() {
+		for _, c := range fill {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 4; i++ {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err != nil {
+			break
+		}
+		fill = append(fill, c)
+	}
+	loop := newLoop(t)
+	a := listen(t, loop, newHandler(), Config{ConnectTimeout: 50 * time.Millisecond, IdleTimeout: 50 * time.Millisecond})
+	err = a.Notify(bg(t), addr, &NotifyRequest{Name: "x"})
+	require.ErrorIs(t, err, ErrPeerUnreachable)
+	require.ErrorIs(t, err, ErrTimeout, "%v", err)
+	require.Contains(t, err.Error(), "ConnectTimeout")
+	require.EqualValues(t, 1, a.Stats().DialFailed)
+}

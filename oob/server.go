@@ -3,7 +3,6 @@ package oob
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 
 	"github.com/twosided/twosided/reactor"
 )
@@ -43,12 +42,20 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 			return
 		}
 		n.st.notifyServed.Add(1)
-		c.inflight++
-		var once atomic.Bool
+		// Msg is the Handler's to keep (it is delivered to the application as is); the
+		// request struct and its strings come from the reused decoder.
+		if len(req.Msg) > 0 {
+			req.Msg = append([]byte(nil), req.Msg...)
+		} else {
+			req.Msg = nil
+		}
+		seq := c.openRequest()
 		n.h.HandleNotify(req, func(err error) {
-			if once.CompareAndSwap(false, true) {
-				n.onLoop(func() { c.replyNotify(m, err) })
+			if n.loop.InLoop() {
+				c.replyNotify(seq, m, err)
+				return
 			}
+			n.submitReply(func() { c.replyNotify(seq, m, err) })
 		})
 	case TypeConnection:
 		d, m, err := decodeHandshake(body)
@@ -57,42 +64,51 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 			return
 		}
 		n.st.handshakeServed.Add(1)
-		c.inflight++
-		var once atomic.Bool
+		seq := c.openRequest()
 		n.h.HandleHandshake(d, func(resp *HandshakeDesc, err error) {
-			if once.CompareAndSwap(false, true) {
-				n.onLoop(func() { c.replyHandshake(m, resp, err) })
+			if n.loop.InLoop() {
+				c.replyHandshake(seq, m, resp, err)
+				return
 			}
+			n.submitReply(func() { c.replyHandshake(seq, m, resp, err) })
 		})
 	default: // TypeMetadata; the parser already refused unknown types
 		c.reject(t, reqMeta{}, errMetadataNotServed)
 	}
 }
 
-// onLoop runs f on the loop: now when called there, else submitted (waiting for queue
-// room up to RequestTimeout when the queue is full).
-func (n *Node) onLoop(f func()) {
-	if n.loop.InLoop() {
-		f()
-		return
-	}
-	if err := n.loop.Submit(f); err != nil && !errors.Is(err, reactor.ErrStopped) {
+// submitReply runs a Handler's reply given off the loop on the loop, waiting for queue
+// room up to RequestTimeout when the queue is full.
+func (n *Node) submitReply(f func()) {
+	if err := n.loop.Submit(f); errors.Is(err, reactor.ErrQueueFull) {
 		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.RequestTimeout)
 		_ = n.loop.SubmitWait(ctx, f)
 		cancel()
 	}
 }
 
-func (c *conn) replyDone() bool {
-	if c.state == stateClosed || c.state == stateDraining {
-		return false
+// openRequest notes a request handed to the Handler; its reply closes it, once.
+func (c *conn) openRequest() uint64 {
+	if c.open == nil {
+		c.open = make(map[uint64]struct{}, 1)
 	}
-	c.inflight--
-	return true
+	c.reqSeq++
+	c.open[c.reqSeq] = struct{}{}
+	return c.reqSeq
 }
 
-func (c *conn) replyNotify(m reqMeta, err error) {
-	if !c.replyDone() {
+// replyDone reports whether the reply for request seq should be written: the first reply
+// to a request still open on a connection still serving.
+func (c *conn) replyDone(seq uint64) bool {
+	if _, ok := c.open[seq]; !ok {
+		return false
+	}
+	delete(c.open, seq)
+	return c.state != stateClosed && c.state != stateDraining
+}
+
+func (c *conn) replyNotify(seq uint64, m reqMeta, err error) {
+	if !c.replyDone(seq) {
 		return
 	}
 	n := c.n
@@ -107,8 +123,8 @@ func (c *conn) replyNotify(m reqMeta, err error) {
 	}
 }
 
-func (c *conn) replyHandshake(m reqMeta, resp *HandshakeDesc, err error) {
-	if !c.replyDone() {
+func (c *conn) replyHandshake(seq uint64, m reqMeta, resp *HandshakeDesc, err error) {
+	if !c.replyDone(seq) {
 		return
 	}
 	n := c.n
