@@ -191,7 +191,7 @@ func (g *spinGroup) loop() {
 		}
 		busy := false
 		for _, n := range nodes {
-			fd, _, err := unix.Accept4(n.lfd, unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK)
+			fd, err := acceptRaw(n.lfd)
 			if err != nil {
 				continue
 			}
@@ -304,4 +304,15 @@ func (c *floorClient) close() {
 			c.fds[i] = -1
 		}
 	}
+}
+
+// acceptRaw is a non-blocking accept4 that asks for no peer address, so polling an idle
+// listener allocates nothing (unix.Accept4 allocates the address every call).
+func acceptRaw(lfd int) (int, error) {
+	fd, _, errno := unix.Syscall6(unix.SYS_ACCEPT4, uintptr(lfd), 0, 0,
+		unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0, 0)
+	if errno != 0 {
+		return -1, errno
+	}
+	return int(fd), nil
 }
