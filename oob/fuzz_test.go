@@ -133,3 +133,27 @@ func FuzzNotifyDecode(f *testing.F) {
 		require.Equal(t, cp.Seq, req2.Seq)
 	})
 }
+
+// FuzzReplyDecode: the probe and reply decoders never panic, accept only valid JSON and
+// agree on the ts_id they read.
+func FuzzReplyDecode(f *testing.F) {
+	f.Add([]byte(`{"name":"","notify_msg":"success","ts_id":7}`))
+	f.Add([]byte(`{"ts_hello":1}`))
+	f.Add([]byte("null\n"))
+	f.Add([]byte(`{"name":"","notify_msg":"","reply_msg":"bad","ts_error":"bad","ts_id":1}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var ri replyInfo
+		_, err := ri.decode(body, nil)
+		hello, m, _, perr := probeDecode(body, nil)
+		if err != nil {
+			require.ErrorIs(t, err, ErrBadFrame)
+		} else {
+			require.True(t, json.Valid(body), "accepted invalid JSON %q", body)
+		}
+		if err == nil && perr == nil {
+			require.Equal(t, ri.m.hasID, m.hasID)
+			require.Equal(t, ri.m.id, m.id)
+			require.Equal(t, ri.hello, hello)
+		}
+	})
+}

@@ -683,3 +683,16 @@ func TestConnectTimeout(t *testing.T) {
 	require.Contains(t, err.Error(), "ConnectTimeout")
 	require.EqualValues(t, 1, a.Stats().DialFailed)
 }
+
+func TestIPv6(t *testing.T) {
+	loop := newLoop(t)
+	h := newHandler()
+	a, err := Listen(loop, Config{ListenAddr: "[::1]:0"}, h)
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	defer func() { require.NoError(t, a.Close(bg(t))) }()
+	require.True(t, strings.HasPrefix(a.Addr(), "[::1]:"), a.Addr())
+	require.NoError(t, a.Notify(bg(t), a.Addr(), &NotifyRequest{Name: "self"}))
+	require.Equal(t, "self", h.notifies()[0].Name)
+}
