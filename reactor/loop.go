@@ -140,19 +140,19 @@ type Loop struct {
 	st      counters
 
 	// Loop only.
-	fds       map[int]*fdEntry
-	gen       uint32
-	events    []unix.EpollEvent
-	timers    timerHeap
-	timerSeq  uint64
-	chans     map[int]*chanWatch
-	watches   []*CQWatch
-	watchGen  uint64
-	kicks     []*CQWatch
-	deferArm  bool // busy-poll mode between blocks: CQs are armed only right before blocking
-	cbStart   int64
-	longest   int64
-	wakeBuf   [8]byte
+	fds      map[int]*fdEntry
+	gen      uint32
+	events   []unix.EpollEvent
+	timers   timerHeap
+	timerSeq uint64
+	chans    map[int]*chanWatch
+	watches  []*CQWatch
+	watchGen uint64
+	kicks    []*CQWatch
+	deferArm bool // busy-poll mode between blocks: CQs are armed only right before blocking
+	cbStart  int64
+	longest  int64
+	wakeBuf  [8]byte
 }
 
 type fdKind uint8
