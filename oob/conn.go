@@ -346,7 +346,8 @@ func (c *conn) sweep(now, idle int64) {
 			c.close(nil)
 		}
 	case c.kind == connServer:
-		if now-c.lastRead > idle {
+		// Waiting on our own Handler is not the client's stall.
+		if len(c.open) == 0 && now-c.lastRead > idle {
 			c.n.st.idleCuts.Add(1)
 			c.close(nil)
 		}

@@ -53,4 +53,25 @@
 // extensions ts_mtu, ts_psn, ts_session, ts_epoch, ts_buf_size, ts_extensions, ts_peer are
 // written only when set. Decoding is strict: a wrong-typed or out-of-range field is an
 // error naming the field; unknown fields are skipped.
+//
+// # Timeouts and limits
+//
+// Every wait is bounded: ConnectTimeout cuts a connect still in progress; a request waits
+// for its reply until ctx ends or RequestTimeout passes; IdleTimeout cuts a connection that
+// made no read progress (half a frame and a stall, a half-open persistent connection, a
+// classic client that never closes). An idle persistent client connection sends a keepalive
+// Probe {"ts_id":N} after IdleTimeout/3 without writes, so two nodes with the same
+// IdleTimeout keep it open; it is dropped after 6*IdleTimeout unused. MaxConns caps the
+// accepted connections; MaxConnBuffer caps the bytes queued for writing on one connection
+// (reads are bounded by MaxFrame). A request is never retried by this package: a broken
+// connection fails what was in flight on it with ErrPeerUnreachable, and the caller (which
+// numbers notifies for dedup) decides.
+//
+// # Buffers and allocation
+//
+// Reads go into one loop-wide buffer; a frame that spans reads is completed in the
+// connection's Parser. Bytes the socket does not take are queued in a gnet
+// elastic.RingBuffer and flushed on Writable. Sending a notify on a persistent connection
+// allocates nothing per message (the request is copied into a pooled call); serving one
+// allocates its Msg (the Handler keeps it) and the reply closure.
 package oob

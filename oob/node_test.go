@@ -696,3 +696,24 @@ func TestIPv6(t *testing.T) {
 	require.NoError(t, a.Notify(bg(t), a.Addr(), &NotifyRequest{Name: "self"}))
 	require.Equal(t, "self", h.notifies()[0].Name)
 }
+
+// A classic request whose Handler answers after IdleTimeout is still answered: only the
+// client's stall is cut, not the wait for our own Handler.
+func TestSlowHandlerNotCut(t *testing.T) {
+	loop := newLoop(t)
+	h := newHandler()
+	b := listen(t, loop, h, Config{IdleTimeout: 30 * time.Millisecond})
+	c, err := net.Dial("tcp", b.Addr())
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = c.Write(AppendFrame(nil, TypeNotify, []byte(`{"name":"hold-slow","notify_msg":"x"}`)))
+	require.NoError(t, err)
+	<-h.ch
+	// Several sweeps pass while the Handler holds the reply.
+	require.Eventually(t, func() bool { return loop.Stats().TimerEvents >= 10 }, waitBound, time.Millisecond)
+	h.release()
+	_, body := readFrame(t, c)
+	require.Equal(t, `{"name":"","notify_msg":"success"}`, string(body))
+	requireEOF(t, c)
+	require.Zero(t, b.Stats().IdleCuts)
+}
