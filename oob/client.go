@@ -135,6 +135,10 @@ func (n *Node) do(ctx context.Context, c *call) (*HandshakeDesc, error) {
 	if n.closed.Load() {
 		return nil, fmt.Errorf("%s %s: %w", c.typ, c.peer, ErrClosed)
 	}
+	if n.loop.InLoop() {
+		// Waiting here would stop the loop that must deliver the reply.
+		return nil, fmt.Errorf("%w: %s %s: called on the loop goroutine; call from another goroutine", ErrBadRequest, c.typ, c.peer)
+	}
 	ap, err := parsePeer(ctx, c.peer)
 	if err != nil {
 		return nil, err

@@ -717,3 +717,18 @@ func TestSlowHandlerNotCut(t *testing.T) {
 	requireEOF(t, c)
 	require.Zero(t, b.Stats().IdleCuts)
 }
+
+func TestClientCallOnLoopRefused(t *testing.T) {
+	loop := newLoop(t)
+	a := listen(t, loop, newHandler(), Config{})
+	errc := make(chan error, 1)
+	require.NoError(t, loop.Submit(func() { errc <- a.Notify(context.Background(), a.Addr(), &NotifyRequest{Name: "x"}) }))
+	var err error
+	select {
+	case err = <-errc:
+	case <-time.After(waitBound):
+		t.Fatal("no answer from the loop")
+	}
+	require.ErrorIs(t, err, ErrBadRequest)
+	require.Contains(t, err.Error(), "loop goroutine")
+}
