@@ -30,9 +30,13 @@
 // RECVs reaped and reposted, so the sender never has more SENDs in flight than RECVs the
 // peer has posted and RNR does not happen in steady state. One RECV of the peer's ring is
 // kept in reserve for credit frames: notifies may use at most notify_rq_depth-1, so two
-// peers that both send at full rate can always still tell each other about credit. A
-// credit frame's own RECV is returned only by piggyback or together with data credit,
-// never by a credit frame of its own, so credit frames cannot ping-pong forever.
+// peers that both send at full rate can always still tell each other about credit. When
+// the receiver sees the sender's credit down to that reserve it returns what it has
+// reposted, but only when that is worth the RECV the grant costs the peer: some data
+// RECVs, or at least two RECVs consumed by the peer's own credit frames. A grant that would
+// only hand back the RECV of the peer's last grant is never sent, so credit frames cannot
+// answer each other one for one and an idle exchange of grants dies out. Credit flow
+// control needs notify_rq_depth ≥ 3 on both sides.
 //
 // # Mooncake peers and extensions
 //
