@@ -305,7 +305,6 @@ func TestMachineOneWayCreditReturn(t *testing.T) {
 	require.Positive(t, sb.GrantsSent)
 	require.LessOrEqual(t, sb.GrantsSent, uint64(n/threshold+2))
 	require.Equal(t, sb.FramesSent, sb.GrantsSent)
-	require.Zero(t, nw.a.m.Stats().CreditWaits, "credit came back before the window ran out")
 	// A's grants back (for the RECVs B's grants used) are rare: data piggybacks them.
 	require.Less(t, nw.a.m.Stats().GrantsSent, uint64(n/threshold/4))
 	for _, f := range nw.a.sends {
@@ -315,6 +314,22 @@ func TestMachineOneWayCreditReturn(t *testing.T) {
 		require.NoError(t, err)
 		require.GreaterOrEqual(t, h.AckSeq, uint64(rq), "ack_seq piggybacks A's credit total")
 	}
+}
+
+func TestMachineCreditReturnsWithinQuarterWindow(t *testing.T) {
+	const rq = 16
+	nw := connect(t, extParams(rq), extParams(rq))
+	for i := 1; i <= 500; i++ {
+		nw.a.submit(uint64(i), "n", "m")
+		require.True(t, nw.land(nw.a, nw.b))
+		nw.b.repost()
+		for nw.land(nw.b, nw.a) {
+		}
+		nw.a.repost()
+	}
+	require.Len(t, nw.b.got, 500)
+	require.Zero(t, nw.a.m.Stats().CreditWaits, "a grant comes back every quarter window, before the window runs out")
+	require.Equal(t, uint64(500/((rq-1)/4)), nw.b.m.Stats().GrantsSent)
 }
 
 func TestMachineBidirectionalSmallWindowNoDeadlock(t *testing.T) {
