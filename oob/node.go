@@ -18,7 +18,7 @@ import (
 
 // Handler serves the requests a Node receives.
 type Handler interface {
-	// Both are called on the loop goroutine; reply exactly once (possibly later, from the
+	// Both are called on the loop goroutine and must not block it; reply exactly once (possibly later, from the
 	// loop or any goroutine); a second reply is ignored. The *req struct is reused once the
 	// call returns (copy the struct to keep it); NotifyRequest.Msg and the strings are the
 	// Handler's to keep.

@@ -733,3 +733,33 @@ func TestClientCallOnLoopRefused(t *testing.T) {
 	require.ErrorIs(t, err, ErrBadRequest)
 	require.Contains(t, err.Error(), "loop goroutine")
 }
+
+// A client that sends requests and never reads the replies runs the server's send buffer
+// over MaxConnBuffer; the server cuts that connection and keeps serving others.
+func TestSendBufferCap(t *testing.T) {
+	loop := newLoop(t)
+	b := listen(t, loop, nopHandler{}, Config{MaxConnBuffer: DefaultMaxFrame + HeaderSize})
+	c, err := net.Dial("tcp", b.Addr())
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.(*net.TCPConn).SetReadBuffer(4096))
+	var burst []byte
+	burst = appendProbe(burst, reqMeta{}, true)
+	for i := 0; i < 20000; i++ {
+		burst = appendNotifyRequest(burst, &NotifyRequest{Name: "n", Msg: []byte("m")}, reqMeta{id: uint64(i + 1), hasID: true, twosided: true}, true)
+	}
+	require.NoError(t, c.SetWriteDeadline(time.Now().Add(waitBound)))
+	for i := 0; i < 100 && b.Stats().Overflows == 0; i++ {
+		if _, err := c.Write(burst); err != nil {
+			break // the server closed the connection
+		}
+	}
+	require.Eventually(t, func() bool { return b.Stats().Overflows == 1 }, waitBound, time.Millisecond)
+	c2, err := net.Dial("tcp", b.Addr())
+	require.NoError(t, err)
+	defer c2.Close()
+	_, err = c2.Write(mooncakeNotify)
+	require.NoError(t, err)
+	_, body := readFrame(t, c2)
+	require.Equal(t, `{"name":"","notify_msg":"success"}`, string(body))
+}
