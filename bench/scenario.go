@@ -133,7 +133,9 @@ func (r *run) begin() error {
 func (r *run) end(res *Result, expect, bytes int64) error {
 	var err error
 	if r.child == nil {
-		err = r.rSink.wait(r.ctx, expect)
+		wctx, cancel := context.WithTimeout(r.ctx, 30*time.Second)
+		err = r.rSink.wait(wctx, expect)
+		cancel()
 	}
 	elapsed := nanotime() - r.t0
 	cpu := cpuTime() - r.cpu0
