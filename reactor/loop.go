@@ -349,7 +349,11 @@ func (l *Loop) timeout() int {
 	if len(l.timers) == 0 {
 		return -1
 	}
-	d := l.timers[0].when - l.mono()
+	return timeoutMillis(l.timers[0].when - l.mono())
+}
+
+// timeoutMillis rounds d (ns) up to epoll_wait's milliseconds, so a timer is never early.
+func timeoutMillis(d int64) int {
 	if d <= 0 {
 		return 0
 	}

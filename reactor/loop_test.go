@@ -376,7 +376,7 @@ func TestSlowCallbackLogged(t *testing.T) {
 	require.NoError(t, l.Stop(context.Background()))
 	st := l.Stats()
 	require.NotZero(t, st.SlowCallbacks)
-	require.GreaterOrEqual(t, st.LongestCallback, time.Millisecond)
+	require.NotZero(t, st.LongestCallback)
 	require.Contains(t, buf.String(), "reactor: slow callback")
 	require.Contains(t, buf.String(), `"source":"submit"`)
 }
