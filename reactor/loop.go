@@ -425,11 +425,11 @@ func (l *Loop) runQueue() int {
 			break
 		}
 		n++
+		l.st.submissions.Add(1) // before f: whoever f signals sees it counted
 		f()
 		l.endCallback("submit", 0)
 	}
 	if n > 0 {
-		l.st.submissions.Add(uint64(n))
 		if l.waiters.Load() > 0 {
 			l.roomMu.Lock()
 			close(l.room)

@@ -40,7 +40,9 @@ func newLoop(t testing.TB, opts ...Option) *Loop {
 func onLoop(t testing.TB, l *Loop, f func()) {
 	t.Helper()
 	done := make(chan struct{})
-	require.NoError(t, l.Submit(func() { defer close(done); f() }))
+	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
+	defer cancel()
+	require.NoError(t, l.SubmitWait(ctx, func() { defer close(done); f() }))
 	select {
 	case <-done:
 	case <-time.After(waitBound):
