@@ -43,6 +43,7 @@ func benchSubmitLatency(b *testing.B, opts ...Option) {
 	}
 	b.StopTimer()
 	reportLatency(b, lat)
+	b.ReportMetric(float64(l.Stats().Wakeups)/float64(b.N), "wakeups/op")
 }
 
 func BenchmarkSubmitLatency(b *testing.B) { benchSubmitLatency(b) }
@@ -103,6 +104,9 @@ func benchCQLatency(b *testing.B, cq ibv.CQ, land func(ibv.WC), opts ...Option) 
 	}
 	b.StopTimer()
 	reportLatency(b, h.lat)
+	st := l.Stats()
+	b.ReportMetric(float64(st.CQEvents)/float64(b.N), "cq-events/op")
+	b.ReportMetric(float64(st.Wakeups)/float64(b.N), "wakeups/op")
 }
 
 func benchFakeCQLatency(b *testing.B, opts ...Option) {
@@ -148,4 +152,25 @@ func BenchmarkCQLatencyBusyPoll(b *testing.B) {
 
 func BenchmarkSoftCQLatencyBusyPoll(b *testing.B) {
 	benchSoftCQLatency(b, WithBusyPoll(50*time.Microsecond))
+}
+
+// The cost of the loop-only check every loop-only method makes (a gettid).
+func BenchmarkInLoop(b *testing.B) {
+	l := newLoop(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = l.InLoop()
+	}
+}
+
+// Timer.Reset on the loop (a keepalive pushed back per message).
+func BenchmarkTimerReset(b *testing.B) {
+	l := newLoop(b)
+	b.ReportAllocs()
+	onLoop(b, l, func() {
+		tm := l.AfterFunc(time.Hour, func() {})
+		for i := 0; i < b.N; i++ {
+			tm.Reset(time.Hour)
+		}
+	})
 }

@@ -26,6 +26,13 @@
 // to a millisecond later, never early. There is no fixed-interval tick: with no timer, no
 // submission and no ready fd, the loop sleeps until something happens (Stats.Wakeups stays 0).
 //
+// Completions. WatchCQ applies DESIGN.md's completion handling rule to a CQ: poll until empty
+// handing every WC to the CQHandler; Repost; ReqNotify, then poll once more and go back to the
+// drain if anything came (a CQE that landed between the last poll and the arm raised no
+// event); sleep. When the channel fd is readable: GetEvent until ErrWouldBlock, AckEvents once
+// per CQ for the batch, then the cycle again. A spurious event with an empty CQ is normal.
+// Several CQs may share a channel; its fd is in the epoll set once.
+//
 // Busy poll. WithBusyPoll(budget) makes the loop spin up to budget after its last piece of
 // work — epoll_wait with timeout 0, the submission queue, and every watched CQ polled
 // directly — before it arms the CQs and blocks. While spinning the CQs stay unarmed, so a
