@@ -1,0 +1,604 @@
+package ctrlchannel
+
+import (
+	"fmt"
+
+	"github.com/rs/zerolog"
+
+	"github.com/twosided/twosided/ibv"
+	"github.com/twosided/twosided/reactor"
+)
+
+// Config configures a Channel. Zero fields take the defaults in brackets.
+type Config struct {
+	RecvCount       int     // receive ring depth = advertised notify_rq_depth [64]; 1..4096 (3.. with Extensions)
+	BufSize         int     // bytes per RECV buffer = largest frame [4096]; 256..65536
+	MaxPendingSends int     // queued+in-flight sends before Send fails with ErrBackpressure [64]; 1..4096; also the send ring depth
+	MaxNotifySize   int     // largest name+msg after reassembly [1 MiB]
+	MaxInline       int     // frames up to this size are posted inline [64], capped by the QP
+	PortNum         uint8   // [1]
+	GIDIndex        int     // source GID index of the address vector
+	MTU             ibv.MTU // local cap [port active MTU]
+	// QP attributes [12, 14, 7, 7] (Mooncake's). A zero value takes the default.
+	MinRNRTimer, Timeout, RetryCnt, RnrRetry uint8
+	Extensions                               bool // we support twosided extension frames (fragmentation, credit grants)
+	DisableCredits                           bool // test-only: no credit flow control
+	Logger                                   zerolog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&c.RecvCount, 64)
+	def(&c.BufSize, 4096)
+	def(&c.MaxPendingSends, 64)
+	def(&c.MaxNotifySize, 1<<20)
+	def(&c.MaxInline, 64)
+	if c.PortNum == 0 {
+		c.PortNum = 1
+	}
+	for _, f := range []struct {
+		v *uint8
+		d uint8
+	}{{&c.MinRNRTimer, 12}, {&c.Timeout, 14}, {&c.RetryCnt, 7}, {&c.RnrRetry, 7}} {
+		if *f.v == 0 {
+			*f.v = f.d
+		}
+	}
+	bad := func(field string, v any, why string) error {
+		return fmt.Errorf("%w: Config.%s %v: %s", ErrConfig, field, v, why)
+	}
+	switch {
+	case c.RecvCount < 1 || c.RecvCount > 4096:
+		return bad("RecvCount", c.RecvCount, "want 1..4096")
+	case c.BufSize < 256 || c.BufSize > 65536:
+		return bad("BufSize", c.BufSize, "want 256..65536")
+	case c.MaxPendingSends < 1 || c.MaxPendingSends > 4096:
+		return bad("MaxPendingSends", c.MaxPendingSends, "want 1..4096")
+	case c.MaxNotifySize < 1 || c.MaxNotifySize > 128<<20:
+		return bad("MaxNotifySize", c.MaxNotifySize, "want 1 B..128 MiB")
+	case c.MaxInline < 0:
+		return bad("MaxInline", c.MaxInline, "must not be negative")
+	case c.MTU != 0 && !c.MTU.Valid():
+		return bad("MTU", c.MTU, "not an IB MTU")
+	case c.MinRNRTimer > 31:
+		return bad("MinRNRTimer", c.MinRNRTimer, "want 0..31")
+	case c.Timeout > 31:
+		return bad("Timeout", c.Timeout, "want 0..31")
+	case c.RetryCnt > 7:
+		return bad("RetryCnt", c.RetryCnt, "want 0..7")
+	case c.RnrRetry > 7:
+		return bad("RnrRetry", c.RnrRetry, "want 0..7")
+	case c.GIDIndex < 0 || c.GIDIndex > 255:
+		return bad("GIDIndex", c.GIDIndex, "want 0..255")
+	}
+	return nil
+}
+
+// LocalInfo is what this side puts into the handshake.
+type LocalInfo struct {
+	QPN        uint32
+	GID        ibv.GID
+	LID        uint16
+	MTU        ibv.MTU
+	RQDepth    uint16
+	PSN        uint32
+	BufSize    uint32
+	Extensions bool
+}
+
+// PeerInfo is what the peer's handshake said. MTU 0 means unknown (ours is used), BufSize
+// 0 means the same as ours.
+type PeerInfo struct {
+	QPN        uint32
+	GID        ibv.GID
+	LID        uint16
+	MTU        ibv.MTU
+	RQDepth    uint16
+	PSN        uint32
+	BufSize    uint32
+	Extensions bool
+}
+
+// Delivery is one received notify. Msg is owned by the receiver of the callback.
+type Delivery struct {
+	Session, Epoch, Seq uint64
+	Name                string
+	Msg                 []byte
+}
+
+// Events receives a channel's deliveries and its end.
+type Events interface {
+	// OnNotify is called on the loop, in order.
+	OnNotify(d Delivery)
+	// OnClosed is called on the loop, once; every pending Send has had Done called before.
+	OnClosed(err error)
+}
+
+// ChannelStats are a channel's counters.
+type ChannelStats struct {
+	MachineStats
+	WCErrors         uint64 // completions with an error status
+	RNRRetryExceeded uint64 // of which IBV_WC_RNR_RETRY_EXC_ERR
+	PostErrors       uint64 // PostSend/PostRecv failures
+	SendSlots        int
+	PathMTU          ibv.MTU
+}
+
+const recvWRIDBit = uint64(1) << 63 // RECV WRIDs carry the slot; SEND WRIDs the frame number
+
+// Channel is one peer's control channel: an RC QP, its CQ on a completion channel watched
+// by the reactor, a registered send ring and receive ring, and the Machine. Every method is
+// loop-only.
+type Channel struct {
+	loop *reactor.Loop
+	cfg  Config
+	ev   Events
+	log  zerolog.Logger
+
+	port    ibv.PortAttr
+	mtu     ibv.MTU
+	pathMTU ibv.MTU
+	inline  int
+
+	cc      ibv.CompChannel
+	cq      ibv.CQ
+	qp      ibv.QP
+	sendBuf []byte
+	recvBuf []byte
+	sendMR  ibv.MR
+	recvMR  ibv.MR
+	watch   *reactor.CQWatch
+	timer   *reactor.Timer
+
+	m         *Machine
+	running   bool
+	starting  bool // NewChannel: a failure is its error, not OnClosed
+	connected bool
+	closed    bool
+	tornDown  bool
+	closeErr  error
+	delivered uint64
+
+	swr   []ibv.SendWR
+	ssge  []ibv.SGE
+	nswr  int
+	rwr   []ibv.RecvWR
+	rsge  []ibv.SGE
+	nrwr  int
+	names map[string]string
+
+	wcErrors, rnrExceeded, postErrors uint64
+}
+
+// NewChannel creates the QP (in INIT, its RECVs posted), its CQ and rings, and starts
+// watching the CQ on loop. Loop-only.
+func NewChannel(loop *reactor.Loop, dev ibv.Context, pd ibv.PD, cfg Config, ev Events) (*Channel, error) {
+	if loop == nil || !loop.InLoop() {
+		return nil, fmt.Errorf("ctrlchannel: new channel: %w", reactor.ErrNotInLoop)
+	}
+	if dev == nil || pd == nil || ev == nil {
+		return nil, fmt.Errorf("%w: new channel: dev, pd and ev must not be nil", ErrConfig)
+	}
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if cfg.Extensions && cfg.RecvCount < minCreditRQ {
+		return nil, fmt.Errorf("%w: Config.RecvCount %d: credit flow control needs at least %d", ErrConfig, cfg.RecvCount, minCreditRQ)
+	}
+	c := &Channel{loop: loop, cfg: cfg, ev: ev, log: cfg.Logger, names: make(map[string]string)}
+	if err := c.create(dev, pd); err != nil {
+		c.release()
+		return nil, err
+	}
+	c.starting = true
+	c.run() // posts the RECVs
+	c.starting = false
+	if c.closed {
+		return nil, c.closeErr
+	}
+	return c, nil
+}
+
+func (c *Channel) create(dev ibv.Context, pd ibv.PD) error {
+	cfg := &c.cfg
+	port, err := dev.QueryPort(cfg.PortNum)
+	if err != nil {
+		return fmt.Errorf("ctrlchannel: query port %d: %w", cfg.PortNum, err)
+	}
+	if port.State != ibv.PortActive {
+		return fmt.Errorf("ctrlchannel: port %d is %s: %w", cfg.PortNum, port.State, ibv.ErrNoDevice)
+	}
+	c.port = port
+	c.mtu = port.ActiveMTU
+	if cfg.MTU != 0 {
+		c.mtu = ibv.MinMTU(c.mtu, cfg.MTU)
+	}
+	slots := cfg.MaxPendingSends
+	if c.cc, err = dev.CreateCompChannel(); err != nil {
+		return fmt.Errorf("ctrlchannel: create comp channel: %w", err)
+	}
+	if c.cq, err = dev.CreateCQ(slots+cfg.RecvCount, c.cc); err != nil {
+		return fmt.Errorf("ctrlchannel: create cq: %w", err)
+	}
+	c.qp, err = pd.CreateQP(ibv.QPInitAttr{SendCQ: c.cq, RecvCQ: c.cq, Type: ibv.QPTypeRC,
+		Cap: ibv.QPCap{MaxSendWR: uint32(slots), MaxRecvWR: uint32(cfg.RecvCount), MaxSendSGE: 1, MaxRecvSGE: 1,
+			MaxInlineData: uint32(cfg.MaxInline)}})
+	if err != nil {
+		return fmt.Errorf("ctrlchannel: create qp: %w", err)
+	}
+	if _, caps, err := c.qp.Query(); err == nil {
+		c.inline = min(cfg.MaxInline, int(caps.MaxInlineData))
+	}
+	if err := c.qp.Modify(&ibv.QPAttr{QPState: ibv.QPSInit, PortNum: cfg.PortNum, QPAccessFlags: ibv.AccessLocalWrite},
+		ibv.AttrState|ibv.AttrPKeyIndex|ibv.AttrPort|ibv.AttrAccessFlags); err != nil {
+		return fmt.Errorf("ctrlchannel: qp %d to INIT: %w", c.qp.QPNum(), err)
+	}
+	c.sendBuf = make([]byte, slots*cfg.BufSize)
+	c.recvBuf = make([]byte, cfg.RecvCount*cfg.BufSize)
+	if c.sendMR, err = pd.RegMR(c.sendBuf, ibv.AccessLocalWrite); err != nil {
+		return fmt.Errorf("ctrlchannel: register send ring: %w", err)
+	}
+	if c.recvMR, err = pd.RegMR(c.recvBuf, ibv.AccessLocalWrite); err != nil {
+		return fmt.Errorf("ctrlchannel: register receive ring: %w", err)
+	}
+	c.m, err = NewMachine(Params{RecvCount: cfg.RecvCount, BufSize: cfg.BufSize, SendSlots: slots, SendRing: c.sendBuf,
+		MaxPendingSends: cfg.MaxPendingSends, MaxNotifySize: cfg.MaxNotifySize, Extensions: cfg.Extensions,
+		DisableCredits: cfg.DisableCredits})
+	if err != nil {
+		return err
+	}
+	c.swr = make([]ibv.SendWR, slots)
+	c.ssge = make([]ibv.SGE, slots)
+	c.rwr = make([]ibv.RecvWR, cfg.RecvCount)
+	c.rsge = make([]ibv.SGE, cfg.RecvCount)
+	for i := range c.swr {
+		c.swr[i].SGList = c.ssge[i : i+1 : i+1]
+		c.swr[i].Opcode = ibv.WRSend
+	}
+	for i := range c.rwr {
+		c.rwr[i].SGList = c.rsge[i : i+1 : i+1]
+	}
+	if c.watch, err = c.loop.WatchCQ(c.cq, c); err != nil {
+		return fmt.Errorf("ctrlchannel: watch cq: %w", err)
+	}
+	return nil
+}
+
+// release destroys whatever create made, in reverse order.
+func (c *Channel) release() {
+	logErr := func(what string, err error) {
+		if err != nil {
+			c.log.Warn().Err(err).Str("what", what).Msg("ctrlchannel: teardown")
+		}
+	}
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	if c.watch != nil {
+		logErr("cq watch", c.watch.Close())
+		c.watch = nil
+	}
+	if c.qp != nil {
+		logErr("qp", c.qp.Destroy())
+		c.qp = nil
+	}
+	if c.cq != nil {
+		logErr("cq", c.cq.Destroy())
+		c.cq = nil
+	}
+	if c.cc != nil {
+		logErr("comp channel", c.cc.Close())
+		c.cc = nil
+	}
+	if c.sendMR != nil {
+		logErr("send mr", c.sendMR.Dereg())
+		c.sendMR = nil
+	}
+	if c.recvMR != nil {
+		logErr("recv mr", c.recvMR.Dereg())
+		c.recvMR = nil
+	}
+}
+
+// Local is this side's handshake information.
+func (c *Channel) Local() LocalInfo {
+	return LocalInfo{QPN: c.qp.QPNum(), GID: c.port.GID, LID: c.port.LID, MTU: c.mtu, RQDepth: uint16(c.cfg.RecvCount),
+		PSN: 0, BufSize: uint32(c.cfg.BufSize), Extensions: c.cfg.Extensions}
+}
+
+// SetDeliveredSeq tells the channel the highest seq of the peer's session the engine has
+// already delivered (over OOB or an earlier connection). Call it before Connect. Loop-only.
+func (c *Channel) SetDeliveredSeq(seq uint64) { c.delivered = seq }
+
+// Connect moves the QP to RTR and RTS towards peer and starts the protocol. Loop-only.
+func (c *Channel) Connect(peer PeerInfo, localSession, peerSession, epoch uint64) error {
+	if err := c.loopOnly("connect"); err != nil {
+		return err
+	}
+	if c.closed {
+		return fmt.Errorf("ctrlchannel: connect: %w", ErrClosed)
+	}
+	if c.connected {
+		return fmt.Errorf("%w: connect: already connected", ErrConfig)
+	}
+	switch {
+	case peer.QPN == 0 || peer.QPN > 1<<24-1:
+		return fmt.Errorf("%w: PeerInfo.QPN %d: want 1..2^24-1", ErrConfig, peer.QPN)
+	case peer.RQDepth == 0:
+		return fmt.Errorf("%w: PeerInfo.RQDepth 0: want 1..65535", ErrConfig)
+	case peer.MTU != 0 && !peer.MTU.Valid():
+		return fmt.Errorf("%w: PeerInfo.MTU %d: not an IB MTU", ErrConfig, peer.MTU)
+	case peer.GID.IsZero() && peer.LID == 0:
+		return fmt.Errorf("%w: PeerInfo: neither GID nor LID set", ErrConfig)
+	}
+	c.pathMTU = c.mtu
+	if peer.MTU != 0 {
+		c.pathMTU = ibv.MinMTU(c.mtu, peer.MTU) // Mooncake never negotiates it (its issue #3868)
+	}
+	ah := ibv.AHAttr{DLID: peer.LID, PortNum: c.cfg.PortNum}
+	if !peer.GID.IsZero() {
+		ah.IsGlobal, ah.DGID, ah.SGIDIndex, ah.HopLimit = true, peer.GID, uint8(c.cfg.GIDIndex), 16
+	}
+	if err := c.qp.Modify(&ibv.QPAttr{QPState: ibv.QPSRTR, PathMTU: c.pathMTU, AHAttr: ah, DestQPNum: peer.QPN,
+		RqPSN: peer.PSN, MaxDestRdAtomic: 1, MinRNRTimer: c.cfg.MinRNRTimer},
+		ibv.AttrState|ibv.AttrAV|ibv.AttrPathMTU|ibv.AttrDestQPN|ibv.AttrRqPSN|ibv.AttrMaxDestRdAtomic|ibv.AttrMinRNRTimer); err != nil {
+		return fmt.Errorf("ctrlchannel: qp %d to RTR: %w", c.qp.QPNum(), err)
+	}
+	if err := c.qp.Modify(&ibv.QPAttr{QPState: ibv.QPSRTS, SqPSN: 0, Timeout: c.cfg.Timeout, RetryCnt: c.cfg.RetryCnt,
+		RnrRetry: c.cfg.RnrRetry, MaxRdAtomic: 1},
+		ibv.AttrState|ibv.AttrSqPSN|ibv.AttrTimeout|ibv.AttrRetryCnt|ibv.AttrRnrRetry|ibv.AttrMaxQPRdAtomic); err != nil {
+		return fmt.Errorf("ctrlchannel: qp %d to RTS: %w", c.qp.QPNum(), err)
+	}
+	err := c.m.Connected(c.loop.Now(), PeerParams{LocalSession: localSession, PeerSession: peerSession, Epoch: epoch,
+		RQDepth: int(peer.RQDepth), BufSize: int(peer.BufSize), Extensions: peer.Extensions, DeliveredSeq: c.delivered})
+	if err != nil {
+		return err
+	}
+	c.connected = true
+	c.run()
+	return nil
+}
+
+// Send queues r. r.Done is called on the loop exactly once: nil only after the SEND of
+// every frame of the notify completed successfully. Loop-only.
+func (c *Channel) Send(r *SendReq) {
+	if !c.loop.InLoop() {
+		panic(reactor.ErrNotInLoop)
+	}
+	c.m.Submit(c.loop.Now(), r)
+	c.run()
+}
+
+// SetPaused holds (true) or releases (false) received notifies: while paused, RECVs are
+// reaped but their notifies and buffers are kept, so no credit goes back and the peer's
+// sends wait. Loop-only.
+func (c *Channel) SetPaused(p bool) {
+	if !c.loop.InLoop() {
+		panic(reactor.ErrNotInLoop)
+	}
+	c.m.SetPaused(c.loop.Now(), p)
+	c.run()
+}
+
+// Close fails pending sends with err (wrapping ErrClosed), destroys QP, CQ and MRs and
+// calls OnClosed. Loop-only.
+func (c *Channel) Close(err error) {
+	if !c.loop.InLoop() {
+		panic(reactor.ErrNotInLoop)
+	}
+	c.m.Close(err)
+	c.run()
+}
+
+// Stats returns the counters. Loop-only.
+func (c *Channel) Stats() ChannelStats {
+	return ChannelStats{MachineStats: c.m.Stats(), WCErrors: c.wcErrors, RNRRetryExceeded: c.rnrExceeded,
+		PostErrors: c.postErrors, SendSlots: c.cfg.MaxPendingSends, PathMTU: c.pathMTU}
+}
+
+func (c *Channel) loopOnly(op string) error {
+	if !c.loop.InLoop() {
+		return fmt.Errorf("ctrlchannel: %s: %w", op, reactor.ErrNotInLoop)
+	}
+	return nil
+}
+
+// HandleWC is step 1 of the completion rule (reactor.CQHandler).
+func (c *Channel) HandleWC(wcs []ibv.WC) {
+	if c.tornDown {
+		return
+	}
+	now := c.loop.Now()
+	for i := range wcs {
+		wc := &wcs[i]
+		if wc.Status != ibv.WCSuccess {
+			if wc.Status == ibv.WCWRFlushErr && c.m.Closed() {
+				continue
+			}
+			c.wcErrors++
+			if wc.Status == ibv.WCRNRRetryExcErr {
+				c.rnrExceeded++
+			}
+			c.m.FailWC(wc.Err())
+			continue
+		}
+		if wc.WRID&recvWRIDBit != 0 {
+			slot := int(wc.WRID &^ recvWRIDBit)
+			off := slot * c.cfg.BufSize
+			n := min(int(wc.ByteLen), c.cfg.BufSize)
+			c.m.RecvWC(now, slot, c.recvBuf[off:off+n])
+			continue
+		}
+		c.m.SendWC(wc.WRID)
+	}
+	c.run()
+}
+
+// Repost is step 2 of the completion rule (reactor.CQHandler).
+func (c *Channel) Repost() {
+	if c.tornDown {
+		return
+	}
+	c.m.Repost()
+	c.run()
+}
+
+// CQError is a Poll/ReqNotify/GetEvent failure of the CQ (reactor.CQErrorHandler).
+func (c *Channel) CQError(err error) {
+	if c.tornDown {
+		return
+	}
+	c.m.Close(fmt.Errorf("%w: cq: %w", ErrPeerError, err))
+	c.run()
+}
+
+func (c *Channel) onTimer() {
+	if c.tornDown {
+		return
+	}
+	c.m.Tick(c.loop.Now())
+	c.run()
+}
+
+// run performs the machine's actions until it has none; callbacks that call back into the
+// channel only add actions, picked up by the same loop.
+func (c *Channel) run() {
+	if c.running {
+		return
+	}
+	c.running = true
+	for {
+		acts := c.m.Ready()
+		if len(acts) == 0 {
+			break
+		}
+		for i := range acts {
+			c.perform(&acts[i])
+		}
+		c.flushRecvs()
+		c.flushSends()
+	}
+	c.running = false
+	if c.closed && !c.tornDown {
+		c.tornDown = true
+		c.release()
+		if !c.starting {
+			c.ev.OnClosed(c.closeErr)
+		}
+	}
+}
+
+func (c *Channel) perform(a *Action) {
+	switch a.Kind {
+	case ActPostRecv:
+		if c.closed {
+			return
+		}
+		off := uint64(a.Slot * c.cfg.BufSize)
+		c.rsge[c.nrwr] = ibv.SGE{Addr: c.recvMR.Addr() + off, Length: uint32(c.cfg.BufSize), LKey: c.recvMR.LKey()}
+		c.rwr[c.nrwr].WRID = recvWRIDBit | uint64(a.Slot)
+		c.nrwr++
+		if c.nrwr == len(c.rwr) {
+			c.flushRecvs()
+		}
+	case ActPostSend:
+		if c.closed {
+			return
+		}
+		off := uint64(a.Slot * c.cfg.BufSize)
+		w := &c.swr[c.nswr]
+		c.ssge[c.nswr] = ibv.SGE{Addr: c.sendMR.Addr() + off, Length: uint32(a.Len), LKey: c.sendMR.LKey()}
+		w.WRID = a.WRID
+		w.SendFlags = 0
+		if a.Signaled {
+			w.SendFlags |= ibv.SendSignaled
+		}
+		if a.Len <= c.inline {
+			w.SendFlags |= ibv.SendInline
+		}
+		c.nswr++
+		if c.nswr == len(c.swr) {
+			c.flushSends()
+		}
+	case ActDeliver:
+		d := Delivery{Session: a.Session, Epoch: a.Epoch, Seq: a.Seq, Name: c.intern(a.Name)}
+		if a.Owned {
+			d.Msg = a.Msg
+		} else if len(a.Msg) > 0 {
+			d.Msg = append([]byte(nil), a.Msg...)
+		}
+		c.ev.OnNotify(d)
+	case ActComplete:
+		if a.Req.Done != nil {
+			a.Req.Done(a.Err)
+		}
+	case ActSetTimer:
+		switch {
+		case a.At.IsZero():
+			if c.timer != nil {
+				c.timer.Stop()
+			}
+		case c.timer == nil:
+			c.timer = c.loop.AfterFunc(a.At.Sub(c.loop.Now()), c.onTimer)
+		default:
+			c.timer.Reset(a.At.Sub(c.loop.Now()))
+		}
+	case ActClose:
+		c.closed = true
+		c.closeErr = a.Err
+		c.nrwr, c.nswr = 0, 0
+	}
+}
+
+// intern returns name as a string, without allocating for a name seen before.
+func (c *Channel) intern(b []byte) string {
+	if s, ok := c.names[string(b)]; ok {
+		return s
+	}
+	s := string(b)
+	if len(c.names) < 1024 {
+		c.names[s] = s
+	}
+	return s
+}
+
+func (c *Channel) flushRecvs() {
+	if c.nrwr == 0 {
+		return
+	}
+	for i := 0; i < c.nrwr; i++ {
+		c.rwr[i].Next = nil
+		if i+1 < c.nrwr {
+			c.rwr[i].Next = &c.rwr[i+1]
+		}
+	}
+	c.nrwr = 0
+	if _, err := c.qp.PostRecv(&c.rwr[0]); err != nil {
+		c.postErrors++
+		c.m.Close(fmt.Errorf("%w: post recv: %w", ErrPeerError, err))
+	}
+}
+
+func (c *Channel) flushSends() {
+	if c.nswr == 0 {
+		return
+	}
+	for i := 0; i < c.nswr; i++ {
+		c.swr[i].Next = nil
+		if i+1 < c.nswr {
+			c.swr[i].Next = &c.swr[i+1]
+		}
+	}
+	c.nswr = 0
+	if _, err := c.qp.PostSend(&c.swr[0]); err != nil {
+		c.postErrors++
+		c.m.Close(fmt.Errorf("%w: post send: %w", ErrPeerError, err))
+	}
+}
+
+var _ reactor.CQHandler = (*Channel)(nil)
+var _ reactor.CQErrorHandler = (*Channel)(nil)
