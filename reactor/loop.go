@@ -459,7 +459,7 @@ func (l *Loop) shutdown() {
 	// Barrier: every Submit that got past the stopped check has pushed by now, and no Submit
 	// will push or write the eventfd again.
 	l.mu.Lock()
-	l.mu.Unlock() //nolint:staticcheck // an empty critical section is the point
+	l.mu.Unlock() // an empty critical section: the point is to wait for the readers
 	for l.runQueue() > 0 {
 	}
 	for _, cw := range l.chans {
