@@ -68,7 +68,7 @@ type side struct {
 	rec  *recorder
 }
 
-func onLoop(t *testing.T, l *reactor.Loop, f func()) {
+func onLoop(t testing.TB, l *reactor.Loop, f func()) {
 	t.Helper()
 	done := make(chan struct{})
 	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
@@ -81,7 +81,7 @@ func onLoop(t *testing.T, l *reactor.Loop, f func()) {
 	}
 }
 
-func wait[T any](t *testing.T, ch <-chan T, what string) T {
+func wait[T any](t testing.TB, ch <-chan T, what string) T {
 	t.Helper()
 	select {
 	case v := <-ch:
@@ -93,7 +93,7 @@ func wait[T any](t *testing.T, ch <-chan T, what string) T {
 	return zero
 }
 
-func newSide(t *testing.T, p *soft.Provider, dev string, cfg Config, want int) *side {
+func newSide(t testing.TB, p *soft.Provider, dev string, cfg Config, want int) *side {
 	t.Helper()
 	l, err := reactor.New(reactor.WithLogger(zerolog.Nop()))
 	require.NoError(t, err)
@@ -116,7 +116,7 @@ func newSide(t *testing.T, p *soft.Provider, dev string, cfg Config, want int) *
 }
 
 // pair connects two channels over two soft devices of one isolated provider.
-func pair(t *testing.T, ca, cb Config, wantA, wantB int) (*side, *side, *soft.Provider) {
+func pair(t testing.TB, ca, cb Config, wantA, wantB int) (*side, *side, *soft.Provider) {
 	t.Helper()
 	p := soft.New(soft.WithDevices(2))
 	a := newSide(t, p, "soft0", ca, wantA)
@@ -153,7 +153,7 @@ type sender struct {
 	failed int
 }
 
-func startSender(t *testing.T, s *side, n, window int, name string, msg []byte) *sender {
+func startSender(t testing.TB, s *side, n, window int, name string, msg []byte) *sender {
 	snd := &sender{s: s, n: n, done: make(chan struct{}), msg: msg, name: name}
 	onLoop(t, s.loop, func() {
 		for i := 0; i < window && i < n; i++ {

@@ -32,7 +32,7 @@ type delivered struct {
 }
 
 type node struct {
-	t         *testing.T
+	t         testing.TB
 	name      string
 	m         *Machine
 	p         Params
@@ -48,7 +48,7 @@ type node struct {
 	sends     []wireFrame // every frame posted, for inspection
 }
 
-func newNode(t *testing.T, name string, p Params) *node {
+func newNode(t testing.TB, name string, p Params) *node {
 	t.Helper()
 	if p.BufSize == 0 {
 		p.BufSize = 256
@@ -121,7 +121,7 @@ type network struct {
 	rnr  int
 }
 
-func connect(t *testing.T, pa, pb Params) *network {
+func connect(t testing.TB, pa, pb Params) *network {
 	a := newNode(t, "A", pa)
 	b := newNode(t, "B", pb)
 	require.NoError(t, a.m.Connected(t0, PeerParams{LocalSession: 11, PeerSession: 22, Epoch: 1,
