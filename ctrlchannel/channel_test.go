@@ -411,3 +411,32 @@ func TestChannelConfigRejected(t *testing.T) {
 	_, err = NewChannel(l, ctx, pd, Config{}, newRecorder(0))
 	require.ErrorIs(t, err, reactor.ErrNotInLoop)
 }
+
+func TestChannelPathMTUIsMinOfBothSides(t *testing.T) {
+	cb := extConfig()
+	cb.MTU = ibv.MTU1024
+	a, b, _ := pair(t, extConfig(), cb, 0, 0)
+	var ma, mb ibv.MTU
+	onLoop(t, a.loop, func() { ma = a.ch.Stats().PathMTU })
+	onLoop(t, b.loop, func() { mb = b.ch.Stats().PathMTU })
+	require.Equal(t, ibv.MTU1024, ma, "the peer's smaller MTU wins")
+	require.Equal(t, ibv.MTU1024, mb)
+}
+
+func TestChannelMooncakePeer(t *testing.T) {
+	const n = 500
+	mooncake := Config{Timeout: 10} // no Extensions: Mooncake's view of the channel
+	a, b, _ := pair(t, extConfig(), mooncake, 0, n)
+	snd := startSender(t, a, n, 64, "n", []byte("m"))
+	wait(t, snd.done, "sends")
+	wait(t, b.rec.all, "deliveries")
+	done := make(chan error, 1)
+	onLoop(t, a.loop, func() {
+		a.ch.Send(&SendReq{Seq: n + 1, Name: "big", Msg: make([]byte, 8000), Done: func(err error) { done <- err }})
+	})
+	require.ErrorIs(t, wait(t, done, "large send"), ErrTooLarge, "a Mooncake peer cannot reassemble: an error, never a truncation")
+	var sa ChannelStats
+	onLoop(t, a.loop, func() { sa = a.ch.Stats() })
+	require.Zero(t, sa.GrantsSent, "a Mooncake peer only gets NOTIFY_COMPAT frames")
+	require.Zero(t, sa.FragmentsSent)
+}

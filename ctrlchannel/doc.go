@@ -50,6 +50,19 @@
 // total, u32 offset, bytes of the NOTIFY_COMPAT payload), reassembled up to MaxNotifySize.
 // Towards a Mooncake peer such a notify fails with ErrTooLarge; it is never truncated.
 //
+// # Driver
+//
+// One RC QP per peer with one CQ for both queues, on its own completion channel watched by
+// the reactor (reactor.WatchCQ: reap, Repost, arm). The send ring and the receive ring are
+// one registered MR each, BufSize bytes a slot; the send ring has MaxPendingSends slots
+// and is the send queue's depth. Frames up to MaxInline bytes go inline. SENDs are
+// signaled every SendSlots/4 and the newest posted SEND is always signaled, so every SEND
+// is covered by a completion; a send slot (and its send-queue slot) is free only once a
+// signaled completion at or after it arrived, so the send queue never overflows. RECV WRIDs
+// carry the slot with bit 63 set, SEND WRIDs the frame number. The path MTU is the smaller
+// of both sides' MTUs. QP attributes default to Mooncake's: min_rnr_timer 12, timeout 14,
+// retry_cnt 7, rnr_retry 7, PSNs 0, access LOCAL_WRITE.
+//
 // # Sequence numbers
 //
 // A notify's seq is assigned by the engine: strictly increasing per sending session,
