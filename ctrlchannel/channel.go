@@ -140,6 +140,7 @@ type Channel struct {
 	log  zerolog.Logger
 
 	port    ibv.PortAttr
+	qpn     uint32
 	mtu     ibv.MTU
 	pathMTU ibv.MTU
 	inline  int
@@ -230,6 +231,7 @@ func (c *Channel) create(dev ibv.Context, pd ibv.PD) error {
 	if err != nil {
 		return fmt.Errorf("ctrlchannel: create qp: %w", err)
 	}
+	c.qpn = c.qp.QPNum()
 	if _, caps, err := c.qp.Query(); err == nil {
 		c.inline = min(cfg.MaxInline, int(caps.MaxInlineData))
 	}
@@ -306,7 +308,7 @@ func (c *Channel) release() {
 
 // Local is this side's handshake information.
 func (c *Channel) Local() LocalInfo {
-	return LocalInfo{QPN: c.qp.QPNum(), GID: c.port.GID, LID: c.port.LID, MTU: c.mtu, RQDepth: uint16(c.cfg.RecvCount),
+	return LocalInfo{QPN: c.qpn, GID: c.port.GID, LID: c.port.LID, MTU: c.mtu, RQDepth: uint16(c.cfg.RecvCount),
 		PSN: 0, BufSize: uint32(c.cfg.BufSize), Extensions: c.cfg.Extensions}
 }
 
@@ -346,12 +348,12 @@ func (c *Channel) Connect(peer PeerInfo, localSession, peerSession, epoch uint64
 	if err := c.qp.Modify(&ibv.QPAttr{QPState: ibv.QPSRTR, PathMTU: c.pathMTU, AHAttr: ah, DestQPNum: peer.QPN,
 		RqPSN: peer.PSN, MaxDestRdAtomic: 1, MinRNRTimer: c.cfg.MinRNRTimer},
 		ibv.AttrState|ibv.AttrAV|ibv.AttrPathMTU|ibv.AttrDestQPN|ibv.AttrRqPSN|ibv.AttrMaxDestRdAtomic|ibv.AttrMinRNRTimer); err != nil {
-		return fmt.Errorf("ctrlchannel: qp %d to RTR: %w", c.qp.QPNum(), err)
+		return fmt.Errorf("ctrlchannel: qp %d to RTR: %w", c.qpn, err)
 	}
 	if err := c.qp.Modify(&ibv.QPAttr{QPState: ibv.QPSRTS, SqPSN: 0, Timeout: c.cfg.Timeout, RetryCnt: c.cfg.RetryCnt,
 		RnrRetry: c.cfg.RnrRetry, MaxRdAtomic: 1},
 		ibv.AttrState|ibv.AttrSqPSN|ibv.AttrTimeout|ibv.AttrRetryCnt|ibv.AttrRnrRetry|ibv.AttrMaxQPRdAtomic); err != nil {
-		return fmt.Errorf("ctrlchannel: qp %d to RTS: %w", c.qp.QPNum(), err)
+		return fmt.Errorf("ctrlchannel: qp %d to RTS: %w", c.qpn, err)
 	}
 	err := c.m.Connected(c.loop.Now(), PeerParams{LocalSession: localSession, PeerSession: peerSession, Epoch: epoch,
 		RQDepth: int(peer.RQDepth), BufSize: int(peer.BufSize), Extensions: peer.Extensions, DeliveredSeq: c.delivered})
