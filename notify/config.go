@@ -24,6 +24,7 @@ var ErrConfig = errors.New("notify: bad configuration")
 // then options.
 type config struct {
 	listenAddr string
+	peerName   string // advertised name; default: the bound address
 
 	transport     string
 	transportSet  []string // every transport asked for by options, to detect a conflict
@@ -209,6 +210,11 @@ type Option func(*config)
 // WithListenAddr sets the OOB listener address, e.g. "127.0.0.1:0". Its bound host:port is
 // the engine's peer name.
 func WithListenAddr(addr string) Option { return func(c *config) { c.listenAddr = addr } }
+
+// WithPeerName sets the name this engine gives peers (the host:port they dial back, the
+// notifies' Peer). By default it is the bound listen address, with an unspecified host
+// (0.0.0.0, ::) replaced by the machine's host name, as Mooncake names servers.
+func WithPeerName(name string) Option { return func(c *config) { c.peerName = name } }
 
 // WithTransport selects "oob" (classic) or "rdma_twosided". Asking for both is an error.
 func WithTransport(name string) Option {

@@ -20,11 +20,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/twosided/twosided/ctrlchannel"
 	"github.com/twosided/twosided/ibv"
 	"github.com/twosided/twosided/oob"
 	"github.com/twosided/twosided/reactor"
@@ -131,9 +132,26 @@ func newEngine(cfg config, opts []Option) (*Engine, error) {
 		return nil, fmt.Errorf("notify: oob listener %s: %w", cfg.listenAddr, err)
 	}
 	e.node = node
-	e.name = node.Addr()
+	e.name = cfg.peerName
+	if e.name == "" {
+		e.name = advertised(node.Addr())
+	}
 	cfg.logger.Info().Str("addr", e.name).Str("transport", cfg.transport).Str("device", e.devName).Msg("notify engine started")
 	return e, nil
+}
+
+// advertised turns a bound address into a name peers can dial.
+func advertised(bound string) string {
+	host, port, err := net.SplitHostPort(bound)
+	if err != nil {
+		return bound
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		if h, err := os.Hostname(); err == nil && h != "" {
+			return net.JoinHostPort(h, port)
+		}
+	}
+	return bound
 }
 
 func randomSession() uint64 {
@@ -209,7 +227,10 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) error {
 	if err == nil {
 		return nil
 	}
-	if fallback && e.cfg.oobFallback && !e.closed.Load() {
+	if e.closed.Load() {
+		return fmt.Errorf("notify: send to %s: %w (%v)", peer, ErrClosed, err)
+	}
+	if fallback && e.cfg.oobFallback {
 		if ferr := e.sendOOB(ctx, peer, &n, seq, epoch); ferr != nil {
 			return fmt.Errorf("notify: send to %s: rdma: %v; oob fallback: %w", peer, err, ferr)
 		}

@@ -20,7 +20,8 @@ func (e *Engine) channelConfig() ctrlchannel.Config {
 		MaxNotifySize:   e.cfg.maxNotifySize,
 		PortNum:         uint8(e.cfg.ibPort),
 		GIDIndex:        e.cfg.gidIndex,
-		Extensions:      true,
+		// Fragmentation needs a RECV for credit frames beside the data window.
+		Extensions:      e.cfg.recvCount >= 3,
 		DisableCredits:  e.cfg.noCredits,
 		Logger:          e.cfg.logger,
 	}
@@ -186,7 +187,7 @@ func (h *oobHandler) HandleHandshake(req *oob.HandshakeDesc, reply func(*oob.Han
 		p.yieldTimer.Stop()
 		p.yieldTimer = nil
 	}
-	p.ch, p.epoch, p.state, p.lastErr = ch, epoch, stateUp, nil
+	p.ch, p.epoch, p.state, p.lastErr, p.remoteQPN = ch, epoch, stateUp, nil, req.NotifyQPNum
 	p.flush()
 	reply(e.handshakeDesc(ch, name, epoch), nil)
 }

@@ -37,6 +37,7 @@ type peer struct {
 
 	yieldTimer *reactor.Timer
 	lastErr    error
+	remoteQPN  uint32 // the peer's QPN of ch
 
 	sent, sentFailed, received, dups uint64
 }
@@ -222,7 +223,7 @@ func (e *Engine) finishConnect(name string, ch *ctrlchannel.Channel, epoch uint6
 	if p.ch != nil && p.ch != ch {
 		p.ch.Close(fmt.Errorf("%w: replaced by the channel %s accepted", ctrlchannel.ErrClosed, name))
 	}
-	p.ch, p.state, p.lastErr = ch, stateUp, nil
+	p.ch, p.state, p.lastErr, p.remoteQPN = ch, stateUp, nil, resp.NotifyQPNum
 	if epoch > p.epoch {
 		p.epoch = epoch
 	}

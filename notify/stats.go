@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/twosided/twosided/ctrlchannel"
+	"github.com/twosided/twosided/ibv"
 	"github.com/twosided/twosided/reactor"
 )
 
@@ -18,6 +19,8 @@ type PeerStats struct {
 	Received   uint64 // notifies delivered from this peer (any path)
 	Duplicates uint64 // duplicates dropped
 	LastError  string
+	LocalQPN   uint32 // QPN of the established channel, here
+	RemoteQPN  uint32 // and at the peer
 	Channel    *ctrlchannel.ChannelStats
 }
 
@@ -53,6 +56,7 @@ func (e *Engine) Stats() Stats {
 				st.LastError = p.lastErr.Error()
 			}
 			if p.ch != nil {
+				st.LocalQPN, st.RemoteQPN = p.ch.Local().QPN, p.remoteQPN
 				cs := p.ch.Stats()
 				st.Channel = &cs
 			}
@@ -71,3 +75,7 @@ func (e *Engine) Stats() Stats {
 	}
 	return s
 }
+
+// DeviceContext is the open device of the rdma_twosided transport (nil for oob), for
+// diagnostics such as a provider's counters. The engine owns it: never post on it or close it.
+func (e *Engine) DeviceContext() ibv.Context { return e.dev }

@@ -1,0 +1,155 @@
+package notify
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func envOf(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestConfigFromEnv(t *testing.T) {
+	c := defaultConfig()
+	c.fromEnv(envOf(map[string]string{
+		"MC_USE_RDMA_TWOSIDED":              "1",
+		"MC_RDMA_NOTIFY_OOB_FALLBACK":       "false",
+		"MC_RDMA_NOTIFY_RECV_COUNT":         "128",
+		"MC_RDMA_NOTIFY_BUFFER_SIZE":        "8192",
+		"MC_RDMA_NOTIFY_MAX_PENDING_SENDS":  "16",
+		"MC_RDMA_NOTIFY_CONNECT_TIMEOUT_MS": "2500",
+		"MC_TE_FILTERS":                     "soft1, mlx5_0",
+		"MC_MTU":                            "1024",
+		"MC_IB_PORT":                        "2",
+		"MC_GID_INDEX":                      "3",
+		"MC_HANDSHAKE_CONNECT_TIMEOUT":      "7",
+		"MC_HANDSHAKE_MAX_LENGTH":           "2097152",
+	}))
+	require.NoError(t, c.validate())
+	require.Equal(t, TransportRDMATwoSided, c.transport)
+	require.False(t, c.oobFallback)
+	require.Equal(t, 128, c.recvCount)
+	require.Equal(t, 8192, c.bufferSize)
+	require.Equal(t, 16, c.maxPendingSends)
+	require.Equal(t, 2500*time.Millisecond, c.connectTimeout)
+	require.Equal(t, []string{"soft1", "mlx5_0"}, c.filters)
+	require.Equal(t, 1024, c.mtu)
+	require.Equal(t, 2, c.ibPort)
+	require.Equal(t, 3, c.gidIndex)
+	require.Equal(t, 7*time.Second, c.handshakeConnectTimeout)
+	require.Equal(t, 2<<20, c.handshakeMaxLength)
+}
+
+func TestConfigDefaults(t *testing.T) {
+	c := defaultConfig()
+	c.fromEnv(envOf(nil))
+	require.NoError(t, c.validate())
+	require.Equal(t, TransportOOB, c.transport)
+	require.True(t, c.notifyEnabled)
+	require.True(t, c.oobFallback)
+	require.Equal(t, 64, c.recvCount)
+	require.Equal(t, 4096, c.bufferSize)
+	require.Equal(t, 64, c.maxPendingSends)
+	require.Equal(t, 10*time.Second, c.connectTimeout)
+	require.Equal(t, -1, c.gidIndex)
+}
+
+// Every variable out of range is an error naming the variable, never a silent default.
+func TestConfigEnvOutOfRange(t *testing.T) {
+	cases := []struct{ name, value string }{
+		{"MC_USE_RDMA_TWOSIDED", "maybe"},
+		{"MC_RDMA_NOTIFY_ENABLED", "2"},
+		{"MC_RDMA_NOTIFY_OOB_FALLBACK", "x"},
+		{"MC_RDMA_NOTIFY_RECV_COUNT", "0"},
+		{"MC_RDMA_NOTIFY_RECV_COUNT", "4097"},
+		{"MC_RDMA_NOTIFY_RECV_COUNT", "abc"},
+		{"MC_RDMA_NOTIFY_BUFFER_SIZE", "255"},
+		{"MC_RDMA_NOTIFY_BUFFER_SIZE", "65537"},
+		{"MC_RDMA_NOTIFY_MAX_PENDING_SENDS", "0"},
+		{"MC_RDMA_NOTIFY_MAX_PENDING_SENDS", "4097"},
+		{"MC_RDMA_NOTIFY_CONNECT_TIMEOUT_MS", "99"},
+		{"MC_RDMA_NOTIFY_CONNECT_TIMEOUT_MS", "600001"},
+		{"MC_MTU", "256"},
+		{"MC_MTU", "9000"},
+		{"MC_IB_PORT", "0"},
+		{"MC_GID_INDEX", "-1"},
+		{"MC_HANDSHAKE_PORT", "70000"},
+		{"MC_HANDSHAKE_CONNECT_TIMEOUT", "0"},
+		{"MC_HANDSHAKE_CONNECT_TIMEOUT", "3600"},
+		{"MC_HANDSHAKE_MAX_LENGTH", "0"},
+		{"MC_HANDSHAKE_MAX_LENGTH", "134217729"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
+			c := defaultConfig()
+			c.fromEnv(envOf(map[string]string{tc.name: tc.value}))
+			err := c.validate()
+			require.Error(t, err)
+			require.True(t, errors.Is(err, ErrConfig))
+			require.Contains(t, err.Error(), tc.name)
+		})
+	}
+}
+
+func TestConfigOptions(t *testing.T) {
+	t.Run("both transports", func(t *testing.T) {
+		c := defaultConfig()
+		WithTransport("oob")(&c)
+		WithTransport("rdma_twosided")(&c)
+		err := c.validate()
+		require.ErrorIs(t, err, ErrConfig)
+		require.Contains(t, err.Error(), "exactly one transport")
+	})
+	t.Run("both in one", func(t *testing.T) {
+		c := defaultConfig()
+		WithTransport("oob,rdma_twosided")(&c)
+		require.ErrorContains(t, c.validate(), "exactly one transport")
+	})
+	t.Run("unknown transport", func(t *testing.T) {
+		c := defaultConfig()
+		WithTransport("tcp")(&c)
+		require.ErrorContains(t, c.validate(), `transport: "tcp"`)
+	})
+	t.Run("option overrides env", func(t *testing.T) {
+		c := defaultConfig()
+		c.fromEnv(envOf(map[string]string{"MC_USE_RDMA_TWOSIDED": "1", "MC_RDMA_NOTIFY_RECV_COUNT": "8"}))
+		WithTransport("oob")(&c)
+		WithRecvCount(32)(&c)
+		require.NoError(t, c.validate())
+		require.Equal(t, TransportOOB, c.transport)
+		require.Equal(t, 32, c.recvCount)
+	})
+	t.Run("option out of range", func(t *testing.T) {
+		c := defaultConfig()
+		WithBufferSize(100)(&c)
+		require.ErrorContains(t, c.validate(), "buffer_size: 100 out of range 256..65536")
+	})
+}
+
+func TestSeenDropsDuplicatesAcrossPaths(t *testing.T) {
+	var s seen
+	require.True(t, s.add(1))
+	require.True(t, s.add(2))
+	require.False(t, s.add(2))
+	require.False(t, s.add(1))
+	// 3 failed over RDMA and is retried over OOB after 4 and 5 went over RDMA.
+	require.True(t, s.add(4))
+	require.True(t, s.add(5))
+	require.False(t, s.add(4))
+	require.True(t, s.add(3))
+	require.False(t, s.add(3))
+	require.Equal(t, uint64(5), s.floor)
+	require.Empty(t, s.above)
+}
+
+func TestSeenBounded(t *testing.T) {
+	var s seen
+	// seq 1 never arrives: the set must not grow without bound.
+	for i := uint64(2); i < 2+maxSeenGap+10; i++ {
+		require.True(t, s.add(i))
+	}
+	require.LessOrEqual(t, len(s.above), maxSeenGap)
+}
