@@ -247,7 +247,12 @@ func (c *call) start() {
 			return
 		}
 		ps.conn = pc
-		n.out = appendProbe(n.out[:0], reqMeta{}, true)
+		var nc *[nonceSize]byte
+		if n.auth.on {
+			newNonce(&pc.auth.local)
+			nc = &pc.auth.local
+		}
+		n.out = appendHello(n.out[:0], nc)
 		pc.send(n.out)
 	}
 	pc.lastUse = n.now()
@@ -286,6 +291,11 @@ func (c *call) cancel() {
 }
 
 func (n *Node) startClassic(c *call, ps *peerState) {
+	if n.auth.required {
+		// A one-request connection carries no hello, so nothing can be proved either way.
+		c.finish(fmt.Errorf("%w: %s %s: a one-request (Mooncake-style) connection cannot authenticate; AuthKey is set and AllowUnauthenticated is false", ErrAuth, c.typ, ps.addr), nil)
+		return
+	}
 	cc, err := n.dial(ps, connClassic)
 	if err != nil {
 		c.finish(err, nil)
@@ -439,17 +449,13 @@ func (c *conn) replyFrame(t MsgType, body []byte) {
 			c.helloFailed(true)
 			return
 		}
-		c.state = stateOpen
 		c.peer.twosided = true
 		c.peer.classicUntil = 0
-		queue := c.queue
-		c.queue = nil
-		for _, cl := range queue {
-			c.sendCall(cl)
-			if c.state == stateClosed {
-				return
-			}
-		}
+		c.helloDone()
+		return
+	}
+	if c.state == stateAuth {
+		c.authReply(t, err)
 		return
 	}
 	if err != nil {
@@ -512,4 +518,79 @@ func (c *conn) result(cl *call, t MsgType, resp *HandshakeDesc) error {
 		}
 	}
 	return nil
+}
+
+// helloDone runs on a twosided server's hello reply (in n.ri): authenticate if a key is
+// offered or required, else open the connection.
+func (c *conn) helloDone() {
+	n := c.n
+	ri := &n.ri
+	addr := c.peer.addr
+	switch {
+	case ri.auth == offerNone:
+		if n.auth.required {
+			c.close(fmt.Errorf("%w: %s: the peer does not authenticate (no AuthKey there?) and AllowUnauthenticated is false", ErrAuth, addr))
+			return
+		}
+	case !n.auth.on:
+		if ri.authRequired {
+			c.close(fmt.Errorf("%w: %s: the peer requires authentication and this Node has no AuthKey", ErrAuth, addr))
+			return
+		}
+		// The peer offers authentication but serves unauthenticated peers too.
+	case ri.auth != offerHMAC:
+		if !n.auth.required && !ri.authRequired {
+			break // neither side insists
+		}
+		c.close(fmt.Errorf("%w: %s: the peer offers an authentication scheme other than %s", ErrAuth, addr, authScheme))
+		return
+	case !ri.hasNonce || !ri.hasMAC:
+		c.close(fmt.Errorf("%w: %s: the peer's hello reply lacks ts_nonce or ts_mac", ErrAuth, addr))
+		return
+	default:
+		c.auth.peer, c.auth.peerNonce = ri.nonce, true
+		if !n.auth.verify(dirServer, &c.auth.local, &c.auth.peer, &ri.mac) {
+			c.close(fmt.Errorf("%w: %s: the peer's proof does not match AuthKey (a different key?)", ErrAuth, addr))
+			return
+		}
+		n.nextID++
+		c.auth.probeID = n.nextID
+		c.auth.state = authPending
+		c.state = stateAuth
+		c.waitSince = n.now()
+		n.out = appendAuthProof(n.out[:0], c.auth.probeID, n.auth.proof(dirClient, &c.auth.local, &c.auth.peer))
+		c.send(n.out)
+		return
+	}
+	c.ready()
+}
+
+// authReply handles the server's verdict on our proof.
+func (c *conn) authReply(t MsgType, err error) {
+	ri := &c.n.ri
+	addr := c.peer.addr
+	switch {
+	case err != nil:
+		c.close(fmt.Errorf("%w: %s: bad reply to the authentication probe: %w", ErrPeerUnreachable, addr, err))
+	case t != TypeProbe || !ri.m.hasID || ri.m.id != c.auth.probeID:
+		c.close(fmt.Errorf("%w: %s: %s reply while authenticating", ErrPeerUnreachable, addr, t))
+	case len(ri.errMsg) > 0:
+		c.close(fmt.Errorf("%w: %s: the peer refused our proof: %s", ErrAuth, addr, ri.errMsg))
+	default:
+		c.auth.state = authOK
+		c.ready()
+	}
+}
+
+// ready opens a persistent connection for requests and sends those queued meanwhile.
+func (c *conn) ready() {
+	c.state = stateOpen
+	queue := c.queue
+	c.queue = nil
+	for _, cl := range queue {
+		c.sendCall(cl)
+		if c.state == stateClosed {
+			return
+		}
+	}
 }

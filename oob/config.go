@@ -34,6 +34,21 @@ type Config struct {
 	// 4 MiB or 2*MaxFrame+64 KiB, whichever is larger; must be at least MaxFrame+9).
 	// A connection over it is closed.
 	MaxConnBuffer int
+	// MaxPendingHandshakes caps the handshake requests (type Connection) handed to the
+	// Handler and not answered yet, over all connections (default 64, allowed 1..65536).
+	// Above it a request gets the error reply "too many pending handshakes" and its
+	// connection keeps working.
+	MaxPendingHandshakes int
+	// AuthKey turns on pre-shared-key authentication (HMAC-SHA256 challenge-response
+	// in the ts_hello exchange, both directions; see the package doc). nil: off. When
+	// set it must be MinAuthKey..MaxAuthKey bytes; the Node keeps a copy.
+	AuthKey []byte
+	// AllowUnauthenticated, with AuthKey set, still serves peers that do not
+	// authenticate (Mooncake's one-request connections, twosided peers without a key)
+	// and lets this Node's requests go to peers that cannot prove the key. A peer that
+	// tries and fails (a wrong key) is refused either way. Default false: with a key,
+	// only peers that prove it are served or sent to.
+	AllowUnauthenticated bool
 	// Logger for connection-level events (default: disabled).
 	Logger zerolog.Logger
 }
@@ -45,7 +60,9 @@ const (
 	DefaultRequestTimeout = 10 * time.Second
 	DefaultIdleTimeout    = 10 * time.Second
 	DefaultMaxConns       = 4096
-	defaultMinConnBuffer  = 4 << 20
+	// DefaultMaxPendingHandshakes is Config.MaxPendingHandshakes' default.
+	DefaultMaxPendingHandshakes = 64
+	defaultMinConnBuffer        = 4 << 20
 )
 
 func (c Config) withDefaults() (Config, error) {
@@ -82,6 +99,18 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MaxConnBuffer < c.MaxFrame+HeaderSize || c.MaxConnBuffer > 1<<30 {
 		return c, fmt.Errorf("%w: MaxConnBuffer %d out of range %d (MaxFrame+9)..%d", ErrBadConfig, c.MaxConnBuffer, c.MaxFrame+HeaderSize, 1<<30)
+	}
+	if c.MaxPendingHandshakes == 0 {
+		c.MaxPendingHandshakes = DefaultMaxPendingHandshakes
+	}
+	if c.MaxPendingHandshakes < 1 || c.MaxPendingHandshakes > 1<<16 {
+		return c, fmt.Errorf("%w: MaxPendingHandshakes %d out of range 1..%d", ErrBadConfig, c.MaxPendingHandshakes, 1<<16)
+	}
+	if c.AuthKey != nil {
+		if len(c.AuthKey) < MinAuthKey || len(c.AuthKey) > MaxAuthKey {
+			return c, fmt.Errorf("%w: AuthKey: %d bytes, want %d..%d (nil turns authentication off)", ErrBadConfig, len(c.AuthKey), MinAuthKey, MaxAuthKey)
+		}
+		c.AuthKey = append([]byte(nil), c.AuthKey...)
 	}
 	return c, nil
 }

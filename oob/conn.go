@@ -23,6 +23,7 @@ type connState uint8
 const (
 	stateConnecting connState = iota // non-blocking connect in progress
 	stateHello                       // persistent: hello probe sent, waiting for its reply
+	stateAuth                        // persistent: our proof sent, waiting for the server's verdict
 	stateOpen                        // serving / ready for requests
 	stateDraining                    // reply (or error reply) queued; then SHUT_WR and wait for EOF
 	stateClosed
@@ -48,6 +49,8 @@ type conn struct {
 	reqSeq     uint64
 	open       map[uint64]struct{} // requests handed to the Handler, not answered yet
 	shutWr     bool
+
+	auth connAuth // both sides
 
 	// client side
 	pending   map[uint64]*call
@@ -157,6 +160,12 @@ func (c *conn) reject(t MsgType, m reqMeta, err error) {
 	n := c.n
 	n.st.badFrames.Add(1)
 	n.log.Debug().Err(err).Int("fd", c.fd).Msg("oob: bad request")
+	c.refuse(t, m, err)
+}
+
+// refuse answers a request with an error reply, then drains and closes.
+func (c *conn) refuse(t MsgType, m reqMeta, err error) {
+	n := c.n
 	n.out = appendErrorReply(n.out[:0], t, m, err.Error())
 	c.send(n.out)
 	c.drain()
@@ -351,7 +360,7 @@ func (c *conn) sweep(now, idle int64) {
 			c.n.st.idleCuts.Add(1)
 			c.close(nil)
 		}
-	case c.kind == connClassic || c.state == stateHello:
+	case c.kind == connClassic || c.state == stateHello || c.state == stateAuth:
 		if now-max(c.lastRead, c.waitSince) > idle {
 			c.n.st.idleCuts.Add(1)
 			c.close(fmt.Errorf("%w: %w: %s: no reply within IdleTimeout %v", ErrPeerUnreachable, ErrTimeout, c.peer.addr, c.n.cfg.IdleTimeout))

@@ -19,6 +19,10 @@ var (
 	ErrBadFrame = errors.New("oob: bad frame")
 	// ErrBadConfig: a Config field out of range; the message names the field.
 	ErrBadConfig = errors.New("oob: bad config")
+	// ErrAuth: authentication failed: the peer could not prove the AuthKey, refused our
+	// proof, requires a key this Node does not have, or cannot authenticate at all (a
+	// Mooncake peer) while AllowUnauthenticated is false.
+	ErrAuth = errors.New("oob: authentication failed")
 	// ErrBadRequest: a request argument the caller got wrong; the message names the field.
 	ErrBadRequest = errors.New("oob: bad request")
 )

@@ -3,6 +3,7 @@ package oob
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
 	"unicode/utf8"
 
@@ -141,19 +142,30 @@ func FuzzReplyDecode(f *testing.F) {
 	f.Add([]byte(`{"ts_hello":1}`))
 	f.Add([]byte("null\n"))
 	f.Add([]byte(`{"name":"","notify_msg":"","reply_msg":"bad","ts_error":"bad","ts_id":1}`))
+	f.Add([]byte(`{"ts_hello":1,"ts_auth":"hmac-sha256","ts_nonce":"000102030405060708090a0b0c0d0e0f","ts_auth_required":true,"ts_mac":"` + strings.Repeat("ab", 32) + `"}`))
+	f.Add([]byte(`{"ts_id":3,"ts_mac":"` + strings.Repeat("AB", 32) + `"}`))
+	f.Add([]byte(`{"ts_nonce":"00"}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var ri replyInfo
 		_, err := ri.decode(body, nil)
-		hello, m, _, perr := probeDecode(body, nil)
+		var pd probeDecoder
+		p, perr := pd.decode(body)
 		if err != nil {
 			require.ErrorIs(t, err, ErrBadFrame)
 		} else {
 			require.True(t, json.Valid(body), "accepted invalid JSON %q", body)
 		}
+		if perr != nil {
+			require.ErrorIs(t, perr, ErrBadFrame)
+		}
 		if err == nil && perr == nil {
-			require.Equal(t, ri.m.hasID, m.hasID)
-			require.Equal(t, ri.m.id, m.id)
-			require.Equal(t, ri.hello, hello)
+			require.Equal(t, ri.m.hasID, p.m.hasID)
+			require.Equal(t, ri.m.id, p.m.id)
+			require.Equal(t, ri.hello, p.hello)
+			require.Equal(t, ri.hasNonce, p.hasNonce)
+			require.Equal(t, ri.nonce, p.nonce)
+			require.Equal(t, ri.hasMAC, p.hasMAC)
+			require.Equal(t, ri.mac, p.mac)
 		}
 	})
 }

@@ -249,32 +249,6 @@ func appendProbe(dst []byte, m reqMeta, hello bool) []byte {
 	return finishFrame(append(o.b, '}'), at)
 }
 
-// probeDecode reads a Probe request.
-func probeDecode(body []byte, key []byte) (hello uint64, m reqMeta, _ []byte, err error) {
-	r := jsonReader{b: body}
-	key, err = r.object(key, func(k []byte) error {
-		var err error
-		if r.isNull() {
-			return nil
-		}
-		switch string(k) {
-		case fHello:
-			m.twosided = true
-			hello, err = r.uint(fHello, 1<<32-1)
-		case fID:
-			m.twosided, m.hasID = true, true
-			m.id, err = r.uint(fID, 1<<64-1)
-		default:
-			err = r.skip(0)
-		}
-		return err
-	})
-	if err == nil {
-		err = r.end()
-	}
-	return hello, m, key, err
-}
-
 // replyInfo is what a client reads from a Notify or Probe reply.
 type replyInfo struct {
 	m            reqMeta
@@ -282,12 +256,30 @@ type replyInfo struct {
 	notifyOK     bool // notify_msg non-empty
 	hello        uint64
 	errMsg       []byte // reply_msg or ts_error
+
+	// Authentication members of a hello reply.
+	auth         authOffer
+	authRequired bool
+	nonce        [nonceSize]byte
+	hasNonce     bool
+	mac          [macSize]byte
+	hasMAC       bool
+	text         []byte // scratch for hex members
 }
+
+// authOffer is the ts_auth member of a hello reply.
+type authOffer uint8
+
+const (
+	offerNone    authOffer = iota // absent: the server has no key
+	offerHMAC                     // "hmac-sha256"
+	offerUnknown                  // a scheme this version does not speak
+)
 
 func (ri *replyInfo) decode(body []byte, key []byte) ([]byte, error) {
 	r := jsonReader{b: body}
-	errBuf := ri.errMsg[:0]
-	*ri = replyInfo{}
+	errBuf, text := ri.errMsg[:0], ri.text
+	*ri = replyInfo{text: text}
 	key, err := r.object(key, func(k []byte) error {
 		var err error
 		if r.isNull() {
@@ -314,6 +306,22 @@ func (ri *replyInfo) decode(body []byte, key []byte) ([]byte, error) {
 		case fID:
 			ri.m.twosided, ri.m.hasID = true, true
 			ri.m.id, err = r.uint(fID, 1<<64-1)
+		case fAuth:
+			ri.m.twosided = true
+			ri.text, err = r.str(fAuth, ri.text[:0])
+			ri.auth = offerUnknown
+			if string(ri.text) == authScheme {
+				ri.auth = offerHMAC
+			}
+		case fAuthRequired:
+			ri.m.twosided = true
+			ri.authRequired, err = r.boolean(fAuthRequired)
+		case fNonce:
+			ri.m.twosided, ri.hasNonce = true, true
+			ri.text, err = r.hexFixed(fNonce, ri.nonce[:], ri.text)
+		case fMAC:
+			ri.m.twosided, ri.hasMAC = true, true
+			ri.text, err = r.hexFixed(fMAC, ri.mac[:], ri.text)
 		default:
 			err = r.skip(0)
 		}

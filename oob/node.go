@@ -28,21 +28,24 @@ type Handler interface {
 
 // Stats are a Node's counters; safe to read from any goroutine.
 type Stats struct {
-	Accepted        uint64 // server connections accepted
-	RejectedConns   uint64 // accepted connections closed at once: MaxConns reached
-	Dialed          uint64 // client connections that connected
-	DialFailed      uint64 // connects that failed or timed out
-	ServerConns     int64  // server connections open now
-	ClientConns     int64  // client connections open now
-	NotifyServed    uint64 // notifies handed to the Handler
-	HandshakeServed uint64 // handshakes handed to the Handler
-	ProbeServed     uint64 // probes answered
-	NotifySent      uint64 // notifies that got a reply (success or rejected)
-	ClassicSent     uint64 // requests sent on a one-shot connection
-	PersistentSent  uint64 // requests sent on a multiplexed connection
-	BadFrames       uint64 // requests answered with an error reply and the connection closed
-	IdleCuts        uint64 // connections closed for no read progress within IdleTimeout
-	Overflows       uint64 // connections closed for exceeding MaxConnBuffer
+	Accepted         uint64 // server connections accepted
+	RejectedConns    uint64 // accepted connections closed at once: MaxConns reached
+	Dialed           uint64 // client connections that connected
+	DialFailed       uint64 // connects that failed or timed out
+	ServerConns      int64  // server connections open now
+	ClientConns      int64  // client connections open now
+	NotifyServed     uint64 // notifies handed to the Handler
+	HandshakeServed  uint64 // handshakes handed to the Handler
+	ProbeServed      uint64 // probes answered
+	NotifySent       uint64 // notifies that got a reply (success or rejected)
+	ClassicSent      uint64 // requests sent on a one-shot connection
+	PersistentSent   uint64 // requests sent on a multiplexed connection
+	BadFrames        uint64 // requests answered with an error reply and the connection closed
+	IdleCuts         uint64 // connections closed for no read progress within IdleTimeout
+	Overflows        uint64 // connections closed for exceeding MaxConnBuffer
+	AuthOK           uint64 // server connections whose client proved the key
+	AuthFailed       uint64 // server connections refused: a wrong proof, or a request before authenticating
+	HandshakeLimited uint64 // handshakes refused: MaxPendingHandshakes reached
 }
 
 type counters struct {
@@ -51,6 +54,7 @@ type counters struct {
 	notifyServed, handshakeServed, probeServed atomic.Uint64
 	notifySent, classicSent, persistentSent    atomic.Uint64
 	badFrames, idleCuts, overflows             atomic.Uint64
+	authOK, authFailed, handshakeLimited       atomic.Uint64
 }
 
 // Node is one OOB endpoint: a listener that serves Mooncake and twosided peers, and a
@@ -77,6 +81,9 @@ type Node struct {
 	scratch  []byte // socket read buffer, shared by all connections of the loop
 	out      []byte // frame encode buffer
 	nd       notifyDecoder
+	pd       probeDecoder
+	auth     authKeys
+	shaking  int // handshakes handed to the Handler, not answered yet
 	key      []byte
 	ri       replyInfo
 	nextID   uint64
@@ -128,6 +135,7 @@ func Listen(loop *reactor.Loop, cfg Config, h Handler) (*Node, error) {
 		t0: time.Now(), closeErr: make(chan struct{}),
 		conns: make(map[*conn]struct{}), peers: make(map[string]*peerState),
 		scratch: make([]byte, readChunk), out: make([]byte, 0, 4096),
+		auth: newAuthKeys(&cfg),
 	}
 	n.nd.key = make([]byte, 0, 32)
 	errc := make(chan error, 1)
@@ -169,6 +177,7 @@ func (n *Node) Stats() Stats {
 		ProbeServed: s.probeServed.Load(), NotifySent: s.notifySent.Load(),
 		ClassicSent: s.classicSent.Load(), PersistentSent: s.persistentSent.Load(),
 		BadFrames: s.badFrames.Load(), IdleCuts: s.idleCuts.Load(), Overflows: s.overflows.Load(),
+		AuthOK: s.authOK.Load(), AuthFailed: s.authFailed.Load(), HandshakeLimited: s.handshakeLimited.Load(),
 	}
 }
 

@@ -18,18 +18,38 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 	}
 	switch t {
 	case TypeProbe:
-		hello, m, key, err := probeDecode(body, n.key)
-		n.key = key
+		p, err := n.pd.decode(body)
 		if err != nil {
-			c.reject(t, m, err)
+			c.reject(t, p.m, err)
 			return
 		}
 		n.st.probeServed.Add(1)
-		if c.frames == 1 && hello >= helloVersion {
+		switch {
+		case c.frames == 1 && p.hello >= helloVersion:
 			c.persistent = true
-			n.out = appendProbe(n.out[:0], m, true)
-		} else {
-			n.out = appendProbe(n.out[:0], m, false)
+			if n.auth.on {
+				newNonce(&c.auth.local)
+				c.auth.state = authPending
+				c.auth.peer, c.auth.peerNonce = p.nonce, p.hasNonce
+			}
+			n.out = appendHelloReply(n.out[:0], p.m, &n.auth, &c.auth)
+		case p.hasMAC:
+			if c.auth.state != authPending || !c.auth.peerNonce {
+				n.st.authFailed.Add(1)
+				c.refuse(t, p.m, errAuthUnexpect)
+				return
+			}
+			if !n.auth.verify(dirClient, &c.auth.peer, &c.auth.local, &p.mac) {
+				n.st.authFailed.Add(1)
+				n.log.Debug().Int("fd", c.fd).Msg("oob: client proof does not match AuthKey")
+				c.refuse(t, p.m, errAuthFailed)
+				return
+			}
+			c.auth.state = authOK
+			n.st.authOK.Add(1)
+			n.out = appendProbe(n.out[:0], p.m, false)
+		default:
+			n.out = appendProbe(n.out[:0], p.m, false)
 		}
 		c.send(n.out)
 		if !c.persistent {
@@ -39,6 +59,9 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 		req, m, err := n.nd.decode(body)
 		if err != nil {
 			c.reject(t, m, err)
+			return
+		}
+		if !c.admitted(t, m) {
 			return
 		}
 		n.st.notifyServed.Add(1)
@@ -63,7 +86,21 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 			c.reject(t, m, err)
 			return
 		}
+		if !c.admitted(t, m) {
+			return
+		}
+		if n.shaking >= n.cfg.MaxPendingHandshakes {
+			// Refuse this one request; the connection keeps serving.
+			n.st.handshakeLimited.Add(1)
+			n.out = appendHandshake(n.out[:0], &HandshakeDesc{ReplyMsg: errTooManyShakes.Error()}, m)
+			c.send(n.out)
+			if !c.persistent {
+				c.drain()
+			}
+			return
+		}
 		n.st.handshakeServed.Add(1)
+		n.shaking++
 		seq := c.openRequest()
 		n.h.HandleHandshake(d, func(resp *HandshakeDesc, err error) {
 			if n.loop.InLoop() {
@@ -75,6 +112,20 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 	default: // TypeMetadata; the parser already refused unknown types
 		c.reject(t, reqMeta{}, errMetadataNotServed)
 	}
+}
+
+// admitted reports whether a Notify or Connection request may reach the Handler: with a
+// required key only on a connection whose client proved it. A refused request gets the
+// error reply "authentication required" and the connection is closed.
+func (c *conn) admitted(t MsgType, m reqMeta) bool {
+	n := c.n
+	if !n.auth.required || c.auth.state == authOK {
+		return true
+	}
+	n.st.authFailed.Add(1)
+	n.log.Debug().Int("fd", c.fd).Stringer("type", t).Msg("oob: unauthenticated request refused")
+	c.refuse(t, m, errAuthRequired)
+	return false
 }
 
 // submitReply runs a Handler's reply given off the loop on the loop, waiting for queue
@@ -100,11 +151,19 @@ func (c *conn) openRequest() uint64 {
 // replyDone reports whether the reply for request seq should be written: the first reply
 // to a request still open on a connection still serving.
 func (c *conn) replyDone(seq uint64) bool {
+	if !c.closeRequest(seq) {
+		return false
+	}
+	return c.state != stateClosed && c.state != stateDraining
+}
+
+// closeRequest closes request seq; false when it was answered already.
+func (c *conn) closeRequest(seq uint64) bool {
 	if _, ok := c.open[seq]; !ok {
 		return false
 	}
 	delete(c.open, seq)
-	return c.state != stateClosed && c.state != stateDraining
+	return true
 }
 
 func (c *conn) replyNotify(seq uint64, m reqMeta, err error) {
@@ -124,10 +183,15 @@ func (c *conn) replyNotify(seq uint64, m reqMeta, err error) {
 }
 
 func (c *conn) replyHandshake(seq uint64, m reqMeta, resp *HandshakeDesc, err error) {
-	if !c.replyDone(seq) {
+	n := c.n
+	if !c.closeRequest(seq) {
 		return
 	}
-	n := c.n
+	// The Handler is done with it, whether or not the connection is still there.
+	n.shaking--
+	if c.state == stateClosed || c.state == stateDraining {
+		return
+	}
 	var d HandshakeDesc
 	if resp != nil {
 		d = *resp
