@@ -63,9 +63,14 @@ type testHandler struct {
 	held  []func(error)
 	async bool
 	hs    []HandshakeDesc
+	// Handshakes from LocalNICPath "hold" wait for release; each is signalled on hsHeld.
+	heldHS []func(*HandshakeDesc, error)
+	hsHeld chan struct{}
 }
 
-func newHandler() *testHandler { return &testHandler{ch: make(chan NotifyRequest, 4096)} }
+func newHandler() *testHandler {
+	return &testHandler{ch: make(chan NotifyRequest, 4096), hsHeld: make(chan struct{}, 4096)}
+}
 
 func (h *testHandler) HandleNotify(req *NotifyRequest, reply func(err error)) {
 	cp := *req
@@ -95,6 +100,12 @@ func (h *testHandler) HandleNotify(req *NotifyRequest, reply func(err error)) {
 func (h *testHandler) HandleHandshake(req *HandshakeDesc, reply func(resp *HandshakeDesc, err error)) {
 	h.mu.Lock()
 	h.hs = append(h.hs, *req)
+	if req.LocalNICPath == "hold" {
+		h.heldHS = append(h.heldHS, reply)
+		h.mu.Unlock()
+		h.hsHeld <- struct{}{}
+		return
+	}
 	h.mu.Unlock()
 	if req.LocalNICPath == "refuse" {
 		reply(nil, errors.New("no ctrl channel for you"))
@@ -121,11 +132,14 @@ func (h *testHandler) handshakes() []HandshakeDesc {
 
 func (h *testHandler) release() {
 	h.mu.Lock()
-	held := h.held
-	h.held = nil
+	held, heldHS := h.held, h.heldHS
+	h.held, h.heldHS = nil, nil
 	h.mu.Unlock()
 	for _, r := range held {
 		r(nil)
+	}
+	for _, r := range heldHS {
+		r(&HandshakeDesc{LocalNICPath: "released"}, nil)
 	}
 }
 
