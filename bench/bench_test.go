@@ -68,16 +68,21 @@ func checkOutputs(t *testing.T, cfg Config, rep *Report) {
 	})))
 }
 
-func TestFloorsOneProcess(t *testing.T) {
-	cfg := tinyConfig(t, FloorBlock, FloorSpin)
+func TestTinySuiteOneProcess(t *testing.T) {
+	cfg := tinyConfig(t)
 	var out bytes.Buffer
 	rep, err := Run(context.Background(), cfg, &out)
 	require.NoError(t, err)
 	t.Log("\n" + out.String())
 	require.Empty(t, rep.Failures)
-	require.Len(t, rep.Results, 2*len(Scenarios)+2) // burst sweeps two sizes
+	require.Len(t, rep.Results, len(Transports)*(len(Scenarios)+1)) // burst sweeps two sizes
 	for _, r := range rep.Results {
 		require.Zero(t, r.Errors, "%s %s: %s", r.Scenario, r.Transport, r.FirstError)
+		require.Empty(t, r.FirstError)
+		if !isFloor(r.Transport) && r.Scenario != ScenarioIdle {
+			require.Positive(t, r.Wakeups, "%s %s", r.Scenario, r.Transport)
+			require.Positive(t, r.VsFloor, "%s %s", r.Scenario, r.Transport)
+		}
 		switch r.Scenario {
 		case ScenarioLatency:
 			require.NotNil(t, r.OneWay)
@@ -96,10 +101,11 @@ func TestFloorsOneProcess(t *testing.T) {
 	checkOutputs(t, cfg, rep)
 }
 
-func TestFloorsTwoProcesses(t *testing.T) {
-	cfg := tinyConfig(t, FloorBlock, FloorSpin)
+func TestTwoProcesses(t *testing.T) {
+	cfg := tinyConfig(t, TransportRDMA, TransportOOBClassic, FloorBlock, FloorSpin)
 	cfg.Procs = 2
-	cfg.Scenarios = []string{ScenarioLatency, ScenarioBurst, ScenarioBidi}
+	cfg.Sizes = []int{64}
+	cfg.Scenarios = []string{ScenarioLatency, ScenarioBidi, ScenarioFanout}
 	var out bytes.Buffer
 	rep, err := Run(context.Background(), cfg, &out)
 	require.NoError(t, err)
@@ -108,5 +114,20 @@ func TestFloorsTwoProcesses(t *testing.T) {
 	for _, r := range rep.Results {
 		require.Zero(t, r.Errors, "%s %s: %s", r.Scenario, r.Transport, r.FirstError)
 		require.Positive(t, r.CPUChildUS, "%s %s", r.Scenario, r.Transport)
+		if r.Scenario == ScenarioLatency {
+			require.Contains(t, r.OneWayMethod, "rtt/2")
+			require.EqualValues(t, 50, r.OneWay.Count)
+		}
 	}
+}
+
+func TestPlotWithoutData(t *testing.T) {
+	// No latency and no burst results: both panels are empty and the SVG still well-formed.
+	path := filepath.Join(t.TempDir(), "empty.svg")
+	require.NoError(t, writePlot(path, &Report{Results: []*Result{{Scenario: ScenarioIdle, Transport: FloorBlock}}}))
+	svg, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NoError(t, xml.Unmarshal(svg, new(struct {
+		XMLName xml.Name `xml:"svg"`
+	})))
 }

@@ -1,5 +1,3 @@
-//go:build withengine
-
 package bench
 
 import (

@@ -75,8 +75,21 @@ func (h *Hist) Summary(scale float64) *Summary {
 		P999:  us(h.h.ValueAtQuantile(99.9)) / scale,
 		Max:   us(h.h.Max()) / scale,
 	}
-	for _, b := range h.h.CumulativeDistribution() {
-		s.CDF = append(s.CDF, CDFPoint{US: us(b.ValueAt) / scale, Quantile: b.Quantile / 100})
+	vals := h.h.ValueAtPercentilesSlice(cdfPercentiles)
+	for i, v := range vals {
+		s.CDF = append(s.CDF, CDFPoint{US: us(v) / scale, Quantile: cdfPercentiles[i] / 100})
 	}
 	return s
 }
+
+// cdfPercentiles are the steps of Summary.CDF: fine in the tail, where latency lives.
+var cdfPercentiles = func() []float64 {
+	var ps []float64
+	for p := 0.0; p < 90; p += 2.5 {
+		ps = append(ps, p)
+	}
+	for p := 90.0; p < 99; p++ {
+		ps = append(ps, p)
+	}
+	return append(ps, 99, 99.5, 99.9, 99.95, 99.99, 100)
+}()

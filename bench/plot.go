@@ -42,6 +42,8 @@ func writePlot(path string, rep *Report) error {
 		if err := plotutil.AddLines(cdf, args...); err != nil {
 			return fmt.Errorf("bench: plot: %w", err)
 		}
+	} else {
+		empty(cdf)
 	}
 
 	tp := plot.New()
@@ -68,15 +70,8 @@ func writePlot(path string, rep *Report) error {
 		if err := plotutil.AddLinePoints(tp, args...); err != nil {
 			return fmt.Errorf("bench: plot: %w", err)
 		}
-	}
-	// A log axis needs a positive range even when a panel is empty.
-	for _, p := range []*plot.Plot{cdf, tp} {
-		if p.X.Min <= 0 {
-			p.X.Min = 1
-		}
-		if p.X.Max <= p.X.Min {
-			p.X.Max = p.X.Min * 10
-		}
+	} else {
+		empty(tp)
 	}
 
 	const w, h = 18 * vg.Centimeter, 22 * vg.Centimeter
@@ -96,4 +91,11 @@ func writePlot(path string, rep *Report) error {
 		return fmt.Errorf("bench: plot: %w", err)
 	}
 	return nil
+}
+
+// empty marks a panel without data; a log axis cannot span an empty range.
+func empty(p *plot.Plot) {
+	p.Title.Text += " (not run)"
+	p.X.Scale, p.X.Tick.Marker = plot.LinearScale{}, plot.DefaultTicks{}
+	p.X.Min, p.X.Max, p.Y.Min, p.Y.Max = 0, 1, 0, 1
 }

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/twosided/twosided/notify"
+)
+
+func init() {
+	register(&command{
+		Name:    "send",
+		Summary: "Send notifies to a peer and report each result and its latency.",
+		Usage:   "--peer host:port [-n count] [--name name] [--msg text | -s size] [--transport oob|rdma_twosided]",
+		Run:     runSend,
+	})
+}
+
+func runSend(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Writer) error {
+	var ef engineFlags
+	ef.define(fs, "127.0.0.1:0")
+	peer := fs.String("peer", "", "the receiving engine's host:port (required)")
+	count := fs.Int("count", 1, "notifies to send, one after another")
+	fs.IntVar(count, "n", 1, "short for --count (perftest's -n)")
+	name := fs.String("name", "twosided", "notify name")
+	msg := fs.String("msg", "hello", "notify message")
+	size := fs.Int("size", 0, "pad or cut the message to this many bytes (default: the message as given)")
+	fs.IntVar(size, "s", 0, "short for --size (perftest's -s)")
+	timeout := fs.Duration("timeout", 10*time.Second, "bound on each notify")
+	quiet := fs.Bool("quiet", false, "print only the summary")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	var bad []string
+	if *peer == "" {
+		bad = append(bad, "--peer: required")
+	}
+	if *count < 1 {
+		bad = append(bad, fmt.Sprintf("--count %d: must be at least 1", *count))
+	}
+	if *size < 0 {
+		bad = append(bad, fmt.Sprintf("--size %d: must not be negative", *size))
+	}
+	if *timeout <= 0 {
+		bad = append(bad, fmt.Sprintf("--timeout %v: must be positive", *timeout))
+	}
+	if fs.NArg() > 0 {
+		bad = append(bad, fmt.Sprintf("unexpected arguments: %q", fs.Args()))
+	}
+	if len(bad) > 0 {
+		fmt.Fprintln(fs.Output(), strings.Join(bad, "\n"))
+		fs.Usage()
+		return errUsage
+	}
+	body := []byte(*msg)
+	if *size > 0 {
+		b := make([]byte, *size)
+		for i := range b {
+			b[i] = 'x'
+		}
+		copy(b, body)
+		body = b
+	}
+	e, err := notify.FromEnv(ef.options()...)
+	if err != nil {
+		return err
+	}
+	defer closeEngine(e)
+	var failed int
+	var total time.Duration
+	for i := range *count {
+		sctx, cancel := context.WithTimeout(ctx, *timeout)
+		start := time.Now()
+		err := e.SendNotify(sctx, *peer, notify.Notify{Name: *name, Msg: body})
+		d := time.Since(start)
+		cancel()
+		total += d
+		if err != nil {
+			failed++
+			fmt.Fprintf(stdout, "notify %d/%d to %s: error after %v: %v\n", i+1, *count, *peer, d.Round(time.Microsecond), err)
+			if ctx.Err() != nil {
+				break
+			}
+			continue
+		}
+		if !*quiet {
+			fmt.Fprintf(stdout, "notify %d/%d to %s: ok in %.1f µs\n", i+1, *count, *peer, float64(d.Nanoseconds())/1e3)
+		}
+	}
+	fmt.Fprintf(stdout, "sent %d, failed %d, transport %s, mean %.1f µs\n", *count-failed, failed, e.Transport(),
+		float64(total.Nanoseconds())/1e3/float64(*count))
+	if failed > 0 {
+		return fmt.Errorf("%d of %d notifies failed", failed, *count)
+	}
+	return nil
+}
