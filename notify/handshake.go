@@ -21,9 +21,9 @@ func (e *Engine) channelConfig() ctrlchannel.Config {
 		PortNum:         uint8(e.cfg.ibPort),
 		GIDIndex:        e.cfg.gidIndex,
 		// Fragmentation needs a RECV for credit frames beside the data window.
-		Extensions:      e.cfg.recvCount >= 3,
-		DisableCredits:  e.cfg.noCredits,
-		Logger:          e.cfg.logger,
+		Extensions:     e.cfg.recvCount >= 3,
+		DisableCredits: e.cfg.noCredits,
+		Logger:         e.cfg.logger,
 	}
 	if cfg.GIDIndex < 0 {
 		cfg.GIDIndex = 0
