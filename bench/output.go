@@ -167,6 +167,7 @@ type progress struct {
 	w     io.Writer
 	total int
 	start int64
+	after time.Duration // quiet until the suite has run this long
 
 	mu    sync.Mutex
 	i     int
@@ -178,8 +179,10 @@ type progress struct {
 	once sync.Once
 }
 
-func newProgress(w io.Writer, total int) *progress {
-	p := &progress{w: w, total: total, start: nanotime(), quit: make(chan struct{}), done: make(chan struct{})}
+func newProgress(w io.Writer, total int) *progress { return startProgress(w, total, 2*time.Second) }
+
+func startProgress(w io.Writer, total int, after time.Duration) *progress {
+	p := &progress{w: w, total: total, start: nanotime(), after: after, quit: make(chan struct{}), done: make(chan struct{})}
 	if w == nil {
 		close(p.done)
 		return p
@@ -209,7 +212,7 @@ func (p *progress) loop() {
 			return
 		case <-t.C:
 			el := time.Duration(nanotime() - p.start)
-			if el < 2*time.Second {
+			if el < p.after {
 				continue
 			}
 			p.mu.Lock()

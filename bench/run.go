@@ -182,7 +182,9 @@ func (c *Config) specs() []runSpec {
 	return out
 }
 
-// Settings describe the machine and the invocation of a report.
+// Settings describe the machine and the invocation of a report. Count, Peers, Sizes and
+// Duration are as asked (0 or empty: each scenario's default); every Result carries the
+// values its run used.
 type Settings struct {
 	GoVersion  string   `json:"go_version"`
 	GOOS       string   `json:"goos"`

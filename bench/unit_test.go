@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -192,4 +194,37 @@ func mallocs(f func()) uint64 {
 	f()
 	runtime.ReadMemStats(&after)
 	return after.Mallocs - before.Mallocs
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func TestProgressLine(t *testing.T) {
+	var w lockedBuffer
+	p := startProgress(&w, 3, 0)
+	p.set(1, runSpec{Scenario: ScenarioBurst, Transport: TransportOOB, Size: 4096})
+	require.Eventually(t, func() bool { return strings.Contains(w.String(), "bench [2/3] burst oob 4 KiB") },
+		5*time.Second, 10*time.Millisecond)
+	p.stop()
+	require.True(t, strings.HasSuffix(w.String(), "\r\033[K"), "the line is cleared at the end")
+
+	quiet := startProgress(&w, 1, time.Hour)
+	before := w.String()
+	quiet.stop()
+	require.Equal(t, before, w.String(), "nothing before the threshold")
+	newProgress(nil, 1).stop() // no writer: no goroutine, stop returns
 }
