@@ -38,7 +38,13 @@ func idleWakeups(t testing.TB, fds int, period time.Duration) (wakeups, interrup
 	})
 	require.NoError(t, addErr)
 	onLoop(t, l, func() {})
-	require.Eventually(t, func() bool { return l.state.Load() == asleep }, waitBound, time.Millisecond)
+	// Settled: asleep with no wake-up pending (a producer's eventfd write can trail the func
+	// it announced, which the loop may have found on its own).
+	require.Eventually(t, func() bool {
+		pfd := []unix.PollFd{{Fd: int32(l.wfd), Events: unix.POLLIN}}
+		n, err := unix.Poll(pfd, 0)
+		return err == nil && n == 0 && l.state.Load() == asleep
+	}, waitBound, time.Millisecond)
 	before := l.Stats()
 	<-time.After(period)
 	after := l.Stats()

@@ -384,9 +384,11 @@ func TestSlowCallbackLogged(t *testing.T) {
 	require.Contains(t, buf.String(), `"source":"submit"`)
 }
 
-func TestQuietByDefault(t *testing.T) {
+// Apart from slow callbacks (kept out here: on a loaded machine any callback may exceed the
+// default 10ms) the loop logs nothing in normal operation.
+func TestQuietOtherwise(t *testing.T) {
 	var buf syncBuffer
-	l, err := New(WithLogger(zerolog.New(&buf)))
+	l, err := New(WithLogger(zerolog.New(&buf)), WithSlowCallback(time.Hour))
 	require.NoError(t, err)
 	for i := 0; i < 100; i++ {
 		onLoop(t, l, func() {})
@@ -406,8 +408,9 @@ func TestWakeupsCoalesced(t *testing.T) {
 	onLoop(t, l, func() {})
 	after := l.Stats()
 	// The loop was awake (inside a func) while the 100 were queued: none of them wrote the
-	// eventfd; only onLoop's own submission may have, after the loop went back to sleep.
-	require.LessOrEqual(t, after.SubmitEvents-before.SubmitEvents, uint64(1))
+	// eventfd. Two may show: onLoop's own submission, and blockLoop's write if it landed
+	// after the loop had already found that func without it.
+	require.LessOrEqual(t, after.SubmitEvents-before.SubmitEvents, uint64(2))
 	require.GreaterOrEqual(t, after.Submissions-before.Submissions, uint64(101))
 }
 
