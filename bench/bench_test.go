@@ -102,10 +102,10 @@ func TestTinySuiteOneProcess(t *testing.T) {
 }
 
 func TestTwoProcesses(t *testing.T) {
-	cfg := tinyConfig(t, TransportRDMA, TransportOOBClassic, FloorBlock, FloorSpin)
+	cfg := tinyConfig(t, TransportRDMA, TransportOOBClassic, FloorBlock)
 	cfg.Procs = 2
 	cfg.Sizes = []int{64}
-	cfg.Scenarios = []string{ScenarioLatency, ScenarioBidi, ScenarioFanout}
+	cfg.Scenarios = []string{ScenarioLatency, ScenarioBidi}
 	var out bytes.Buffer
 	rep, err := Run(context.Background(), cfg, &out)
 	require.NoError(t, err)
