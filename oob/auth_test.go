@@ -159,7 +159,9 @@ func TestAuthUnauthenticatedRefused(t *testing.T) {
 	notifyID := func(id uint64) []byte {
 		return appendNotifyRequest(nil, &NotifyRequest{Name: "inject", Msg: []byte("x")}, reqMeta{id: id, hasID: true, twosided: true}, true)
 	}
-	hsID := func(id uint64) []byte { return appendHandshake(nil, ctrlReq("evil"), reqMeta{id: id, hasID: true, twosided: true}) }
+	hsID := func(id uint64) []byte {
+		return appendHandshake(nil, ctrlReq("evil"), reqMeta{id: id, hasID: true, twosided: true})
+	}
 	for _, tc := range []struct {
 		name     string
 		hello    bool // send a hello first

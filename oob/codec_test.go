@@ -272,6 +272,13 @@ func TestConfigRanges(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, DefaultMaxFrame, c.MaxFrame)
 	require.Equal(t, DefaultConnectTimeout, c.ConnectTimeout)
+	require.Equal(t, DefaultMaxPendingHandshakes, c.MaxPendingHandshakes)
+	require.Nil(t, c.AuthKey, "authentication is off by default")
+	key := []byte("0123456789abcdef")
+	c, err = Config{AuthKey: key}.withDefaults()
+	require.NoError(t, err)
+	key[0] = 'X'
+	require.Equal(t, "0123456789abcdef", string(c.AuthKey), "the Node keeps its own copy")
 	for _, tc := range []struct {
 		cfg   Config
 		field string
@@ -284,6 +291,11 @@ func TestConfigRanges(t *testing.T) {
 		{Config{IdleTimeout: time.Microsecond}, "IdleTimeout"},
 		{Config{MaxConns: -1}, "MaxConns"},
 		{Config{MaxConnBuffer: 1000}, "MaxConnBuffer"},
+		{Config{MaxPendingHandshakes: -1}, "MaxPendingHandshakes"},
+		{Config{MaxPendingHandshakes: 1<<16 + 1}, "MaxPendingHandshakes"},
+		{Config{AuthKey: []byte{}}, "AuthKey: 0 bytes"},
+		{Config{AuthKey: []byte("short")}, "AuthKey: 5 bytes, want 16..1024"},
+		{Config{AuthKey: make([]byte, 1025)}, "AuthKey"},
 	} {
 		_, err := tc.cfg.withDefaults()
 		require.ErrorIs(t, err, ErrBadConfig)
