@@ -50,6 +50,7 @@ type config struct {
 	noCredits bool
 	logger    zerolog.Logger
 	onNotify  func(Notify)
+	keepProcs bool // do not raise GOMAXPROCS
 	errs      []error
 }
 
@@ -267,6 +268,10 @@ func WithLogger(l zerolog.Logger) Option { return func(c *config) { c.logger = l
 // WithHandler delivers each notify by calling h on the engine's reactor thread instead of
 // queueing it for Recv/GetNotifies: the lowest-latency path. h must not block.
 func WithHandler(h func(Notify)) Option { return func(c *config) { c.onNotify = h } }
+
+// WithoutProcsReserve keeps GOMAXPROCS as it is. By default the first engine of a process
+// raises it to NumCPU+2 (unless the GOMAXPROCS variable is set); see procs.go for why.
+func WithoutProcsReserve() Option { return func(c *config) { c.keepProcs = true } }
 
 // WithCreditsDisabled switches credit flow control off. Test only: it exists so a test can
 // show that without credits a burst does hit RNR.

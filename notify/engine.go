@@ -101,6 +101,9 @@ func newEngine(cfg config, opts []Option) (*Engine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if !cfg.keepProcs {
+		reserveProcs(cfg.logger)
+	}
 	e := &Engine{
 		cfg:     cfg,
 		session: randomSession(),
