@@ -35,6 +35,46 @@
 // requests to it use one connection per request; a classic mark is re-probed after a minute.
 // A Mooncake peer therefore never sees a field or a frame sequence it does not know.
 //
+// # Authentication
+//
+// With Config.AuthKey set, a persistent connection is authenticated in both directions
+// by an HMAC-SHA256 challenge-response on a pre-shared key, folded into the hello:
+//
+//	client → server  Probe {"ts_hello":1,"ts_nonce":Nc}
+//	server → client  Probe {"ts_hello":1,"ts_auth":"hmac-sha256","ts_nonce":Ns,
+//	                        "ts_auth_required":true,"ts_mac":MAC('S')}
+//	client → server  Probe {"ts_id":N,"ts_mac":MAC('C')}
+//	server → client  Probe {"ts_id":N}, or the error reply "authentication failed"
+//
+// MAC(d) = HMAC-SHA256(AuthKey, "twosided oob auth v1" || 0x00 || d || Nc || Ns), where d
+// is the byte 'C' (the client proves) or 'S' (the server proves), and Nc, Ns are 16 random
+// bytes (crypto/rand) drawn fresh by each side for each connection; nonces and MACs travel
+// as hex. Proofs are compared in constant time. Because each side's proof covers the other
+// side's fresh nonce, a recorded exchange replayed on a new connection fails, and because
+// the direction is in the MAC, a server's proof reflected back is no client proof. The
+// client checks the server's proof before sending its own, so a Node with a different key
+// stops at the second message with ErrAuth. Requests wait until the server accepts the
+// proof: one extra round trip per connection, none per request. ts_auth_required is sent
+// when the server does not serve unauthenticated peers; ts_mac in the second message only
+// when the client sent a nonce.
+//
+// A server with a key and AllowUnauthenticated false hands no Notify and no Connection
+// request to the Handler on a connection whose client has not proved the key: such a
+// request (a Mooncake one-request connection, a twosided peer without a key, or one that
+// skipped the proof) gets the error reply "authentication required" and the connection is
+// closed; a wrong proof gets "authentication failed". Probes are answered either way (they
+// carry nothing). With AllowUnauthenticated such peers are served as without a key; a
+// wrong proof is still refused. On the client side, a Node with a key and
+// AllowUnauthenticated false refuses with ErrAuth the peers that cannot prove the key: a
+// twosided peer without a key, a Mooncake peer, and any one-request connection
+// (NotifyClassic). A Node without a key that meets ts_auth_required fails with ErrAuth.
+//
+// This authenticates the peer when a connection opens. It neither encrypts nor protects
+// the integrity of later frames: an attacker on the path can read them, or relay a fresh
+// exchange between two honest nodes and inject frames afterwards. Where that matters, run
+// the OOB channel on a trusted network or in a tunnel. A Mooncake peer sees ts_nonce in the
+// hello only when this Node has a key, and ignores it.
+//
 // # Notify JSON
 //
 // Request {"name":..., "notify_msg":...}; twosided peers may add "ts_id", "ts_from" (the
@@ -59,13 +99,20 @@
 // Every wait is bounded: ConnectTimeout cuts a connect still in progress; a request waits
 // for its reply until ctx ends or RequestTimeout passes; IdleTimeout cuts a connection that
 // made no read progress (half a frame and a stall, a half-open persistent connection, a
-// classic client that never closes). An idle persistent client connection sends a keepalive
-// Probe {"ts_id":N} after IdleTimeout/3 without writes, so two nodes with the same
-// IdleTimeout keep it open; it is dropped after 6*IdleTimeout unused. MaxConns caps the
-// accepted connections; MaxConnBuffer caps the bytes queued for writing on one connection
-// (reads are bounded by MaxFrame). A request is never retried by this package: a broken
+// classic client that never closes, a client that never answers the auth challenge). An
+// idle persistent client connection sends a keepalive Probe {"ts_id":N} after
+// IdleTimeout/3 without writes, so two nodes with the same IdleTimeout keep it open; it is
+// dropped after 6*IdleTimeout unused. A request is never retried by this package: a broken
 // connection fails what was in flight on it with ErrPeerUnreachable, and the caller (which
 // numbers notifies for dedup) decides.
+//
+// Limits, each a Config field with a default: MaxConns caps the accepted connections
+// (one more is closed at once); MaxFrame caps a frame (a longer one gets an error reply and
+// its connection is closed); MaxConnBuffer caps the bytes queued for writing on one
+// connection (over it the connection is closed); MaxPendingHandshakes caps the Connection
+// requests handed to the Handler and not answered yet, over all connections (one more gets
+// the reply_msg "too many pending handshakes" and its connection keeps serving). A peer
+// over a limit costs only its own request or connection; Stats counts each case.
 //
 // # Buffers and allocation
 //
