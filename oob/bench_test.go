@@ -121,3 +121,46 @@ func BenchmarkNotifyRoundTrip(b *testing.B) {
 		})
 	})
 }
+
+// BenchmarkAuth: the per-notify cost with a key (authenticated once per connection), and
+// the cost of opening an authenticated connection (hello, proof, first notify).
+func BenchmarkAuth(b *testing.B) {
+	ctx := context.Background()
+	req := &NotifyRequest{Name: "bench", Msg: []byte("0123456789abcdef0123456789abcdef")}
+	b.Run("persistent-notify", func(b *testing.B) {
+		a := listen(b, newLoop(b), nopHandler{}, Config{AuthKey: keyA})
+		s := listen(b, newLoop(b), nopHandler{}, Config{AuthKey: keyA})
+		require.NoError(b, a.Notify(ctx, s.Addr(), req))
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			if err := a.Notify(ctx, s.Addr(), req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	for _, key := range [][]byte{nil, keyA} {
+		name := "open-connection-no-key"
+		if key != nil {
+			name = "open-connection-key"
+		}
+		b.Run(name, func(b *testing.B) {
+			s := listen(b, newLoop(b), nopHandler{}, Config{AuthKey: key})
+			loop := newLoop(b)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				a, err := Listen(loop, Config{ListenAddr: "127.0.0.1:0", AuthKey: key}, nopHandler{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := a.Notify(ctx, s.Addr(), req); err != nil {
+					b.Fatal(err)
+				}
+				if err := a.Close(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
