@@ -26,6 +26,10 @@ const (
 	MinAuthKey = 16
 	// MaxAuthKey is the longest accepted Config.AuthKey.
 	MaxAuthKey = 1024
+
+	// preAuthMaxFrame caps frames on a server connection that must authenticate and has
+	// not yet (a hello or a proof is a few hundred bytes).
+	preAuthMaxFrame = 64 << 10
 )
 
 // authLabel starts every MAC input; the version keeps MACs of a later scheme apart.

@@ -3,7 +3,9 @@ package oob
 import (
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"io"
 	"net"
 	"strings"
@@ -435,4 +437,58 @@ func TestProbeDecodeTable(t *testing.T) {
 			require.ErrorIs(t, rerr, ErrBadFrame)
 		})
 	}
+}
+
+// Before the proof a server connection takes only small frames: a large request is refused
+// from its header, without buffering the body; after the proof the full MaxFrame applies.
+func TestAuthPreAuthFrameCap(t *testing.T) {
+	loop := newLoop(t)
+	hb := newHandler()
+	b := listen(t, loop, hb, Config{AuthKey: keyA})
+	p := dialRaw(t, b.Addr())
+	p.write(hdr(200<<10, byte(TypeNotify)))
+	p.requireRefused(TypeNotify, "authentication required")
+	p = dialRaw(t, b.Addr())
+	p.write(appendHello(nil, nil))
+	_, _, _ = p.reply()
+	p.write(hdr(DefaultMaxFrame+1, byte(TypeConnection)))
+	p.requireRefused(TypeConnection, "oob: frame too large: length 1048577 above maximum 1048576")
+
+	a := listen(t, loop, newHandler(), Config{AuthKey: keyA})
+	big := &NotifyRequest{Name: "big", Msg: []byte(strings.Repeat("x", 200<<10))}
+	require.NoError(t, a.Notify(bg(t), b.Addr(), big))
+	require.Equal(t, big.Msg, hb.notifies()[0].Msg)
+}
+
+// An unauthenticated client cannot hold a connection by probing: it is closed once
+// IdleTimeout has passed since the accept.
+func TestAuthDeadline(t *testing.T) {
+	loop := newLoop(t)
+	b := listen(t, loop, newHandler(), Config{AuthKey: keyA, IdleTimeout: 50 * time.Millisecond})
+	p := dialRaw(t, b.Addr())
+	p.hello(nil)
+	require.NoError(t, p.c.SetDeadline(time.Now().Add(waitBound)))
+	probe := appendProbe(nil, reqMeta{id: 1, hasID: true}, false)
+	var err error
+	for err == nil {
+		if _, err = p.c.Write(probe); err != nil {
+			break
+		}
+		var h [HeaderSize]byte
+		if _, err = io.ReadFull(p.c, h[:]); err != nil {
+			break
+		}
+		_, err = io.ReadFull(p.c, make([]byte, binary.LittleEndian.Uint64(h[:8])-1))
+	}
+	var ne net.Error
+	require.False(t, errors.As(err, &ne) && ne.Timeout(), "closed by the server, not by our deadline: %v", err)
+	require.EqualValues(t, 1, b.Stats().AuthFailed)
+	require.Zero(t, b.Stats().IdleCuts, "it was not idle")
+
+	// An authenticated peer with the same IdleTimeout keeps its connection.
+	a := listen(t, loop, newHandler(), Config{AuthKey: keyA, IdleTimeout: 50 * time.Millisecond})
+	require.NoError(t, a.Notify(bg(t), b.Addr(), &NotifyRequest{Name: "x"}))
+	require.Eventually(t, func() bool { return b.Stats().ProbeServed >= 10 }, waitBound, time.Millisecond)
+	require.NoError(t, a.Notify(bg(t), b.Addr(), &NotifyRequest{Name: "x"}))
+	require.EqualValues(t, 2, b.Stats().Accepted)
 }

@@ -41,7 +41,7 @@ type conn struct {
 	out     elastic.RingBuffer // bytes the socket did not take yet
 	writing bool               // registered for Writable
 
-	lastRead, lastWrite, lastUse, waitSince, drainSince int64
+	lastRead, lastWrite, lastUse, waitSince, drainSince, born int64
 
 	// server side
 	persistent bool
@@ -63,8 +63,12 @@ type conn struct {
 func (n *Node) newConn(fd int, kind connKind, ps *peerState) *conn {
 	now := n.now()
 	n.nextConn++
-	c := &conn{n: n, fd: fd, kind: kind, peer: ps, lastRead: now, lastWrite: now, lastUse: now}
+	c := &conn{n: n, fd: fd, kind: kind, peer: ps, lastRead: now, lastWrite: now, lastUse: now, born: now}
 	c.parser.MaxFrame = n.cfg.MaxFrame
+	if kind == connServer && n.auth.required {
+		// Until the client proves the key it gets no large buffer.
+		c.parser.MaxFrame = preAuthMaxFrame
+	}
 	if kind == connPersistent {
 		c.pending = make(map[uint64]*call)
 	}
@@ -151,6 +155,17 @@ func (c *conn) frameFailed(err error) {
 	var fe *FrameError
 	if errors.As(err, &fe) && fe.HasType {
 		t = fe.Type
+	}
+	if fe != nil && errors.Is(fe.Err, ErrFrameTooLarge) && c.parser.MaxFrame < c.n.cfg.MaxFrame {
+		if fe.Length <= uint64(c.n.cfg.MaxFrame) {
+			// A frame only the pre-authentication cap refuses: say what is missing,
+			// without having buffered its body.
+			c.n.st.authFailed.Add(1)
+			c.refuse(t, reqMeta{}, errAuthRequired)
+			return
+		}
+		err = &FrameError{Err: ErrFrameTooLarge, Length: fe.Length, Type: fe.Type, HasType: fe.HasType,
+			Reason: fmt.Sprintf("length %d above maximum %d", fe.Length, c.n.cfg.MaxFrame)}
 	}
 	c.reject(t, reqMeta{}, err)
 }
@@ -358,6 +373,14 @@ func (c *conn) sweep(now, idle int64) {
 		// Waiting on our own Handler is not the client's stall.
 		if len(c.open) == 0 && now-c.lastRead > idle {
 			c.n.st.idleCuts.Add(1)
+			c.close(nil)
+			return
+		}
+		// With a required key, probing is all an unauthenticated client can do; it does
+		// not get to hold a connection with it.
+		if c.n.auth.required && c.auth.state != authOK && now-c.born > idle {
+			c.n.st.authFailed.Add(1)
+			c.n.log.Debug().Int("fd", c.fd).Msg("oob: not authenticated within IdleTimeout")
 			c.close(nil)
 		}
 	case c.kind == connClassic || c.state == stateHello || c.state == stateAuth:

@@ -63,7 +63,9 @@
 // request (a Mooncake one-request connection, a twosided peer without a key, or one that
 // skipped the proof) gets the error reply "authentication required" and the connection is
 // closed; a wrong proof gets "authentication failed". Probes are answered either way (they
-// carry nothing). With AllowUnauthenticated such peers are served as without a key; a
+// carry nothing), but until its client proves the key a server connection takes frames of
+// at most 64 KiB (a larger request is refused from its header, "authentication required",
+// without buffering its body) and is closed once IdleTimeout has passed since the accept. With AllowUnauthenticated such peers are served as without a key; a
 // wrong proof is still refused. On the client side, a Node with a key and
 // AllowUnauthenticated false refuses with ErrAuth the peers that cannot prove the key: a
 // twosided peer without a key, a Mooncake peer, and any one-request connection

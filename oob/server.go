@@ -46,6 +46,7 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 				return
 			}
 			c.auth.state = authOK
+			c.parser.MaxFrame = n.cfg.MaxFrame
 			n.st.authOK.Add(1)
 			n.out = appendProbe(n.out[:0], p.m, false)
 		default:
