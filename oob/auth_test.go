@@ -464,7 +464,8 @@ func TestAuthPreAuthFrameCap(t *testing.T) {
 // IdleTimeout has passed since the accept.
 func TestAuthDeadline(t *testing.T) {
 	loop := newLoop(t)
-	b := listen(t, loop, newHandler(), Config{AuthKey: keyA, IdleTimeout: 50 * time.Millisecond})
+	const idle = 200 * time.Millisecond
+	b := listen(t, loop, newHandler(), Config{AuthKey: keyA, IdleTimeout: idle})
 	p := dialRaw(t, b.Addr())
 	p.hello(nil)
 	require.NoError(t, p.c.SetDeadline(time.Now().Add(waitBound)))
@@ -486,9 +487,10 @@ func TestAuthDeadline(t *testing.T) {
 	require.Zero(t, b.Stats().IdleCuts, "it was not idle")
 
 	// An authenticated peer with the same IdleTimeout keeps its connection.
-	a := listen(t, loop, newHandler(), Config{AuthKey: keyA, IdleTimeout: 50 * time.Millisecond})
+	a := listen(t, loop, newHandler(), Config{AuthKey: keyA, IdleTimeout: idle})
 	require.NoError(t, a.Notify(bg(t), b.Addr(), &NotifyRequest{Name: "x"}))
-	require.Eventually(t, func() bool { return b.Stats().ProbeServed >= 10 }, waitBound, time.Millisecond)
+	base := b.Stats().ProbeServed
+	require.Eventually(t, func() bool { return b.Stats().ProbeServed >= base+5 }, waitBound, time.Millisecond, "keepalives")
 	require.NoError(t, a.Notify(bg(t), b.Addr(), &NotifyRequest{Name: "x"}))
 	require.EqualValues(t, 2, b.Stats().Accepted)
 }

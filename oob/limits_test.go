@@ -79,7 +79,9 @@ func TestMaxPendingHandshakes(t *testing.T) {
 	require.Eventually(t, func() bool { return b.Stats().ServerConns == 2 }, waitBound, time.Millisecond, "a's and c's connections only")
 	_, err = a.Handshake(ctx, b.Addr(), ctrlReq(a.Addr()))
 	require.ErrorIs(t, err, ErrRejected)
-	hb.release()
+	require.EqualValues(t, 2, b.Stats().PendingHandshakes)
+	hb.release() // the replies run on b's loop later; wait for them to count
+	require.Eventually(t, func() bool { return b.Stats().PendingHandshakes == 0 }, waitBound, time.Millisecond)
 	_, err = a.Handshake(ctx, b.Addr(), ctrlReq(a.Addr()))
 	require.NoError(t, err)
 	require.EqualValues(t, 3, b.Stats().HandshakeLimited)

@@ -28,29 +28,30 @@ type Handler interface {
 
 // Stats are a Node's counters; safe to read from any goroutine.
 type Stats struct {
-	Accepted         uint64 // server connections accepted
-	RejectedConns    uint64 // accepted connections closed at once: MaxConns reached
-	Dialed           uint64 // client connections that connected
-	DialFailed       uint64 // connects that failed or timed out
-	ServerConns      int64  // server connections open now
-	ClientConns      int64  // client connections open now
-	NotifyServed     uint64 // notifies handed to the Handler
-	HandshakeServed  uint64 // handshakes handed to the Handler
-	ProbeServed      uint64 // probes answered
-	NotifySent       uint64 // notifies that got a reply (success or rejected)
-	ClassicSent      uint64 // requests sent on a one-shot connection
-	PersistentSent   uint64 // requests sent on a multiplexed connection
-	BadFrames        uint64 // requests answered with an error reply and the connection closed
-	IdleCuts         uint64 // connections closed for no read progress within IdleTimeout
-	Overflows        uint64 // connections closed for exceeding MaxConnBuffer
-	AuthOK           uint64 // server connections whose client proved the key
-	AuthFailed       uint64 // server connections refused: a wrong proof, or a request before authenticating
-	HandshakeLimited uint64 // handshakes refused: MaxPendingHandshakes reached
+	Accepted          uint64 // server connections accepted
+	RejectedConns     uint64 // accepted connections closed at once: MaxConns reached
+	Dialed            uint64 // client connections that connected
+	DialFailed        uint64 // connects that failed or timed out
+	ServerConns       int64  // server connections open now
+	ClientConns       int64  // client connections open now
+	NotifyServed      uint64 // notifies handed to the Handler
+	HandshakeServed   uint64 // handshakes handed to the Handler
+	ProbeServed       uint64 // probes answered
+	NotifySent        uint64 // notifies that got a reply (success or rejected)
+	ClassicSent       uint64 // requests sent on a one-shot connection
+	PersistentSent    uint64 // requests sent on a multiplexed connection
+	BadFrames         uint64 // requests answered with an error reply and the connection closed
+	IdleCuts          uint64 // connections closed for no read progress within IdleTimeout
+	Overflows         uint64 // connections closed for exceeding MaxConnBuffer
+	AuthOK            uint64 // server connections whose client proved the key
+	AuthFailed        uint64 // server connections refused: a wrong proof, or a request before authenticating
+	HandshakeLimited  uint64 // handshakes refused: MaxPendingHandshakes reached
+	PendingHandshakes int64  // handshakes handed to the Handler and not answered yet, now
 }
 
 type counters struct {
 	accepted, rejected, dialed, dialFailed     atomic.Uint64
-	serverConns, clientConns                   atomic.Int64
+	serverConns, clientConns, pendingHS        atomic.Int64
 	notifyServed, handshakeServed, probeServed atomic.Uint64
 	notifySent, classicSent, persistentSent    atomic.Uint64
 	badFrames, idleCuts, overflows             atomic.Uint64
@@ -178,6 +179,7 @@ func (n *Node) Stats() Stats {
 		ClassicSent: s.classicSent.Load(), PersistentSent: s.persistentSent.Load(),
 		BadFrames: s.badFrames.Load(), IdleCuts: s.idleCuts.Load(), Overflows: s.overflows.Load(),
 		AuthOK: s.authOK.Load(), AuthFailed: s.authFailed.Load(), HandshakeLimited: s.handshakeLimited.Load(),
+		PendingHandshakes: s.pendingHS.Load(),
 	}
 }
 

@@ -102,6 +102,7 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 		}
 		n.st.handshakeServed.Add(1)
 		n.shaking++
+		n.st.pendingHS.Add(1)
 		seq := c.openRequest()
 		n.h.HandleHandshake(d, func(resp *HandshakeDesc, err error) {
 			if n.loop.InLoop() {
@@ -190,6 +191,7 @@ func (c *conn) replyHandshake(seq uint64, m reqMeta, resp *HandshakeDesc, err er
 	}
 	// The Handler is done with it, whether or not the connection is still there.
 	n.shaking--
+	n.st.pendingHS.Add(-1)
 	if c.state == stateClosed || c.state == stateDraining {
 		return
 	}
