@@ -386,6 +386,21 @@ func (c *Channel) SetPaused(p bool) {
 	c.run()
 }
 
+// Keepalive detects a dead peer on an idle channel; the engine calls it periodically.
+// When nothing arrived from the peer since the previous call and no SEND is in flight,
+// it posts one small signaled CTRL_ACK frame (Machine.Keepalive) that the peer consumes
+// without delivering anything. If the peer is gone, that SEND fails with RETRY_EXC_ERR
+// after the QP's timeout×retry_cnt and the channel closes: OnClosed gets an error
+// wrapping ErrPeerError. A dead peer is so noticed within two periods plus that retry
+// time, unless the channel is down to its credit reserve (see the package doc). Loop-only.
+func (c *Channel) Keepalive() {
+	if !c.loop.InLoop() {
+		panic(reactor.ErrNotInLoop)
+	}
+	c.m.Keepalive()
+	c.run()
+}
+
 // Close fails pending sends with err (wrapping ErrClosed), destroys QP, CQ and MRs and
 // calls OnClosed. Loop-only.
 func (c *Channel) Close(err error) {

@@ -41,7 +41,7 @@
 // # Mooncake peers and extensions
 //
 // A peer that did not set the Extensions feature bit in the handshake (a Mooncake
-// engine) only ever gets NOTIFY_COMPAT frames with ack_seq 0. Mooncake never returns
+// engine) only ever gets NOTIFY_COMPAT frames and CTRL_ACK keepalives, with ack_seq 0. Mooncake never returns
 // credit for notify RECVs, so towards such a peer the window is Mooncake's own rule: at
 // most min(MaxPendingSends, notify_rq_depth) SENDs without a completion; a transient RNR
 // is then retried by the QP (rnr_retry 7). Between two twosided peers (both set
@@ -49,6 +49,25 @@
 // one RECV buffer are cut into NOTIFY_FRAGMENT frames (type 64, a twosided extension: u32
 // total, u32 offset, bytes of the NOTIFY_COMPAT payload), reassembled up to MaxNotifySize.
 // Towards a Mooncake peer such a notify fails with ErrTooLarge; it is never truncated.
+//
+// # Keepalive
+//
+// An idle channel learns that its peer died only when it next sends. Keepalive makes it
+// send: when nothing arrived since the previous call and no SEND is in flight, it posts
+// one signaled CTRL_ACK (header only, seq 0). Mooncake ignores CTRL_ACK and reposts the
+// RECV, so the frame goes to every peer; a CREDIT_GRANT would instead be applied to a
+// Mooncake engine's own credit ledger. The receiver consumes it without delivering
+// anything and returns its RECV like a grant's. Towards a twosided peer a keepalive takes
+// one credit and so never meets a missing RECV; it needs no data credit, but it takes the
+// RECV kept in reserve for credit frames only when it returns at least two RECVs, as a
+// grant would: two peers spending their reserves on keepalives that return nothing could
+// no longer grant each other anything (the random-schedule tests find such deadlocks).
+// A live peer that is not paused always returns credit before the sender is down to its
+// reserve, so an idle channel can always probe; one at its reserve sends no keepalive
+// that round (KeepalivesNoCredit) — its peer owes it a grant, and if that peer died
+// before granting, the sends waiting for credit fail by their deadlines instead. A dead
+// peer fails the keepalive's SEND with RETRY_EXC_ERR after timeout×retry_cnt and the
+// channel closes with ErrPeerError.
 //
 // # Driver
 //

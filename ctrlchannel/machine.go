@@ -106,6 +106,8 @@ type MachineStats struct {
 	FramesReceived, Delivered, DupsDropped, StaleDropped uint64
 	ForeignDropped, Ignored, CreditWaits, CreditOverruns uint64
 	Backpressured, Expired, TooLarge, Failed             uint64
+	KeepalivesSent, KeepalivesReceived                   uint64
+	KeepalivesNoCredit                                   uint64 // Keepalive found the channel idle but held no credit at all
 	CreditAvail                                          uint64 // credit to send now (grant mode)
 	Pending, Held, InFlight                              int
 }
@@ -183,6 +185,7 @@ type Machine struct {
 	held         []heldFrame
 	deliveredSeq uint64
 	reasm        Reassembler
+	keepRecv     uint64 // recvCount at the last Keepalive
 
 	stats MachineStats
 	bufs  [2][]Action
@@ -383,6 +386,51 @@ func (m *Machine) Tick(now time.Time) {
 	m.trySend()
 }
 
+// Keepalive probes an idle peer. When no frame arrived since the previous Keepalive and
+// no SEND is in flight (so neither is an earlier keepalive), it posts one signaled
+// CTRL_ACK frame: a 44-byte header, seq 0, no payload, ack_seq piggybacking the credit
+// total as on every frame (0 towards a Mooncake peer, which ignores CTRL_ACK and reposts
+// its RECV). Towards a twosided peer it takes one RequestSlots credit when more than the
+// reserve is left, or the reserve itself when it returns at least two RECVs, as a grant
+// would; otherwise it sends nothing (KeepalivesNoCredit). Towards a Mooncake peer the compat
+// window applies, which is empty when nothing is in flight. If the peer is gone, the SEND
+// fails after the QP's timeout×retry_cnt and FailWC closes the channel. It reports
+// whether a frame was posted.
+func (m *Machine) Keepalive() bool {
+	if m.state != stateConnected {
+		return false
+	}
+	heard := m.recvCount != m.keepRecv
+	m.keepRecv = m.recvCount
+	if heard || m.posted != m.completed {
+		return false
+	}
+	if m.mode == creditGrant && !m.keepaliveCredit() {
+		m.stats.KeepalivesNoCredit++
+		return false
+	}
+	slot := int(m.posted % uint64(len(m.ring)))
+	h := m.header(TypeCtrlAck, 0)
+	_ = EncodeHeader(m.slotBuf(slot), &h) // a header fits every slot
+	m.ring[slot] = sendSlot{}
+	m.stats.KeepalivesSent++
+	m.emitSend(slot, HeaderLen, TypeCtrlAck)
+	m.acts[m.lastPost].Signaled = true // its completion, or its failure, is the answer
+	m.sinceSignal = 0
+	return true
+}
+
+// keepaliveCredit takes the credit of a keepalive. The RECV kept in reserve for credit
+// frames goes only to a keepalive that returns as much as a grant would (at least two
+// RECVs): two peers spending their last credit on keepalives that return nothing could
+// no longer grant each other anything.
+func (m *Machine) keepaliveCredit() bool {
+	if m.ledger.ReserveOne(RequestSlots, m.reserve) {
+		return true
+	}
+	return m.recvPosted-m.announced >= 2 && m.ledger.ReserveOne(RequestSlots, 0)
+}
+
 func (m *Machine) setTimer(at time.Time) {
 	m.timerAt = at
 	m.acts = append(m.acts, Action{Kind: ActSetTimer, At: at})
@@ -516,6 +564,10 @@ func (m *Machine) RecvWC(now time.Time, slot int, data []byte) {
 				m.grant(g.Entries[i].Total)
 			}
 		}
+		m.release(slot, false)
+	case TypeCtrlAck:
+		// A keepalive: nothing to deliver; its RECV goes back like a grant's.
+		m.stats.KeepalivesReceived++
 		m.release(slot, false)
 	case TypeNotifyCompat:
 		var nc NotifyCompat

@@ -12,7 +12,13 @@ import (
 // completions come back late, reposts happen at random points, receivers pause and
 // resume, both sides submit. Whatever the schedule: no RNR, every notify delivered once
 // and in order, every send completed, and the network goes quiet (no endless grants).
-func TestMachineRandomSchedules(t *testing.T) {
+func TestMachineRandomSchedules(t *testing.T) { randomSchedules(t, false) }
+
+// TestMachineRandomSchedulesWithKeepalives: the same, with Keepalive called at random
+// points; once quiet, rounds of keepalives on both sides change none of it.
+func TestMachineRandomSchedulesWithKeepalives(t *testing.T) { randomSchedules(t, true) }
+
+func randomSchedules(t *testing.T, keepalives bool) {
 	for seed := uint64(1); seed <= 300; seed++ {
 		rq := 3 + int(seed%6)
 		t.Run(fmt.Sprintf("seed%d-rq%d", seed, rq), func(t *testing.T) {
@@ -47,6 +53,11 @@ func TestMachineRandomSchedules(t *testing.T) {
 			for step := 0; step < 20000; step++ {
 				i := rng.IntN(2)
 				x := nodes[i]
+				if keepalives && rng.IntN(10) == 0 {
+					x.m.Keepalive()
+					x.apply()
+					continue
+				}
 				switch r := rng.IntN(100); {
 				case r < 25 && sent[i] < n:
 					sent[i]++
@@ -74,23 +85,44 @@ func TestMachineRandomSchedules(t *testing.T) {
 				x.m.SetPaused(t0, false)
 				x.apply()
 			}
-			quiet := false
-			for step := 0; step < 100000 && !quiet; step++ {
-				moved := false
-				for i, x := range nodes {
-					moved = landOne(i) || moved
-					for _, w := range wcs[i] {
-						x.m.SendWC(w)
+			settle := func() {
+				quiet := false
+				for step := 0; step < 100000 && !quiet; step++ {
+					moved := false
+					for i, x := range nodes {
+						moved = landOne(i) || moved
+						for _, w := range wcs[i] {
+							x.m.SendWC(w)
+						}
+						wcs[i] = wcs[i][:0]
+						x.apply()
+						before := len(x.posted)
+						x.repost()
+						moved = moved || len(x.posted) != before
 					}
-					wcs[i] = wcs[i][:0]
-					x.apply()
-					before := len(x.posted)
-					x.repost()
-					moved = moved || len(x.posted) != before
+					quiet = !moved && len(nw.a.wire) == 0 && len(nw.b.wire) == 0
 				}
-				quiet = !moved && len(nw.a.wire) == 0 && len(nw.b.wire) == 0
+				require.True(t, quiet, "the network never went quiet")
 			}
-			require.True(t, quiet, "the network never went quiet")
+			settle()
+			if keepalives {
+				var before [2]MachineStats
+				for i, x := range nodes {
+					before[i] = x.m.Stats()
+				}
+				for round := 0; round < 30; round++ {
+					for _, x := range nodes {
+						x.m.Keepalive()
+						x.apply()
+					}
+					settle()
+				}
+				for i, x := range nodes {
+					s := x.m.Stats()
+					require.Equal(t, before[i].KeepalivesNoCredit, s.KeepalivesNoCredit, "%s: a quiet live channel always has credit for a keepalive", x.name)
+					require.Greater(t, s.KeepalivesSent+s.KeepalivesReceived, before[i].KeepalivesSent+before[i].KeepalivesReceived+15, "%s", x.name)
+				}
+			}
 			for i, x := range nodes {
 				other := nodes[1-i]
 				require.Len(t, x.got, n)
