@@ -51,7 +51,14 @@ type config struct {
 	logger    zerolog.Logger
 	onNotify  func(Notify)
 	keepProcs bool // do not raise GOMAXPROCS
-	errs      []error
+
+	authKey        []byte
+	allowUnauth    bool
+	maxConns       int
+	maxPendingHS   int
+	maxChannels    int
+	oobIdleTimeout time.Duration
+	errs           []error
 }
 
 func defaultConfig() config {
@@ -71,6 +78,7 @@ func defaultConfig() config {
 		ibPort:                  1,
 		gidIndex:                -1,
 		logger:                  zerolog.Nop(),
+		maxChannels:             1024,
 	}
 }
 
@@ -166,6 +174,15 @@ func (c *config) fromEnv(lookup func(string) (string, bool)) {
 	intVar("MC_HANDSHAKE_CONNECT_TIMEOUT", 1, 3599, &secs)
 	c.handshakeConnectTimeout = time.Duration(secs) * time.Second
 	intVar("MC_HANDSHAKE_MAX_LENGTH", 1<<20, 128<<20, &c.handshakeMaxLength)
+	if path, ok := lookup("TWOSIDED_OOB_AUTH_KEY_FILE"); ok && path != "" {
+		key, err := os.ReadFile(path)
+		if err != nil {
+			c.fail("TWOSIDED_OOB_AUTH_KEY_FILE", "%v", err)
+		} else {
+			c.authKey = []byte(strings.TrimSpace(string(key)))
+		}
+	}
+	boolVar("TWOSIDED_OOB_ALLOW_UNAUTHENTICATED", &c.allowUnauth)
 }
 
 // validate checks what options may have set and returns every error found, joined.
@@ -199,6 +216,10 @@ func (c *config) validate() error {
 	if c.busyPoll < 0 || c.busyPoll > time.Second {
 		c.fail("busy_poll", "%v out of range 0..1s", c.busyPoll)
 	}
+	if c.authKey != nil && (len(c.authKey) < 16 || len(c.authKey) > 1024) {
+		c.fail("auth_key", "%d bytes: want 16..1024", len(c.authKey))
+	}
+	c.intRange("max_channels", c.maxChannels, 1, 1<<20)
 	if c.listenAddr == "" {
 		c.fail("listen_addr", "empty")
 	}
@@ -272,6 +293,34 @@ func WithHandler(h func(Notify)) Option { return func(c *config) { c.onNotify = 
 // WithoutProcsReserve keeps GOMAXPROCS as it is. By default the first engine of a process
 // raises it to NumCPU+2 (unless the GOMAXPROCS variable is set); see procs.go for why.
 func WithoutProcsReserve() Option { return func(c *config) { c.keepProcs = true } }
+
+// WithOOBAuthKey turns on authentication of the OOB channel with a pre-shared key
+// (HMAC-SHA256 challenge-response when a connection opens, both ways; 16..1024 bytes).
+// With a key, unauthenticated peers — Mooncake's included — can neither open a ctrl channel
+// nor inject a notify, unless WithAllowUnauthenticated(true). Environment:
+// TWOSIDED_OOB_AUTH_KEY_FILE names a file holding the key.
+func WithOOBAuthKey(key []byte) Option {
+	return func(c *config) { c.authKey = append([]byte(nil), key...) }
+}
+
+// WithAllowUnauthenticated lets Mooncake-compatible unauthenticated peers in even with a key
+// set (environment TWOSIDED_OOB_ALLOW_UNAUTHENTICATED).
+func WithAllowUnauthenticated(on bool) Option { return func(c *config) { c.allowUnauth = on } }
+
+// WithMaxConns bounds the OOB connections the listener accepts (default 4096).
+func WithMaxConns(n int) Option { return func(c *config) { c.maxConns = n } }
+
+// WithMaxPendingHandshakes bounds handshakes being served at once (default 64): beyond it a
+// peer gets "too many pending handshakes" and retries or falls back.
+func WithMaxPendingHandshakes(n int) Option { return func(c *config) { c.maxPendingHS = n } }
+
+// WithMaxChannels bounds the ctrl channels this engine holds (default 1024); a handshake
+// beyond it is refused with an error naming the limit.
+func WithMaxChannels(n int) Option { return func(c *config) { c.maxChannels = n } }
+
+// WithOOBIdleTimeout sets how long a half-open or silent OOB connection may stall before it
+// is cut (default 10 s).
+func WithOOBIdleTimeout(d time.Duration) Option { return func(c *config) { c.oobIdleTimeout = d } }
 
 // WithCreditsDisabled switches credit flow control off. Test only: it exists so a test can
 // show that without credits a burst does hit RNR.

@@ -44,6 +44,7 @@ var (
 	ErrTooLarge        = errors.New("notify: notify too large")
 	ErrPeerUnreachable = errors.New("notify: peer unreachable")
 	ErrNoCtrlChannel   = errors.New("notify: peer has no ctrl channel")
+	ErrLimit           = errors.New("notify: limit reached")
 )
 
 // errYield is the handshake reply of the preferred side of a simultaneous open.
@@ -124,10 +125,15 @@ func newEngine(cfg config, opts []Option) (*Engine, error) {
 	}
 	e.loop = loop
 	node, err := oob.Listen(loop, oob.Config{
-		ListenAddr:     cfg.listenAddr,
-		MaxFrame:       cfg.handshakeMaxLength,
-		ConnectTimeout: cfg.handshakeConnectTimeout,
-		Logger:         cfg.logger,
+		ListenAddr:           cfg.listenAddr,
+		MaxFrame:             cfg.handshakeMaxLength,
+		ConnectTimeout:       cfg.handshakeConnectTimeout,
+		IdleTimeout:          cfg.oobIdleTimeout,
+		MaxConns:             cfg.maxConns,
+		MaxPendingHandshakes: cfg.maxPendingHS,
+		AuthKey:              cfg.authKey,
+		AllowUnauthenticated: cfg.allowUnauth,
+		Logger:               cfg.logger,
 	}, (*oobHandler)(e))
 	if err != nil {
 		_ = loop.Stop(context.Background())

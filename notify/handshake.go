@@ -34,6 +34,17 @@ func (e *Engine) channelConfig() ctrlchannel.Config {
 	return cfg
 }
 
+// channels counts established channels. Loop-only.
+func (e *Engine) channels() int {
+	n := 0
+	for _, p := range e.peers {
+		if p.ch != nil {
+			n++
+		}
+	}
+	return n
+}
+
 // newChannel creates a channel in INIT, its RECVs posted, bound to p. Loop-only.
 func (e *Engine) newChannel(p *peer) (*ctrlchannel.Channel, error) {
 	if e.dev == nil {
@@ -158,6 +169,10 @@ func (h *oobHandler) HandleHandshake(req *oob.HandshakeDesc, reply func(*oob.Han
 	if p.state == stateConnecting && e.name < name {
 		// Simultaneous open: the engine with the smaller name is the active side.
 		reply(nil, fmt.Errorf("%s", yieldMsg))
+		return
+	}
+	if p.ch == nil && e.channels() >= e.cfg.maxChannels {
+		reply(nil, fmt.Errorf("%w: max_channels: %d channels open, the limit", ErrLimit, e.cfg.maxChannels))
 		return
 	}
 	ch, err := e.newChannel(p)

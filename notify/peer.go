@@ -146,6 +146,11 @@ func (p *peer) flush() {
 // posted, then the handshake RPC over OOB on a goroutine (the loop never blocks), then
 // finishConnect on the loop. One connect per peer at a time: senders queue in p.waiters.
 func (e *Engine) connect(p *peer) {
+	if e.channels() >= e.cfg.maxChannels {
+		p.lastErr = fmt.Errorf("%w: max_channels: %d channels open, the limit", ErrLimit, e.cfg.maxChannels)
+		p.fail(p.lastErr, true)
+		return
+	}
 	ch, err := e.newChannel(p)
 	if err != nil {
 		p.lastErr = err
