@@ -30,12 +30,22 @@ func TestConformance(t *testing.T) {
 		Phantom: soft.PhantomName, Faults: faults{p}})
 }
 
+func TestConformanceTCP(t *testing.T) {
+	p := soft.New(soft.WithDevices(2), soft.WithInProcess(false))
+	conformance.Run(t, conformance.Fixture{Provider: p, DevA: "soft0", DevB: "soft1", Faults: faults{p}})
+}
+
+func TestConformanceTCPLoopback(t *testing.T) {
+	p := soft.New(soft.WithDevices(1), soft.WithInProcess(false))
+	conformance.Run(t, conformance.Fixture{Provider: p, DevA: "soft0", DevB: "soft0", Faults: faults{p}})
+}
+
 func TestConformanceLoopback(t *testing.T) {
 	p := soft.New(soft.WithDevices(1))
 	conformance.Run(t, conformance.Fixture{Provider: p, DevA: "soft0", DevB: "soft0", Faults: faults{p}})
 }
 
 func TestConformanceNoCoalesce(t *testing.T) {
-	p := soft.New(soft.WithDevices(2), soft.WithCoalesce(false))
+	p := soft.New(soft.WithDevices(2), soft.WithCoalesce(false), soft.WithInProcess(false))
 	conformance.Run(t, conformance.Fixture{Provider: p, DevA: "soft0", DevB: "soft1", Faults: faults{p}})
 }

@@ -43,6 +43,58 @@ type conn struct {
 	delay    time.Duration // link delay seen by the packet being built
 	delayQ   []delayedPacket
 	delayT   *time.Timer
+
+	// An in-process pipe (the remote device lives in this provider) has no socket: whoever
+	// wrote packets pumps them into rdev after releasing its locks; one pumper at a time, so
+	// order holds. from stands for this device as rdev sees it.
+	pipe    bool
+	rdev    *device
+	from    *conn
+	pumping bool
+	spare   []byte
+	prx     *rxBatch
+}
+
+func newPipe(d, rd *device) *conn {
+	c := &conn{d: d, fd: -1, remote: rd.gid, pipe: true, rdev: rd, from: &conn{d: rd, fd: -1, remote: d.gid},
+		prx: &rxBatch{touched: make([]*qp, 0, 16), dirty: make([]*conn, 0, 4)}}
+	c.state.Store(connUp)
+	return c
+}
+
+// pump delivers a pipe's queued packets to the remote device, in the caller's goroutine.
+// The caller holds no lock. A pump already running elsewhere picks the new bytes up.
+func (c *conn) pump() {
+	c.mu.Lock()
+	if c.pumping {
+		c.mu.Unlock()
+		return
+	}
+	c.pumping = true
+	var h header
+	for c.off < len(c.out) && c.state.Load() == connUp {
+		full, off := c.out, c.off
+		c.out, c.off = c.spare[:0], 0
+		c.mu.Unlock()
+		if c.rdev.isDead() {
+			c.mu.Lock()
+			c.failLocked()
+			break
+		}
+		b := full[off:]
+		for len(b) >= hdrLen {
+			if decodeHeader(b, &h) != nil || len(b) < hdrLen+int(h.length) {
+				break // cannot happen: this process built the packets
+			}
+			c.rdev.onPacket(c.from, &h, b[hdrLen:hdrLen+int(h.length)], c.prx)
+			b = b[hdrLen+int(h.length):]
+		}
+		c.prx.end()
+		c.mu.Lock()
+		c.spare = full[:0]
+	}
+	c.pumping = false
+	c.mu.Unlock()
 }
 
 type delayedPacket struct {
@@ -94,7 +146,6 @@ func (c *conn) endPacketLocked(start int) {
 
 func (c *conn) releaseDelayed() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	now := time.Now()
 	i := 0
 	for ; i < len(c.delayQ) && !c.delayQ[i].at.After(now); i++ {
@@ -107,11 +158,16 @@ func (c *conn) releaseDelayed() {
 		c.delayT.Reset(c.delayQ[0].at.Sub(now))
 	}
 	c.flushLocked()
+	c.mu.Unlock()
+	if c.pipe {
+		c.pump()
+	}
 }
 
-// flushLocked writes what it can of out without blocking.
+// flushLocked writes what it can of out without blocking (a pipe is pumped by the caller
+// once it holds no lock).
 func (c *conn) flushLocked() {
-	if c.state.Load() != connUp || c.flushing || c.off == len(c.out) {
+	if c.pipe || c.state.Load() != connUp || c.flushing || c.off == len(c.out) {
 		return
 	}
 	if !c.writeOutLocked() {
@@ -292,13 +348,18 @@ func (rx *rxBatch) end() {
 		rx.touched[i] = nil
 	}
 	rx.touched = rx.touched[:0]
-	for i, c := range rx.dirty {
+	for len(rx.dirty) > 0 {
+		c := rx.dirty[len(rx.dirty)-1]
+		rx.dirty[len(rx.dirty)-1] = nil
+		rx.dirty = rx.dirty[:len(rx.dirty)-1]
+		if c.pipe {
+			c.pump()
+			continue
+		}
 		c.mu.Lock()
 		c.flushLocked()
 		c.mu.Unlock()
-		rx.dirty[i] = nil
 	}
-	rx.dirty = rx.dirty[:0]
 }
 
 // serve is the reader: it runs on a locked OS thread, blocks in read(2), and handles every

@@ -68,6 +68,7 @@ type device struct {
 	idx      uint64
 	phantom  bool
 	coalesce bool
+	inproc   bool
 	gid      ibv.GID
 	lfd      int // listening socket, -1 for the phantom
 	stopfd   int // eventfd, readable once the device stops; wakes dialers and flushers
@@ -89,9 +90,9 @@ type device struct {
 	ctr counters
 }
 
-func newDevice(p *Provider, name string, idx uint64, phantom bool, ap netip.AddrPort, coalesce bool) (*device, error) {
+func newDevice(p *Provider, name string, idx uint64, phantom bool, ap netip.AddrPort, c config) (*device, error) {
 	d := &device{
-		p: p, name: name, idx: idx, phantom: phantom, coalesce: coalesce, lfd: -1,
+		p: p, name: name, idx: idx, phantom: phantom, coalesce: c.coalesce, inproc: c.inproc, lfd: -1,
 		conns: make(map[ibv.GID]*conn), all: make(map[*conn]struct{}),
 		qps: make(map[uint32]*qp), ctxs: make(map[*context]struct{}),
 		nextQPN: 0x10 + uint32(idx&0xff)<<16,
@@ -274,11 +275,31 @@ func (d *device) acceptLoop() {
 // none. It returns nil when the device is dead.
 func (d *device) connTo(gid ibv.GID) *conn {
 	d.mu.Lock()
+	if d.dead {
+		d.mu.Unlock()
+		return nil
+	}
+	if c := d.conns[gid]; c != nil && c.state.Load() != connDead {
+		d.mu.Unlock()
+		return c
+	}
+	d.mu.Unlock()
+	var rd *device
+	if d.inproc {
+		rd = d.p.deviceByGID(gid) // outside d.mu: the provider's lock comes first
+	}
+	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.dead {
 		return nil
 	}
 	if c := d.conns[gid]; c != nil && c.state.Load() != connDead {
+		return c
+	}
+	if rd != nil {
+		c := newPipe(d, rd)
+		d.conns[gid] = c
+		d.all[c] = struct{}{}
 		return c
 	}
 	c := &conn{d: d, fd: -1, remote: gid, outbound: true}

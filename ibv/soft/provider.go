@@ -19,6 +19,7 @@ const (
 	EnvDevices = "TWOSIDED_SOFT_DEVICES"
 	EnvAddr    = "TWOSIDED_SOFT_ADDR"
 	EnvPhantom = "TWOSIDED_SOFT_PHANTOM"
+	EnvInProc  = "TWOSIDED_SOFT_INPROC"
 )
 
 // PhantomName is the phantom device: listed, port DOWN, unusable.
@@ -37,10 +38,13 @@ type config struct {
 	// coalesce holds back a SEND while its QP has unacknowledged ones in flight, up to
 	// coalesceMax, and sends the batch when an ACK arrives (Nagle-like doorbell batching).
 	coalesce bool
+	// inproc delivers packets between devices of this provider by direct calls (as a NIC's
+	// internal loopback does) instead of through their TCP connection.
+	inproc bool
 }
 
 func defaultConfig() config {
-	return config{devices: 2, addr: "127.0.0.1:0", coalesce: true}
+	return config{devices: 2, addr: "127.0.0.1:0", coalesce: true, inproc: true}
 }
 
 // Option configures a provider made by New.
@@ -60,6 +64,12 @@ func WithPhantom(on bool) Option { return func(c *config) { c.phantom = on } }
 // while earlier SENDs of its QP await their ACK is held back (up to 32) and written in one
 // batch when an ACK arrives; with it off, every PostSend writes to the socket at once.
 func WithCoalesce(on bool) Option { return func(c *config) { c.coalesce = on } }
+
+// WithInProcess makes traffic between two devices of this provider skip TCP (the default,
+// true: the sender's goroutine places the bytes, as a NIC's internal loopback would) or go
+// through their TCP connection like traffic between processes (false). Devices of other
+// processes are always reached over TCP.
+func WithInProcess(on bool) Option { return func(c *config) { c.inproc = on } }
 
 func (c config) validate(devVar, addrVar string) (netip.AddrPort, error) {
 	if c.devices < 1 || c.devices > MaxDevices {
@@ -97,6 +107,13 @@ func configFromEnv() (config, error) {
 			return c, fmt.Errorf("%w: %s = %q: want 0/1/true/false", ErrConfig, EnvPhantom, v)
 		}
 		c.phantom = b
+	}
+	if v, ok := os.LookupEnv(EnvInProc); ok {
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		if err != nil {
+			return c, fmt.Errorf("%w: %s = %q: want 0/1/true/false", ErrConfig, EnvInProc, v)
+		}
+		c.inproc = b
 	}
 	if _, err := c.validate(EnvDevices, EnvAddr); err != nil {
 		return c, err
@@ -221,7 +238,7 @@ func (p *Provider) Open(name string) (ibv.Context, error) {
 		if ap.Port() != 0 && idx != 0xff {
 			lap = netip.AddrPortFrom(ap.Addr(), ap.Port()+uint16(idx))
 		}
-		d, err = newDevice(p, name, uint64(idx), idx == 0xff, lap, c.coalesce)
+		d, err = newDevice(p, name, uint64(idx), idx == 0xff, lap, c)
 		if err != nil {
 			return nil, err
 		}
@@ -240,6 +257,18 @@ func (p *Provider) release(d *device) {
 		delete(p.devices, d.name)
 	}
 	p.mu.Unlock()
+}
+
+// deviceByGID is the live device of this provider with that GID, or nil.
+func (p *Provider) deviceByGID(gid ibv.GID) *device {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, d := range p.devices {
+		if d.gid == gid && !d.phantom && !d.isDead() {
+			return d
+		}
+	}
+	return nil
 }
 
 func (p *Provider) lookup(name string) (*device, error) {

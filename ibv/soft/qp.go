@@ -71,6 +71,7 @@ type qp struct {
 	ackTimer                                 *time.Timer
 	rnrWait                                  bool
 	rnrTimer                                 *time.Timer
+	pumpAfter                                *conn // a pipe to pump once mu is released
 
 	rq             []recvSlot
 	rqHead, rqTail uint64
@@ -379,9 +380,24 @@ func (q *qp) overrunLocked() {
 	q.ctx.raise(ibv.AsyncEvent{Type: ibv.EventQPFatal, QP: q})
 }
 
+// unlockAndPump releases mu, then delivers what transmitLocked left on an in-process pipe.
+func (q *qp) unlockAndPump() {
+	c := q.pumpAfter
+	q.pumpAfter = nil
+	q.mu.Unlock()
+	if c != nil {
+		c.pump()
+	}
+}
+
 func (q *qp) PostSend(wr *ibv.SendWR) (*ibv.SendWR, error) {
 	q.mu.Lock()
-	defer q.mu.Unlock()
+	bad, err := q.postSendLocked(wr)
+	q.unlockAndPump()
+	return bad, err
+}
+
+func (q *qp) postSendLocked(wr *ibv.SendWR) (*ibv.SendWR, error) {
 	if q.destroyed {
 		return wr, fmt.Errorf("soft: qp %d: post send: %w", q.qpn, ibv.ErrClosed)
 	}
@@ -519,9 +535,12 @@ func (q *qp) transmitLocked(rx *rxBatch) {
 		q.sqSent++
 	}
 	q.sqMaxSent = max(q.sqMaxSent, q.sqSent)
-	if rx != nil {
+	switch {
+	case rx != nil:
 		rx.markDirty(c)
-	} else {
+	case c.pipe:
+		q.pumpAfter = c
+	default:
 		c.flushLocked()
 	}
 	c.mu.Unlock()
@@ -573,7 +592,7 @@ func (q *qp) armAckLocked() {
 // unacknowledged SEND and retransmit, or fail it with RETRY_EXC_ERR when retries ran out.
 func (q *qp) onAckTimer() {
 	q.mu.Lock()
-	defer q.mu.Unlock()
+	defer q.unlockAndPump()
 	if !q.ackArmed {
 		return
 	}
@@ -601,7 +620,7 @@ func (q *qp) onAckTimer() {
 
 func (q *qp) onRNRTimer() {
 	q.mu.Lock()
-	defer q.mu.Unlock()
+	defer q.unlockAndPump()
 	if !q.rnrWait || q.destroyed || q.state != ibv.QPSRTS {
 		return
 	}
