@@ -289,3 +289,43 @@ func TestChannelKeepaliveHealthyIdle(t *testing.T) {
 	require.NoError(t, wait(t, done, "send after keepalives"))
 	wait(t, b.rec.all, "delivery")
 }
+
+func TestMachineKeepaliveAllocatesNothing(t *testing.T) {
+	a := newNode(t, "A", Params{RecvCount: 8, Extensions: true})
+	require.NoError(t, a.m.Connected(t0, PeerParams{LocalSession: 1, PeerSession: 2, Epoch: 1, RQDepth: 8}))
+	a.m.Ready()
+	allocs := testing.AllocsPerRun(1000, func() {
+		if !a.m.Keepalive() {
+			panic("no keepalive")
+		}
+		acts := a.m.Ready()
+		a.m.SendWC(acts[len(acts)-1].WRID)
+		a.m.Ready()
+	})
+	require.Zero(t, allocs)
+}
+
+func TestChannelKeepaliveMooncakePeer(t *testing.T) {
+	short := extConfig()
+	short.Timeout, short.RetryCnt = 8, 2
+	mooncake := Config{Timeout: 8, RetryCnt: 2} // no Extensions: Mooncake's view of the channel
+	a, b, p := pair(t, short, mooncake, 0, 0)
+	for i := 0; i < 10; i++ {
+		keepaliveRound(t, a, b)
+	}
+	var sa, sb ChannelStats
+	onLoop(t, a.loop, func() { sa = a.ch.Stats() })
+	onLoop(t, b.loop, func() { sb = b.ch.Stats() })
+	require.Positive(t, sa.KeepalivesSent)
+	require.Equal(t, sa.KeepalivesSent, sb.KeepalivesReceived)
+	require.Zero(t, sa.GrantsSent, "towards a Mooncake peer: CTRL_ACK keepalives, no grants")
+	require.Zero(t, b.rec.count())
+	require.Zero(t, rnrNaks(t, b))
+
+	require.NoError(t, p.KillDevice("soft1"))
+	start := time.Now()
+	onLoop(t, a.loop, func() { a.ch.Keepalive() })
+	err := wait(t, a.rec.closed, "OnClosed after the keepalive")
+	t.Logf("Mooncake peer: dead peer detected %v after Keepalive", time.Since(start))
+	require.ErrorIs(t, err, ErrPeerError)
+}
