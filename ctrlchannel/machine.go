@@ -107,7 +107,7 @@ type MachineStats struct {
 	ForeignDropped, Ignored, CreditWaits, CreditOverruns uint64
 	Backpressured, Expired, TooLarge, Failed             uint64
 	KeepalivesSent, KeepalivesReceived                   uint64
-	KeepalivesNoCredit                                   uint64 // Keepalive found the channel idle but held no credit at all
+	KeepalivesNoCredit                                   uint64 // Keepalive found the channel idle but no credit it may spend on a keepalive
 	CreditAvail                                          uint64 // credit to send now (grant mode)
 	Pending, Held, InFlight                              int
 }
