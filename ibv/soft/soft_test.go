@@ -1,0 +1,151 @@
+package soft_test
+
+import (
+	"errors"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/twosided/twosided/ibv"
+	"github.com/twosided/twosided/ibv/soft"
+)
+
+func pairEnds(t *testing.T, p *soft.Provider, depth uint32) (*end, *end) {
+	A, B := newEnd(t, p, "soft0", depth), newEnd(t, p, "soft1", depth)
+	A.connect(t, B)
+	B.connect(t, A)
+	t.Cleanup(func() { A.close(t); B.close(t) })
+	return A, B
+}
+
+func pollOne(t *testing.T, cq ibv.CQ) ibv.WC {
+	wcs := make([]ibv.WC, 1)
+	require.Eventually(t, func() bool {
+		n, err := cq.Poll(wcs)
+		require.NoError(t, err)
+		return n == 1
+	}, 5*time.Second, 50*time.Microsecond)
+	return wcs[0]
+}
+
+// TestHotPathAllocs: a SEND→RECV round of post, poll and repost allocates nothing.
+func TestHotPathAllocs(t *testing.T) {
+	for _, inproc := range []bool{true, false} {
+		p := soft.New(soft.WithDevices(2), soft.WithInProcess(inproc))
+		A, B := pairEnds(t, p, 16)
+		rwr := &ibv.RecvWR{WRID: 1, SGList: []ibv.SGE{B.sge(4096, 64)}}
+		swr := &ibv.SendWR{WRID: 2, Opcode: ibv.WRSendWithImm, SendFlags: ibv.SendSignaled, SGList: []ibv.SGE{A.sge(0, 64)}}
+		iwr := &ibv.SendWR{WRID: 3, Opcode: ibv.WRSend, SendFlags: ibv.SendSignaled | ibv.SendInline, SGList: []ibv.SGE{A.sge(0, 32)}}
+		wcs := make([]ibv.WC, 4)
+		round := func(wr *ibv.SendWR) {
+			if _, err := B.qp.PostRecv(rwr); err != nil {
+				panic(err)
+			}
+			if _, err := A.qp.PostSend(wr); err != nil {
+				panic(err)
+			}
+			for got := 0; got < 1; runtime.Gosched() {
+				n, _ := B.rcq.Poll(wcs)
+				got += n
+			}
+			for got := 0; got < 1; runtime.Gosched() {
+				n, _ := A.scq.Poll(wcs)
+				got += n
+			}
+		}
+		for i := 0; i < 50; i++ { // warm up: connections, buffers
+			round(swr)
+			round(iwr)
+		}
+		allocs := testing.AllocsPerRun(200, func() { round(swr); round(iwr) })
+		require.Zero(t, allocs, "inproc=%v: allocations per round", inproc)
+	}
+}
+
+// TestPortStateEvents: a port going DOWN raises EventPortErr and drops traffic; back ACTIVE
+// raises EventPortActive and retransmission delivers.
+func TestPortStateEvents(t *testing.T) {
+	p := soft.New(soft.WithDevices(2), soft.WithInProcess(false))
+	A, B := pairEnds(t, p, 16)
+	require.NoError(t, p.SetPortState("soft1", false))
+	require.True(t, waitFd(B.ctx.AsyncFd(), time.Second))
+	ev, err := B.ctx.GetAsyncEvent()
+	require.NoError(t, err)
+	require.Equal(t, ibv.EventPortErr, ev.Type)
+	B.ctx.AckAsyncEvent(ev)
+	_, err = B.ctx.GetAsyncEvent()
+	require.ErrorIs(t, err, ibv.ErrWouldBlock)
+	pa, err := B.ctx.QueryPort(1)
+	require.NoError(t, err)
+	require.Equal(t, ibv.PortDown, pa.State)
+
+	_, err = B.qp.PostRecv(&ibv.RecvWR{WRID: 1, SGList: []ibv.SGE{B.sge(4096, 64)}})
+	require.NoError(t, err)
+	_, err = A.qp.PostSend(&ibv.SendWR{WRID: 1, Opcode: ibv.WRSend, SendFlags: ibv.SendSignaled, SGList: []ibv.SGE{A.sge(0, 8)}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		c, _ := soft.DeviceCounters(A.ctx)
+		return c.Retransmits > 0 || c.RetryTimeouts > 0
+	}, 5*time.Second, time.Millisecond)
+	require.NoError(t, p.SetPortState("soft1", true))
+	require.True(t, waitFd(B.ctx.AsyncFd(), time.Second))
+	ev, err = B.ctx.GetAsyncEvent()
+	require.NoError(t, err)
+	require.Equal(t, ibv.EventPortActive, ev.Type)
+	require.Equal(t, ibv.WCSuccess, pollOne(t, B.rcq).Status)
+	require.Equal(t, ibv.WCSuccess, pollOne(t, A.scq).Status)
+}
+
+// TestDelayLink: a delayed link still delivers, in order.
+func TestDelayLink(t *testing.T) {
+	for _, inproc := range []bool{true, false} {
+		p := soft.New(soft.WithDevices(2), soft.WithInProcess(inproc))
+		A, B := pairEnds(t, p, 16)
+		require.NoError(t, p.DelayLink("soft0", "soft1", 2*time.Millisecond))
+		for i := 0; i < 8; i++ {
+			_, err := B.qp.PostRecv(&ibv.RecvWR{WRID: uint64(i), SGList: []ibv.SGE{B.sge(4096+64*i, 64)}})
+			require.NoError(t, err)
+		}
+		for i := 0; i < 8; i++ {
+			A.buf[i] = byte(i)
+			_, err := A.qp.PostSend(&ibv.SendWR{WRID: uint64(i), Opcode: ibv.WRSend, SendFlags: ibv.SendSignaled,
+				SGList: []ibv.SGE{A.sge(i, 1)}})
+			require.NoError(t, err)
+		}
+		for i := 0; i < 8; i++ {
+			wc := pollOne(t, B.rcq)
+			require.Equal(t, ibv.WCSuccess, wc.Status)
+			require.Equal(t, uint64(i), wc.WRID)
+			require.Equal(t, byte(i), B.buf[4096+64*i])
+		}
+		require.NoError(t, p.RestoreLink("soft0", "soft1"))
+		for i := 0; i < 8; i++ {
+			require.Equal(t, ibv.WCSuccess, pollOne(t, A.scq).Status)
+		}
+	}
+	require.ErrorIs(t, soft.New().DelayLink("soft0", "soft1", 0), ibv.ErrInvalid)
+}
+
+// TestFaultsNeedOpenDevices: fault hooks name open devices.
+func TestFaultsNeedOpenDevices(t *testing.T) {
+	p := soft.New()
+	require.ErrorIs(t, p.CutLink("soft0", "soft1"), ibv.ErrNoDevice)
+	require.ErrorIs(t, p.KillDevice("soft0"), ibv.ErrNoDevice)
+	_, err := soft.DeviceCounters(nil)
+	require.ErrorIs(t, err, ibv.ErrInvalid)
+	require.ErrorIs(t, soft.InjectWC(nil, ibv.WC{}), ibv.ErrInvalid)
+}
+
+func waitFd(fd int, d time.Duration) bool {
+	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(p, int(d/time.Millisecond))
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		return err == nil && n > 0
+	}
+}
