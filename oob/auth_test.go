@@ -486,8 +486,9 @@ func TestAuthDeadline(t *testing.T) {
 	require.EqualValues(t, 1, b.Stats().AuthFailed)
 	require.Zero(t, b.Stats().IdleCuts, "it was not idle")
 
-	// An authenticated peer with the same IdleTimeout keeps its connection.
-	a := listen(t, loop, newHandler(), Config{AuthKey: keyA, IdleTimeout: idle})
+	// An authenticated peer with the same IdleTimeout keeps its connection (probing it,
+	// so that the server sees reads).
+	a := listen(t, loop, newHandler(), Config{AuthKey: keyA, IdleTimeout: idle, Keepalive: idle / 3})
 	require.NoError(t, a.Notify(bg(t), b.Addr(), &NotifyRequest{Name: "x"}))
 	base := b.Stats().ProbeServed
 	require.Eventually(t, func() bool { return b.Stats().ProbeServed >= base+5 }, waitBound, time.Millisecond, "keepalives")

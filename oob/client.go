@@ -262,6 +262,7 @@ func (c *call) start() {
 	} else {
 		pc.queue = append(pc.queue, c)
 	}
+	pc.touch()
 }
 
 // cancel runs on the loop after the waiter gave up.
@@ -287,6 +288,7 @@ func (c *call) cancel() {
 				break
 			}
 		}
+		pc.touch()
 	}
 }
 
@@ -306,6 +308,7 @@ func (n *Node) startClassic(c *call, ps *peerState) {
 	n.st.classicSent.Add(1)
 	n.out = n.encodeCall(n.out[:0], c, reqMeta{hasID: ps.twosided, twosided: ps.twosided}, ps.twosided)
 	cc.send(n.out)
+	cc.touch()
 }
 
 // sendCall writes c on a ready persistent connection.
@@ -366,16 +369,8 @@ func (n *Node) dial(ps *peerState, kind connKind) (*conn, error) {
 	}
 	n.conns[c] = struct{}{}
 	n.st.clientConns.Add(1)
-	c.connTimer = n.loop.AfterFunc(n.cfg.ConnectTimeout, c.onConnectTimeout)
+	c.touch() // ConnectTimeout
 	return c, nil
-}
-
-func (c *conn) onConnectTimeout() {
-	if c.state != stateConnecting {
-		return
-	}
-	c.n.st.dialFailed.Add(1)
-	c.close(fmt.Errorf("%w: %w: %s: connect not done within ConnectTimeout %v", ErrPeerUnreachable, ErrTimeout, c.peer.addr, c.n.cfg.ConnectTimeout))
 }
 
 func (c *conn) finishConnect() {
@@ -389,7 +384,6 @@ func (c *conn) finishConnect() {
 		c.close(fmt.Errorf("%w: %s: connect: %w", ErrPeerUnreachable, c.peer.addr, err))
 		return
 	}
-	c.connTimer.Stop()
 	n.st.dialed.Add(1)
 	now := n.now()
 	c.lastRead, c.lastWrite, c.waitSince = now, now, now

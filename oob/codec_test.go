@@ -274,6 +274,9 @@ func TestConfigRanges(t *testing.T) {
 	require.Equal(t, DefaultConnectTimeout, c.ConnectTimeout)
 	require.Equal(t, DefaultMaxPendingHandshakes, c.MaxPendingHandshakes)
 	require.Nil(t, c.AuthKey, "authentication is off by default")
+	require.Zero(t, c.Keepalive, "keepalive is off by default")
+	_, err = Config{IdleTimeout: time.Second, Keepalive: 500 * time.Millisecond}.withDefaults()
+	require.NoError(t, err)
 	key := []byte("0123456789abcdef")
 	c, err = Config{AuthKey: key}.withDefaults()
 	require.NoError(t, err)
@@ -289,6 +292,9 @@ func TestConfigRanges(t *testing.T) {
 		{Config{ConnectTimeout: time.Hour}, "ConnectTimeout"},
 		{Config{RequestTimeout: -1}, "RequestTimeout"},
 		{Config{IdleTimeout: time.Microsecond}, "IdleTimeout"},
+		{Config{Keepalive: -1}, "Keepalive"},
+		{Config{Keepalive: time.Microsecond}, "Keepalive"},
+		{Config{IdleTimeout: time.Second, Keepalive: 501 * time.Millisecond}, "Keepalive 501ms out of range"},
 		{Config{MaxConns: -1}, "MaxConns"},
 		{Config{MaxConnBuffer: 1000}, "MaxConnBuffer"},
 		{Config{MaxPendingHandshakes: -1}, "MaxPendingHandshakes"},

@@ -22,11 +22,23 @@ type Config struct {
 	// RequestTimeout bounds a request when ctx has no earlier deadline (default 10 s,
 	// allowed 1 ms..1 h).
 	RequestTimeout time.Duration
-	// IdleTimeout cuts a connection that made no read progress for this long: a client
-	// that sent half a frame and stalled, a half-open persistent connection, a classic
-	// client that does not close after the reply (default 10 s, allowed 10 ms..1 h).
-	// Client-side persistent connections send a keepalive probe after IdleTimeout/3 idle.
+	// IdleTimeout bounds each wait on a peer (default 10 s, allowed 10 ms..1 h): an
+	// accepted connection must send its first request, and a frame must complete, within
+	// IdleTimeout (of the accept, of the frame's first byte), so neither a silent client nor
+	// one that drips a byte at a time holds a connection; a reply awaited (a request in
+	// flight, the hello, the authentication) must show read progress within it; a classic
+	// client must close within it after the reply; with a key required, a client must
+	// prove it within IdleTimeout of the accept. A fully idle persistent connection has no
+	// deadline unless Keepalive is on.
 	IdleTimeout time.Duration
+	// Keepalive, when not 0, probes idle persistent connections: a client-side persistent
+	// connection sends a Probe after Keepalive without writes (the reply is awaited like
+	// any other, within IdleTimeout) and closes after 6*IdleTimeout unused, and a
+	// server-side one is cut after IdleTimeout without a read. Keep it below the peers'
+	// IdleTimeout (IdleTimeout/3 is what a Node did before this was an option). Default 0:
+	// off, so an idle Node arms no timer and its loop never wakes; a dead peer is then
+	// found by the next request to it. Allowed 0 or 1 ms..IdleTimeout/2.
+	Keepalive time.Duration
 	// MaxConns caps the accepted connections at once (default 4096, allowed 1..1<<20);
 	// above it a new connection is closed at once.
 	MaxConns int
@@ -87,6 +99,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.IdleTimeout, err = durField("IdleTimeout", c.IdleTimeout, DefaultIdleTimeout, 10*time.Millisecond, time.Hour); err != nil {
 		return c, err
+	}
+	if c.Keepalive != 0 && (c.Keepalive < time.Millisecond || c.Keepalive > c.IdleTimeout/2) {
+		return c, fmt.Errorf("%w: Keepalive %v out of range 0 (off) or %v..%v (IdleTimeout/2)", ErrBadConfig, c.Keepalive, time.Millisecond, c.IdleTimeout/2)
 	}
 	if c.MaxConns == 0 {
 		c.MaxConns = DefaultMaxConns

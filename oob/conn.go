@@ -3,6 +3,7 @@ package oob
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/panjf2000/gnet/v2/pkg/buffer/elastic"
 	"golang.org/x/sys/unix"
@@ -42,6 +43,12 @@ type conn struct {
 	writing bool               // registered for Writable
 
 	lastRead, lastWrite, lastUse, waitSince, drainSince, born int64
+	frameStart                                                int64 // first byte of the partial frame in parser
+
+	// The connection's one deadline timer, armed only while deadline() names one.
+	tm      *reactor.Timer
+	tmArmed bool
+	tmWhen  int64 // when tm fires; may be earlier than the deadline (then it re-arms)
 
 	// server side
 	persistent bool
@@ -53,11 +60,10 @@ type conn struct {
 	auth connAuth // both sides
 
 	// client side
-	pending   map[uint64]*call
-	queue     []*call
-	one       *call // classic: the only request
-	kaID      uint64
-	connTimer *reactor.Timer
+	pending map[uint64]*call
+	queue   []*call
+	one     *call // classic: the only request
+	kaID    uint64
 }
 
 func (n *Node) newConn(fd int, kind connKind, ps *peerState) *conn {
@@ -82,6 +88,7 @@ func (c *conn) onEvent(ev reactor.Events) {
 	if c.state == stateConnecting {
 		if ev&(reactor.Writable|reactor.Error|reactor.Hangup) != 0 {
 			c.finishConnect()
+			c.touch()
 		}
 		return
 	}
@@ -94,6 +101,7 @@ func (c *conn) onEvent(ev reactor.Events) {
 	if ev&reactor.Writable != 0 {
 		c.flush()
 	}
+	c.touch()
 }
 
 func (c *conn) onReadable() {
@@ -124,6 +132,9 @@ func (c *conn) onReadable() {
 }
 
 func (c *conn) consume(b []byte) {
+	// fresh: no frame in progress before these bytes, or the one in progress completed
+	// here, so a partial frame left at the end started in this read.
+	fresh := c.parser.Buffered() == 0
 	for len(b) > 0 {
 		t, body, used, ok, err := c.parser.Next(b)
 		if err != nil {
@@ -132,6 +143,7 @@ func (c *conn) consume(b []byte) {
 		}
 		b = b[used:]
 		if ok {
+			fresh = true
 			if c.kind == connServer {
 				c.serveFrame(t, body)
 			} else {
@@ -141,8 +153,11 @@ func (c *conn) consume(b []byte) {
 				return
 			}
 		} else if used == 0 {
-			return
+			break
 		}
+	}
+	if fresh && c.parser.Buffered() > 0 {
+		c.frameStart = c.lastRead
 	}
 }
 
@@ -321,8 +336,9 @@ func (c *conn) close(cause error) {
 	}
 	n := c.n
 	c.state = stateClosed
-	if c.connTimer != nil {
-		c.connTimer.Stop()
+	if c.tmArmed {
+		c.tm.Stop()
+		c.tmArmed = false
 	}
 	if err := n.loop.Close(c.fd); err != nil {
 		_ = unix.Close(c.fd)
@@ -359,54 +375,162 @@ func (c *conn) close(cause error) {
 	}
 }
 
-// sweep runs from the Node's periodic timer: idle cuts and keepalives.
-func (c *conn) sweep(now, idle int64) {
-	switch {
-	case c.state == stateConnecting || c.state == stateClosed:
-		return
-	case c.state == stateDraining:
-		if now-c.drainSince > idle {
-			c.n.st.idleCuts.Add(1)
-			c.close(nil)
-		}
-	case c.kind == connServer:
+// expiry names what a connection's deadline is for.
+type expiry uint8
+
+const (
+	expNone      expiry = iota
+	expConnect          // client: connect not done within ConnectTimeout
+	expDrain            // server: a classic client did not close within IdleTimeout of the reply
+	expFrame            // a frame begun and not completed within IdleTimeout of its first byte
+	expSilent           // server: no request (or, with Keepalive, no read) within IdleTimeout
+	expAuth             // server: a required key not proved within IdleTimeout of the accept
+	expReply            // client: no reply within IdleTimeout while one is awaited
+	expKeepalive        // client, Keepalive on: time to probe
+	expUnused           // client, Keepalive on: unused for 6*IdleTimeout
+)
+
+// due is the earliest of a connection's deadlines and what it is for.
+type due struct {
+	when int64
+	why  expiry
+}
+
+// at keeps the earlier deadline; on a tie the first one noted stays.
+func (d *due) at(when int64, why expiry) {
+	if d.why == expNone || when < d.when {
+		d.when, d.why = when, why
+	}
+}
+
+// deadline is the connection's next deadline, expNone when nothing needs one: a fully
+// idle persistent connection (no partial frame, nothing in flight, authenticated where
+// required) carries none unless Keepalive is on, so an idle Node arms no timer.
+func (c *conn) deadline() due {
+	n := c.n
+	idle := int64(n.cfg.IdleTimeout)
+	var d due
+	switch c.state {
+	case stateClosed:
+		return d
+	case stateConnecting:
+		d.at(c.born+int64(n.cfg.ConnectTimeout), expConnect)
+		return d
+	case stateDraining:
+		d.at(c.drainSince+idle, expDrain)
+		return d
+	}
+	if c.parser.Buffered() > 0 {
+		d.at(c.frameStart+idle, expFrame)
+	}
+	ka := n.cfg.Keepalive > 0
+	if c.kind == connServer {
 		// Waiting on our own Handler is not the client's stall.
-		if len(c.open) == 0 && now-c.lastRead > idle {
-			c.n.st.idleCuts.Add(1)
+		if len(c.open) == 0 && (!c.persistent || ka) {
+			d.at(c.lastRead+idle, expSilent)
+		}
+		if n.auth.required && c.auth.state != authOK {
+			d.at(c.born+idle, expAuth)
+		}
+		return d
+	}
+	if c.kind == connClassic || c.state != stateOpen || len(c.pending) > 0 || c.kaID != 0 {
+		d.at(max(c.lastRead, c.waitSince)+idle, expReply)
+	}
+	if ka && c.state == stateOpen && c.kaID == 0 {
+		d.at(c.lastWrite+int64(n.cfg.Keepalive), expKeepalive)
+		if len(c.pending) == 0 {
+			d.at(c.lastUse+6*idle, expUnused)
+		}
+	}
+	return d
+}
+
+// touch brings the timer in line with deadline() after the connection's state changed:
+// stopped when no deadline is needed, moved earlier when one is nearer. A later deadline
+// leaves the timer as it is; it fires early and re-arms, so steady traffic costs no timer
+// operation per message.
+func (c *conn) touch() {
+	d := c.deadline()
+	if d.why == expNone {
+		if c.tmArmed {
+			c.tm.Stop()
+			c.tmArmed = false
+		}
+		return
+	}
+	if c.tmArmed && c.tmWhen <= d.when {
+		return
+	}
+	c.arm(d.when)
+}
+
+func (c *conn) arm(when int64) {
+	d := time.Duration(when - c.n.now())
+	if c.tm == nil {
+		c.tm = c.n.loop.AfterFunc(d, c.onTimer)
+	} else {
+		c.tm.Reset(d)
+	}
+	c.tmArmed, c.tmWhen = true, when
+}
+
+func (c *conn) onTimer() {
+	c.tmArmed = false
+	if c.state == stateClosed || c.n.down {
+		return
+	}
+	d := c.deadline()
+	if d.why == expNone {
+		return
+	}
+	if now := c.n.now(); now < d.when {
+		c.arm(d.when)
+		return
+	}
+	c.expire(d.why)
+	c.touch()
+}
+
+// expire acts on a deadline that passed.
+func (c *conn) expire(why expiry) {
+	n := c.n
+	idle := n.cfg.IdleTimeout
+	switch why {
+	case expConnect:
+		n.st.dialFailed.Add(1)
+		c.close(fmt.Errorf("%w: %w: %s: connect not done within ConnectTimeout %v", ErrPeerUnreachable, ErrTimeout, c.peer.addr, n.cfg.ConnectTimeout))
+	case expDrain, expSilent:
+		n.st.idleCuts.Add(1)
+		c.close(nil)
+	case expFrame:
+		n.st.idleCuts.Add(1)
+		if c.kind == connServer {
+			n.log.Debug().Int("fd", c.fd).Int("buffered", c.parser.Buffered()).Msg("oob: frame not completed within IdleTimeout")
 			c.close(nil)
 			return
 		}
-		// With a required key, probing is all an unauthenticated client can do; it does
-		// not get to hold a connection with it.
-		if c.n.auth.required && c.auth.state != authOK && now-c.born > idle {
-			c.n.st.authFailed.Add(1)
-			c.n.log.Debug().Int("fd", c.fd).Msg("oob: not authenticated within IdleTimeout")
-			c.close(nil)
-		}
-	case c.kind == connClassic || c.state == stateHello || c.state == stateAuth:
-		if now-max(c.lastRead, c.waitSince) > idle {
-			c.n.st.idleCuts.Add(1)
-			c.close(fmt.Errorf("%w: %w: %s: no reply within IdleTimeout %v", ErrPeerUnreachable, ErrTimeout, c.peer.addr, c.n.cfg.IdleTimeout))
-		}
-	default: // persistent, ready
-		outstanding := len(c.pending) > 0 || c.kaID != 0
-		if outstanding && now-max(c.lastRead, c.waitSince) > idle {
-			c.n.st.idleCuts.Add(1)
-			c.close(fmt.Errorf("%w: %w: %s: no reply within IdleTimeout %v (half-open?)", ErrPeerUnreachable, ErrTimeout, c.peer.addr, c.n.cfg.IdleTimeout))
+		c.close(fmt.Errorf("%w: %w: %s: reply frame not completed within IdleTimeout %v", ErrPeerUnreachable, ErrTimeout, c.peer.addr, idle))
+	case expAuth:
+		n.st.authFailed.Add(1)
+		n.log.Debug().Int("fd", c.fd).Msg("oob: not authenticated within IdleTimeout")
+		c.close(nil)
+	case expReply:
+		n.st.idleCuts.Add(1)
+		if c.kind == connClassic || c.state != stateOpen {
+			c.close(fmt.Errorf("%w: %w: %s: no reply within IdleTimeout %v", ErrPeerUnreachable, ErrTimeout, c.peer.addr, idle))
 			return
 		}
-		if !outstanding && now-c.lastUse > 6*idle {
-			c.close(nil) // unused for long: let it go; the next request redials
-			return
+		c.close(fmt.Errorf("%w: %w: %s: no reply within IdleTimeout %v (half-open?)", ErrPeerUnreachable, ErrTimeout, c.peer.addr, idle))
+	case expKeepalive:
+		n.nextID++
+		c.kaID = n.nextID
+		if len(c.pending) == 0 {
+			c.waitSince = n.now()
 		}
-		if c.kaID == 0 && now-c.lastWrite > idle/3 {
-			c.n.nextID++
-			c.kaID = c.n.nextID
-			if !outstanding {
-				c.waitSince = now
-			}
-			c.n.out = appendProbe(c.n.out[:0], reqMeta{id: c.kaID, hasID: true}, false)
-			c.send(c.n.out)
-		}
+		n.out = appendProbe(n.out[:0], reqMeta{id: c.kaID, hasID: true}, false)
+		c.send(n.out)
+	case expUnused:
+		c.close(nil) // unused for long: let it go; the next request redials
 	}
 }

@@ -78,7 +78,6 @@ type Node struct {
 	conns    map[*conn]struct{}
 	nServer  int
 	peers    map[string]*peerState
-	sweep    *reactor.Timer
 	scratch  []byte // socket read buffer, shared by all connections of the loop
 	out      []byte // frame encode buffer
 	nd       notifyDecoder
@@ -145,7 +144,6 @@ func Listen(loop *reactor.Loop, cfg Config, h Handler) (*Node, error) {
 			errc <- err
 			return
 		}
-		n.sweep = loop.AfterFunc(n.sweepEvery(), n.onSweep)
 		errc <- nil
 	}
 	if loop.InLoop() {
@@ -220,9 +218,6 @@ func (n *Node) shutdown() {
 		return
 	}
 	n.down = true
-	if n.sweep != nil {
-		n.sweep.Stop()
-	}
 	_ = n.loop.Close(n.lfd)
 	for c := range n.conns {
 		c.close(ErrClosed)
@@ -231,23 +226,6 @@ func (n *Node) shutdown() {
 
 // now is the loop clock in ns since the Node started.
 func (n *Node) now() int64 { return int64(n.loop.Now().Sub(n.t0)) }
-
-func (n *Node) sweepEvery() time.Duration {
-	return max(min(n.cfg.IdleTimeout, n.cfg.ConnectTimeout)/4, 5*time.Millisecond)
-}
-
-// onSweep enforces idle cuts and sends keepalives; one timer per Node.
-func (n *Node) onSweep() {
-	if n.down {
-		return
-	}
-	now := n.now()
-	idle := int64(n.cfg.IdleTimeout)
-	for c := range n.conns {
-		c.sweep(now, idle)
-	}
-	n.sweep.Reset(n.sweepEvery())
-}
 
 // onAccept accepts until EAGAIN (bounded per event for fairness).
 func (n *Node) onAccept(ev reactor.Events) {
@@ -279,6 +257,7 @@ func (n *Node) onAccept(ev reactor.Events) {
 		n.nServer++
 		n.st.accepted.Add(1)
 		n.st.serverConns.Add(1)
+		c.touch() // it must send a request within IdleTimeout
 	}
 }
 

@@ -182,6 +182,7 @@ func (c *conn) replyNotify(seq uint64, m reqMeta, err error) {
 	if !c.persistent {
 		c.drain()
 	}
+	c.touch()
 }
 
 func (c *conn) replyHandshake(seq uint64, m reqMeta, resp *HandshakeDesc, err error) {
@@ -214,4 +215,5 @@ func (c *conn) replyHandshake(seq uint64, m reqMeta, resp *HandshakeDesc, err er
 	if !c.persistent {
 		c.drain()
 	}
+	c.touch()
 }
