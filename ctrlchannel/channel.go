@@ -411,6 +411,24 @@ func (c *Channel) Close(err error) {
 	c.run()
 }
 
+// Drain prepares a graceful close: the QP goes to ERR, so the NIC acknowledges no further
+// SEND, then the CQ is reaped, so every notify whose SEND the peer saw complete is handed
+// to OnNotify rather than dropped with the ring. Call Close after it. Loop-only.
+func (c *Channel) Drain() {
+	if !c.loop.InLoop() {
+		panic(reactor.ErrNotInLoop)
+	}
+	if c.tornDown || c.qp == nil {
+		return
+	}
+	if err := c.qp.Modify(&ibv.QPAttr{QPState: ibv.QPSErr}, ibv.AttrState); err != nil {
+		c.cfg.Logger.Debug().Err(err).Uint32("qp", c.qpn).Msg("drain: qp to ERR")
+	}
+	if c.watch != nil {
+		c.watch.Kick()
+	}
+}
+
 // Stats returns the counters. Loop-only.
 func (c *Channel) Stats() ChannelStats {
 	return ChannelStats{MachineStats: c.m.Stats(), WCErrors: c.wcErrors, RNRRetryExceeded: c.rnrExceeded,

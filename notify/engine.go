@@ -71,6 +71,7 @@ type Engine struct {
 	paused  bool
 	heldOOB []heldNotify
 	closing bool
+	kaTimer *reactor.Timer
 
 	rq recvQueue
 
@@ -297,6 +298,9 @@ func (e *Engine) closeOnLoop() {
 	e.closing = true
 	for _, p := range e.peers {
 		p.fail(ErrClosed, false)
+		if p.ch != nil {
+			p.ch.Drain() // what the peer saw acknowledged is delivered, not dropped
+		}
 		if p.ch != nil {
 			p.ch.Close(ErrClosed)
 			p.ch = nil

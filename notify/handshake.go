@@ -204,5 +204,6 @@ func (h *oobHandler) HandleHandshake(req *oob.HandshakeDesc, reply func(*oob.Han
 	}
 	p.ch, p.epoch, p.state, p.lastErr, p.remoteQPN = ch, epoch, stateUp, nil, req.NotifyQPNum
 	p.flush()
+	e.armKeepalive()
 	reply(e.handshakeDesc(ch, name, epoch), nil)
 }

@@ -38,6 +38,8 @@ type peer struct {
 	yieldTimer *reactor.Timer
 	lastErr    error
 	remoteQPN  uint32 // the peer's QPN of ch
+	noCredit   uint64 // keepalive: last KeepalivesNoCredit seen
+	starved    int    // keepalive rounds in a row without credit
 
 	sent, sentFailed, received, dups uint64
 }
@@ -233,6 +235,7 @@ func (e *Engine) finishConnect(name string, ch *ctrlchannel.Channel, epoch uint6
 		p.epoch = epoch
 	}
 	p.flush()
+	e.armKeepalive()
 }
 
 func isYield(err error) bool {
