@@ -288,18 +288,18 @@ func linkKey(a, b ibv.GID) [2]ibv.GID {
 	return [2]ibv.GID{a, b}
 }
 
-// linkState reports whether traffic between a and b is cut, and its added delay.
+// linkState reports whether packets from a to b are cut, and the delay added to them.
 func (p *Provider) linkState(a, b ibv.GID) (cut bool, delay time.Duration) {
 	if p.faultsOn.Load() == 0 {
 		return false, 0
 	}
-	k := linkKey(a, b)
 	p.faultMu.RLock()
-	cut, delay = p.cuts[k], p.delays[k]
+	cut, delay = p.cuts[[2]ibv.GID{a, b}], p.delays[linkKey(a, b)]
 	p.faultMu.RUnlock()
 	return cut, delay
 }
 
+// linkGIDs is the directed pair (a, b) of two open devices' GIDs.
 func (p *Provider) linkGIDs(a, b string) ([2]ibv.GID, error) {
 	da, err := p.lookup(a)
 	if err != nil {
@@ -309,7 +309,28 @@ func (p *Provider) linkGIDs(a, b string) ([2]ibv.GID, error) {
 	if err != nil {
 		return [2]ibv.GID{}, err
 	}
-	return linkKey(da.gid, db.gid), nil
+	return [2]ibv.GID{da.gid, db.gid}, nil
+}
+
+func (p *Provider) cut(k [2]ibv.GID) {
+	p.faultMu.Lock()
+	if p.cuts == nil {
+		p.cuts = make(map[[2]ibv.GID]bool)
+	}
+	p.cuts[k] = true
+	p.recount()
+	p.faultMu.Unlock()
+}
+
+// CutPath drops every packet from open device from to open device to (one way: the other
+// direction still flows, e.g. SENDs arrive but their ACKs are lost), until RestoreLink.
+func (p *Provider) CutPath(from, to string) error {
+	k, err := p.linkGIDs(from, to)
+	if err != nil {
+		return err
+	}
+	p.cut(k)
+	return nil
 }
 
 func (p *Provider) recount() {
@@ -323,17 +344,12 @@ func (p *Provider) CutLink(a, b string) error {
 	if err != nil {
 		return err
 	}
-	p.faultMu.Lock()
-	if p.cuts == nil {
-		p.cuts = make(map[[2]ibv.GID]bool)
-	}
-	p.cuts[k] = true
-	p.recount()
-	p.faultMu.Unlock()
+	p.cut(k)
+	p.cut([2]ibv.GID{k[1], k[0]})
 	return nil
 }
 
-// RestoreLink undoes CutLink and DelayLink between a and b.
+// RestoreLink undoes CutLink, CutPath (both directions) and DelayLink between a and b.
 func (p *Provider) RestoreLink(a, b string) error {
 	k, err := p.linkGIDs(a, b)
 	if err != nil {
@@ -341,7 +357,8 @@ func (p *Provider) RestoreLink(a, b string) error {
 	}
 	p.faultMu.Lock()
 	delete(p.cuts, k)
-	delete(p.delays, k)
+	delete(p.cuts, [2]ibv.GID{k[1], k[0]})
+	delete(p.delays, linkKey(k[0], k[1]))
 	p.recount()
 	p.faultMu.Unlock()
 	return nil
@@ -360,7 +377,7 @@ func (p *Provider) DelayLink(a, b string, d time.Duration) error {
 	if p.delays == nil {
 		p.delays = make(map[[2]ibv.GID]time.Duration)
 	}
-	p.delays[k] = d
+	p.delays[linkKey(k[0], k[1])] = d
 	p.recount()
 	p.faultMu.Unlock()
 	return nil

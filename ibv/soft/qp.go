@@ -632,7 +632,7 @@ func (q *qp) onRNRTimer() {
 func (d *device) onPacket(c *conn, h *header, payload []byte, rx *rxBatch) {
 	d.ctr.packetsRecv.Add(1)
 	if d.p.faultsOn.Load() != 0 {
-		if cut, _ := d.p.linkState(d.gid, c.remote); cut || d.isDown() {
+		if cut, _ := d.p.linkState(c.remote, d.gid); cut || d.isDown() {
 			d.ctr.cutDropped.Add(1)
 			return
 		}

@@ -149,3 +149,35 @@ func waitFd(fd int, d time.Duration) bool {
 		return err == nil && n > 0
 	}
 }
+
+// TestDuplicateNotPlacedTwice: when ACKs are lost the requester retransmits a SEND the
+// responder already placed; the responder ACKs it again and does not consume a second RECV.
+func TestDuplicateNotPlacedTwice(t *testing.T) {
+	for _, inproc := range []bool{true, false} {
+		p := soft.New(soft.WithDevices(2), soft.WithInProcess(inproc))
+		A, B := pairEnds(t, p, 16)
+		for i := 0; i < 2; i++ {
+			_, err := B.qp.PostRecv(&ibv.RecvWR{WRID: uint64(i), SGList: []ibv.SGE{B.sge(4096+64*i, 64)}})
+			require.NoError(t, err)
+		}
+		require.NoError(t, p.CutPath("soft1", "soft0")) // ACKs lost
+		c0, _ := soft.DeviceCounters(B.ctx)
+		_, err := A.qp.PostSend(&ibv.SendWR{WRID: 1, Opcode: ibv.WRSend, SendFlags: ibv.SendSignaled, SGList: []ibv.SGE{A.sge(0, 8)}})
+		require.NoError(t, err)
+		require.Equal(t, uint64(0), pollOne(t, B.rcq).WRID)
+		require.Eventually(t, func() bool {
+			c, _ := soft.DeviceCounters(B.ctx)
+			return c.DupPackets > c0.DupPackets
+		}, 5*time.Second, time.Millisecond, "no retransmission reached the responder")
+		require.NoError(t, p.RestoreLink("soft0", "soft1"))
+		require.Equal(t, ibv.WCSuccess, pollOne(t, A.scq).Status)
+		wcs := make([]ibv.WC, 2)
+		n, err := B.rcq.Poll(wcs)
+		require.NoError(t, err)
+		require.Zero(t, n, "the duplicate was placed: %+v", wcs[:n])
+		_, err = A.qp.PostSend(&ibv.SendWR{WRID: 2, Opcode: ibv.WRSend, SendFlags: ibv.SendSignaled, SGList: []ibv.SGE{A.sge(0, 8)}})
+		require.NoError(t, err)
+		require.Equal(t, uint64(1), pollOne(t, B.rcq).WRID)
+		require.Equal(t, ibv.WCSuccess, pollOne(t, A.scq).Status)
+	}
+}
