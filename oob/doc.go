@@ -98,15 +98,23 @@
 //
 // # Timeouts and limits
 //
-// Every wait is bounded: ConnectTimeout cuts a connect still in progress; a request waits
-// for its reply until ctx ends or RequestTimeout passes; IdleTimeout cuts a connection that
-// made no read progress (half a frame and a stall, a half-open persistent connection, a
-// classic client that never closes, a client that never answers the auth challenge). An
-// idle persistent client connection sends a keepalive Probe {"ts_id":N} after
-// IdleTimeout/3 without writes, so two nodes with the same IdleTimeout keep it open; it is
-// dropped after 6*IdleTimeout unused. A request is never retried by this package: a broken
-// connection fails what was in flight on it with ErrPeerUnreachable, and the caller (which
-// numbers notifies for dedup) decides.
+// Every wait is bounded, and only a wait has a deadline: ConnectTimeout cuts a connect
+// still in progress; a request waits for its reply until ctx ends or RequestTimeout
+// passes; IdleTimeout cuts an accepted connection that sends no request, a frame not
+// complete IdleTimeout after its first byte (a stall or a slow drip, one byte at a time),
+// a connection awaiting a reply (a request in flight, the hello, the authentication) with
+// no read progress (a half-open peer), a classic client that does not close after the
+// reply, and, with a required key, a client that has not proved it IdleTimeout after the
+// accept. Each connection has one reactor timer, armed only while one of these applies. A
+// fully idle persistent connection (no partial frame, nothing in flight, authenticated
+// where required) has none, so an idle Node arms no timer and its loop sleeps through
+// (zero wake-ups); a dead peer is found by the next request to it.
+//
+// Config.Keepalive (default 0, off) makes idle persistent connections probe: a client
+// connection sends a Probe {"ts_id":N} after Keepalive without writes and is dropped after
+// 6*IdleTimeout unused; a server connection is cut after IdleTimeout without a read. A
+// request is never retried by this package: a broken connection fails what was in flight
+// on it with ErrPeerUnreachable, and the caller (which numbers notifies for dedup) decides.
 //
 // Limits, each a Config field with a default: MaxConns caps the accepted connections
 // (one more is closed at once); MaxFrame caps a frame (a longer one gets an error reply and

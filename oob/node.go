@@ -41,7 +41,7 @@ type Stats struct {
 	ClassicSent       uint64 // requests sent on a one-shot connection
 	PersistentSent    uint64 // requests sent on a multiplexed connection
 	BadFrames         uint64 // requests answered with an error reply and the connection closed
-	IdleCuts          uint64 // connections closed for no read progress within IdleTimeout
+	IdleCuts          uint64 // connections closed by IdleTimeout: no request, a frame not completed, no reply, no close
 	Overflows         uint64 // connections closed for exceeding MaxConnBuffer
 	AuthOK            uint64 // server connections whose client proved the key
 	AuthFailed        uint64 // server connections refused: a wrong proof, or a request before authenticating
