@@ -79,3 +79,7 @@ func (e *Engine) Stats() Stats {
 // DeviceContext is the open device of the rdma_twosided transport (nil for oob), for
 // diagnostics such as a provider's counters. The engine owns it: never post on it or close it.
 func (e *Engine) DeviceContext() ibv.Context { return e.dev }
+
+// ReactorStats are the reactor's counters (epoll wake-ups, events, submissions), read
+// without waking it.
+func (e *Engine) ReactorStats() reactor.Stats { return e.loop.Stats() }
