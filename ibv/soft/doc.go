@@ -14,8 +14,21 @@
 // The registered provider reads TWOSIDED_SOFT_DEVICES (number of devices, default 2),
 // TWOSIDED_SOFT_ADDR (TCP listen address of every device, default 127.0.0.1:0; port 0 picks a
 // free port per device, a fixed port p gives device i port p+i) and TWOSIDED_SOFT_PHANTOM
-// (1/true adds soft_phantom) on every GetDeviceList and Open; a bad value is an error naming
-// the variable. New builds an isolated provider from options, for tests.
+// (1/true adds soft_phantom) and TWOSIDED_SOFT_INPROC (default 1; 0 sends traffic between
+// devices of this process through TCP too) on every GetDeviceList and Open; a bad value is an
+// error naming the variable. New builds an isolated provider from options, for tests.
+//
+// # In-process delivery
+//
+// Between two devices of one provider, packets by default skip the socket: the goroutine
+// that posted them places them at the peer after releasing its locks (as a NIC's internal
+// loopback would), with the same PSN/ACK/NAK logic, faults and counters. This removes the
+// reader-thread wake-up from the path. Devices of other processes are always reached over TCP.
+//
+// # Fault hooks
+//
+// CutLink/CutPath/DelayLink/RestoreLink, KillDevice, SetPortState, InjectWC and
+// DeviceCounters let tests break what a NIC or a network would break.
 //
 // # GID encoding
 //
