@@ -59,7 +59,7 @@ func roundPow2(n int) int {
 
 func (n *engineNode) addr() string { return n.e.Addr() }
 
-func (n *engineNode) wakeups() uint64 { return n.e.Stats().Reactor.Wakeups }
+func (n *engineNode) wakeups() uint64 { return n.e.ReactorStats().Wakeups }
 
 func (n *engineNode) close(ctx context.Context) error { return n.e.Close(ctx) }
 
