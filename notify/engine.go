@@ -225,12 +225,14 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) error {
 		}
 		return err
 	}
-	var err error
-	select {
-	case err = <-req.done:
-	case <-ctx.Done():
-		// The loop still holds req; it is not reused.
-		return fmt.Errorf("notify: send to %s: %w", peer, ctx.Err())
+	err, ok := e.spinWait(req.done)
+	if !ok {
+		select {
+		case err = <-req.done:
+		case <-ctx.Done():
+			// The loop still holds req; it is not reused.
+			return fmt.Errorf("notify: send to %s: %w", peer, ctx.Err())
+		}
 	}
 	seq, epoch, fallback := req.seq, req.epoch, req.fallback
 	e.reqPool.Put(req)
@@ -247,6 +249,26 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) error {
 		return nil
 	}
 	return fmt.Errorf("notify: send to %s: %w", peer, err)
+}
+
+// spinWait polls done for up to the busy-poll budget, so that with busy polling on the
+// completion reaches the caller without a scheduler wake-up. Off (the default), it returns
+// at once.
+func (e *Engine) spinWait(done chan error) (error, bool) {
+	if e.cfg.busyPoll <= 0 {
+		return nil, false
+	}
+	deadline := time.Now().Add(e.cfg.busyPoll)
+	for {
+		select {
+		case err := <-done:
+			return err, true
+		default:
+		}
+		if time.Now().After(deadline) {
+			return nil, false
+		}
+	}
 }
 
 func (e *Engine) sendOOB(ctx context.Context, peer string, n *Notify, seq, epoch uint64) error {
