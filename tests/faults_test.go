@@ -171,14 +171,14 @@ func TestCloseWithSendsInFlight(t *testing.T) {
 	}
 }
 
-// TestNoRNRWithCredits: a long one-way burst of 64-byte notifies with rq depth 64 never
-// hits RNR; the same burst with credits off does — proof that the check can fail.
+// TestNoRNRWithCredits: 1 M one-way 64-byte notifies (16 senders) with rq depth 64 never hit
+// RNR; a tenth of that burst with credits off does — proof that the check can fail.
 func TestNoRNRWithCredits(t *testing.T) {
-	count := 100_000
+	count := 1_000_000
 	if testing.Short() {
 		count = 20_000
 	}
-	run := func(t *testing.T, opts ...notify.Option) (rnr uint64, sent int) {
+	run := func(t *testing.T, count int, opts ...notify.Option) (rnr uint64, sent int) {
 		a := newEngine(t, notify.TransportRDMATwoSided, twoSidedOn("soft0", append(opts, notify.WithRecvCount(64), notify.WithOOBFallback(false))...)...)
 		var delivered atomic.Int64
 		b := newEngine(t, notify.TransportRDMATwoSided, twoSidedOn("soft1", append(opts, notify.WithRecvCount(64),
@@ -205,13 +205,13 @@ func TestNoRNRWithCredits(t *testing.T) {
 		return counters(t, b).RNRNaksSent - before, int(okCount.Load())
 	}
 	t.Run("credits", func(t *testing.T) {
-		rnr, sent := run(t)
+		rnr, sent := run(t, count)
 		require.Equal(t, count/16*16, sent)
 		require.Zero(t, rnr, "RNR NAKs with credit flow control")
 		t.Logf("%d one-way 64 B notifies, rq depth 64: %d RNR NAKs", sent, rnr)
 	})
 	t.Run("no-credits", func(t *testing.T) {
-		rnr, sent := run(t, notify.WithCreditsDisabled())
+		rnr, sent := run(t, count/10, notify.WithCreditsDisabled())
 		require.Greater(t, rnr, uint64(0), "without credits the burst should hit RNR")
 		t.Logf("credits off: %d RNR NAKs, %d notifies acked", rnr, sent)
 	})
