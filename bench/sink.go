@@ -63,6 +63,7 @@ type sink struct {
 	t0        []atomic.Int64 // send start by sequence number
 	from      uint64         // record only sequence numbers >= from
 	echo      chan uint64    // non-nil: hand every sequence number to the echo sender
+	echoNow   func(uint64)   // non-nil: echo right here, on the delivering thread
 	got       chan struct{}  // one pending wake-up for the waiter
 	bad       atomic.Int64   // messages without a sequence head, echo overflow
 }
@@ -89,7 +90,9 @@ func (s *sink) deliver(msg []byte) {
 		s.hist.Record(now - s.t0[seq].Load())
 	}
 	s.mu.Unlock()
-	if s.echo != nil && ok {
+	if s.echoNow != nil && ok {
+		s.echoNow(seq)
+	} else if s.echo != nil && ok {
 		select {
 		case s.echo <- seq:
 		default:

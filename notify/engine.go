@@ -75,6 +75,8 @@ type Engine struct {
 
 	rq recvQueue
 
+	oobAsync asyncQueues
+
 	reqPool sync.Pool
 }
 
@@ -249,6 +251,67 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) error {
 		return nil
 	}
 	return fmt.Errorf("notify: send to %s: %w", peer, err)
+}
+
+// SendNotifyAsync queues n for peer and returns at once; done (may be nil) is called exactly
+// once with the result, as SendNotify would return it, within 30 s. It never blocks, so it
+// may be called from a WithHandler callback (to answer a notify on the reactor thread).
+// done runs on the reactor thread — it must not block — except after an OOB fallback, when
+// it runs on the goroutine that carried the fallback. The engine reads n.Msg until done.
+func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) error {
+	if e.closed.Load() {
+		return ErrClosed
+	}
+	if err := e.validateNotify(peer, &n); err != nil {
+		return err
+	}
+	if done == nil {
+		done = func(error) {}
+	}
+	if e.cfg.transport == TransportOOB || !e.cfg.notifyEnabled {
+		e.oobAsync.push(e, peer, asyncOOB{n: n, done: done})
+		return nil
+	}
+	req := e.reqPool.Get().(*sendReq)
+	req.peer, req.n = peer, n
+	req.deadline = time.Now().Add(defaultSendTimeout)
+	req.seq, req.epoch, req.fallback, req.cb = 0, 0, false, done
+	if e.loop.InLoop() {
+		req.run()
+		return nil
+	}
+	if err := e.loop.Submit(req.runFn); err != nil {
+		e.reqPool.Put(req)
+		if errors.Is(err, reactor.ErrStopped) {
+			return ErrClosed
+		}
+		return fmt.Errorf("notify: send to %s: %w", peer, err)
+	}
+	return nil
+}
+
+// completeAsync ends a SendNotifyAsync: like SendNotify's tail, with the OOB fallback on a
+// goroutine (the loop never blocks).
+func (e *Engine) completeAsync(r *sendReq, err error) {
+	cb, peer, n, seq, epoch, fallback := r.cb, r.peer, r.n, r.seq, r.epoch, r.fallback
+	r.cb = nil
+	e.reqPool.Put(r)
+	switch {
+	case err == nil:
+		cb(nil)
+	case e.closed.Load():
+		cb(fmt.Errorf("notify: send to %s: %w (%v)", peer, ErrClosed, err))
+	case fallback && e.cfg.oobFallback:
+		e.oobAsync.push(e, peer, asyncOOB{n: n, seq: seq, epoch: epoch, done: func(ferr error) {
+			if ferr != nil {
+				cb(fmt.Errorf("notify: send to %s: rdma: %v; oob fallback: %w", peer, err, ferr))
+				return
+			}
+			cb(nil)
+		}})
+	default:
+		cb(fmt.Errorf("notify: send to %s: %w", peer, err))
+	}
 }
 
 // spinWait polls done for up to the busy-poll budget, so that with busy polling on the

@@ -73,6 +73,7 @@ type sendReq struct {
 	epoch    uint64
 	fallback bool
 	done     chan error
+	cb       func(error) // SendNotifyAsync: called instead of a send on done
 	runFn    func()
 	creq     ctrlchannel.SendReq
 }
@@ -87,11 +88,15 @@ func newSendReq(e *Engine) *sendReq {
 func (r *sendReq) prepare(ctx context.Context, peer string, n Notify) {
 	r.peer, r.n = peer, n
 	r.deadline, _ = ctx.Deadline()
-	r.seq, r.epoch, r.fallback = 0, 0, false
+	r.seq, r.epoch, r.fallback, r.cb = 0, 0, false, nil
 }
 
 func (r *sendReq) complete(err error, fallback bool) {
 	r.fallback = fallback
+	if r.cb != nil {
+		r.e.completeAsync(r, err)
+		return
+	}
 	r.done <- err
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -314,4 +315,42 @@ func peerStats(t *testing.T, e *notify.Engine, peer string) notify.PeerStats {
 
 func contextWithTimeout(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(parent, d)
+}
+
+// TestAsyncEchoFromHandler: a handler answers each notify with SendNotifyAsync on the
+// reactor thread; every answer arrives, in order, and every done reports success.
+func TestAsyncEchoFromHandler(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			var self atomic.Pointer[notify.Engine]
+			var doneOK, doneErr atomic.Int64
+			b := newEngine(t, tr, notify.WithHandler(func(n notify.Notify) {
+				err := self.Load().SendNotifyAsync(n.Peer, notify.Notify{Name: "echo", Msg: n.Msg}, func(err error) {
+					if err != nil {
+						doneErr.Add(1)
+						return
+					}
+					doneOK.Add(1)
+				})
+				if err != nil {
+					doneErr.Add(1)
+				}
+			}))
+			self.Store(b)
+			a := newEngine(t, tr)
+			ctx := ctxFor(t, 30*time.Second)
+			const n = 300
+			for i := 0; i < n; i++ {
+				require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "ping", Msg: []byte(fmt.Sprint(i))}))
+			}
+			for i := 0; i < n; i++ {
+				m, err := a.Recv(ctx)
+				require.NoError(t, err)
+				require.Equal(t, "echo", m.Name)
+				require.Equal(t, fmt.Sprint(i), string(m.Msg))
+			}
+			require.Eventually(t, func() bool { return doneOK.Load() == n }, 10*time.Second, time.Millisecond)
+			require.Zero(t, doneErr.Load())
+		})
+	}
 }
