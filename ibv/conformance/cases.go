@@ -80,7 +80,10 @@ func testSendCompletesAfterPlacement(t *testing.T, f Fixture) {
 		require.Eventually(t, func() bool { return counters(t, f, b.ctx).RNRNaksSent >= 2 }, waitFor, time.Millisecond,
 			"the responder never answered RNR")
 	} else {
-		time.Sleep(20 * time.Millisecond) // no counters: give the SEND time to arrive
+		// No counters: watch the send CQ for a while instead; the SEND must not complete.
+		wcs := make([]ibv.WC, 4)
+		require.Never(t, func() bool { n, _ := a.scq.Poll(wcs); return n > 0 }, 20*time.Millisecond, time.Millisecond,
+			"the SEND completed with no RECV posted")
 	}
 	requireEmpty(t, a.scq)
 	b.postRecv(t, b.qp, 70, 0, 64)
