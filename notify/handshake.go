@@ -34,6 +34,15 @@ func (e *Engine) channelConfig() ctrlchannel.Config {
 	return cfg
 }
 
+// forgetSession drops the duplicate filter of p's previous session when p comes back with
+// a new one (it restarted): the old process can send nothing more. Loop-only.
+func (e *Engine) forgetSession(p *peer, session uint64) {
+	if p.remoteSession != 0 && p.remoteSession != session {
+		delete(e.dedup, p.remoteSession)
+	}
+	p.remoteSession = session
+}
+
 // channels counts established channels. Loop-only.
 func (e *Engine) channels() int {
 	n := 0
@@ -138,10 +147,8 @@ func (h *oobHandler) HandleNotify(req *oob.NotifyRequest, reply func(error)) {
 		reply(ErrClosed)
 		return
 	}
-	var p *peer
-	if req.From != "" {
-		p = e.peer(req.From)
-	}
+	// Counted against a known peer only: a notify must not make the engine remember names.
+	p := e.peers[req.From]
 	e.deliver(p, req.Session, req.Seq, Notify{Peer: req.From, Name: req.Name, Msg: req.Msg}, reply)
 }
 
@@ -202,6 +209,10 @@ func (h *oobHandler) HandleHandshake(req *oob.HandshakeDesc, reply func(*oob.Han
 		p.yieldTimer.Stop()
 		p.yieldTimer = nil
 	}
+	if e.paused {
+		ch.SetPaused(true)
+	}
+	e.forgetSession(p, req.Session)
 	p.ch, p.epoch, p.state, p.lastErr, p.remoteQPN = ch, epoch, stateUp, nil, req.NotifyQPNum
 	p.flush()
 	e.armKeepalive()

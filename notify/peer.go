@@ -35,11 +35,12 @@ type peer struct {
 	nextSeq uint64
 	waiters []*sendReq // sends waiting for the connect in progress
 
-	yieldTimer *reactor.Timer
-	lastErr    error
-	remoteQPN  uint32 // the peer's QPN of ch
-	noCredit   uint64 // keepalive: last KeepalivesNoCredit seen
-	starved    int    // keepalive rounds in a row without credit
+	yieldTimer    *reactor.Timer
+	lastErr       error
+	remoteQPN     uint32 // the peer's QPN of ch
+	remoteSession uint64 // the peer's session on ch
+	noCredit      uint64 // keepalive: last KeepalivesNoCredit seen
+	starved       int    // keepalive rounds in a row without credit
 
 	sent, sentFailed, received, dups uint64
 }
@@ -235,6 +236,10 @@ func (e *Engine) finishConnect(name string, ch *ctrlchannel.Channel, epoch uint6
 	if p.ch != nil && p.ch != ch {
 		p.ch.Close(fmt.Errorf("%w: replaced by the channel %s accepted", ctrlchannel.ErrClosed, name))
 	}
+	if e.paused {
+		ch.SetPaused(true)
+	}
+	e.forgetSession(p, resp.Session)
 	p.ch, p.state, p.lastErr, p.remoteQPN = ch, stateUp, nil, resp.NotifyQPNum
 	if epoch > p.epoch {
 		p.epoch = epoch
