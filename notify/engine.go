@@ -210,6 +210,9 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) error {
 	if err := e.validateNotify(peer, &n); err != nil {
 		return err
 	}
+	if e.loop.InLoop() {
+		return fmt.Errorf("%w: SendNotify on the reactor thread (a handler) would wait on itself: use SendNotifyAsync", ErrInvalid)
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, defaultSendTimeout)

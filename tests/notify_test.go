@@ -354,3 +354,24 @@ func TestAsyncEchoFromHandler(t *testing.T) {
 		})
 	}
 }
+
+// TestSendNotifyFromHandler: the blocking call on the reactor thread is refused with a
+// clear error instead of deadlocking.
+func TestSendNotifyFromHandler(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			var self atomic.Pointer[notify.Engine]
+			errc := make(chan error, 1)
+			b := newEngine(t, tr, notify.WithHandler(func(n notify.Notify) {
+				errc <- self.Load().SendNotify(context.Background(), n.Peer, notify.Notify{Name: "nope"})
+			}))
+			self.Store(b)
+			a := newEngine(t, tr)
+			ctx := ctxFor(t, 20*time.Second)
+			require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "ping"}))
+			err := <-errc
+			require.ErrorIs(t, err, notify.ErrInvalid)
+			require.ErrorContains(t, err, "SendNotifyAsync")
+		})
+	}
+}
