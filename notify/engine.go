@@ -72,6 +72,7 @@ type Engine struct {
 	heldOOB []heldNotify
 	closing bool
 	kaTimer *reactor.Timer
+	started bool // the loop knows e.name
 
 	rq recvQueue
 
@@ -144,9 +145,22 @@ func newEngine(cfg config, opts []Option) (*Engine, error) {
 		return nil, fmt.Errorf("notify: oob listener %s: %w", cfg.listenAddr, err)
 	}
 	e.node = node
-	e.name = cfg.peerName
-	if e.name == "" {
-		e.name = advertised(node.Addr())
+	name := cfg.peerName
+	if name == "" {
+		name = advertised(node.Addr())
+	}
+	// The listener serves from now on; the loop learns the name (and starts answering
+	// handshakes and notifies) in order with what it serves.
+	started := make(chan struct{})
+	if err := loop.Submit(func() { e.name, e.started = name, true; close(started) }); err != nil {
+		_ = e.Close(context.Background())
+		return nil, fmt.Errorf("notify: start: %w", err)
+	}
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		_ = e.Close(context.Background())
+		return nil, fmt.Errorf("notify: start: the reactor did not run for 10 s")
 	}
 	cfg.logger.Info().Str("addr", e.name).Str("transport", cfg.transport).Str("device", e.devName).Msg("notify engine started")
 	return e, nil

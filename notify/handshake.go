@@ -143,7 +143,7 @@ type oobHandler Engine
 
 func (h *oobHandler) HandleNotify(req *oob.NotifyRequest, reply func(error)) {
 	e := (*Engine)(h)
-	if e.closing {
+	if e.closing || !e.started {
 		reply(ErrClosed)
 		return
 	}
@@ -154,7 +154,7 @@ func (h *oobHandler) HandleNotify(req *oob.NotifyRequest, reply func(error)) {
 
 func (h *oobHandler) HandleHandshake(req *oob.HandshakeDesc, reply func(*oob.HandshakeDesc, error)) {
 	e := (*Engine)(h)
-	if e.closing {
+	if e.closing || !e.started {
 		reply(nil, ErrClosed)
 		return
 	}
@@ -173,10 +173,16 @@ func (h *oobHandler) HandleHandshake(req *oob.HandshakeDesc, reply func(*oob.Han
 		return
 	}
 	p := e.peer(name)
-	if p.state == stateConnecting && e.name < name {
-		// Simultaneous open: the engine with the smaller name is the active side.
-		reply(nil, fmt.Errorf("%s", yieldMsg))
-		return
+	if e.name < name {
+		// Simultaneous open: the engine with the smaller name is the active side. Refuse the
+		// peer's attempt while ours is in flight, and a straggler of it that arrives once
+		// ours is up: same session, no newer epoch than the channel both ends now use. A
+		// reconnect carries a newer epoch, a restarted peer a new session.
+		straggler := p.state == stateUp && req.Session == p.remoteSession && req.Epoch != 0 && req.Epoch <= p.epoch
+		if p.state == stateConnecting || straggler {
+			reply(nil, fmt.Errorf("%s", yieldMsg))
+			return
+		}
 	}
 	if p.ch == nil && e.channels() >= e.cfg.maxChannels {
 		reply(nil, fmt.Errorf("%w: max_channels: %d channels open, the limit", ErrLimit, e.cfg.maxChannels))

@@ -4,12 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/twosided/twosided/ctrlchannel"
 	"github.com/twosided/twosided/oob"
 	"github.com/twosided/twosided/reactor"
 )
+
+// noCtrlRetry is how long a peer that said it has no ctrl channel is served over OOB only
+// before the engine asks again (it may have restarted with rdma_twosided).
+const noCtrlRetry = 30 * time.Second
 
 // chanState is a peer's channel state, as Stats reports it.
 type chanState uint8
@@ -37,10 +42,11 @@ type peer struct {
 
 	yieldTimer    *reactor.Timer
 	lastErr       error
-	remoteQPN     uint32 // the peer's QPN of ch
-	remoteSession uint64 // the peer's session on ch
-	noCredit      uint64 // keepalive: last KeepalivesNoCredit seen
-	starved       int    // keepalive rounds in a row without credit
+	remoteQPN     uint32    // the peer's QPN of ch
+	remoteSession uint64    // the peer's session on ch
+	noCtrlUntil   time.Time // the peer has no ctrl channel: OOB only until then
+	noCredit      uint64    // keepalive: last KeepalivesNoCredit seen
+	starved       int       // keepalive rounds in a row without credit
 
 	sent, sentFailed, received, dups uint64
 }
@@ -130,6 +136,11 @@ func (r *sendReq) run() {
 		}
 		p.waiters = append(p.waiters, r)
 	case stateIdle:
+		if e.loop.Now().Before(p.noCtrlUntil) {
+			// The peer said it has no ctrl channel: straight to OOB, no handshake per notify.
+			r.complete(p.lastErr, true)
+			return
+		}
 		p.waiters = append(p.waiters, r)
 		e.connect(p)
 	}
@@ -196,7 +207,8 @@ func (e *Engine) finishConnect(name string, ch *ctrlchannel.Channel, epoch uint6
 	if !superseded {
 		p.pending = nil
 	}
-	if err == nil {
+	if err == nil || (errors.Is(err, oob.ErrRejected) && resp != nil) {
+		// A refusal comes back as a reply with reply_msg: read why.
 		err = checkHandshakeReply(resp)
 	}
 	if superseded && err != nil {
@@ -228,6 +240,9 @@ func (e *Engine) finishConnect(name string, ch *ctrlchannel.Channel, epoch uint6
 		ch.Close(ctrlchannel.ErrClosed)
 		if !superseded {
 			p.state = stateIdle
+			if errors.Is(err, ErrNoCtrlChannel) {
+				p.noCtrlUntil = e.loop.Now().Add(noCtrlRetry)
+			}
 			p.lastErr = fmt.Errorf("connect %s: %w", name, err)
 			p.fail(p.lastErr, true)
 		}
@@ -262,6 +277,10 @@ func checkHandshakeReply(resp *oob.HandshakeDesc) error {
 		return fmt.Errorf("%w: empty handshake reply", ErrPeerUnreachable)
 	}
 	if resp.ReplyMsg != "" {
+		if strings.Contains(resp.ReplyMsg, ErrNoCtrlChannel.Error()) {
+			// A twosided peer running the oob transport says so in words.
+			return fmt.Errorf("%w: %s", ErrNoCtrlChannel, resp.ReplyMsg)
+		}
 		return &handshakeRejected{msg: resp.ReplyMsg}
 	}
 	if !resp.CtrlChannel || resp.NotifyQPNum == 0 {

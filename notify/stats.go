@@ -7,6 +7,7 @@ import (
 
 	"github.com/twosided/twosided/ctrlchannel"
 	"github.com/twosided/twosided/ibv"
+	"github.com/twosided/twosided/oob"
 	"github.com/twosided/twosided/reactor"
 )
 
@@ -34,6 +35,7 @@ type Stats struct {
 	Paused    bool
 	Peers     []PeerStats
 	Reactor   reactor.Stats
+	OOB       oob.Stats
 }
 
 // Stats returns a snapshot; it waits at most a second for the reactor.
@@ -43,6 +45,7 @@ func (e *Engine) Stats() Stats {
 		return s
 	}
 	s.Reactor = e.loop.Stats()
+	s.OOB = e.node.Stats()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	done := make(chan []PeerStats, 1)

@@ -178,11 +178,17 @@ func TestNoRNRWithCredits(t *testing.T) {
 	if testing.Short() {
 		count = 20_000
 	}
-	run := func(t *testing.T, count int, opts ...notify.Option) (rnr uint64, sent int) {
+	run := func(t *testing.T, count int, slow bool, opts ...notify.Option) (rnr uint64, sent int) {
 		a := newEngine(t, notify.TransportRDMATwoSided, twoSidedOn("soft0", append(opts, notify.WithRecvCount(64), notify.WithOOBFallback(false))...)...)
 		var delivered atomic.Int64
 		b := newEngine(t, notify.TransportRDMATwoSided, twoSidedOn("soft1", append(opts, notify.WithRecvCount(64),
-			notify.WithHandler(func(notify.Notify) { delivered.Add(1) }))...)...)
+			notify.WithHandler(func(notify.Notify) {
+				if slow {
+					for end := time.Now().Add(20 * time.Microsecond); time.Now().Before(end); {
+					}
+				}
+				delivered.Add(1)
+			}))...)...)
 		ctx := ctxFor(t, 120*time.Second)
 		before := counters(t, b).RNRNaksSent
 		msg := make([]byte, 64)
@@ -205,13 +211,14 @@ func TestNoRNRWithCredits(t *testing.T) {
 		return counters(t, b).RNRNaksSent - before, int(okCount.Load())
 	}
 	t.Run("credits", func(t *testing.T) {
-		rnr, sent := run(t, count)
+		rnr, sent := run(t, count, false)
 		require.Equal(t, count/16*16, sent)
 		require.Zero(t, rnr, "RNR NAKs with credit flow control")
 		t.Logf("%d one-way 64 B notifies, rq depth 64: %d RNR NAKs", sent, rnr)
 	})
 	t.Run("no-credits", func(t *testing.T) {
-		rnr, sent := run(t, count/10, notify.WithCreditsDisabled())
+		// Without credits, a receiver slower than its sender is what hits RNR.
+		rnr, sent := run(t, count/10, true, notify.WithCreditsDisabled())
 		require.Greater(t, rnr, uint64(0), "without credits the burst should hit RNR")
 		t.Logf("credits off: %d RNR NAKs, %d notifies acked", rnr, sent)
 	})

@@ -270,8 +270,9 @@ func TestBadInput(t *testing.T) {
 // channel, the same one seen from both sides.
 func TestSimultaneousOpen(t *testing.T) {
 	for round := 0; round < 5; round++ {
-		a := newEngine(t, notify.TransportRDMATwoSided)
-		b := newEngine(t, notify.TransportRDMATwoSided)
+		// No OOB fallback: both first notifies must go over the one channel.
+		a := newEngine(t, notify.TransportRDMATwoSided, notify.WithOOBFallback(false))
+		b := newEngine(t, notify.TransportRDMATwoSided, notify.WithOOBFallback(false))
 		ctx := ctxFor(t, 30*time.Second)
 		var wg sync.WaitGroup
 		var errA, errB error
@@ -374,4 +375,22 @@ func TestSendNotifyFromHandler(t *testing.T) {
 			require.ErrorContains(t, err, "SendNotifyAsync")
 		})
 	}
+}
+
+// TestMixedTransports: an rdma_twosided engine sending to an oob-only engine falls back to
+// OOB, and after the first refusal stops asking for a ctrl channel on every notify.
+func TestMixedTransports(t *testing.T) {
+	a := newEngine(t, notify.TransportRDMATwoSided)
+	b := newEngine(t, notify.TransportOOB)
+	ctx := ctxFor(t, 20*time.Second)
+	for i := 0; i < 5; i++ {
+		require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "mixed", Msg: []byte(fmt.Sprint(i))}))
+	}
+	for i := 0; i < 5; i++ {
+		m, err := b.Recv(ctx)
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprint(i), string(m.Msg))
+	}
+	require.Equal(t, uint64(1), b.Stats().OOB.HandshakeServed, "a handshake per notify")
+	require.Contains(t, peerStats(t, a, b.Addr()).LastError, "no ctrl channel")
 }
