@@ -368,7 +368,7 @@ func (c *Channel) Connect(peer PeerInfo, localSession, peerSession, epoch uint64
 // Send queues r. r.Done is called on the loop exactly once: nil only after the SEND of
 // every frame of the notify completed successfully. Loop-only.
 func (c *Channel) Send(r *SendReq) {
-	if !c.loop.InLoop() {
+	if !c.loop.OnLoop() {
 		panic(reactor.ErrNotInLoop)
 	}
 	c.m.Submit(c.loop.Now(), r)
@@ -379,7 +379,7 @@ func (c *Channel) Send(r *SendReq) {
 // reaped but their notifies and buffers are kept, so no credit goes back and the peer's
 // sends wait. Loop-only.
 func (c *Channel) SetPaused(p bool) {
-	if !c.loop.InLoop() {
+	if !c.loop.OnLoop() {
 		panic(reactor.ErrNotInLoop)
 	}
 	c.m.SetPaused(c.loop.Now(), p)
@@ -394,7 +394,7 @@ func (c *Channel) SetPaused(p bool) {
 // wrapping ErrPeerError. A dead peer is so noticed within two periods plus that retry
 // time, unless the channel is down to its credit reserve (see the package doc). Loop-only.
 func (c *Channel) Keepalive() {
-	if !c.loop.InLoop() {
+	if !c.loop.OnLoop() {
 		panic(reactor.ErrNotInLoop)
 	}
 	c.m.Keepalive()
@@ -404,7 +404,7 @@ func (c *Channel) Keepalive() {
 // Close fails pending sends with err (wrapping ErrClosed), destroys QP, CQ and MRs and
 // calls OnClosed. Loop-only.
 func (c *Channel) Close(err error) {
-	if !c.loop.InLoop() {
+	if !c.loop.OnLoop() {
 		panic(reactor.ErrNotInLoop)
 	}
 	c.m.Close(err)
@@ -415,7 +415,7 @@ func (c *Channel) Close(err error) {
 // SEND, then the CQ is reaped, so every notify whose SEND the peer saw complete is handed
 // to OnNotify rather than dropped with the ring. Call Close after it. Loop-only.
 func (c *Channel) Drain() {
-	if !c.loop.InLoop() {
+	if !c.loop.OnLoop() {
 		panic(reactor.ErrNotInLoop)
 	}
 	if c.tornDown || c.qp == nil {
@@ -436,7 +436,7 @@ func (c *Channel) Stats() ChannelStats {
 }
 
 func (c *Channel) loopOnly(op string) error {
-	if !c.loop.InLoop() {
+	if !c.loop.OnLoop() {
 		return fmt.Errorf("ctrlchannel: %s: %w", op, reactor.ErrNotInLoop)
 	}
 	return nil

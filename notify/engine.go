@@ -293,10 +293,8 @@ func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) error 
 	req.peer, req.n = peer, n
 	req.deadline = time.Now().Add(defaultSendTimeout)
 	req.seq, req.epoch, req.fallback, req.cb = 0, 0, false, done
-	if e.loop.InLoop() {
-		req.run()
-		return nil
-	}
+	// From a handler too: the loop is awake, so this costs no eventfd write, and it keeps
+	// the per-peer order with sends queued before.
 	if err := e.loop.Submit(req.runFn); err != nil {
 		e.reqPool.Put(req)
 		if errors.Is(err, reactor.ErrStopped) {

@@ -112,7 +112,7 @@ func (l *Loop) WatchCQ(cq ibv.CQ, h CQHandler) (*CQWatch, error) {
 // Kick runs the drain/arm cycle now (e.g. after posting). Inside the watch's own cycle it
 // does nothing: the cycle polls again before it ends anyway. Loop only: it panics elsewhere.
 func (w *CQWatch) Kick() {
-	if !w.l.InLoop() {
+	if !w.l.OnLoop() {
 		panic(ErrNotInLoop)
 	}
 	if w.closed || w.inCycle {

@@ -236,6 +236,11 @@ func (l *Loop) InLoop() bool {
 	return tid != 0 && int64(unix.Gettid()) == tid
 }
 
+// OnLoop is the loop-only assertion: InLoop in race builds (every test run), true without
+// one, where the check would cost a system call per call. Use InLoop where the answer
+// decides what to do; use OnLoop to guard loop-only entry points.
+func (l *Loop) OnLoop() bool { return !assertLoop || l.InLoop() }
+
 // Stats returns the loop's counters. Safe from any goroutine.
 func (l *Loop) Stats() Stats {
 	return Stats{

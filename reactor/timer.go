@@ -14,7 +14,7 @@ type Timer struct {
 // AfterFunc runs f on the loop once d has passed (d <= 0: on the next iteration). The loop's
 // blocking epoll_wait takes the next deadline as its timeout. Loop only: it panics elsewhere.
 func (l *Loop) AfterFunc(d time.Duration, f func()) *Timer {
-	if !l.InLoop() {
+	if !l.OnLoop() {
 		panic(ErrNotInLoop)
 	}
 	if f == nil {
@@ -28,7 +28,7 @@ func (l *Loop) AfterFunc(d time.Duration, f func()) *Timer {
 // Reset (re)starts the timer to fire once d from now, whether it was pending, fired or
 // stopped. Loop only: it panics elsewhere.
 func (t *Timer) Reset(d time.Duration) {
-	if !t.l.InLoop() {
+	if !t.l.OnLoop() {
 		panic(ErrNotInLoop)
 	}
 	t.l.schedule(t, d)
@@ -37,7 +37,7 @@ func (t *Timer) Reset(d time.Duration) {
 // Stop cancels the timer; it reports whether the timer was pending. Loop only: it panics
 // elsewhere.
 func (t *Timer) Stop() bool {
-	if !t.l.InLoop() {
+	if !t.l.OnLoop() {
 		panic(ErrNotInLoop)
 	}
 	if t.idx < 0 {
