@@ -132,7 +132,7 @@ func Listen(loop *reactor.Loop, cfg Config, h Handler) (*Node, error) {
 	}
 	n := &Node{
 		loop: loop, cfg: cfg, h: h, log: cfg.Logger, addr: sockaddrString(bound), lfd: fd,
-		t0: time.Now(), closeErr: make(chan struct{}),
+		t0: loop.Now(), closeErr: make(chan struct{}),
 		conns: make(map[*conn]struct{}), peers: make(map[string]*peerState),
 		scratch: make([]byte, readChunk), out: make([]byte, 0, 4096),
 		auth: newAuthKeys(&cfg),
@@ -225,6 +225,9 @@ func (n *Node) shutdown() {
 }
 
 // now is the loop clock in ns since the Node started.
+// now is nanoseconds since the Node started, on the loop's clock. t0 is read from that
+// clock too: a wall-clock t0 can be ahead of the loop's last reading, making now negative
+// (and every zero deadline look pending).
 func (n *Node) now() int64 { return int64(n.loop.Now().Sub(n.t0)) }
 
 // onAccept accepts until EAGAIN (bounded per event for fairness).
