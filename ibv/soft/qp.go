@@ -748,7 +748,10 @@ func (q *qp) respond(rx *rxBatch) {
 	q.touched = false
 	op := q.respOp
 	q.respOp = 0
-	if op == 0 || q.destroyed {
+	// An ACK owed for data already placed (its CQE may be reaped, the QP destroyed since)
+	// still goes out, as a NIC's would: otherwise the requester retries against a QP that
+	// is gone and fails a SEND whose bytes were delivered.
+	if op == 0 || (q.destroyed && op != opAck) {
 		return
 	}
 	c := q.connLocked()
