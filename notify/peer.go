@@ -48,7 +48,7 @@ type peer struct {
 	noCredit      uint64    // keepalive: last KeepalivesNoCredit seen
 	starved       int       // keepalive rounds in a row without credit
 
-	sent, sentFailed, received, dups uint64
+	sent, received, dups uint64
 }
 
 func (e *Engine) peer(name string) *peer {
