@@ -258,16 +258,31 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) error {
 	if err == nil {
 		return nil
 	}
-	if e.closed.Load() {
-		return fmt.Errorf("notify: send to %s: %w (%v)", peer, ErrClosed, err)
+	final, tryOOB := e.failed(peer, err, fallback)
+	if !tryOOB {
+		return final
 	}
-	if fallback && e.cfg.oobFallback {
-		if ferr := e.sendOOB(ctx, peer, &n, seq, epoch); ferr != nil {
-			return fmt.Errorf("notify: send to %s: rdma: %v; oob fallback: %w", peer, err, ferr)
-		}
-		return nil
+	return fallbackResult(peer, err, e.sendOOB(ctx, peer, &n, seq, epoch))
+}
+
+// failed is what a send that failed on its channel comes to: a final error, or tryOOB when
+// it may be retried over OOB (the engine is open, fallback is on, the failure allows it).
+func (e *Engine) failed(peer string, err error, fallback bool) (final error, tryOOB bool) {
+	switch {
+	case e.closed.Load():
+		return fmt.Errorf("notify: send to %s: %w (%v)", peer, ErrClosed, err), false
+	case fallback && e.cfg.oobFallback:
+		return nil, true
 	}
-	return fmt.Errorf("notify: send to %s: %w", peer, err)
+	return fmt.Errorf("notify: send to %s: %w", peer, err), false
+}
+
+// fallbackResult is a send's result after its OOB retry.
+func fallbackResult(peer string, rdmaErr, oobErr error) error {
+	if oobErr != nil {
+		return fmt.Errorf("notify: send to %s: rdma: %v; oob fallback: %w", peer, rdmaErr, oobErr)
+	}
+	return nil
 }
 
 // SendNotifyAsync queues n for peer and returns at once; done (may be nil) is called exactly
@@ -311,22 +326,18 @@ func (e *Engine) completeAsync(r *sendReq, err error) {
 	cb, peer, n, seq, epoch, fallback := r.cb, r.peer, r.n, r.seq, r.epoch, r.fallback
 	r.cb = nil
 	e.reqPool.Put(r)
-	switch {
-	case err == nil:
+	if err == nil {
 		cb(nil)
-	case e.closed.Load():
-		cb(fmt.Errorf("notify: send to %s: %w (%v)", peer, ErrClosed, err))
-	case fallback && e.cfg.oobFallback:
-		e.oobAsync.push(e, peer, asyncOOB{n: n, seq: seq, epoch: epoch, done: func(ferr error) {
-			if ferr != nil {
-				cb(fmt.Errorf("notify: send to %s: rdma: %v; oob fallback: %w", peer, err, ferr))
-				return
-			}
-			cb(nil)
-		}})
-	default:
-		cb(fmt.Errorf("notify: send to %s: %w", peer, err))
+		return
 	}
+	final, tryOOB := e.failed(peer, err, fallback)
+	if !tryOOB {
+		cb(final)
+		return
+	}
+	e.oobAsync.push(e, peer, asyncOOB{n: n, seq: seq, epoch: epoch, done: func(ferr error) {
+		cb(fallbackResult(peer, err, ferr))
+	}})
 }
 
 // spinWait polls done for up to the busy-poll budget, so that with busy polling on the

@@ -34,6 +34,23 @@ func (e *Engine) channelConfig() ctrlchannel.Config {
 	return cfg
 }
 
+// adopt makes ch, connected at epoch to the peer's session and QPN, p's channel, from
+// either side of the handshake: it starts paused while the receive queue is full, and the
+// sends that waited for it go out. Loop-only.
+func (e *Engine) adopt(p *peer, ch *ctrlchannel.Channel, epoch, session uint64, remoteQPN uint32) {
+	if e.paused {
+		ch.SetPaused(true)
+	}
+	e.forgetSession(p, session)
+	p.ch, p.epoch, p.state, p.lastErr, p.remoteQPN = ch, epoch, stateUp, nil, remoteQPN
+	p.flush()
+	e.armKeepalive()
+}
+
+func (e *Engine) channelLimitErr() error {
+	return fmt.Errorf("%w: max_channels: %d channels open, the limit", ErrLimit, e.cfg.maxChannels)
+}
+
 // forgetSession drops the duplicate filter of p's previous session when p comes back with
 // a new one (it restarted): the old process can send nothing more. Loop-only.
 func (e *Engine) forgetSession(p *peer, session uint64) {
@@ -185,7 +202,7 @@ func (h *oobHandler) HandleHandshake(req *oob.HandshakeDesc, reply func(*oob.Han
 		}
 	}
 	if p.ch == nil && e.channels() >= e.cfg.maxChannels {
-		reply(nil, fmt.Errorf("%w: max_channels: %d channels open, the limit", ErrLimit, e.cfg.maxChannels))
+		reply(nil, e.channelLimitErr())
 		return
 	}
 	ch, err := e.newChannel(p)
@@ -215,12 +232,6 @@ func (h *oobHandler) HandleHandshake(req *oob.HandshakeDesc, reply func(*oob.Han
 		p.yieldTimer.Stop()
 		p.yieldTimer = nil
 	}
-	if e.paused {
-		ch.SetPaused(true)
-	}
-	e.forgetSession(p, req.Session)
-	p.ch, p.epoch, p.state, p.lastErr, p.remoteQPN = ch, epoch, stateUp, nil, req.NotifyQPNum
-	p.flush()
-	e.armKeepalive()
+	e.adopt(p, ch, epoch, req.Session, req.NotifyQPNum)
 	reply(e.handshakeDesc(ch, name, epoch), nil)
 }

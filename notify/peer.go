@@ -166,7 +166,7 @@ func (p *peer) flush() {
 // finishConnect on the loop. One connect per peer at a time: senders queue in p.waiters.
 func (e *Engine) connect(p *peer) {
 	if e.channels() >= e.cfg.maxChannels {
-		p.lastErr = fmt.Errorf("%w: max_channels: %d channels open, the limit", ErrLimit, e.cfg.maxChannels)
+		p.lastErr = e.channelLimitErr()
 		p.fail(p.lastErr, true)
 		return
 	}
@@ -251,16 +251,7 @@ func (e *Engine) finishConnect(name string, ch *ctrlchannel.Channel, epoch uint6
 	if p.ch != nil && p.ch != ch {
 		p.ch.Close(fmt.Errorf("%w: replaced by the channel %s accepted", ctrlchannel.ErrClosed, name))
 	}
-	if e.paused {
-		ch.SetPaused(true)
-	}
-	e.forgetSession(p, resp.Session)
-	p.ch, p.state, p.lastErr, p.remoteQPN = ch, stateUp, nil, resp.NotifyQPNum
-	if epoch > p.epoch {
-		p.epoch = epoch
-	}
-	p.flush()
-	e.armKeepalive()
+	e.adopt(p, ch, max(epoch, p.epoch), resp.Session, resp.NotifyQPNum)
 }
 
 func isYield(err error) bool {
