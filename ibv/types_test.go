@@ -39,11 +39,11 @@ func TestParseGID(t *testing.T) {
 	for _, bad := range []string{
 		"",
 		"fe80::1",
-		"fe:80:00:00:00:00:00:00:02:42:ac:ff:fe:11:00",    // 15 bytes
+		"fe:80:00:00:00:00:00:00:02:42:ac:ff:fe:11:00",     // 15 bytes
 		"fe:80:00:00:00:00:00:00:02:42:ac:ff:fe:11:00:02:", // trailing colon
-		"fe:80:00:00:00:00:00:00:02:42:ac:ff:fe:11:00:0g", // not hex
-		"fe:80:00:00:00:00:00:00:02:42:ac:ff:fe:11:0:002", // misplaced colon
-		"fe-80-00-00-00-00-00-00-02-42-ac-ff-fe-11-00-02", // wrong separator
+		"fe:80:00:00:00:00:00:00:02:42:ac:ff:fe:11:00:0g",  // not hex
+		"fe:80:00:00:00:00:00:00:02:42:ac:ff:fe:11:0:002",  // misplaced colon
+		"fe-80-00-00-00-00-00-00-02-42-ac-ff-fe-11-00-02",  // wrong separator
 		"fe80:0000:0000:0000:0242:acff:fe11:000x",
 		"+e80:0000:0000:0000:0242:acff:fe11:0002",
 		" fe80:000:0000:0000:0242:acff:fe11:0002",
