@@ -291,6 +291,9 @@ func (c *chanEvents) OnNotify(d ctrlchannel.Delivery) {
 	c.e.deliver(c.p, d.Session, d.Seq, Notify{Peer: c.p.name, Name: d.Name, Msg: d.Msg}, nil)
 }
 
+// OnFence: the peer gave up on seqs first..first+count-1 (the receive window will use it).
+func (c *chanEvents) OnFence(session, first, count uint64) {}
+
 func (c *chanEvents) OnClosed(err error) {
 	p := c.p
 	if c.ch != nil && p.ch == c.ch {
