@@ -905,13 +905,15 @@ func (m *Machine) drop(slot int, data bool, reason DropReason, err error) {
 	m.acts = append(m.acts, Action{Kind: ActDrop, Reason: reason, Err: err})
 }
 
+// notify delivers a received notify. Seqs are not filtered here: an RC channel delivers
+// each frame once and in order, and a sender may legitimately resend a lower seq on a newer
+// channel (a send of a replaced channel); the engine's receive window orders and dedups
+// across channels and paths. Only seqs at or below DeliveredSeq (what the engine says it
+// already delivered before this channel) are dropped.
 func (m *Machine) notify(slot int, h *Header, nc NotifyCompat, id []byte, owned bool) {
 	if h.Seq != 0 && h.Seq <= m.deliveredSeq {
 		m.drop(slot, true, DropDuplicate, fmt.Errorf("recv notify seq %d: seq %d already delivered", h.Seq, m.deliveredSeq))
 		return
-	}
-	if h.Seq != 0 {
-		m.deliveredSeq = h.Seq
 	}
 	m.hold(slot, Action{Kind: ActDeliver, Session: h.Session, Epoch: h.Epoch, Seq: h.Seq, Name: nc.Name, Msg: nc.Msg, ID: id, Owned: owned})
 }

@@ -22,6 +22,10 @@ type PeerStats struct {
 	LastError  string
 	LocalQPN   uint32 // QPN of the established channel, here
 	RemoteQPN  uint32 // and at the peer
+	Session    uint64 // the peer's session (0: a Mooncake engine)
+	Names      []string
+	Held       int // received early, waiting for a missing seq
+	Window     windowStats
 	Channel    *ctrlchannel.ChannelStats
 }
 
@@ -34,6 +38,9 @@ type Stats struct {
 	Queued    int // received, not yet consumed
 	Paused    bool
 	Peers     []PeerStats
+	Limits    machineStats // refusals, retries and prunes of the peer machine
+	HeldOOB   int          // OOB notifies held while the receive queue is full
+	OOBBusy   uint64       // OOB notifies answered "busy"
 	Reactor   reactor.Stats
 	OOB       oob.Stats
 }
@@ -50,21 +57,28 @@ func (e *Engine) Stats() Stats {
 	defer cancel()
 	done := make(chan []PeerStats, 1)
 	var paused bool
+	var machine machineStats
+	var heldOOB int
+	var busy uint64
 	if err := e.loop.SubmitWait(ctx, func() {
-		ps := make([]PeerStats, 0, len(e.peers))
-		for _, p := range e.peers {
-			st := PeerStats{Peer: p.name, State: p.state.String(), Epoch: p.epoch, Sent: p.sent,
-				Received: p.received, Duplicates: p.dups}
+		ps := make([]PeerStats, 0, len(e.m.peers))
+		for _, p := range e.m.peers {
+			st := PeerStats{Peer: e.m.peerName(p), Session: p.key.session, Names: append([]string(nil), p.names...),
+				State: e.m.peerState(p), Epoch: p.epoch, Sent: p.sent, Received: p.received, Duplicates: p.dups,
+				Held: p.win.held, Window: p.win.stats}
 			if p.lastErr != nil {
 				st.LastError = p.lastErr.Error()
 			}
-			if p.ch != nil {
-				st.LocalQPN, st.RemoteQPN = p.ch.Local().QPN, p.remoteQPN
-				cs := p.ch.Stats()
+			if ch := e.chans[p.ch]; p.ch != 0 && ch != nil {
+				st.LocalQPN, st.RemoteQPN = ch.Local().QPN, e.remote[p.ch]
+				cs := ch.Stats()
 				st.Channel = &cs
 			}
 			ps = append(ps, st)
 		}
+		machine = e.m.stats
+		machine.Names, machine.Channels = len(e.m.names), e.m.channels
+		heldOOB, busy = len(e.heldOOB), e.oobBusy
 		paused = e.paused
 		done <- ps
 	}); err != nil {
@@ -73,7 +87,7 @@ func (e *Engine) Stats() Stats {
 	select {
 	case ps := <-done:
 		sort.Slice(ps, func(i, j int) bool { return ps[i].Peer < ps[j].Peer })
-		s.Peers, s.Paused = ps, paused
+		s.Peers, s.Paused, s.Limits, s.HeldOOB, s.OOBBusy = ps, paused, machine, heldOOB, busy
 	case <-ctx.Done():
 	}
 	return s

@@ -64,6 +64,10 @@ type HandshakeDesc struct {
 	Refuse string
 	// To (ts_to) is the session the initiator believes it talks to; 0 = unknown.
 	To uint64
+	// Proof (ts_proof) is the token the responder issued the initiator in an earlier
+	// handshake of the pair: a handshake claiming a session the responder knows must
+	// carry it. 0 = none.
+	Proof uint64
 }
 
 // stripExtensions leaves what a Mooncake peer reads: its own members and the ctrl-channel
@@ -73,7 +77,7 @@ func (d *HandshakeDesc) stripExtensions() {
 		d.ReplyMsg = d.Refuse
 	}
 	d.MTU, d.PSN, d.Session, d.Epoch, d.BufSize, d.Extensions, d.PeerName = 0, 0, 0, 0, 0, false, ""
-	d.Token, d.Refuse, d.To = 0, "", 0
+	d.Token, d.Refuse, d.To, d.Proof = 0, "", 0, 0
 }
 
 // JSON member names.
@@ -105,6 +109,7 @@ const (
 	fToken      = "ts_token"
 	fRefuse     = "ts_refuse"
 	fTo         = "ts_to"
+	fProof      = "ts_proof"
 	fNID        = "ts_nid"
 	fSkipFrom   = "ts_skip_from"
 	fSkipN      = "ts_skip_n"
@@ -458,6 +463,7 @@ func appendHandshake(dst []byte, d *HandshakeDesc, m reqMeta) []byte {
 	o.optUint(fToken, d.Token)
 	o.optStr(fRefuse, d.Refuse)
 	o.optUint(fTo, d.To)
+	o.optUint(fProof, d.Proof)
 	if m.hasID {
 		o.uint(fID, m.id)
 	}
@@ -571,6 +577,9 @@ func decodeHandshake(body []byte) (*HandshakeDesc, reqMeta, error) {
 		case fTo:
 			m.twosided = true
 			d.To, err = r.uint(fTo, 1<<64-1)
+		case fProof:
+			m.twosided = true
+			d.Proof, err = r.uint(fProof, 1<<64-1)
 		case fID:
 			m.twosided, m.hasID = true, true
 			m.id, err = r.uint(fID, 1<<64-1)
