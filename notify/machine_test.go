@@ -266,7 +266,11 @@ func (e *simEngine) closeLink(id chanID) {
 		}
 		l.q = nil
 		if r := l.remote; r != nil && !r.dead {
-			n.post(func() { r.local.closeLink(r.id); r.local.m.chanClosed(n.now, r.id, errors.New("peer closed")); r.local.perform() })
+			n.post(func() {
+				r.local.closeLink(r.id)
+				r.local.m.chanClosed(n.now, r.id, errors.New("peer closed"))
+				r.local.perform()
+			})
 		}
 	}
 	n.post(func() { e.m.chanClosed(n.now, id, errors.New("closed")); e.perform() })
