@@ -23,7 +23,7 @@ type channel struct {
 	ring   []*cq // queued events, one per firing
 	head   int
 	n      int
-	cqs    int  // CQs attached
+	cqs    int // CQs attached
 	closed bool
 	raised bool // fd's level is up (or its raise is under way)
 	quiet  bool // GetEvent is progressing: it takes the events itself, no raise needed
