@@ -292,6 +292,9 @@ func (r *run) latency() (*Result, error) {
 // receivers): every sender node has Window clients each with one send in flight.
 func (r *run) pipelined(nSenders, nReceivers int, spread bool) (*Result, error) {
 	s := r.spec
+	if s.Transport == FloorStream {
+		return r.stream()
+	}
 	if err := r.setup(nSenders, nReceivers, childSpec{}); err != nil {
 		return nil, err
 	}
