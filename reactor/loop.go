@@ -301,6 +301,7 @@ func (l *Loop) run() {
 		l.runQueue()
 		l.runTimers(now)
 		l.runKicks()
+		l.flushCQs()
 		if l.stopped.Load() {
 			break
 		}
@@ -470,6 +471,7 @@ func (l *Loop) shutdown() {
 	l.mu.Unlock() // an empty critical section: the point is to wait for the readers
 	for l.runQueue() > 0 {
 	}
+	l.flushCQs()
 	for _, cw := range l.chans {
 		if !cw.failed {
 			l.drainChannel(cw)

@@ -62,6 +62,8 @@ type conn struct {
 	rw    int
 	rxb   *rxBatch
 	reads atomic.Uint64 // receives done by a consumer's progress; the NIC goroutine watches it
+
+	pending bool // in the device's list of connections owing a write at Flush (under d.pendMu)
 }
 
 func newPipe(d, rd *device) *conn {
@@ -338,8 +340,9 @@ func (c *conn) connect() (int, error) {
 // rxBatch is what a reader gathers while handling the packets of one read: QPs owing a
 // response (one cumulative ACK or NAK each) and connections holding unsent packets.
 type rxBatch struct {
-	touched []*qp
-	dirty   []*conn
+	touched  []*qp
+	dirty    []*conn
+	consumer bool // the consumer's progress reads: its flush may wait for the turn's doorbell
 }
 
 func (rx *rxBatch) markDirty(c *conn) {
@@ -363,6 +366,10 @@ func (rx *rxBatch) end() {
 		rx.dirty = rx.dirty[:len(rx.dirty)-1]
 		if c.pipe {
 			c.pump()
+			continue
+		}
+		if rx.consumer && c.d.deferOut.Load() {
+			c.d.addPending(c) // the ACKs leave with the turn's SENDs, at Flush
 			continue
 		}
 		c.mu.Lock()
@@ -463,16 +470,17 @@ func (c *conn) backstop() {
 				timed = true // the consumer reads it
 				continue
 			}
-			if !c.receive() {
+			if !c.receive(false) {
 				return
 			}
 			continue
 		}
+		c.d.flushPending() // doorbells a consumer left deferred (it stopped calling Flush)
 		if c.reads.Load() != seen {
 			continue // the consumer read this period: keep leaving it the socket
 		}
 		// Nobody read for a whole period: take what waits, then sleep on the socket.
-		if !c.receive() {
+		if !c.receive(false) {
 			return
 		}
 		timed = false
@@ -486,12 +494,13 @@ const maxReadsPerReceive = 8
 // receive reads what the socket holds, without blocking, handles every complete packet and
 // answers them in one batch (one cumulative ACK per QP). Any thread may call it: the
 // consumer's progress or the NIC goroutine, one at a time. False: the connection is dead.
-func (c *conn) receive() bool {
+func (c *conn) receive(consumer bool) bool {
 	c.rxMu.Lock()
 	defer c.rxMu.Unlock()
 	if c.rfd < 0 {
 		return false
 	}
+	c.rxb.consumer = consumer
 	ok := true
 	for i := 0; i < maxReadsPerReceive; i++ {
 		if c.rw == len(c.rbuf) {

@@ -278,6 +278,11 @@ func (c *cq) ReqNotify(solicitedOnly bool) error {
 	return nil
 }
 
+// Flush is the end of the consumer's turn (reactor.Flusher): the SENDs it posted and the
+// ACKs its progress owes leave now, one write per connection. A consumer that calls it once
+// per turn gets doorbell batching from then on; one that never does gets a write per post.
+func (c *cq) Flush() { c.ctx.d.flush() }
+
 func (c *cq) AckEvents(n int) { c.acked.Add(int64(n)) }
 
 func (c *cq) CQE() int { return len(c.ring) }

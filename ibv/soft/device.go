@@ -82,6 +82,15 @@ type device struct {
 	rxMu     sync.RWMutex
 	rx       map[int32]*conn // by socket fd, the connections in pfd
 
+	// Doorbell batching: once a consumer calls Flush (a CQ's, once per turn of its loop),
+	// the writes its PostSends and progress make wait for that Flush, so that what one turn
+	// sends leaves in one write per connection.
+	deferOut  atomic.Bool
+	npend     atomic.Int32
+	pendMu    sync.Mutex
+	pend      []*conn
+	pendSpare []*conn
+
 	mu       sync.Mutex
 	refs     int
 	dead     bool
@@ -380,8 +389,49 @@ func (d *device) progress() {
 		d.rxMu.RUnlock()
 		if c != nil {
 			c.reads.Add(1)
-			c.receive()
+			c.receive(true)
 		}
+	}
+}
+
+// addPending queues c's unsent bytes for the next flush.
+func (d *device) addPending(c *conn) {
+	d.pendMu.Lock()
+	if !c.pending {
+		c.pending = true
+		d.pend = append(d.pend, c)
+		d.npend.Add(1)
+	}
+	d.pendMu.Unlock()
+}
+
+// flush is a consumer's end of turn: it turns the deferral on for the device's consumers
+// and rings the doorbell.
+func (d *device) flush() {
+	if !d.deferOut.Load() {
+		d.deferOut.Store(true)
+	}
+	d.flushPending()
+}
+
+// flushPending writes what the consumer's turn left queued.
+func (d *device) flushPending() {
+	if d.npend.Load() == 0 {
+		return
+	}
+	d.pendMu.Lock()
+	list := d.pend
+	d.pend, d.pendSpare = d.pendSpare[:0], list
+	for _, c := range list {
+		c.pending = false
+	}
+	d.npend.Store(0)
+	d.pendMu.Unlock()
+	for i, c := range list {
+		c.mu.Lock()
+		c.flushLocked()
+		c.mu.Unlock()
+		list[i] = nil
 	}
 }
 
