@@ -59,6 +59,7 @@ type config struct {
 	maxChannels    int
 	oobIdleTimeout time.Duration
 	keepalive      time.Duration
+	dir            dirConfig // directory.go
 	errs           []error
 }
 

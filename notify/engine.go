@@ -64,6 +64,7 @@ type Engine struct {
 	devName string
 
 	closed atomic.Bool
+	dir    engineDir // directory.go: peer names, the registration
 
 	// Loop-owned.
 	peers   map[string]*peer
@@ -96,6 +97,7 @@ func New(opts ...Option) (*Engine, error) {
 func FromEnv(opts ...Option) (*Engine, error) {
 	cfg := defaultConfig()
 	cfg.fromEnv(envLookup)
+	cfg.dirFromEnv(envLookup)
 	return newEngine(cfg, opts)
 }
 
@@ -162,6 +164,9 @@ func newEngine(cfg config, opts []Option) (*Engine, error) {
 		_ = e.Close(context.Background())
 		return nil, fmt.Errorf("notify: start: the reactor did not run for 10 s")
 	}
+	if err := e.startDirectory(); err != nil {
+		return nil, err
+	}
 	cfg.logger.Info().Str("addr", e.name).Str("transport", cfg.transport).Str("device", e.devName).Msg("notify engine started")
 	return e, nil
 }
@@ -220,6 +225,10 @@ const defaultSendTimeout = 30 * time.Second
 func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) error {
 	if e.closed.Load() {
 		return ErrClosed
+	}
+	peer, err := e.resolvePeer(ctx, peer)
+	if err != nil {
+		return err
 	}
 	if err := e.validateNotify(peer, &n); err != nil {
 		return err
@@ -293,6 +302,10 @@ func fallbackResult(peer string, rdmaErr, oobErr error) error {
 func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) error {
 	if e.closed.Load() {
 		return ErrClosed
+	}
+	peer, err := e.resolveCached(peer)
+	if err != nil {
+		return err
 	}
 	if err := e.validateNotify(peer, &n); err != nil {
 		return err
@@ -386,6 +399,7 @@ func (e *Engine) Close(ctx context.Context) error {
 		return nil
 	}
 	var errs []error
+	errs = append(errs, e.stopDirectory(ctx)) // first: peers stop finding this engine
 	if err := e.node.Close(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("oob: %w", err))
 	}

@@ -41,8 +41,10 @@ type Etcd struct {
 	cache     map[string]cached
 	flights   map[string]*flight
 	regs      map[string]*registration
-	watchFrom int64 // the watch delivers every event after this revision; 0: no watch yet
+	watchFrom int64         // the watch delivers every event after this revision; 0: no watch yet
+	ready     chan struct{} // closed once the watch first started: reads are cached from then
 	closed    bool
+	readyOnce sync.Once
 }
 
 // cached is one name's resolution as of etcd revision rev: an address, or the error a
@@ -88,6 +90,7 @@ func newEtcd(endpoints []string, cfg Config) (*Etcd, error) {
 		cache:   make(map[string]cached),
 		flights: make(map[string]*flight),
 		regs:    make(map[string]*registration),
+		ready:   make(chan struct{}),
 	}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	d.wg.Add(1)
@@ -123,10 +126,20 @@ func (d *Etcd) Cached(name string) (string, error) {
 }
 
 // Resolve implements Directory. Concurrent resolves of one name share one etcd read; each
-// waits for it within its own ctx.
+// waits for it within its own ctx. The first resolves of a new directory wait for its watch
+// to start, so that what they read is cached.
 func (d *Etcd) Resolve(ctx context.Context, name string) (string, error) {
 	if err := CheckName(name); err != nil {
 		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
+	defer cancel()
+	select {
+	case <-d.ready:
+	case <-ctx.Done():
+		return "", fmt.Errorf("%w: %s: resolving %s: %v", ErrUnavailable, d.conn, name, ctx.Err())
+	case <-d.ctx.Done():
+		return "", ErrClosed
 	}
 	d.mu.Lock()
 	if d.closed {
@@ -245,6 +258,7 @@ func (d *Etcd) watchLoop() {
 		clear(d.cache)
 		d.watchFrom = rev
 		d.mu.Unlock()
+		d.readyOnce.Do(func() { close(d.ready) })
 		wctx, wcancel := context.WithCancel(d.ctx)
 		for wr := range d.cli.Watch(wctx, d.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1)) {
 			if err := wr.Err(); err != nil {
