@@ -60,6 +60,7 @@ type Engine struct {
 	devName string
 
 	closed atomic.Bool
+	dir    engineDir // directory.go: peer names, the registration
 
 	// Loop-owned.
 	m        *peerMachine
@@ -99,6 +100,7 @@ func New(opts ...Option) (*Engine, error) {
 func FromEnv(opts ...Option) (*Engine, error) {
 	cfg := defaultConfig()
 	cfg.fromEnv(envLookup)
+	cfg.dirFromEnv(envLookup)
 	return newEngine(cfg, opts)
 }
 
@@ -167,6 +169,9 @@ func newEngine(cfg config, opts []Option) (*Engine, error) {
 	case <-time.After(10 * time.Second):
 		_ = e.Close(context.Background())
 		return nil, fmt.Errorf("notify: start: the reactor did not run for 10 s")
+	}
+	if err := e.startDirectory(); err != nil {
+		return nil, err
 	}
 	cfg.logger.Info().Str("addr", e.name).Str("transport", cfg.transport).Str("device", e.devName).Msg("notify engine started")
 	return e, nil
@@ -240,6 +245,10 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) error {
 	if e.closed.Load() {
 		return sendErr(ErrClosed, peer, "", nil, false)
 	}
+	peer, err := e.resolvePeer(ctx, peer)
+	if err != nil {
+		return err
+	}
 	if err := e.validateNotify(peer, &n); err != nil {
 		return err
 	}
@@ -268,7 +277,7 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) error {
 		}
 		return sendErr(ErrLimit, peer, "", err, false)
 	}
-	err, ok := e.spinWait(req.done)
+	err, ok = e.spinWait(req.done)
 	if !ok {
 		select {
 		case err = <-req.done:
@@ -311,6 +320,10 @@ func (e *Engine) cancelSend(req *sendReq, peer string, cause error) error {
 func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) error {
 	if e.closed.Load() {
 		return sendErr(ErrClosed, peer, "", nil, false)
+	}
+	peer, err := e.resolveCached(peer)
+	if err != nil {
+		return err
 	}
 	if err := e.validateNotify(peer, &n); err != nil {
 		return err
@@ -378,6 +391,7 @@ func (e *Engine) Close(ctx context.Context) error {
 		ctx = context.Background()
 	}
 	var errs []error
+	errs = append(errs, e.stopDirectory(ctx)) // first: peers stop finding this engine
 	done := make(chan struct{})
 	if err := e.loop.SubmitWait(ctx, func() { e.closeOnLoop(); close(done) }); err == nil {
 		select {
