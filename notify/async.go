@@ -3,12 +3,14 @@ package notify
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // asyncOOB is one SendNotifyAsync carried over OOB.
 type asyncOOB struct {
 	n          Notify
 	seq, epoch uint64
+	start      time.Time // when the send was called
 	done       func(error)
 }
 
@@ -63,6 +65,7 @@ func (a *asyncQueues) drain(e *Engine, peer string, p *asyncPeer) {
 			err = e.sendOOB(ctx, peer, &r.n, r.seq, r.epoch)
 		}
 		cancel()
+		e.ctr.sendResult(r.start, err)
 		r.done(err)
 	}
 }

@@ -65,6 +65,7 @@ func (e *Engine) deliver(p *peer, session, seq uint64, n Notify, reply func(erro
 			e.dedup[session] = s
 		}
 		if !s.add(seq) {
+			e.ctr.received(true)
 			if p != nil {
 				p.dups++
 			}
@@ -74,6 +75,7 @@ func (e *Engine) deliver(p *peer, session, seq uint64, n Notify, reply func(erro
 			return
 		}
 	}
+	e.ctr.received(false)
 	if p != nil {
 		p.received++
 	}
@@ -138,6 +140,7 @@ type recvQueue struct {
 	done     chan struct{} // closed when the queue closes
 	room     func()
 	wantRoom atomic.Bool
+	clock    queueClock // times each notify's wait in the queue
 }
 
 func (q *recvQueue) init(capacity int, room func()) {
@@ -163,6 +166,7 @@ func (q *recvQueue) push(n Notify) (full bool) {
 	}
 	q.buf[(q.head+q.n)%len(q.buf)] = n
 	q.n++
+	q.clock.in()
 	full = q.n >= q.capacity
 	if full {
 		q.wantRoom.Store(true)
@@ -189,6 +193,7 @@ func (q *recvQueue) popLocked() Notify {
 	q.buf[q.head] = Notify{}
 	q.head = (q.head + 1) % len(q.buf)
 	q.n--
+	q.clock.out()
 	return n
 }
 

@@ -79,6 +79,8 @@ type Engine struct {
 	oobAsync asyncQueues
 
 	reqPool sync.Pool
+
+	ctr engineCounters
 }
 
 type heldNotify struct {
@@ -116,6 +118,7 @@ func newEngine(cfg config, opts []Option) (*Engine, error) {
 		dedup:   make(map[uint64]*seen),
 	}
 	e.rq.init(cfg.recvQueue, e.onQueueRoom)
+	e.rq.clock.hist = &e.ctr.deliverLatency
 	e.reqPool.New = func() any { return newSendReq(e) }
 	if cfg.transport == TransportRDMATwoSided && cfg.notifyEnabled {
 		if err := e.openDevice(); err != nil {
@@ -217,7 +220,8 @@ const defaultSendTimeout = 30 * time.Second
 
 // SendNotify delivers n to peer (its host:port). It returns nil only once the notify was
 // delivered; otherwise an error, within ctx's deadline (or 30 s without one).
-func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) error {
+func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) (err error) {
+	defer e.ctr.sendReturned(time.Now(), &err)
 	if e.closed.Load() {
 		return ErrClosed
 	}
@@ -272,6 +276,7 @@ func (e *Engine) failed(peer string, err error, fallback bool) (final error, try
 	case e.closed.Load():
 		return fmt.Errorf("notify: send to %s: %w (%v)", peer, ErrClosed, err), false
 	case fallback && e.cfg.oobFallback:
+		e.ctr.fallback()
 		return nil, true
 	}
 	return fmt.Errorf("notify: send to %s: %w", peer, err), false
@@ -290,7 +295,8 @@ func fallbackResult(peer string, rdmaErr, oobErr error) error {
 // may be called from a WithHandler callback (to answer a notify on the reactor thread).
 // done runs on the reactor thread — it must not block — except after an OOB fallback, when
 // it runs on the goroutine that carried the fallback. The engine reads n.Msg until done.
-func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) error {
+func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) (err error) {
+	defer e.ctr.refused(&err)
 	if e.closed.Load() {
 		return ErrClosed
 	}
@@ -301,12 +307,13 @@ func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) error 
 		done = func(error) {}
 	}
 	if e.cfg.transport == TransportOOB || !e.cfg.notifyEnabled {
-		e.oobAsync.push(e, peer, asyncOOB{n: n, done: done})
+		e.oobAsync.push(e, peer, asyncOOB{n: n, done: done, start: time.Now()})
 		return nil
 	}
 	req := e.reqPool.Get().(*sendReq)
 	req.peer, req.n = peer, n
-	req.deadline = time.Now().Add(defaultSendTimeout)
+	req.start = time.Now()
+	req.deadline = req.start.Add(defaultSendTimeout)
 	req.seq, req.epoch, req.fallback, req.cb = 0, 0, false, done
 	// From a handler too: the loop is awake, so this costs no eventfd write, and it keeps
 	// the per-peer order with sends queued before.
@@ -323,19 +330,21 @@ func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) error 
 // completeAsync ends a SendNotifyAsync: like SendNotify's tail, with the OOB fallback on a
 // goroutine (the loop never blocks).
 func (e *Engine) completeAsync(r *sendReq, err error) {
-	cb, peer, n, seq, epoch, fallback := r.cb, r.peer, r.n, r.seq, r.epoch, r.fallback
+	cb, peer, n, seq, epoch, fallback, start := r.cb, r.peer, r.n, r.seq, r.epoch, r.fallback, r.start
 	r.cb = nil
 	e.reqPool.Put(r)
 	if err == nil {
+		e.ctr.sendResult(start, nil)
 		cb(nil)
 		return
 	}
 	final, tryOOB := e.failed(peer, err, fallback)
 	if !tryOOB {
+		e.ctr.sendResult(start, final)
 		cb(final)
 		return
 	}
-	e.oobAsync.push(e, peer, asyncOOB{n: n, seq: seq, epoch: epoch, done: func(ferr error) {
+	e.oobAsync.push(e, peer, asyncOOB{n: n, seq: seq, epoch: epoch, start: start, done: func(ferr error) {
 		cb(fallbackResult(peer, err, ferr))
 	}})
 }

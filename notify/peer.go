@@ -76,6 +76,7 @@ type sendReq struct {
 	peer     string
 	n        Notify
 	deadline time.Time
+	start    time.Time // SendNotifyAsync: when it was called
 	seq      uint64
 	epoch    uint64
 	fallback bool
@@ -292,6 +293,7 @@ func (c *chanEvents) OnNotify(d ctrlchannel.Delivery) {
 }
 
 func (c *chanEvents) OnClosed(err error) {
+	c.e.ctr.channelClosed(c.ch)
 	p := c.p
 	if c.ch != nil && p.ch == c.ch {
 		p.ch = nil
