@@ -303,10 +303,10 @@ func (l *Loop) run() {
 		l.runQueue()
 		l.runTimers(now)
 		l.runKicks()
+		l.st.busy.Add(l.mono() - now)
 		if l.stopped.Load() {
 			break
 		}
-		l.st.busy.Add(l.mono() - now)
 		n = l.wait()
 	}
 	l.shutdown()
