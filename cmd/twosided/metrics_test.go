@@ -187,7 +187,9 @@ func TestSendProgress(t *testing.T) {
 	addr, served := startServe(t, ctx, "--count-only", "--expect", "40")
 
 	ptmx, tty, err := pty.Open()
-	require.NoError(t, err)
+	if err != nil {
+		t.Skipf("no pseudo-terminal here to stand for a terminal stderr: %v", err)
+	}
 	defer ptmx.Close()
 	screen := make(chan string, 1)
 	go func() {

@@ -249,3 +249,18 @@ func TestCollectDuringTraffic(t *testing.T) {
 	require.Eventually(t, func() bool { return scrape(t, colB)["twosided_notifies_delivered_total"] == n },
 		10*time.Second, time.Millisecond)
 }
+
+// TestScrapeAfterClose: a closed engine still answers a scrape, with its final counts.
+func TestScrapeAfterClose(t *testing.T) {
+	a := newEngine(t, notify.TransportOOB)
+	b := newEngine(t, notify.TransportOOB)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "x"}))
+	require.NoError(t, a.Close(ctx))
+	err := a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "x"})
+	require.ErrorIs(t, err, notify.ErrClosed)
+	s := scrape(t, New(a))
+	require.Equal(t, 1.0, s["twosided_notifies_sent_total"])
+	require.Equal(t, 1.0, s[`twosided_notifies_failed_total{reason="closed"}`])
+}
