@@ -35,6 +35,14 @@ func newEngine(t *testing.T, transport string, opts ...notify.Option) *notify.En
 	return e
 }
 
+// pair starts two engines on transport and returns them with a context for the test.
+func pair(t *testing.T, transport string) (a, b *notify.Engine, ctx context.Context) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return newEngine(t, transport), newEngine(t, transport), ctx
+}
+
 // scrape gathers c through a registry and returns every sample by its series name:
 // name{l1="v1",...} for counters and gauges, name_count and name_sum for histograms.
 func scrape(t *testing.T, c prometheus.Collector) map[string]float64 {
@@ -76,10 +84,7 @@ func labelString(ls []*dto.LabelPair) string {
 // TestScrapeAfterWorkload: 100 notifies a→b over the ctrl channel and 3 to a port where
 // nothing listens (each falls back to OOB and fails unreachable) show as exact counts.
 func TestScrapeAfterWorkload(t *testing.T) {
-	a := newEngine(t, notify.TransportRDMATwoSided)
-	b := newEngine(t, notify.TransportRDMATwoSided)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	a, b, ctx := pair(t, notify.TransportRDMATwoSided)
 	const n = 100
 	for i := range n {
 		require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "kv", Msg: []byte(fmt.Sprint(i))}))
@@ -130,10 +135,7 @@ func TestScrapeAfterWorkload(t *testing.T) {
 // TestQueueDepth: notifies not yet consumed show as the receive queue's depth, and the
 // time they waited is observed once they are taken.
 func TestQueueDepth(t *testing.T) {
-	a := newEngine(t, notify.TransportOOB)
-	b := newEngine(t, notify.TransportOOB)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	a, b, ctx := pair(t, notify.TransportOOB)
 	for range 5 {
 		require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "q"}))
 	}
@@ -150,10 +152,7 @@ func TestQueueDepth(t *testing.T) {
 
 // TestLint: names, units and help texts pass client_golang's promlint.
 func TestLint(t *testing.T) {
-	a := newEngine(t, notify.TransportRDMATwoSided)
-	b := newEngine(t, notify.TransportRDMATwoSided)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	a, b, ctx := pair(t, notify.TransportRDMATwoSided)
 	require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "x"}))
 	problems, err := testutil.CollectAndLint(New(a, WithPeerLabels(4)))
 	require.NoError(t, err)
@@ -163,11 +162,8 @@ func TestLint(t *testing.T) {
 // TestPeerLabelsCapped: with a cap of 1, one peer of two gets series; the other is counted
 // as unlabeled; without the option there is no per-peer series at all.
 func TestPeerLabelsCapped(t *testing.T) {
-	a := newEngine(t, notify.TransportRDMATwoSided)
-	b := newEngine(t, notify.TransportRDMATwoSided)
+	a, b, ctx := pair(t, notify.TransportRDMATwoSided)
 	c := newEngine(t, notify.TransportRDMATwoSided)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "x"}))
 	require.NoError(t, a.SendNotify(ctx, c.Addr(), notify.Notify{Name: "x"}))
 	require.NoError(t, a.SendNotify(ctx, c.Addr(), notify.Notify{Name: "x"}))
@@ -252,10 +248,7 @@ func TestCollectDuringTraffic(t *testing.T) {
 
 // TestScrapeAfterClose: a closed engine still answers a scrape, with its final counts.
 func TestScrapeAfterClose(t *testing.T) {
-	a := newEngine(t, notify.TransportOOB)
-	b := newEngine(t, notify.TransportOOB)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	a, b, ctx := pair(t, notify.TransportOOB)
 	require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "x"}))
 	require.NoError(t, a.Close(ctx))
 	err := a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "x"})
