@@ -2,6 +2,7 @@ package ctrlchannel
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -21,8 +22,9 @@ type Config struct {
 	MTU             ibv.MTU // local cap [port active MTU]
 	// QP attributes [12, 14, 7, 7] (Mooncake's). A zero value takes the default.
 	MinRNRTimer, Timeout, RetryCnt, RnrRetry uint8
-	Extensions                               bool // we support twosided extension frames (fragmentation, credit grants)
-	DisableCredits                           bool // test-only: no credit flow control
+	Extensions                               bool          // we support twosided extension frames (fragmentation, credit grants)
+	DisableCredits                           bool          // test-only: no credit flow control
+	ByeTimeout                               time.Duration // Bye: the longest wait for SESSION_CLOSE's completion [1s]
 	Logger                                   zerolog.Logger
 }
 
@@ -39,6 +41,9 @@ func (c *Config) setDefaults() error {
 	def(&c.MaxInline, 64)
 	if c.PortNum == 0 {
 		c.PortNum = 1
+	}
+	if c.ByeTimeout == 0 {
+		c.ByeTimeout = time.Second
 	}
 	for _, f := range []struct {
 		v *uint8
@@ -74,6 +79,8 @@ func (c *Config) setDefaults() error {
 		return bad("RnrRetry", c.RnrRetry, "want 0..7")
 	case c.GIDIndex < 0 || c.GIDIndex > 255:
 		return bad("GIDIndex", c.GIDIndex, "want 0..255")
+	case c.ByeTimeout < 0:
+		return bad("ByeTimeout", c.ByeTimeout, "must not be negative")
 	}
 	return nil
 }
@@ -101,19 +108,28 @@ type PeerInfo struct {
 	PSN        uint32
 	BufSize    uint32
 	Extensions bool
+	// Legacy: the peer is a Mooncake PR #3440 ctrl channel (its handshake carried no
+	// ts_session). Its frames are accepted with epoch 0 and seqs restarting at 1 on each
+	// channel; it gets no credit frames, fragments, NOTIFY_ID or FENCE (see the package doc).
+	Legacy bool
 }
 
-// Delivery is one received notify. Msg is owned by the receiver of the callback.
+// Delivery is one received notify. Msg is owned by the receiver of the callback. ID is
+// the sender's notify id (SendReq.ID; empty from a Mooncake peer).
 type Delivery struct {
 	Session, Epoch, Seq uint64
 	Name                string
 	Msg                 []byte
+	ID                  string
 }
 
 // Events receives a channel's deliveries and its end.
 type Events interface {
 	// OnNotify is called on the loop, in order.
 	OnNotify(d Delivery)
+	// OnFence is called on the loop, in order with OnNotify: the peer's session gave up
+	// on its seqs first..first+count-1 of this pair and will never send them.
+	OnFence(session, first, count uint64)
 	// OnClosed is called on the loop, once; every pending Send has had Done called before.
 	OnClosed(err error)
 }
@@ -171,6 +187,7 @@ type Channel struct {
 	rsge  []ibv.SGE
 	nrwr  int
 	names map[string]string
+	drops zerolog.Logger // dropped frames, rate-limited
 
 	wcErrors, rnrExceeded, postErrors uint64
 }
@@ -191,6 +208,8 @@ func NewChannel(loop *reactor.Loop, dev ibv.Context, pd ibv.PD, cfg Config, ev E
 		return nil, fmt.Errorf("%w: Config.RecvCount %d: credit flow control needs at least %d", ErrConfig, cfg.RecvCount, minCreditRQ)
 	}
 	c := &Channel{loop: loop, cfg: cfg, ev: ev, log: cfg.Logger, names: make(map[string]string)}
+	// A peer that sends garbage must not flood the log: 10 lines a second, then 1 in 1000.
+	c.drops = cfg.Logger.Sample(&zerolog.BurstSampler{Burst: 10, Period: time.Second, NextSampler: &zerolog.BasicSampler{N: 1000}})
 	if err := c.create(dev, pd); err != nil {
 		c.release()
 		return nil, err
@@ -356,7 +375,8 @@ func (c *Channel) Connect(peer PeerInfo, localSession, peerSession, epoch uint64
 		return fmt.Errorf("ctrlchannel: qp %d to RTS: %w", c.qpn, err)
 	}
 	err := c.m.Connected(c.loop.Now(), PeerParams{LocalSession: localSession, PeerSession: peerSession, Epoch: epoch,
-		RQDepth: int(peer.RQDepth), BufSize: int(peer.BufSize), Extensions: peer.Extensions, DeliveredSeq: c.delivered})
+		RQDepth: int(peer.RQDepth), BufSize: int(peer.BufSize), Extensions: peer.Extensions, DeliveredSeq: c.delivered,
+		Legacy: peer.Legacy})
 	if err != nil {
 		return err
 	}
@@ -398,6 +418,32 @@ func (c *Channel) Keepalive() {
 		panic(reactor.ErrNotInLoop)
 	}
 	c.m.Keepalive()
+	c.run()
+}
+
+// Fence tells the peer, in order with the notifies sent before, that this side gave up on
+// its seqs first..first+count-1 of this pair and will never send them; the peer's OnFence
+// reports it. Towards a legacy (Mooncake) peer it does nothing. See Machine.Fence for its
+// errors. Loop-only.
+func (c *Channel) Fence(first, count uint64) error {
+	if err := c.loopOnly("fence"); err != nil {
+		return err
+	}
+	err := c.m.Fence(first, count)
+	c.run()
+	return err
+}
+
+// Bye closes gracefully: the sends queued before it still go out, then a SESSION_CLOSE
+// frame, and the channel closes (OnClosed with ErrClosed) once that frame completed, or
+// after Config.ByeTimeout. The peer delivers everything before it and closes with
+// ErrPeerClosed. Loop-only.
+func (c *Channel) Bye() {
+	if !c.loop.OnLoop() {
+		panic(reactor.ErrNotInLoop)
+	}
+	now := c.loop.Now()
+	c.m.Bye(now, now.Add(c.cfg.ByeTimeout))
 	c.run()
 }
 
@@ -566,7 +612,18 @@ func (c *Channel) perform(a *Action) {
 		} else if len(a.Msg) > 0 {
 			d.Msg = append([]byte(nil), a.Msg...)
 		}
+		if len(a.ID) > 0 {
+			d.ID = string(a.ID)
+		}
 		c.ev.OnNotify(d)
+	case ActFence:
+		c.ev.OnFence(a.Session, a.Seq, a.Count)
+	case ActDrop:
+		ev := c.drops.Warn()
+		if a.Reason == DropDuplicate {
+			ev = c.drops.Debug() // expected after a retry on another path
+		}
+		ev.Err(a.Err).Stringer("reason", a.Reason).Uint32("qp", c.qpn).Msg("ctrlchannel: frame dropped")
 	case ActComplete:
 		if a.Req.Done != nil {
 			a.Req.Done(a.Err)

@@ -28,6 +28,7 @@ type recorder struct {
 	closed  chan error    // gets OnClosed's error
 	ordered bool          // seqs arrived strictly increasing
 	last    uint64
+	fences  [][3]uint64 // {notifies delivered before it, first, count}
 }
 
 func newRecorder(want int) *recorder {
@@ -52,6 +53,18 @@ func (r *recorder) OnNotify(d Delivery) {
 }
 
 func (r *recorder) OnClosed(err error) { r.closed <- err }
+
+func (r *recorder) OnFence(session, first, count uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fences = append(r.fences, [3]uint64{uint64(len(r.got)), first, count})
+}
+
+// peerInfo is what a handshake would carry from l.
+func peerInfo(l LocalInfo) PeerInfo {
+	return PeerInfo{QPN: l.QPN, GID: l.GID, LID: l.LID, MTU: l.MTU, RQDepth: l.RQDepth, PSN: l.PSN,
+		BufSize: l.BufSize, Extensions: l.Extensions}
+}
 
 func (r *recorder) count() int {
 	r.mu.Lock()
@@ -126,10 +139,10 @@ func pair(t testing.TB, ca, cb Config, wantA, wantB int) (*side, *side, *soft.Pr
 	onLoop(t, b.loop, func() { lb = b.ch.Local() })
 	var errA, errB error
 	onLoop(t, a.loop, func() {
-		errA = a.ch.Connect(PeerInfo(lb), 100, 200, 1)
+		errA = a.ch.Connect(peerInfo(lb), 100, 200, 1)
 	})
 	onLoop(t, b.loop, func() {
-		errB = b.ch.Connect(PeerInfo(la), 200, 100, 1)
+		errB = b.ch.Connect(peerInfo(la), 200, 100, 1)
 	})
 	require.NoError(t, errA)
 	require.NoError(t, errB)

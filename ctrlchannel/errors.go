@@ -21,6 +21,9 @@ var (
 	ErrBadEpoch = errors.New("ctrlchannel: epoch 0 is invalid")
 	// ErrStaleEpoch: a credit grant of an epoch older than the ledger's.
 	ErrStaleEpoch = errors.New("ctrlchannel: stale epoch")
+	// ErrPeerClosed: the peer closed the session (SESSION_CLOSE); everything it sent
+	// before was delivered.
+	ErrPeerClosed = errors.New("ctrlchannel: peer closed the session")
 	// ErrConfig: a bad Config or Params field.
 	ErrConfig = errors.New("ctrlchannel: bad config")
 )

@@ -34,12 +34,22 @@ const (
 	// TypeNotifyFragment carries one piece of a NOTIFY_COMPAT payload too large for one
 	// RECV buffer (twosided extension).
 	TypeNotifyFragment FrameType = 64
+	// TypeNotifyID is a notify with a caller-chosen id: u8 id_len, id, then the
+	// NOTIFY_COMPAT payload (twosided extension).
+	TypeNotifyID FrameType = 65
+	// TypeNotifyIDFragment carries one piece of a NOTIFY_ID payload, as NOTIFY_FRAGMENT
+	// does for NOTIFY_COMPAT (twosided extension).
+	TypeNotifyIDFragment FrameType = 66
 )
 
 // Valid reports whether t is a type this codec knows.
 func (t FrameType) Valid() bool {
-	return (t >= TypeCreditGrant && t <= TypeNotifyCompat) || t == TypeNotifyFragment
+	return (t >= TypeCreditGrant && t <= TypeNotifyCompat) || (t >= TypeNotifyFragment && t <= TypeNotifyIDFragment)
 }
+
+// Mooncake reports whether t is one of Mooncake's CtrlFrame v1 types (1..10), the only
+// ones its decoder accepts.
+func (t FrameType) Mooncake() bool { return t >= TypeCreditGrant && t <= TypeNotifyCompat }
 
 // Extension reports whether t is a twosided extension type.
 func (t FrameType) Extension() bool { return t >= 64 }
@@ -68,6 +78,10 @@ func (t FrameType) String() string {
 		return "NOTIFY_COMPAT"
 	case TypeNotifyFragment:
 		return "NOTIFY_FRAGMENT"
+	case TypeNotifyID:
+		return "NOTIFY_ID"
+	case TypeNotifyIDFragment:
+		return "NOTIFY_ID_FRAGMENT"
 	}
 	return fmt.Sprintf("FrameType(%d)", uint8(t))
 }
@@ -178,29 +192,35 @@ func EncodeNotifyCompat(dst []byte, h *Header, name string, msg []byte) (int, er
 	if err := EncodeHeader(dst, h); err != nil {
 		return 0, err
 	}
-	putCompatRange(dst[HeaderLen:n], name, msg, 0)
+	putNotifyRange(dst[HeaderLen:n], false, "", name, msg, 0)
 	return n, nil
 }
 
-// putCompatRange writes bytes [off, off+len(dst)) of the NOTIFY_COMPAT payload of name
-// and msg into dst without building the payload.
-func putCompatRange(dst []byte, name string, msg []byte, off int) {
-	var nl, ml [4]byte
-	binary.LittleEndian.PutUint32(nl[:], uint32(len(name)))
-	binary.LittleEndian.PutUint32(ml[:], uint32(len(msg)))
+// putNotifyRange writes bytes [off, off+len(dst)) of the notify payload of id (only when
+// withID: u8 id_len, id), name and msg (u32 name_len, name, u32 msg_len, msg) into dst
+// without building the payload.
+func putNotifyRange(dst []byte, withID bool, id, name string, msg []byte, off int) {
+	var l [4]byte
 	w, pos := 0, 0 // bytes written; start of the current part in the payload
-	w += copyAt(dst[w:], nl[:], off+w-pos)
-	pos += 4
-	if from := off + w - pos; from >= 0 && from < len(name) {
-		w += copy(dst[w:], name[from:])
+	if withID {
+		l[0] = byte(len(id))
+		w += copyAt(dst[w:], l[:1], off+w-pos)
+		pos++
+		w += copyAt(dst[w:], id, off+w-pos)
+		pos += len(id)
 	}
+	binary.LittleEndian.PutUint32(l[:], uint32(len(name)))
+	w += copyAt(dst[w:], l[:], off+w-pos)
+	pos += 4
+	w += copyAt(dst[w:], name, off+w-pos)
 	pos += len(name)
-	w += copyAt(dst[w:], ml[:], off+w-pos)
+	binary.LittleEndian.PutUint32(l[:], uint32(len(msg)))
+	w += copyAt(dst[w:], l[:], off+w-pos)
 	pos += 4
 	copyAt(dst[w:], msg, off+w-pos)
 }
 
-func copyAt(dst, src []byte, from int) int {
+func copyAt[S ~string | ~[]byte](dst []byte, src S, from int) int {
 	if from < 0 || from >= len(src) {
 		return 0
 	}

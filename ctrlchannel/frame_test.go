@@ -177,7 +177,9 @@ func TestCreditGrantVectors(t *testing.T) {
 		{"trailing after zero", []byte{0, 0, 0}, CreditGrant{}, "length"},
 		{"resource 0", []byte{1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0}, CreditGrant{}, "resource 0"},
 		{"resource 5", []byte{1, 0, 5, 0, 1, 0, 0, 0, 0, 0, 0, 0}, CreditGrant{}, "resource 5"},
-		{"repeated", []byte{2, 0, 2, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 2, 0, 0, 0, 0, 0, 0, 0}, CreditGrant{}, "repeats"},
+		// Accepted, as by Mooncake's decoder; the receiver applies the largest total.
+		{"repeated", []byte{2, 0, 2, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 2, 0, 0, 0, 0, 0, 0, 0},
+			CreditGrant{N: 2, Entries: [4]GrantEntry{{RequestSlots, 1}, {RequestSlots, 2}}}, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -248,7 +250,7 @@ func TestEncodeFragmentRanges(t *testing.T) {
 		for off := 0; off < len(want); off += size {
 			n := min(size, len(want)-off)
 			buf := make([]byte, FragmentHeaderLen+n)
-			require.Equal(t, len(buf), encodeFragmentOf(buf, "req-7", []byte("done"), off, n))
+			require.Equal(t, len(buf), encodeFragmentOf(buf, false, "", "req-7", []byte("done"), off, n))
 			var f Fragment
 			require.NoError(t, DecodeFragment(buf, &f))
 			require.Equal(t, uint32(len(want)), f.Total)

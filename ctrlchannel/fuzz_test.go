@@ -109,7 +109,7 @@ func FuzzReassembly(f *testing.F) {
 		buf := make([]byte, FragmentHeaderLen+chunk)
 		for off := 0; off < total; off += chunk {
 			n := min(chunk, total-off)
-			l := encodeFragmentOf(buf, name, msg, off, n)
+			l := encodeFragmentOf(buf, false, "", name, msg, off, n)
 			var fr Fragment
 			require.NoError(t, DecodeFragment(buf[:l], &fr))
 			got, err := r.Add(&h, &fr)

@@ -2,6 +2,7 @@ package ctrlchannel
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
@@ -11,12 +12,32 @@ import (
 // sending session, 0 = unstamped). Done is called exactly once: nil only after the SEND
 // of the notify (every fragment) completed successfully.
 type SendReq struct {
-	Seq      uint64
-	Name     string
-	Msg      []byte
+	Seq  uint64
+	Name string
+	Msg  []byte
+	// ID is an optional caller-chosen notify id of at most MaxIDLen bytes. It travels
+	// (NOTIFY_ID frames) only to a peer that negotiated Extensions; towards any other
+	// peer the notify goes out without it.
+	ID       string
 	Deadline time.Time // zero: none; passing it before the first frame is posted fails the send
 	Done     func(err error)
+
+	kind  reqKind
+	count uint64 // fence: seqs Seq..Seq+count-1
 }
+
+// MaxIDLen is the longest SendReq.ID: its length travels in one byte.
+const MaxIDLen = 255
+
+// reqKind says what a queued SendReq posts. Fences and the goodbye travel in the send
+// FIFO so they keep their place among the notifies.
+type reqKind uint8
+
+const (
+	reqNotify reqKind = iota
+	reqFence          // FENCE: the sender gave up on seqs Seq..Seq+count-1
+	reqBye            // SESSION_CLOSE: the last frame; its completion closes the channel
+)
 
 // ActionKind says what an Action asks the driver to do.
 type ActionKind uint8
@@ -35,6 +56,11 @@ const (
 	ActSetTimer
 	// ActClose: the channel is closed with Err; tear the QP down.
 	ActClose
+	// ActFence: the peer gave up on its seqs Seq..Seq+Count-1 of Session; in order with
+	// ActDeliver.
+	ActFence
+	// ActDrop: a received frame was dropped for Reason (Err says why); the driver logs it.
+	ActDrop
 )
 
 func (k ActionKind) String() string {
@@ -51,6 +77,10 @@ func (k ActionKind) String() string {
 		return "SetTimer"
 	case ActClose:
 		return "Close"
+	case ActFence:
+		return "Fence"
+	case ActDrop:
+		return "Drop"
 	}
 	return fmt.Sprintf("ActionKind(%d)", uint8(k))
 }
@@ -64,15 +94,64 @@ type Action struct {
 	Signaled bool
 	Type     FrameType // PostSend: the frame's type
 
-	// Deliver: the notify. Name and Msg alias the RECV buffer (valid until that slot is
-	// posted again) unless Owned, when they alias a buffer the receiver may keep.
+	// Deliver: the notify. Name, Msg and ID alias the RECV buffer (valid until that slot
+	// is posted again) unless Owned, when they alias a buffer the receiver may keep.
+	// Fence: Session, Seq (the first seq given up) and Count.
 	Session, Epoch, Seq uint64
-	Name, Msg           []byte
+	Name, Msg, ID       []byte
 	Owned               bool
+	Count               uint64
 
-	Req *SendReq  // Complete
-	Err error     // Complete, Close
-	At  time.Time // SetTimer
+	Req    *SendReq   // Complete
+	Err    error      // Complete, Close, Drop
+	At     time.Time  // SetTimer
+	Reason DropReason // Drop
+}
+
+// DropReason says why a received frame was dropped. Every drop is counted in MachineStats
+// under its reason and reported by an ActDrop action; none closes the channel.
+type DropReason uint8
+
+// Drop reasons.
+const (
+	// DropBadMagic: no MCKC magic, and not a legacy raw notify of a Mooncake peer.
+	DropBadMagic DropReason = iota + 1
+	// DropDecode: a bad version, flags, length or payload.
+	DropDecode
+	// DropUnknownType: a type this codec does not know.
+	DropUnknownType
+	// DropStaleEpoch: an epoch other than the channel's (or 0 from a legacy peer).
+	DropStaleEpoch
+	// DropForeignSession: a session other than the peer's.
+	DropForeignSession
+	// DropDuplicate: a notify whose seq was already delivered.
+	DropDuplicate
+	// DropExtension: an extension frame from a peer that did not negotiate Extensions.
+	DropExtension
+	// DropFragment: a fragment out of order, of another notify, or too large.
+	DropFragment
+)
+
+func (r DropReason) String() string {
+	switch r {
+	case DropBadMagic:
+		return "bad-magic"
+	case DropDecode:
+		return "decode"
+	case DropUnknownType:
+		return "unknown-type"
+	case DropStaleEpoch:
+		return "stale-epoch"
+	case DropForeignSession:
+		return "foreign-session"
+	case DropDuplicate:
+		return "duplicate"
+	case DropExtension:
+		return "extension-not-negotiated"
+	case DropFragment:
+		return "fragment"
+	}
+	return fmt.Sprintf("DropReason(%d)", uint8(r))
 }
 
 // Params configures a Machine. The machine writes frames into SendRing, SendSlots slots
@@ -98,18 +177,55 @@ type PeerParams struct {
 	BufSize      int    // the peer's RECV buffer size (0: same as ours)
 	Extensions   bool   // the peer understands twosided extension frames
 	DeliveredSeq uint64 // highest seq from PeerSession the engine already delivered
+	// Legacy: the peer is a Mooncake PR #3440 ctrl channel. Its frames carry epoch 0 and
+	// seqs that restart at 1 on every channel (DeliveredSeq is ignored); it gets no
+	// extension frames, no credit frames and no FENCE.
+	Legacy bool
 }
 
 // MachineStats are the machine's counters.
 type MachineStats struct {
-	FramesSent, FragmentsSent, GrantsSent, NotifiesSent  uint64
-	FramesReceived, Delivered, DupsDropped, StaleDropped uint64
-	ForeignDropped, Ignored, CreditWaits, CreditOverruns uint64
-	Backpressured, Expired, TooLarge, Failed             uint64
-	KeepalivesSent, KeepalivesReceived                   uint64
-	KeepalivesNoCredit                                   uint64 // Keepalive found the channel idle but no credit it may spend on a keepalive
-	CreditAvail                                          uint64 // credit to send now (grant mode)
-	Pending, Held, InFlight                              int
+	FramesSent, FragmentsSent, GrantsSent, NotifiesSent uint64
+	FencesSent, FencesReceived                          uint64
+	FramesReceived, Delivered, LegacyDelivered          uint64 // LegacyDelivered: raw notifies without a header (Mooncake phase 1), of Delivered
+	Ignored, CreditWaits, CreditOverruns                uint64 // Ignored: known frames without effect here (SESSION_OPEN, DATA_ACK, ...)
+	Backpressured, Expired, TooLarge, Failed            uint64
+	KeepalivesSent, KeepalivesReceived                  uint64
+	KeepalivesNoCredit                                  uint64 // Keepalive found the channel idle but no credit it may spend on a keepalive
+	CreditAvail                                         uint64 // credit to send now (grant mode)
+	Pending, Held, InFlight                             int
+
+	// Received frames dropped, by reason (DropReason); the channel stays up.
+	DroppedBadMagic, DroppedDecode, DroppedUnknownType, DroppedStaleEpoch uint64
+	DroppedForeignSession, DroppedDuplicate, DroppedExtension             uint64
+	DroppedFragment                                                       uint64
+}
+
+// Dropped is the number of received frames dropped for any reason.
+func (s *MachineStats) Dropped() uint64 {
+	return s.DroppedBadMagic + s.DroppedDecode + s.DroppedUnknownType + s.DroppedStaleEpoch +
+		s.DroppedForeignSession + s.DroppedDuplicate + s.DroppedExtension + s.DroppedFragment
+}
+
+func (s *MachineStats) countDrop(r DropReason) {
+	switch r {
+	case DropBadMagic:
+		s.DroppedBadMagic++
+	case DropDecode:
+		s.DroppedDecode++
+	case DropUnknownType:
+		s.DroppedUnknownType++
+	case DropStaleEpoch:
+		s.DroppedStaleEpoch++
+	case DropForeignSession:
+		s.DroppedForeignSession++
+	case DropDuplicate:
+		s.DroppedDuplicate++
+	case DropExtension:
+		s.DroppedExtension++
+	case DropFragment:
+		s.DroppedFragment++
+	}
 }
 
 // minCreditRQ is the smallest RECV ring credit flow control works with: one RECV kept for
@@ -135,6 +251,7 @@ const (
 type sendSlot struct {
 	req  *SendReq
 	last bool // the req's final frame: its completion completes req
+	bye  bool // SESSION_CLOSE: its completion closes the channel
 }
 
 type freeSlot struct {
@@ -173,7 +290,10 @@ type Machine struct {
 	qhead, qlen int
 	headOff     int // bytes of the head request's payload already posted
 	pending     int // requests queued or in flight
+	fences      int // fences queued
 	timerAt     time.Time
+	byeAt       time.Time // Bye: the channel closes by then at the latest
+	bye         bool      // Bye was called: no new sends
 
 	// Receive side.
 	recvPosted   uint64 // cumulative RECVs posted this epoch
@@ -205,7 +325,7 @@ func NewMachine(p Params) (*Machine, error) {
 		p:        p,
 		signal:   min(p.SignalEvery, p.SendSlots),
 		ring:     make([]sendSlot, p.SendSlots),
-		queue:    make([]*SendReq, p.MaxPendingSends),
+		queue:    make([]*SendReq, 2*p.MaxPendingSends+1), // notifies, as many fences, a goodbye
 		free:     make([]freeSlot, 0, p.RecvCount),
 		held:     make([]heldFrame, 0, p.RecvCount),
 		lastPost: -1,
@@ -289,6 +409,11 @@ func (m *Machine) Connected(now time.Time, pp PeerParams) error {
 	if pp.BufSize < HeaderLen+FragmentHeaderLen+8 {
 		return fmt.Errorf("%w: PeerParams.BufSize %d: want at least %d", ErrConfig, pp.BufSize, HeaderLen+FragmentHeaderLen+8)
 	}
+	if pp.Legacy {
+		// Mooncake PR #3440: no extensions, and its seqs restart on every channel, so
+		// what the engine delivered from it earlier says nothing about this channel.
+		pp.Extensions, pp.DeliveredSeq = false, 0
+	}
 	m.ext = m.p.Extensions && pp.Extensions
 	switch {
 	case m.p.DisableCredits:
@@ -320,9 +445,14 @@ func (m *Machine) Connected(now time.Time, pp PeerParams) error {
 // context.DeadlineExceeded (wrapped) when r cannot be queued.
 func (m *Machine) Submit(now time.Time, r *SendReq) {
 	m.pending++ // complete() takes it back
+	r.kind = reqNotify
 	switch size := len(r.Name) + len(r.Msg); {
-	case m.state == stateClosed:
+	case m.state == stateClosed || m.bye:
 		m.complete(r, fmt.Errorf("send seq %d: %w", r.Seq, ErrClosed))
+		return
+	case len(r.ID) > MaxIDLen:
+		m.stats.TooLarge++
+		m.complete(r, fmt.Errorf("%w: send seq %d: id %d bytes: at most %d", ErrTooLarge, r.Seq, len(r.ID), MaxIDLen))
 		return
 	case size > m.p.MaxNotifySize:
 		m.stats.TooLarge++
@@ -338,13 +468,72 @@ func (m *Machine) Submit(now time.Time, r *SendReq) {
 		m.complete(r, expired(r))
 		return
 	}
-	m.queue[(m.qhead+m.qlen)%len(m.queue)] = r
-	m.qlen++
+	m.enqueue(r)
 	if !r.Deadline.IsZero() && (m.timerAt.IsZero() || r.Deadline.Before(m.timerAt)) {
 		m.setTimer(r.Deadline)
 	}
 	m.trySend()
 }
+
+func (m *Machine) enqueue(r *SendReq) {
+	m.queue[(m.qhead+m.qlen)%len(m.queue)] = r
+	m.qlen++
+}
+
+// Fence tells the peer, in order with the notifies queued before it, that this side gave
+// up on its seqs first..first+count-1 and will never send them: the peer's window must
+// not wait for them. Towards a legacy (Mooncake) peer, whose seqs are per channel, it
+// does nothing. A fence adjacent to a queued fence not yet posted extends it. It fails
+// with ErrClosed after Close or Bye, with ErrConfig for first 0, count 0 or a range past
+// 2^64-1, and with ErrBackpressure when MaxPendingSends fences are already queued.
+func (m *Machine) Fence(first, count uint64) error {
+	switch {
+	case m.state == stateClosed || m.bye:
+		return fmt.Errorf("fence seq %d+%d: %w", first, count, ErrClosed)
+	case first == 0 || count == 0 || first+count-1 < first:
+		return fmt.Errorf("%w: fence first %d count %d: want first ≥ 1, count ≥ 1, no overflow", ErrConfig, first, count)
+	case m.state == stateConnected && m.peer.Legacy:
+		return nil
+	}
+	if m.qlen > 0 {
+		last := m.queue[(m.qhead+m.qlen-1)%len(m.queue)]
+		if last.kind == reqFence && last.Seq+last.count == first && last.count+count > last.count {
+			last.count += count
+			return nil
+		}
+	}
+	if m.fences >= m.p.MaxPendingSends {
+		return fmt.Errorf("%w: fence seq %d+%d: %d fences queued", ErrBackpressure, first, count, m.fences)
+	}
+	m.fences++
+	m.enqueue(&SendReq{Seq: first, kind: reqFence, count: count})
+	m.trySend()
+	return nil
+}
+
+// Bye closes the channel gracefully: no new sends are taken, the notifies and fences
+// queued before it still go out, then one SESSION_CLOSE frame (Mooncake's type 6, which
+// PR #3440 ignores, so it goes to every peer), and the channel closes with ErrClosed once
+// that frame completed, or at deadline, whichever comes first. Its peer delivers
+// everything before the SESSION_CLOSE and closes with ErrPeerClosed.
+func (m *Machine) Bye(now, deadline time.Time) {
+	if m.state == stateClosed || m.bye {
+		return
+	}
+	m.bye = true
+	if m.state != stateConnected || !now.Before(deadline) {
+		m.Close(errBye)
+		return
+	}
+	m.byeAt = deadline
+	if m.timerAt.IsZero() || deadline.Before(m.timerAt) {
+		m.setTimer(deadline)
+	}
+	m.enqueue(&SendReq{kind: reqBye})
+	m.trySend()
+}
+
+var errBye = fmt.Errorf("%w: session closed by this side", ErrClosed)
 
 func expired(r *SendReq) error {
 	return fmt.Errorf("send seq %d: not posted before its deadline: %w", r.Seq, context.DeadlineExceeded)
@@ -379,6 +568,15 @@ func (m *Machine) Tick(now time.Time) {
 	}
 	for i := w; i < n; i++ {
 		m.queue[(m.qhead+i)%len(m.queue)] = nil
+	}
+	if !m.byeAt.IsZero() {
+		if !now.Before(m.byeAt) {
+			m.Close(fmt.Errorf("%w: SESSION_CLOSE did not complete before the deadline", errBye))
+			return
+		}
+		if next.IsZero() || m.byeAt.Before(next) {
+			next = m.byeAt
+		}
 	}
 	if !next.IsZero() {
 		m.setTimer(next)
@@ -450,8 +648,13 @@ func (m *Machine) SetPaused(now time.Time, paused bool) {
 	}
 	for i := range m.held {
 		h := &m.held[i]
-		if h.act.Kind == ActDeliver {
+		switch h.act.Kind {
+		case ActDeliver, ActFence:
 			m.deliver(h.act)
+		case ActClose:
+			// The peer's SESSION_CLOSE: everything before it is delivered now.
+			m.Close(h.act.Err)
+			return
 		}
 		m.release(h.slot, true)
 		h.act = Action{}
@@ -485,7 +688,9 @@ func (m *Machine) Close(err error) {
 		m.queue[m.qhead] = nil
 		m.qhead = (m.qhead + 1) % len(m.queue)
 		m.qlen--
-		m.complete(r, err)
+		if r.kind == reqNotify {
+			m.complete(r, err)
+		}
 	}
 	if !m.timerAt.IsZero() {
 		m.setTimer(time.Time{})
@@ -511,19 +716,27 @@ func (m *Machine) SendWC(wrid uint64) {
 	if m.state == stateClosed || wrid <= m.completed || wrid > m.posted {
 		return
 	}
+	bye := false
 	for i := m.completed + 1; i <= wrid; i++ {
 		s := &m.ring[(i-1)%uint64(len(m.ring))]
 		if s.req != nil && s.last {
 			m.stats.NotifiesSent++
 			m.complete(s.req, nil)
 		}
+		bye = bye || s.bye
 		*s = sendSlot{}
 	}
 	m.completed = wrid
+	if bye {
+		m.Close(errBye)
+		return
+	}
 	m.trySend()
 }
 
 // RecvWC is a successful RECV completion of buffer slot holding data (ByteLen bytes).
+// No frame closes the channel: a frame that cannot be used is dropped, counted under its
+// DropReason and reported by an ActDrop action, and its RECV goes back to the ring.
 func (m *Machine) RecvWC(now time.Time, slot int, data []byte) {
 	if m.state == stateClosed {
 		return
@@ -533,33 +746,74 @@ func (m *Machine) RecvWC(now time.Time, slot int, data []byte) {
 	if m.mode == creditGrant && m.recvCount > m.announced {
 		m.stats.CreditOverruns++
 	}
+	if !hasMagic(data) {
+		m.rawNotify(slot, data)
+		m.trySend()
+		return
+	}
 	var h Header
 	p, err := DecodeHeader(data, &h)
 	if err != nil {
-		m.protocolError(fmt.Errorf("recv slot %d: %w", slot, err))
+		reason := DropDecode
+		if len(data) >= HeaderLen && data[4] == Version && !FrameType(data[5]).Valid() {
+			reason = DropUnknownType
+		}
+		m.drop(slot, true, reason, fmt.Errorf("recv slot %d: %w", slot, err))
+		m.trySend()
 		return
 	}
-	if m.state != stateConnected || h.Epoch != m.peer.Epoch {
-		m.stats.StaleDropped++
-		m.release(slot, h.Type == TypeNotifyCompat || h.Type == TypeNotifyFragment)
+	data0 := h.Type == TypeNotifyCompat || h.Type.Extension() || h.Type == TypeFence
+	switch {
+	case m.state != stateConnected:
+		m.drop(slot, data0, DropStaleEpoch, fmt.Errorf("recv %s seq %d: channel not connected yet", h.Type, h.Seq))
+	case h.Epoch != m.peer.Epoch && !(m.peer.Legacy && h.Epoch == 0):
+		m.drop(slot, data0, DropStaleEpoch, fmt.Errorf("recv %s seq %d: epoch %d, the channel's is %d", h.Type, h.Seq, h.Epoch, m.peer.Epoch))
+	case m.peer.PeerSession != 0 && h.Session != m.peer.PeerSession:
+		m.drop(slot, data0, DropForeignSession, fmt.Errorf("recv %s seq %d: session %#x, the peer's is %#x", h.Type, h.Seq, h.Session, m.peer.PeerSession))
+	case h.Type.Extension() && !m.ext:
+		m.drop(slot, true, DropExtension, fmt.Errorf("recv %s seq %d: extensions were not negotiated", h.Type, h.Seq))
+	default:
+		if m.mode == creditGrant && h.AckSeq != 0 {
+			m.grant(h.AckSeq)
+		}
+		m.frame(slot, &h, p)
+	}
+	m.trySend()
+}
+
+// hasMagic reports whether b starts with the CtrlFrame magic (Mooncake isCtrlFrameMagic).
+func hasMagic(b []byte) bool { return len(b) >= 4 && binary.LittleEndian.Uint32(b) == Magic }
+
+// rawNotify handles a RECV without the CtrlFrame magic as Mooncake's dispatchRecvPayload
+// does: from a legacy peer it is a phase-1 raw notify (the NOTIFY_COMPAT payload alone,
+// no header, so no seq) and is delivered; otherwise, or when it does not decode, it is
+// dropped.
+func (m *Machine) rawNotify(slot int, data []byte) {
+	if m.state != stateConnected || !m.peer.Legacy {
+		m.drop(slot, true, DropBadMagic, fmt.Errorf("recv slot %d: %d bytes without the CtrlFrame magic", slot, len(data)))
 		return
 	}
-	if m.peer.PeerSession != 0 && h.Session != m.peer.PeerSession {
-		m.stats.ForeignDropped++
-		m.release(slot, h.Type == TypeNotifyCompat || h.Type == TypeNotifyFragment)
+	var nc NotifyCompat
+	if err := DecodeNotifyCompat(data, &nc); err != nil {
+		m.drop(slot, true, DropBadMagic, fmt.Errorf("recv slot %d: no CtrlFrame magic and no raw notify: %w", slot, err))
 		return
 	}
-	if m.mode == creditGrant && h.AckSeq != 0 {
-		m.grant(h.AckSeq)
-	}
+	m.stats.LegacyDelivered++
+	h := Header{Session: m.peer.PeerSession}
+	m.notify(slot, &h, nc, nil, false)
+}
+
+// frame acts on one frame that passed the epoch and session checks.
+func (m *Machine) frame(slot int, h *Header, p []byte) {
 	switch h.Type {
 	case TypeCreditGrant:
 		var g CreditGrant
 		if err := DecodeCreditGrant(p, &g); err != nil {
-			m.protocolError(err)
+			m.drop(slot, false, DropDecode, err)
 			return
 		}
 		for i := 0; i < g.N; i++ {
+			// Cumulative totals: a resource named twice mints at most its largest total.
 			if g.Entries[i].Resource == RequestSlots && m.mode == creditGrant {
 				m.grant(g.Entries[i].Total)
 			}
@@ -572,56 +826,100 @@ func (m *Machine) RecvWC(now time.Time, slot int, data []byte) {
 	case TypeNotifyCompat:
 		var nc NotifyCompat
 		if err := DecodeNotifyCompat(p, &nc); err != nil {
-			m.protocolError(err)
+			m.drop(slot, true, DropDecode, fmt.Errorf("recv %s seq %d: %w", h.Type, h.Seq, err))
 			return
 		}
-		m.notify(slot, &h, nc, false)
-	case TypeNotifyFragment:
-		if !m.p.Extensions {
-			m.protocolError(fmt.Errorf("recv slot %d: %s without extensions", slot, h.Type))
-			return
-		}
-		var f Fragment
-		if err := DecodeFragment(p, &f); err != nil {
-			m.protocolError(err)
-			return
-		}
-		whole, err := m.reasm.Add(&h, &f)
-		if err != nil {
-			m.protocolError(err)
-			return
-		}
-		if whole == nil {
-			if m.paused {
-				m.held = append(m.held, heldFrame{slot: slot})
-			} else {
-				m.release(slot, true)
-			}
-			break
-		}
+		m.notify(slot, h, nc, nil, false)
+	case TypeNotifyID:
 		var nc NotifyCompat
-		if err := DecodeNotifyCompat(whole, &nc); err != nil {
-			m.protocolError(err)
+		id, err := DecodeNotifyID(p, &nc)
+		if err != nil {
+			m.drop(slot, true, DropDecode, fmt.Errorf("recv %s seq %d: %w", h.Type, h.Seq, err))
 			return
 		}
-		m.notify(slot, &h, nc, true)
+		m.notify(slot, h, nc, id, false)
+	case TypeNotifyFragment, TypeNotifyIDFragment:
+		m.fragment(slot, h, p)
+	case TypeFence:
+		var f Fence
+		if err := DecodeFence(p, &f); err != nil {
+			m.drop(slot, true, DropDecode, fmt.Errorf("recv %s: %w", h.Type, err))
+			return
+		}
+		m.stats.FencesReceived++
+		m.hold(slot, Action{Kind: ActFence, Session: h.Session, Epoch: h.Epoch, Seq: f.First, Count: f.Count})
+	case TypeSessionClose:
+		err := fmt.Errorf("%w: SESSION_CLOSE from session %#x", ErrPeerClosed, h.Session)
+		if m.paused {
+			// Held notifies are delivered first, when the receiver takes them.
+			m.held = append(m.held, heldFrame{slot: slot, act: Action{Kind: ActClose, Err: err}})
+			return
+		}
+		m.Close(err)
 	default:
+		// Known types without effect on the notify channel (SESSION_OPEN, DATA_ACK,
+		// CREDIT_PROGRESS, CREDIT_REQUEST, DRAIN_ACK), as in Mooncake PR #3440.
 		m.stats.Ignored++
 		m.release(slot, false)
 	}
-	m.trySend()
 }
 
-func (m *Machine) notify(slot int, h *Header, nc NotifyCompat, owned bool) {
-	if h.Seq != 0 && h.Seq <= m.deliveredSeq {
-		m.stats.DupsDropped++
-		m.release(slot, true)
+func (m *Machine) fragment(slot int, h *Header, p []byte) {
+	var f Fragment
+	if err := DecodeFragment(p, &f); err != nil {
+		m.reasm.Reset()
+		m.drop(slot, true, DropDecode, fmt.Errorf("recv %s seq %d: %w", h.Type, h.Seq, err))
 		return
 	}
-	if h.Seq != 0 {
-		m.deliveredSeq = h.Seq
+	whole, err := m.reasm.Add(h, &f)
+	if err != nil {
+		m.drop(slot, true, DropFragment, fmt.Errorf("recv %s seq %d: %w", h.Type, h.Seq, err))
+		return
 	}
-	a := Action{Kind: ActDeliver, Session: h.Session, Epoch: h.Epoch, Seq: h.Seq, Name: nc.Name, Msg: nc.Msg, Owned: owned}
+	if whole == nil {
+		if m.paused {
+			m.held = append(m.held, heldFrame{slot: slot})
+		} else {
+			m.release(slot, true)
+		}
+		return
+	}
+	var nc NotifyCompat
+	var id []byte
+	if h.Type == TypeNotifyIDFragment {
+		id, err = DecodeNotifyID(whole, &nc)
+	} else {
+		err = DecodeNotifyCompat(whole, &nc)
+	}
+	if err != nil {
+		m.drop(slot, true, DropDecode, fmt.Errorf("recv %s seq %d: reassembled: %w", h.Type, h.Seq, err))
+		return
+	}
+	m.notify(slot, h, nc, id, true)
+}
+
+// drop releases slot and reports a dropped frame.
+func (m *Machine) drop(slot int, data bool, reason DropReason, err error) {
+	m.stats.countDrop(reason)
+	m.release(slot, data)
+	m.acts = append(m.acts, Action{Kind: ActDrop, Reason: reason, Err: err})
+}
+
+// notify delivers a received notify. Seqs are not filtered here: an RC channel delivers
+// each frame once and in order, and a sender may legitimately resend a lower seq on a newer
+// channel (a send of a replaced channel); the engine's receive window orders and dedups
+// across channels and paths. Only seqs at or below DeliveredSeq (what the engine says it
+// already delivered before this channel) are dropped.
+func (m *Machine) notify(slot int, h *Header, nc NotifyCompat, id []byte, owned bool) {
+	if h.Seq != 0 && h.Seq <= m.deliveredSeq {
+		m.drop(slot, true, DropDuplicate, fmt.Errorf("recv notify seq %d: seq %d already delivered", h.Seq, m.deliveredSeq))
+		return
+	}
+	m.hold(slot, Action{Kind: ActDeliver, Session: h.Session, Epoch: h.Epoch, Seq: h.Seq, Name: nc.Name, Msg: nc.Msg, ID: id, Owned: owned})
+}
+
+// hold delivers a (ActDeliver or ActFence) now, or keeps it with its buffer while paused.
+func (m *Machine) hold(slot int, a Action) {
 	if m.paused {
 		m.held = append(m.held, heldFrame{slot: slot, act: a})
 		return
@@ -631,17 +929,15 @@ func (m *Machine) notify(slot int, h *Header, nc NotifyCompat, owned bool) {
 }
 
 func (m *Machine) deliver(a Action) {
-	m.stats.Delivered++
+	if a.Kind == ActDeliver {
+		m.stats.Delivered++
+	}
 	m.acts = append(m.acts, a)
 }
 
 func (m *Machine) grant(total uint64) {
 	// The frame passed the epoch check, so the ledger's epoch is the channel's.
 	_, _ = m.ledger.Grant(m.peer.Epoch, RequestSlots, total)
-}
-
-func (m *Machine) protocolError(err error) {
-	m.Close(fmt.Errorf("%w: %w", ErrProtocol, err))
 }
 
 func (m *Machine) release(slot int, data bool) {
@@ -674,8 +970,16 @@ func (m *Machine) trySend() {
 	ring := uint64(len(m.ring))
 	for m.qlen > 0 && m.posted-m.completed < ring {
 		r := m.queue[m.qhead]
-		size := NotifyCompatLen(r.Name, r.Msg)
-		if m.headOff == 0 && HeaderLen+size > m.frameMax && !m.ext {
+		if r.kind == reqBye {
+			if !m.byeCredit() {
+				break
+			}
+			m.popHead()
+			m.postBye()
+			continue
+		}
+		size := m.payloadLen(r)
+		if r.kind == reqNotify && m.headOff == 0 && HeaderLen+size > m.frameMax && !m.ext {
 			m.popHead()
 			m.stats.TooLarge++
 			m.complete(r, fmt.Errorf("%w: send seq %d: %d-byte frame above the peer's %d-byte buffer, and the peer cannot reassemble fragments",
@@ -685,6 +989,12 @@ func (m *Machine) trySend() {
 		if !m.dataCredit() {
 			m.stats.CreditWaits++
 			break
+		}
+		if r.kind == reqFence {
+			m.popHead()
+			m.fences--
+			m.postFence(r)
+			continue
 		}
 		m.postNotify(r, size)
 	}
@@ -706,6 +1016,29 @@ func (m *Machine) dataCredit() bool {
 		return m.ledger.ReserveOne(RequestSlots, m.reserve)
 	}
 	return true
+}
+
+// byeCredit: SESSION_CLOSE is the last frame, so it may take the RECV kept for credit
+// frames.
+func (m *Machine) byeCredit() bool {
+	switch m.mode {
+	case creditCompat:
+		return m.posted-m.completed < m.window
+	case creditGrant:
+		return m.ledger.ReserveOne(RequestSlots, 0)
+	}
+	return true
+}
+
+// withID reports whether r's ID goes on the wire (NOTIFY_ID and its fragments).
+func (m *Machine) withID(r *SendReq) bool { return r.ID != "" && m.ext }
+
+// payloadLen is the size of the notify payload r puts on the wire.
+func (m *Machine) payloadLen(r *SendReq) int {
+	if m.withID(r) {
+		return NotifyIDLen(r.ID, r.Name, r.Msg)
+	}
+	return NotifyCompatLen(r.Name, r.Msg)
 }
 
 func (m *Machine) wantGrant() bool {
@@ -756,19 +1089,26 @@ func (m *Machine) postNotify(r *SendReq, size int) {
 	var n int
 	var t FrameType
 	last := true
+	id := ""
+	whole, frag := TypeNotifyCompat, TypeNotifyFragment
+	if m.withID(r) {
+		id, whole, frag = r.ID, TypeNotifyID, TypeNotifyIDFragment
+	}
 	if m.headOff == 0 && HeaderLen+size <= m.frameMax {
-		h := m.header(TypeNotifyCompat, r.Seq)
-		n, _ = EncodeNotifyCompat(buf, &h, r.Name, r.Msg) // fits: checked above
-		t = TypeNotifyCompat
+		h := m.header(whole, r.Seq)
+		h.PayloadLen = uint32(size)
+		_ = EncodeHeader(buf, &h) // fits: checked above
+		putNotifyRange(buf[HeaderLen:HeaderLen+size], whole == TypeNotifyID, id, r.Name, r.Msg, 0)
+		n, t = HeaderLen+size, whole
 	} else {
 		chunk := min(m.frameMax-HeaderLen-FragmentHeaderLen, size-m.headOff)
-		h := m.header(TypeNotifyFragment, r.Seq)
+		h := m.header(frag, r.Seq)
 		h.PayloadLen = uint32(FragmentHeaderLen + chunk)
 		_ = EncodeHeader(buf, &h)
-		n = HeaderLen + encodeFragmentOf(buf[HeaderLen:], r.Name, r.Msg, m.headOff, chunk)
+		n = HeaderLen + encodeFragmentOf(buf[HeaderLen:], frag == TypeNotifyIDFragment, id, r.Name, r.Msg, m.headOff, chunk)
 		m.headOff += chunk
 		last = m.headOff == size
-		t = TypeNotifyFragment
+		t = frag
 		m.stats.FragmentsSent++
 	}
 	if last {
@@ -776,6 +1116,26 @@ func (m *Machine) postNotify(r *SendReq, size int) {
 	}
 	m.ring[slot] = sendSlot{req: r, last: last}
 	m.emitSend(slot, n, t)
+}
+
+func (m *Machine) postFence(r *SendReq) {
+	slot := int(m.posted % uint64(len(m.ring)))
+	buf := m.slotBuf(slot)
+	h := m.header(TypeFence, 0)
+	h.PayloadLen = FenceLen
+	_ = EncodeHeader(buf, &h)
+	_, _ = EncodeFence(buf[HeaderLen:], &Fence{First: r.Seq, Count: r.count}) // checked by Fence
+	m.ring[slot] = sendSlot{}
+	m.stats.FencesSent++
+	m.emitSend(slot, HeaderLen+FenceLen, TypeFence)
+}
+
+func (m *Machine) postBye() {
+	slot := int(m.posted % uint64(len(m.ring)))
+	h := m.header(TypeSessionClose, 0)
+	_ = EncodeHeader(m.slotBuf(slot), &h)
+	m.ring[slot] = sendSlot{bye: true}
+	m.emitSend(slot, HeaderLen, TypeSessionClose)
 }
 
 func (m *Machine) postGrant() {

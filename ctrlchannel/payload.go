@@ -3,6 +3,7 @@ package ctrlchannel
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 )
 
 // NotifyCompat is a decoded NOTIFY_COMPAT payload. Name and Msg alias the decoded bytes.
@@ -97,11 +98,6 @@ func (g *CreditGrant) check() error {
 		if !r.Valid() {
 			return frameErr("credit grant entries[%d].resource %d: want 1..4", i, uint16(r))
 		}
-		for j := 0; j < i; j++ {
-			if g.Entries[j].Resource == r {
-				return frameErr("credit grant entries[%d].resource %s: repeats entries[%d]", i, r, j)
-			}
-		}
 	}
 	return nil
 }
@@ -124,8 +120,10 @@ func EncodeCreditGrant(dst []byte, g *CreditGrant) (int, error) {
 	return n, nil
 }
 
-// DecodeCreditGrant decodes p into g. A count above 4, a resource outside 1..4, a
-// repeated resource, a short payload or trailing bytes are errors; on error g is untouched.
+// DecodeCreditGrant decodes p into g. A count above 4, a resource outside 1..4, a short
+// payload or trailing bytes are errors; on error g is untouched. A resource named twice is
+// accepted, as by Mooncake's decodeCreditGrantPayload: totals are cumulative, so the
+// receiver applies the largest.
 func DecodeCreditGrant(p []byte, g *CreditGrant) error {
 	if len(p) < 2 {
 		return frameErr("credit grant count: %d bytes, need 2", len(p))
@@ -183,23 +181,31 @@ func DecodeFragment(p []byte, f *Fragment) error {
 	return nil
 }
 
-// encodeFragmentOf writes a NOTIFY_FRAGMENT payload carrying bytes [off, off+n) of the
-// NOTIFY_COMPAT payload of name and msg into dst, and returns its length.
-func encodeFragmentOf(dst []byte, name string, msg []byte, off, n int) int {
-	binary.LittleEndian.PutUint32(dst, uint32(NotifyCompatLen(name, msg)))
+// encodeFragmentOf writes a NOTIFY_FRAGMENT (NOTIFY_ID_FRAGMENT when withID) payload
+// carrying bytes [off, off+n) of the notify payload of id, name and msg into dst, and
+// returns its length.
+func encodeFragmentOf(dst []byte, withID bool, id, name string, msg []byte, off, n int) int {
+	total := NotifyCompatLen(name, msg)
+	if withID {
+		total = NotifyIDLen(id, name, msg)
+	}
+	binary.LittleEndian.PutUint32(dst, uint32(total))
 	binary.LittleEndian.PutUint32(dst[4:], uint32(off))
-	putCompatRange(dst[FragmentHeaderLen:FragmentHeaderLen+n], name, msg, off)
+	putNotifyRange(dst[FragmentHeaderLen:FragmentHeaderLen+n], withID, id, name, msg, off)
 	return FragmentHeaderLen + n
 }
 
-// Reassembler rebuilds NOTIFY_COMPAT payloads from NOTIFY_FRAGMENT frames. Fragments of
-// one notify share (session, epoch, seq) and arrive in order (an RC QP keeps order), so a
-// fragment must start exactly where the previous one ended.
+// Reassembler rebuilds NOTIFY_COMPAT (NOTIFY_ID) payloads from NOTIFY_FRAGMENT
+// (NOTIFY_ID_FRAGMENT) frames. Fragments of one notify share (type, session, epoch, seq)
+// and arrive in order (an RC QP keeps order), so a fragment must start exactly where the
+// previous one ended.
 type Reassembler struct {
-	// Max is the largest name+msg accepted (so the largest payload is Max+8).
+	// Max is the largest name+msg accepted (so the largest payload is Max+8, plus the id
+	// of a NOTIFY_ID).
 	Max int
 
 	active  bool
+	typ     FrameType
 	session uint64
 	epoch   uint64
 	seq     uint64
@@ -222,15 +228,19 @@ func (r *Reassembler) Add(h *Header, f *Fragment) ([]byte, error) {
 		if f.Offset != 0 {
 			return nil, r.fail(frameErr("fragment offset %d: a notify starts at 0", f.Offset))
 		}
-		if uint64(f.Total) > uint64(r.Max)+8 {
+		limit := uint64(r.Max) + 8
+		if h.Type == TypeNotifyIDFragment {
+			limit += 1 + MaxIDLen
+		}
+		if uint64(f.Total) > limit {
 			return nil, r.fail(fmt.Errorf("%w: fragment total %d: above the %d-byte notify maximum",
 				ErrTooLarge, f.Total, r.Max))
 		}
-		r.active, r.session, r.epoch, r.seq = true, h.Session, h.Epoch, h.Seq
+		r.active, r.typ, r.session, r.epoch, r.seq = true, h.Type, h.Session, h.Epoch, h.Seq
 		r.buf = make([]byte, f.Total)
 		r.got = 0
 	} else {
-		if h.Session != r.session || h.Epoch != r.epoch || h.Seq != r.seq {
+		if h.Type != r.typ || h.Session != r.session || h.Epoch != r.epoch || h.Seq != r.seq {
 			return nil, r.fail(frameErr("fragment seq %d: notify seq %d is incomplete (%d of %d bytes)",
 				h.Seq, r.seq, r.got, len(r.buf)))
 		}
@@ -253,4 +263,163 @@ func (r *Reassembler) Add(h *Header, f *Fragment) ([]byte, error) {
 func (r *Reassembler) fail(err error) error {
 	r.Reset()
 	return err
+}
+
+// NotifyIDLen is the size of the NOTIFY_ID payload for id, name and msg.
+func NotifyIDLen(id, name string, msg []byte) int { return 1 + len(id) + NotifyCompatLen(name, msg) }
+
+// EncodeNotifyID writes a NOTIFY_ID payload (u8 id_len, id, u32 name_len, name, u32
+// msg_len, msg) into dst and returns its length.
+func EncodeNotifyID(dst []byte, id, name string, msg []byte) (int, error) {
+	if len(id) > MaxIDLen {
+		return 0, frameErr("notify id: %d bytes, at most %d", len(id), MaxIDLen)
+	}
+	n := NotifyIDLen(id, name, msg)
+	if len(dst) < n || uint64(n) > math.MaxUint32 {
+		return 0, frameErr("buffer: %d bytes, the notify id payload needs %d", len(dst), n)
+	}
+	putNotifyRange(dst[:n], true, id, name, msg, 0)
+	return n, nil
+}
+
+// DecodeNotifyID decodes a NOTIFY_ID payload into n and returns the id; id, name and msg
+// alias p. On error n is untouched.
+func DecodeNotifyID(p []byte, n *NotifyCompat) ([]byte, error) {
+	if len(p) < 1 {
+		return nil, frameErr("notify id_len: empty payload")
+	}
+	il := int(p[0])
+	if il > len(p)-1 {
+		return nil, frameErr("notify id_len %d: only %d bytes follow", il, len(p)-1)
+	}
+	if err := DecodeNotifyCompat(p[1+il:], n); err != nil {
+		return nil, err
+	}
+	return p[1 : 1+il : 1+il], nil
+}
+
+// FenceLen is the size of a FENCE payload.
+const FenceLen = 16
+
+// Fence is a FENCE payload (twosided's layout; Mooncake defines the type but no payload
+// and ignores the frame): u64 first, u64 count. The sender gave up on its seqs
+// first..first+count-1 of this pair and will never send them.
+type Fence struct {
+	First, Count uint64
+}
+
+func (f *Fence) check() error {
+	switch {
+	case f.First == 0:
+		return frameErr("fence first 0: seq 0 is unstamped")
+	case f.Count == 0:
+		return frameErr("fence count 0: names no seq")
+	case f.First+f.Count-1 < f.First:
+		return frameErr("fence first %d count %d: past 2^64-1", f.First, f.Count)
+	}
+	return nil
+}
+
+// EncodeFence writes the payload of f into dst and returns its length.
+func EncodeFence(dst []byte, f *Fence) (int, error) {
+	if err := f.check(); err != nil {
+		return 0, err
+	}
+	if len(dst) < FenceLen {
+		return 0, frameErr("buffer: %d bytes, the fence needs %d", len(dst), FenceLen)
+	}
+	binary.LittleEndian.PutUint64(dst, f.First)
+	binary.LittleEndian.PutUint64(dst[8:], f.Count)
+	return FenceLen, nil
+}
+
+// DecodeFence decodes p (exactly 16 bytes) into f; on error f is untouched.
+func DecodeFence(p []byte, f *Fence) error {
+	if len(p) != FenceLen {
+		return frameErr("fence length %d: want %d", len(p), FenceLen)
+	}
+	out := Fence{First: binary.LittleEndian.Uint64(p), Count: binary.LittleEndian.Uint64(p[8:])}
+	if err := out.check(); err != nil {
+		return err
+	}
+	*f = out
+	return nil
+}
+
+// SessionOpenLen is the size of a SESSION_OPEN payload.
+const SessionOpenLen = 8
+
+// SessionOpen is Mooncake's SESSION_OPEN payload: u32 bounce_slots, u32 bounce_slot_size.
+type SessionOpen struct {
+	BounceSlots, BounceSlotSize uint32
+}
+
+// EncodeSessionOpen writes the payload of s into dst and returns its length.
+func EncodeSessionOpen(dst []byte, s *SessionOpen) (int, error) {
+	if len(dst) < SessionOpenLen {
+		return 0, frameErr("buffer: %d bytes, the session open needs %d", len(dst), SessionOpenLen)
+	}
+	binary.LittleEndian.PutUint32(dst, s.BounceSlots)
+	binary.LittleEndian.PutUint32(dst[4:], s.BounceSlotSize)
+	return SessionOpenLen, nil
+}
+
+// DecodeSessionOpen decodes p (exactly 8 bytes, as Mooncake's decodeSessionOpenPayload
+// wants) into s; on error s is untouched.
+func DecodeSessionOpen(p []byte, s *SessionOpen) error {
+	if len(p) != SessionOpenLen {
+		return frameErr("session open length %d: want %d", len(p), SessionOpenLen)
+	}
+	*s = SessionOpen{BounceSlots: binary.LittleEndian.Uint32(p), BounceSlotSize: binary.LittleEndian.Uint32(p[4:])}
+	return nil
+}
+
+// DataAckEntry is one entry of Mooncake's DATA_ACK payload.
+type DataAckEntry struct {
+	TaskID, AckedBytes uint64
+}
+
+// MaxDataAckEntries is the most entries one DATA_ACK carries (its count is a u16).
+const MaxDataAckEntries = math.MaxUint16
+
+const dataAckEntryLen = 16
+
+// DataAckLen is the size of a DATA_ACK payload of n entries.
+func DataAckLen(n int) int { return 2 + dataAckEntryLen*n }
+
+// EncodeDataAck writes a DATA_ACK payload (u16 count, count × {u64 task_id, u64
+// acked_bytes}) into dst and returns its length.
+func EncodeDataAck(dst []byte, acks []DataAckEntry) (int, error) {
+	if len(acks) > MaxDataAckEntries {
+		return 0, frameErr("data ack count %d: at most %d", len(acks), MaxDataAckEntries)
+	}
+	n := DataAckLen(len(acks))
+	if len(dst) < n {
+		return 0, frameErr("buffer: %d bytes, the data ack needs %d", len(dst), n)
+	}
+	binary.LittleEndian.PutUint16(dst, uint16(len(acks)))
+	for i, a := range acks {
+		e := dst[2+dataAckEntryLen*i:]
+		binary.LittleEndian.PutUint64(e, a.TaskID)
+		binary.LittleEndian.PutUint64(e[8:], a.AckedBytes)
+	}
+	return n, nil
+}
+
+// DecodeDataAck decodes a DATA_ACK payload, appending its entries to dst. A short payload
+// or bytes beyond count entries are errors (Mooncake's decodeDataAckPayload); on error
+// dst is returned unchanged.
+func DecodeDataAck(p []byte, dst []DataAckEntry) ([]DataAckEntry, error) {
+	if len(p) < 2 {
+		return dst, frameErr("data ack count: %d bytes, need 2", len(p))
+	}
+	n := int(binary.LittleEndian.Uint16(p))
+	if want := DataAckLen(n); len(p) != want {
+		return dst, frameErr("data ack length %d: count %d needs exactly %d", len(p), n, want)
+	}
+	for i := 0; i < n; i++ {
+		e := p[2+dataAckEntryLen*i:]
+		dst = append(dst, DataAckEntry{TaskID: binary.LittleEndian.Uint64(e), AckedBytes: binary.LittleEndian.Uint64(e[8:])})
+	}
+	return dst, nil
 }

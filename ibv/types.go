@@ -1,8 +1,9 @@
 package ibv
 
 import (
+	"encoding/hex"
+	"errors"
 	"fmt"
-	"strings"
 )
 
 // MTU is an IB path MTU enumeration value (IBV_MTU_*).
@@ -87,52 +88,53 @@ func (s PortState) String() string {
 // GID is a 128-bit global identifier (union ibv_gid).
 type GID [16]byte
 
-// String formats the GID as eight colon-separated groups of four hex digits, the form
-// Mooncake's handshake carries in local_gid.
+// String formats the GID as Mooncake's handshake carries it in local_gid (gidBytesToString
+// in its rdma_context.cpp): 16 bytes, two lower-case hex digits each, colon-separated, as
+// in "fe:80:00:00:00:00:00:00:02:42:ac:ff:fe:11:00:02". Mooncake's parser accepts only
+// this form.
 func (g GID) String() string {
-	var b strings.Builder
-	for i := 0; i < 16; i += 2 {
+	const digits = "0123456789abcdef"
+	var b [16*3 - 1]byte
+	for i, v := range g {
 		if i > 0 {
-			b.WriteByte(':')
+			b[3*i-1] = ':'
 		}
-		fmt.Fprintf(&b, "%02x%02x", g[i], g[i+1])
+		b[3*i], b[3*i+1] = digits[v>>4], digits[v&0x0f]
 	}
-	return b.String()
+	return string(b[:])
 }
 
 // IsZero reports whether every byte of the GID is zero.
 func (g GID) IsZero() bool { return g == GID{} }
 
-// ParseGID parses the colon hex form written by GID.String. Mooncake also writes each byte
-// as two hex digits separated by colons (16 groups); both are accepted.
+// ErrBadGID is wrapped by ParseGID's errors.
+var ErrBadGID = errors.New("ibv: bad gid")
+
+// ParseGID parses a GID in Mooncake's form (16 colon-separated bytes of two hex digits,
+// what String writes) or in the form older twosided versions wrote (8 colon-separated
+// groups of four hex digits). Upper- and lower-case digits are accepted; nothing else is
+// (no "::" shortening, no signs, spaces or prefixes).
 func ParseGID(s string) (GID, error) {
 	var g GID
-	parts := strings.Split(s, ":")
-	switch len(parts) {
-	case 8:
-		for i, p := range parts {
-			if len(p) != 4 {
-				return GID{}, fmt.Errorf("ibv: gid %q: group %d: want 4 hex digits", s, i)
-			}
-			var v uint16
-			if _, err := fmt.Sscanf(p, "%04x", &v); err != nil {
-				return GID{}, fmt.Errorf("ibv: gid %q: group %d: %v", s, i, err)
-			}
-			g[2*i], g[2*i+1] = byte(v>>8), byte(v)
-		}
-	case 16:
-		for i, p := range parts {
-			if len(p) != 2 {
-				return GID{}, fmt.Errorf("ibv: gid %q: byte %d: want 2 hex digits", s, i)
-			}
-			var v uint8
-			if _, err := fmt.Sscanf(p, "%02x", &v); err != nil {
-				return GID{}, fmt.Errorf("ibv: gid %q: byte %d: %v", s, i, err)
-			}
-			g[i] = v
-		}
+	var groups, width int
+	switch len(s) {
+	case 16*3 - 1:
+		groups, width = 16, 2
+	case 8*5 - 1:
+		groups, width = 8, 4
 	default:
-		return GID{}, fmt.Errorf("ibv: gid %q: want 8 groups of 4 or 16 groups of 2 hex digits", s)
+		return GID{}, fmt.Errorf("%w: %q: %d characters: want 47 (16 bytes as xx:) or 39 (8 groups as xxxx:)",
+			ErrBadGID, s, len(s))
+	}
+	per := width / 2 // bytes per group
+	for i := 0; i < groups; i++ {
+		at := i * (width + 1)
+		if i > 0 && s[at-1] != ':' {
+			return GID{}, fmt.Errorf("%w: %q: character %d: want ':' between groups", ErrBadGID, s, at-1)
+		}
+		if _, err := hex.Decode(g[i*per:(i+1)*per], []byte(s[at:at+width])); err != nil {
+			return GID{}, fmt.Errorf("%w: %q: group %d %q: want %d hex digits", ErrBadGID, s, i, s[at:at+width], width)
+		}
 	}
 	return g, nil
 }

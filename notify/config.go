@@ -59,6 +59,7 @@ type config struct {
 	maxChannels    int
 	oobIdleTimeout time.Duration
 	keepalive      time.Duration
+	peers          peerLimits
 	errs           []error
 }
 
@@ -227,6 +228,7 @@ func (c *config) validate() error {
 	if c.listenAddr == "" {
 		c.fail("listen_addr", "empty")
 	}
+	c.errs = append(c.errs, c.peers.validate()...)
 	return errors.Join(c.errs...)
 }
 

@@ -128,28 +128,3 @@ func TestConfigOptions(t *testing.T) {
 		require.ErrorContains(t, c.validate(), "buffer_size: 100 out of range 256..65536")
 	})
 }
-
-func TestSeenDropsDuplicatesAcrossPaths(t *testing.T) {
-	var s seen
-	require.True(t, s.add(1))
-	require.True(t, s.add(2))
-	require.False(t, s.add(2))
-	require.False(t, s.add(1))
-	// 3 failed over RDMA and is retried over OOB after 4 and 5 went over RDMA.
-	require.True(t, s.add(4))
-	require.True(t, s.add(5))
-	require.False(t, s.add(4))
-	require.True(t, s.add(3))
-	require.False(t, s.add(3))
-	require.Equal(t, uint64(5), s.floor)
-	require.Empty(t, s.above)
-}
-
-func TestSeenBounded(t *testing.T) {
-	var s seen
-	// seq 1 never arrives: the set must not grow without bound.
-	for i := uint64(2); i < 2+maxSeenGap+10; i++ {
-		require.True(t, s.add(i))
-	}
-	require.LessOrEqual(t, len(s.above), maxSeenGap)
-}

@@ -7,19 +7,16 @@ import (
 	"time"
 
 	"github.com/twosided/twosided/ctrlchannel"
-	"github.com/twosided/twosided/oob"
 )
 
-// engineCounters are the engine-wide counters and latency histograms. They are updated
-// where the engine already counts (a send returns, a notify is delivered or dropped as a
-// duplicate, a send falls back to OOB, a channel closes) and read by Stats from any
-// goroutine: atomics and fixed arrays only, so an update is lock-free and allocates nothing.
+// engineCounters are the engine-wide counters and latency histograms that the peer machine
+// does not keep. They are updated where the engine already counts (a send returns, a notify
+// is handed to the application, a channel closes) and read by Stats from any goroutine:
+// atomics and fixed arrays only, so an update is lock-free and allocates nothing.
 type engineCounters struct {
-	sent       atomic.Uint64                      // sends that returned nil
-	failed     [len(failureReasons)]atomic.Uint64 // sends that returned an error, by reason
-	fallbacks  atomic.Uint64                      // sends retried over OOB
-	delivered  atomic.Uint64                      // received notifies handed to the application
-	duplicates atomic.Uint64                      // received duplicates dropped
+	sent      atomic.Uint64                      // sends that returned nil
+	failed    [len(failureReasons)]atomic.Uint64 // sends that returned an error, by reason
+	delivered atomic.Uint64                      // received notifies handed to the application
 
 	sendLatency    latencyHist // SendNotify or SendNotifyAsync call → success
 	deliverLatency latencyHist // queued on receive → taken by Recv or GetNotifies
@@ -50,17 +47,8 @@ func (c *engineCounters) refused(errp *error) {
 	}
 }
 
-// fallback counts a send handed to OOB after its channel failed or was unavailable.
-func (c *engineCounters) fallback() { c.fallbacks.Add(1) }
-
-// received counts a received notify: delivered, or dropped as a duplicate.
-func (c *engineCounters) received(duplicate bool) {
-	if duplicate {
-		c.duplicates.Add(1)
-		return
-	}
-	c.delivered.Add(1)
-}
+// deliveredOne counts a received notify handed to the application.
+func (c *engineCounters) deliveredOne() { c.delivered.Add(1) }
 
 // channelClosed folds a closed channel's counters into the engine's totals. Loop-only.
 func (c *engineCounters) channelClosed(ch *ctrlchannel.Channel) {
@@ -77,23 +65,29 @@ var failureReasons = [...]string{
 	"peer_dead", "backpressure", "unreachable", "timeout", "other",
 }
 
-// failureMatch maps sentinels to failureReasons. The lower layers' sentinels stand in until
-// notify's own wrap them; a notify sentinel is listed first.
+// failureMatch maps notify's sentinels to failureReasons.
 var failureMatch = [len(failureReasons) - 1][]error{
 	{ErrClosed},
 	{ErrInvalid},
-	{ErrTooLarge, ctrlchannel.ErrTooLarge, oob.ErrFrameTooLarge},
+	{ErrTooLarge},
 	{ErrLimit},
-	{oob.ErrAuth},
-	{oob.ErrRejected},
+	{ErrAuth},
+	{ErrRejected},
 	{ErrNoCtrlChannel},
 	{ErrPeerDead},
-	{ctrlchannel.ErrBackpressure},
-	{ErrPeerUnreachable, oob.ErrPeerUnreachable},
-	{context.DeadlineExceeded, context.Canceled, oob.ErrTimeout},
+	{ErrBackpressure},
+	{ErrPeerUnreachable},
+	{ErrTimeout, context.DeadlineExceeded, context.Canceled},
 }
 
 func failureIndex(err error) int {
+	// A send error's kind decides, not a sentinel its cause happens to carry.
+	switch k := err.(type) {
+	case *sendError:
+		err = k.kind
+	case *kindError:
+		err = k.kind
+	}
 	for i, sentinels := range failureMatch {
 		for _, s := range sentinels {
 			if errors.Is(err, s) {

@@ -8,9 +8,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/twosided/twosided/ctrlchannel"
-	"github.com/twosided/twosided/oob"
 )
 
 func TestLatencyHistBuckets(t *testing.T) {
@@ -51,21 +48,21 @@ func TestFailureReason(t *testing.T) {
 	}{
 		{nil, ""},
 		{ErrClosed, "closed"},
-		{fmt.Errorf("notify: send to x: %w (%v)", ErrClosed, context.DeadlineExceeded), "closed"},
-		{fmt.Errorf("%w: name: empty", ErrInvalid), "invalid"},
-		{fmt.Errorf("%w: 2 MiB", ErrTooLarge), "too_large"},
-		{fmt.Errorf("send: %w", ctrlchannel.ErrTooLarge), "too_large"},
-		{fmt.Errorf("%w: max_channels", ErrLimit), "limit"},
-		{fmt.Errorf("x: %w", oob.ErrAuth), "auth"},
-		{fmt.Errorf("x: %w", oob.ErrRejected), "rejected"},
+		{sendErr(ErrClosed, "p", "", context.DeadlineExceeded, false), "closed"},
+		{sendErr(ErrInvalid, "p", "", errors.New("name: empty"), false), "invalid"},
+		{sendErr(ErrTooLarge, "p", "oob", nil, false), "too_large"},
+		{sendErr(ErrLimit, "p", "", nil, false), "limit"},
+		{sendErr(ErrAuth, "p", "oob", nil, false), "auth"},
+		{sendErr(ErrRejected, "p", "oob", nil, false), "rejected"},
 		{fmt.Errorf("connect: %w", ErrNoCtrlChannel), "no_ctrl_channel"},
-		{fmt.Errorf("%w: keepalive", ErrPeerDead), "peer_dead"},
-		{fmt.Errorf("%w: 64 wait", ctrlchannel.ErrBackpressure), "backpressure"},
-		{fmt.Errorf("%w: refused", ErrPeerUnreachable), "unreachable"},
-		{fmt.Errorf("oob send: %w", oob.ErrPeerUnreachable), "unreachable"},
+		{sendErr(ErrPeerDead, "p", "rdma_twosided", nil, true), "peer_dead"},
+		{sendErr(ErrBackpressure, "p", "", nil, false), "backpressure"},
+		{sendErr(ErrPeerUnreachable, "p", "oob", nil, true), "unreachable"},
+		// The kind decides, not a sentinel the cause carries.
+		{sendErr(ErrTimeout, "p", "", fmt.Errorf("dial: %w", ErrPeerUnreachable), true), "timeout"},
+		{&kindError{kind: ErrPeerUnreachable, cause: context.DeadlineExceeded}, "unreachable"},
 		{fmt.Errorf("send: %w", context.DeadlineExceeded), "timeout"},
 		{context.Canceled, "timeout"},
-		{fmt.Errorf("x: %w", oob.ErrTimeout), "timeout"},
 		{errors.New("something else"), "other"},
 	}
 	for _, tt := range tests {
@@ -84,14 +81,10 @@ func TestSendCounters(t *testing.T) {
 	c.sendReturned(start, errp)
 	c.refused(errp)
 	c.refused(new(error)) // nil: queued, not a failure
-	c.fallback()
-	c.received(false)
-	c.received(true)
+	c.deliveredOne()
 	require.Equal(t, uint64(2), c.sent.Load())
 	require.Equal(t, uint64(2), c.failed[failureIndex(ErrPeerUnreachable)].Load())
-	require.Equal(t, uint64(1), c.fallbacks.Load())
 	require.Equal(t, uint64(1), c.delivered.Load())
-	require.Equal(t, uint64(1), c.duplicates.Load())
 	s := c.sendLatency.snapshot()
 	require.Equal(t, uint64(2), s.Count, "failures are not latencies")
 	require.GreaterOrEqual(t, s.Sum, 6*time.Millisecond)
@@ -132,9 +125,7 @@ func TestCountersAllocateNothing(t *testing.T) {
 		c.sendReturned(start, &err)
 		c.sendResult(start, errFail)
 		c.refused(&err)
-		c.fallback()
-		c.received(false)
-		c.received(true)
+		c.deliveredOne()
 		c.deliverLatency.observe(time.Microsecond)
 		q.in()
 		q.out()
@@ -149,7 +140,7 @@ func BenchmarkCountersPerNotify(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			c.sendResult(start, nil)
-			c.received(false)
+			c.deliveredOne()
 		}
 	})
 }

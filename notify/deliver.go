@@ -6,123 +6,50 @@ import (
 	"sync/atomic"
 )
 
-// seen is the receive-side duplicate filter of one sending session: every seq ≤ floor was
-// delivered, and so was every seq in above. A notify retried over OOB after its SEND
-// failed may arrive out of order, hence the set; it stays small because gaps close.
-type seen struct {
-	floor uint64
-	above map[uint64]struct{}
-}
-
-// maxSeenGap bounds the set: past it the oldest gap is given up (its seq, were it ever to
-// come, would be taken as a duplicate).
-const maxSeenGap = 1 << 16
-
-// add records seq and reports whether it is new.
-func (s *seen) add(seq uint64) bool {
-	if seq <= s.floor {
-		return false
-	}
-	if seq == s.floor+1 {
-		s.floor = seq
-		for len(s.above) > 0 {
-			if _, ok := s.above[s.floor+1]; !ok {
-				break
-			}
-			delete(s.above, s.floor+1)
-			s.floor++
-		}
-		return true
-	}
-	if _, dup := s.above[seq]; dup {
-		return false
-	}
-	if s.above == nil {
-		s.above = make(map[uint64]struct{})
-	}
-	s.above[seq] = struct{}{}
-	if len(s.above) > maxSeenGap {
-		min := seq
-		for k := range s.above {
-			if k < min {
-				min = k
-			}
-		}
-		s.floor = min - 1
-		s.add(min)
-	}
-	return true
-}
-
-// deliver hands a received notify to the application, once. session 0 is a Mooncake peer
-// (no seq): always delivered. reply (OOB only) is answered when the notify is queued.
+// deliver hands a notify the peer machine released (in order, once) to the application:
+// the handler, or the bounded receive queue. When the queue fills, every channel pauses
+// (no credit goes back, senders wait) and OOB notifies are held, then answered "busy".
 // Loop-only.
-func (e *Engine) deliver(p *peer, session, seq uint64, n Notify, reply func(error)) {
-	if session != 0 && seq != 0 {
-		s := e.dedup[session]
-		if s == nil {
-			s = &seen{}
-			e.dedup[session] = s
-		}
-		if !s.add(seq) {
-			e.ctr.received(true)
-			if p != nil {
-				p.dups++
-			}
-			if reply != nil {
-				reply(nil) // already delivered: the sender's retry succeeded
-			}
-			return
-		}
-	}
-	e.ctr.received(false)
-	if p != nil {
-		p.received++
-	}
+func (e *Engine) deliver(n Notify) {
+	e.ctr.deliveredOne()
 	if e.cfg.onNotify != nil {
 		e.cfg.onNotify(n)
-		if reply != nil {
-			reply(nil)
-		}
-		return
-	}
-	if reply != nil && (e.paused || len(e.heldOOB) > 0) {
-		// Queue full: the OOB sender waits for its reply (bounded by its deadline).
-		e.heldOOB = append(e.heldOOB, heldNotify{n: n, reply: reply})
 		return
 	}
 	if full := e.rq.push(n); full && !e.paused {
 		e.setPaused(true)
-	}
-	if reply != nil {
-		reply(nil)
 	}
 }
 
 // setPaused stops (or restarts) credit return on every channel. Loop-only.
 func (e *Engine) setPaused(on bool) {
 	e.paused = on
-	for _, p := range e.peers {
-		if p.ch != nil {
-			p.ch.SetPaused(on)
-		}
+	for _, ch := range e.chans {
+		ch.SetPaused(on)
 	}
 }
 
 // onQueueRoom runs on a consumer's goroutine when the queue drained below its low mark.
 func (e *Engine) onQueueRoom() {
 	_ = e.loop.Submit(func() {
-		if !e.paused {
+		if !e.paused || e.closing {
 			return
 		}
+		e.paused = false
 		held := e.heldOOB
 		e.heldOOB = nil
-		for _, h := range held {
-			e.rq.push(h.n)
-			h.reply(nil)
+		for i := range held {
+			if e.paused {
+				// Full again: the rest wait for the next room.
+				e.heldOOB = append(e.heldOOB, held[i:]...)
+				return
+			}
+			e.takeOOB(&held[i].req, held[i].reply)
 		}
-		if e.rq.len() < e.rq.capacity {
-			e.setPaused(false)
+		if !e.paused && e.rq.len() < e.rq.capacity {
+			for _, ch := range e.chans {
+				ch.SetPaused(false)
+			}
 		}
 	})
 }

@@ -26,29 +26,25 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twosided/twosided/ctrlchannel"
 	"github.com/twosided/twosided/ibv"
 	"github.com/twosided/twosided/oob"
 	"github.com/twosided/twosided/reactor"
 )
 
-// Notify is one notification. Peer is the sender's peer name, filled in on receive.
+// Notify is one notification. Peer is the sender's peer name, filled in on receive: the
+// name it advertised in its handshake (for a Mooncake engine, what its request said). ID is
+// optional: a caller-chosen idempotency id (at most 255 bytes); the receiver drops a notify
+// whose ID it delivered among the last ids of that sender, so a send whose outcome was
+// unknown (ErrMaybeDelivered) can be retried safely with the same ID.
 type Notify struct {
 	Peer, Name string
 	Msg        []byte
+	ID         string
 }
 
-// Errors returned by the engine; test with errors.Is.
-var (
-	ErrClosed          = errors.New("notify: engine closed")
-	ErrInvalid         = errors.New("notify: invalid argument")
-	ErrTooLarge        = errors.New("notify: notify too large")
-	ErrPeerUnreachable = errors.New("notify: peer unreachable")
-	ErrNoCtrlChannel   = errors.New("notify: peer has no ctrl channel")
-	ErrLimit           = errors.New("notify: limit reached")
-)
-
-// errYield is the handshake reply of the preferred side of a simultaneous open.
-const yieldMsg = "ts_yield: simultaneous open, the other side connects"
+// MaxIDLen bounds Notify.ID.
+const MaxIDLen = 255
 
 // Engine is one notify endpoint. Create it with New or FromEnv; all methods are safe for
 // concurrent use.
@@ -66,17 +62,23 @@ type Engine struct {
 	closed atomic.Bool
 
 	// Loop-owned.
-	peers   map[string]*peer
-	dedup   map[uint64]*seen // by the sending engine's session
-	paused  bool
-	heldOOB []heldNotify
-	closing bool
-	kaTimer *reactor.Timer
-	started bool // the loop knows e.name
+	m        *peerMachine
+	chans    map[chanID]*ctrlchannel.Channel
+	remote   map[chanID]uint32 // the peer's QPN of each connected channel
+	reqs     map[reqID]*sendReq
+	nextReq  reqID
+	mtimer   *reactor.Timer
+	perf     bool // performing the machine's actions
+	paused   bool
+	heldOOB  []heldNotify
+	closing  bool
+	started  bool // the loop knows e.name
+	ka       keepalive
+	dropped  uint64 // deliveries after close
+	oobBusy  uint64 // OOB notifies answered busy
+	tokenRnd func() uint64
 
 	rq recvQueue
-
-	oobAsync asyncQueues
 
 	reqPool sync.Pool
 
@@ -84,7 +86,7 @@ type Engine struct {
 }
 
 type heldNotify struct {
-	n     Notify
+	req   oob.NotifyRequest
 	reply func(error)
 }
 
@@ -114,9 +116,12 @@ func newEngine(cfg config, opts []Option) (*Engine, error) {
 	e := &Engine{
 		cfg:     cfg,
 		session: randomSession(),
-		peers:   make(map[string]*peer),
-		dedup:   make(map[uint64]*seen),
+		chans:   make(map[chanID]*ctrlchannel.Channel),
+		remote:  make(map[chanID]uint32),
+		reqs:    make(map[reqID]*sendReq),
 	}
+	e.tokenRnd = randomSession
+	e.m = newPeerMachine(e.session, e.machineConfig(), e.tokenRnd)
 	e.rq.init(cfg.recvQueue, e.onQueueRoom)
 	e.rq.clock.hist = &e.ctr.deliverLatency
 	e.reqPool.New = func() any { return newSendReq(e) }
@@ -204,101 +209,112 @@ func (e *Engine) Session() uint64 { return e.session }
 
 func (e *Engine) validateNotify(peer string, n *Notify) error {
 	if peer == "" {
-		return fmt.Errorf("%w: peer: empty", ErrInvalid)
+		return sendErr(ErrInvalid, peer, "", errors.New("peer: empty"), false)
 	}
-	if n.Name == "" {
-		return fmt.Errorf("%w: name: empty", ErrInvalid)
+	if len(peer) > oob.MaxFromLen {
+		return sendErr(ErrInvalid, peer[:32]+"...", "", fmt.Errorf("peer: %d bytes, at most %d", len(peer), oob.MaxFromLen), false)
+	}
+	if len(n.ID) > MaxIDLen {
+		return sendErr(ErrInvalid, peer, "", fmt.Errorf("id: %d bytes, at most %d", len(n.ID), MaxIDLen), false)
 	}
 	if sz := len(n.Name) + len(n.Msg); sz > e.cfg.maxNotifySize {
-		return fmt.Errorf("%w: name+msg is %d bytes, the maximum is %d", ErrTooLarge, sz, e.cfg.maxNotifySize)
+		return sendErr(ErrTooLarge, peer, "", fmt.Errorf("name+msg is %d bytes, the maximum is %d", sz, e.cfg.maxNotifySize), false)
 	}
 	return nil
 }
 
-// defaultSendTimeout bounds a SendNotify whose context has no deadline.
+// defaultSendTimeout bounds a send whose context has no deadline, and every
+// SendNotifyAsync.
 const defaultSendTimeout = 30 * time.Second
 
-// SendNotify delivers n to peer (its host:port). It returns nil only once the notify was
-// delivered; otherwise an error, within ctx's deadline (or 30 s without one).
-func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) (err error) {
-	defer e.ctr.sendReturned(time.Now(), &err)
+// cancelGrace bounds how long a caller whose context ended waits for the loop to say
+// whether its notify was withdrawn (not delivered) or is already on its way (unknown).
+const cancelGrace = time.Second
+
+// SendNotify delivers n to peer (its host:port or advertised name). It returns nil only once
+// the notify was delivered; otherwise an error wrapping a sentinel, within ctx's deadline (or
+// 30 s without one). An error that wraps ErrMaybeDelivered leaves the outcome unknown; any
+// other error means the notify was not delivered.
+func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) (result error) {
+	defer e.ctr.sendReturned(time.Now(), &result)
+	if ctx == nil {
+		return sendErr(ErrInvalid, peer, "", errors.New("ctx: nil"), false)
+	}
 	if e.closed.Load() {
-		return ErrClosed
+		return sendErr(ErrClosed, peer, "", nil, false)
 	}
 	if err := e.validateNotify(peer, &n); err != nil {
 		return err
 	}
-	if e.loop.InLoop() {
-		return fmt.Errorf("%w: SendNotify on the reactor thread (a handler) would wait on itself: use SendNotifyAsync", ErrInvalid)
+	if err := ctx.Err(); err != nil {
+		return sendErr(ErrTimeout, peer, "", err, false)
 	}
-	if _, ok := ctx.Deadline(); !ok {
+	if e.loop.InLoop() {
+		return sendErr(ErrInvalid, peer, "", errors.New("SendNotify on the reactor thread (a handler) would wait on itself: use SendNotifyAsync"), false)
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(defaultSendTimeout)
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, defaultSendTimeout)
+		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
-	if e.cfg.transport == TransportOOB || !e.cfg.notifyEnabled {
-		return e.sendOOB(ctx, peer, &n, 0, 0)
-	}
 	req := e.reqPool.Get().(*sendReq)
-	req.prepare(ctx, peer, n)
+	req.prepare(peer, n, deadline, nil)
 	if err := e.loop.SubmitWait(ctx, req.runFn); err != nil {
 		e.reqPool.Put(req)
 		if errors.Is(err, reactor.ErrStopped) {
-			return ErrClosed
+			return sendErr(ErrClosed, peer, "", nil, false)
 		}
-		return err
+		if ctx.Err() != nil {
+			return sendErr(ErrTimeout, peer, "", err, false)
+		}
+		return sendErr(ErrLimit, peer, "", err, false)
 	}
 	err, ok := e.spinWait(req.done)
 	if !ok {
 		select {
 		case err = <-req.done:
 		case <-ctx.Done():
-			// The loop still holds req; it is not reused.
-			return fmt.Errorf("notify: send to %s: %w", peer, ctx.Err())
+			return e.cancelSend(req, peer, ctx.Err())
 		}
 	}
-	seq, epoch, fallback := req.seq, req.epoch, req.fallback
 	e.reqPool.Put(req)
-	if err == nil {
-		return nil
-	}
-	final, tryOOB := e.failed(peer, err, fallback)
-	if !tryOOB {
-		return final
-	}
-	return fallbackResult(peer, err, e.sendOOB(ctx, peer, &n, seq, epoch))
+	return err
 }
 
-// failed is what a send that failed on its channel comes to: a final error, or tryOOB when
-// it may be retried over OOB (the engine is open, fallback is on, the failure allows it).
-func (e *Engine) failed(peer string, err error, fallback bool) (final error, tryOOB bool) {
-	switch {
-	case e.closed.Load():
-		return fmt.Errorf("notify: send to %s: %w (%v)", peer, ErrClosed, err), false
-	case fallback && e.cfg.oobFallback:
-		e.ctr.fallback()
-		return nil, true
+// cancelSend ends a SendNotify whose context ended: a notify still waiting is withdrawn
+// (not delivered); one already on its way leaves the outcome unknown. req is not reused.
+func (e *Engine) cancelSend(req *sendReq, peer string, cause error) error {
+	withdrawn := make(chan bool, 1)
+	id := req.id
+	if err := e.loop.Submit(func() {
+		w := e.m.cancel(id, cause)
+		e.perform()
+		withdrawn <- w
+	}); err == nil {
+		t := time.NewTimer(cancelGrace)
+		defer t.Stop()
+		select {
+		case w := <-withdrawn:
+			if w {
+				return <-req.done
+			}
+		case <-t.C:
+		}
 	}
-	return fmt.Errorf("notify: send to %s: %w", peer, err), false
-}
-
-// fallbackResult is a send's result after its OOB retry.
-func fallbackResult(peer string, rdmaErr, oobErr error) error {
-	if oobErr != nil {
-		return fmt.Errorf("notify: send to %s: rdma: %v; oob fallback: %w", peer, rdmaErr, oobErr)
-	}
-	return nil
+	return sendErr(ErrTimeout, peer, "", cause, true)
 }
 
 // SendNotifyAsync queues n for peer and returns at once; done (may be nil) is called exactly
-// once with the result, as SendNotify would return it, within 30 s. It never blocks, so it
-// may be called from a WithHandler callback (to answer a notify on the reactor thread).
-// done runs on the reactor thread — it must not block — except after an OOB fallback, when
-// it runs on the goroutine that carried the fallback. The engine reads n.Msg until done.
+// once with the result, as SendNotify would return it, within 30 s (the deadline of every
+// async send). It never blocks, so it may be called from a WithHandler callback (to answer a
+// notify on the reactor thread). done runs on the reactor thread and must not block. The
+// engine reads n.Msg until done.
 func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) (err error) {
 	defer e.ctr.refused(&err)
 	if e.closed.Load() {
-		return ErrClosed
+		return sendErr(ErrClosed, peer, "", nil, false)
 	}
 	if err := e.validateNotify(peer, &n); err != nil {
 		return err
@@ -306,47 +322,19 @@ func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) (err e
 	if done == nil {
 		done = func(error) {}
 	}
-	if e.cfg.transport == TransportOOB || !e.cfg.notifyEnabled {
-		e.oobAsync.push(e, peer, asyncOOB{n: n, done: done, start: time.Now()})
-		return nil
-	}
 	req := e.reqPool.Get().(*sendReq)
-	req.peer, req.n = peer, n
-	req.start = time.Now()
-	req.deadline = req.start.Add(defaultSendTimeout)
-	req.seq, req.epoch, req.fallback, req.cb = 0, 0, false, done
+	req.prepare(peer, n, time.Now().Add(defaultSendTimeout), done)
+	req.start = req.deadline.Add(-defaultSendTimeout)
 	// From a handler too: the loop is awake, so this costs no eventfd write, and it keeps
 	// the per-peer order with sends queued before.
 	if err := e.loop.Submit(req.runFn); err != nil {
 		e.reqPool.Put(req)
 		if errors.Is(err, reactor.ErrStopped) {
-			return ErrClosed
+			return sendErr(ErrClosed, peer, "", nil, false)
 		}
-		return fmt.Errorf("notify: send to %s: %w", peer, err)
+		return sendErr(ErrBackpressure, peer, "", err, false)
 	}
 	return nil
-}
-
-// completeAsync ends a SendNotifyAsync: like SendNotify's tail, with the OOB fallback on a
-// goroutine (the loop never blocks).
-func (e *Engine) completeAsync(r *sendReq, err error) {
-	cb, peer, n, seq, epoch, fallback, start := r.cb, r.peer, r.n, r.seq, r.epoch, r.fallback, r.start
-	r.cb = nil
-	e.reqPool.Put(r)
-	if err == nil {
-		e.ctr.sendResult(start, nil)
-		cb(nil)
-		return
-	}
-	final, tryOOB := e.failed(peer, err, fallback)
-	if !tryOOB {
-		e.ctr.sendResult(start, final)
-		cb(final)
-		return
-	}
-	e.oobAsync.push(e, peer, asyncOOB{n: n, seq: seq, epoch: epoch, start: start, done: func(ferr error) {
-		cb(fallbackResult(peer, err, ferr))
-	}})
 }
 
 // spinWait polls done for up to the busy-poll budget, so that with busy polling on the
@@ -369,35 +357,32 @@ func (e *Engine) spinWait(done chan error) (error, bool) {
 	}
 }
 
-func (e *Engine) sendOOB(ctx context.Context, peer string, n *Notify, seq, epoch uint64) error {
-	req := oob.NotifyRequest{Name: n.Name, Msg: n.Msg, From: e.name, Session: e.session, Epoch: epoch, Seq: seq}
-	if err := e.node.Notify(ctx, peer, &req); err != nil {
-		if errors.Is(err, oob.ErrClosed) && e.closed.Load() {
-			return ErrClosed
-		}
-		return fmt.Errorf("notify: oob send to %s: %w", peer, err)
-	}
-	return nil
-}
-
 // Recv returns the next received notify, waiting with ctx.
 func (e *Engine) Recv(ctx context.Context) (Notify, error) {
-	return e.rq.pop(ctx, &e.closed)
+	if ctx == nil {
+		return Notify{}, fmt.Errorf("%w: ctx: nil", ErrInvalid)
+	}
+	n, err := e.rq.pop(ctx, &e.closed)
+	if err != nil && !errors.Is(err, ErrClosed) {
+		err = fmt.Errorf("%w: recv: %w", ErrTimeout, err)
+	}
+	return n, err
 }
 
 // GetNotifies drains what has arrived; it never blocks.
 func (e *Engine) GetNotifies() []Notify { return e.rq.drain() }
 
-// Close stops the engine: pending sends end with ErrClosed, channels and sockets close, the
-// reactor stops. Bounded by ctx.
+// Close stops the engine: every peer is told (SESSION_CLOSE on its channel), what the
+// channels' NICs acknowledged is delivered, pending sends end with ErrClosed, sockets close,
+// the reactor stops. Bounded by ctx.
 func (e *Engine) Close(ctx context.Context) error {
 	if !e.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	var errs []error
-	if err := e.node.Close(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("oob: %w", err))
+	if ctx == nil {
+		ctx = context.Background()
 	}
+	var errs []error
 	done := make(chan struct{})
 	if err := e.loop.SubmitWait(ctx, func() { e.closeOnLoop(); close(done) }); err == nil {
 		select {
@@ -405,6 +390,9 @@ func (e *Engine) Close(ctx context.Context) error {
 		case <-ctx.Done():
 			errs = append(errs, ctx.Err())
 		}
+	}
+	if err := e.node.Close(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("oob: %w", err))
 	}
 	if err := e.loop.Stop(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("reactor: %w", err))
@@ -416,25 +404,21 @@ func (e *Engine) Close(ctx context.Context) error {
 
 func (e *Engine) closeOnLoop() {
 	e.closing = true
-	for _, p := range e.peers {
-		p.fail(ErrClosed, false)
-		if p.ch != nil {
-			p.ch.Drain() // what the peer saw acknowledged is delivered, not dropped
-		}
-		if p.ch != nil {
-			p.ch.Close(ErrClosed)
-			p.ch = nil
-		}
-		if p.pending != nil {
-			p.pending.Close(ErrClosed)
-			p.pending = nil
-		}
-		if p.yieldTimer != nil {
-			p.yieldTimer.Stop()
-		}
+	// Channels first: drained (what the peer saw acknowledged is delivered), then closed
+	// with a goodbye so the peer frees its side at once.
+	for id, ch := range e.chans {
+		ch.Drain()
+		ch.Bye()
+		delete(e.chans, id)
 	}
+	e.m.closeAll(sendErr(ErrClosed, e.name, "", nil, false))
+	e.perform()
 	for _, h := range e.heldOOB {
-		h.reply(ErrClosed)
+		h.reply(&oob.RefusedError{Code: oob.RefuseClosed, Msg: "engine closing"})
 	}
 	e.heldOOB = nil
+	if e.mtimer != nil {
+		e.mtimer.Stop()
+	}
+	e.ka.stop()
 }

@@ -1,6 +1,8 @@
 package notify
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -34,76 +36,125 @@ func (e *Engine) channelConfig() ctrlchannel.Config {
 	return cfg
 }
 
-// adopt makes ch, connected at epoch to the peer's session and QPN, p's channel, from
-// either side of the handshake: it starts paused while the receive queue is full, and the
-// sends that waited for it go out. Loop-only.
-func (e *Engine) adopt(p *peer, ch *ctrlchannel.Channel, epoch, session uint64, remoteQPN uint32) {
-	if e.paused {
-		ch.SetPaused(true)
+// machineConfig is the peer machine's configuration, from the engine's.
+func (e *Engine) machineConfig() machineConfig {
+	return machineConfig{
+		channels:        e.cfg.transport == TransportRDMATwoSided && e.cfg.notifyEnabled,
+		fallback:        e.cfg.oobFallback,
+		maxNames:        e.cfg.peers.maxNames,
+		maxPeers:        e.cfg.peers.maxPeers,
+		maxChannels:     e.cfg.maxChannels,
+		maxPendingSends: e.cfg.maxPendingSends,
+		connectTimeout:  e.cfg.connectTimeout,
+		gapTimeout:      e.cfg.peers.gapTimeout,
+		peerIdle:        e.cfg.peers.peerIdle,
 	}
-	e.forgetSession(p, session)
-	p.ch, p.epoch, p.state, p.lastErr, p.remoteQPN = ch, epoch, stateUp, nil, remoteQPN
-	p.flush()
-	e.armKeepalive()
 }
 
-func (e *Engine) channelLimitErr() error {
-	return fmt.Errorf("%w: max_channels: %d channels open, the limit", ErrLimit, e.cfg.maxChannels)
-}
-
-// forgetSession drops the duplicate filter of p's previous session when p comes back with
-// a new one (it restarted): the old process can send nothing more. Loop-only.
-func (e *Engine) forgetSession(p *peer, session uint64) {
-	if p.remoteSession != 0 && p.remoteSession != session {
-		delete(e.dedup, p.remoteSession)
-	}
-	p.remoteSession = session
-}
-
-// channels counts established channels. Loop-only.
-func (e *Engine) channels() int {
-	n := 0
-	for _, p := range e.peers {
-		if p.ch != nil {
-			n++
-		}
-	}
-	return n
-}
-
-// newChannel creates a channel in INIT, its RECVs posted, bound to p. Loop-only.
-func (e *Engine) newChannel(p *peer) (*ctrlchannel.Channel, error) {
+// newChannel creates channel id in INIT, its RECVs posted. Loop-only.
+func (e *Engine) newChannel(id chanID) (*ctrlchannel.Channel, error) {
 	if e.dev == nil {
 		return nil, fmt.Errorf("%w: no device open", ErrNoCtrlChannel)
 	}
-	ev := &chanEvents{e: e, p: p}
-	ch, err := ctrlchannel.NewChannel(e.loop, e.dev, e.pd, e.channelConfig(), ev)
+	ch, err := ctrlchannel.NewChannel(e.loop, e.dev, e.pd, e.channelConfig(), &chanEvents{e: e, id: id})
 	if err != nil {
-		return nil, fmt.Errorf("notify: new ctrl channel to %s: %w", p.name, err)
+		return nil, fmt.Errorf("new ctrl channel: %w", err)
 	}
-	ev.ch = ch
+	if e.paused {
+		ch.SetPaused(true)
+	}
+	e.chans[id] = ch
+	e.armKeepalive()
 	return ch, nil
 }
 
-// handshakeDesc is our side of the Connection RPC, in Mooncake's field names plus ts_*.
-func (e *Engine) handshakeDesc(ch *ctrlchannel.Channel, peerName string, epoch uint64) *oob.HandshakeDesc {
-	l := ch.Local()
-	return &oob.HandshakeDesc{
-		LocalNICPath:  e.name + "@" + e.devName,
-		PeerNICPath:   ctrlNICPath,
-		LocalLID:      l.LID,
-		LocalGID:      l.GID.String(),
-		CtrlChannel:   true,
-		NotifyQPNum:   l.QPN,
-		NotifyRQDepth: l.RQDepth,
-		MTU:           uint32(l.MTU.Bytes()),
-		PSN:           l.PSN,
-		Session:       e.session,
-		Epoch:         epoch,
-		BufSize:       l.BufSize,
-		Extensions:    l.Extensions,
-		PeerName:      e.name,
+// startConnect performs aConnect: a channel in INIT (unless a session handshake), then the
+// handshake RPC on a goroutine (the loop never blocks), then finishConnect on the loop.
+func (e *Engine) startConnect(a *mAction) {
+	desc := &oob.HandshakeDesc{LocalNICPath: e.name + "@" + e.devName, PeerNICPath: ctrlNICPath,
+		Session: e.session, Epoch: a.epoch, PeerName: e.name, Token: a.token, Proof: a.proof, To: a.session}
+	if a.ch != 0 {
+		ch, err := e.newChannel(a.ch)
+		if err != nil {
+			e.m.connected(e.loop.Now(), a.name, a.ch, hsResult{err: err})
+			return
+		}
+		e.fillChannelDesc(desc, ch)
 	}
+	name, id, epoch := a.name, a.ch, a.epoch
+	timeout := e.cfg.connectTimeout
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		resp, err := e.node.Handshake(ctx, name, desc)
+		// The loop stopped: Close already failed every waiter and closed the channel.
+		_ = e.loop.Submit(func() { e.finishConnect(name, id, epoch, resp, err) })
+	}()
+}
+
+func (e *Engine) finishConnect(name string, id chanID, epoch uint64, resp *oob.HandshakeDesc, err error) {
+	if e.closing {
+		return
+	}
+	res := hsResult{}
+	var re *oob.RefusedError
+	switch {
+	case err == nil:
+	case errors.As(err, &re) && resp != nil && resp.Session != 0:
+		res.refuse = re.Code
+	case errors.Is(err, oob.ErrRejected) && resp != nil:
+		// A Mooncake engine (or one without the ctrl fields) said no in words: it has no
+		// ctrl channel for us; its OOB path serves.
+		res.noCtrlMsg = resp.ReplyMsg
+		resp = &oob.HandshakeDesc{}
+	default:
+		res.err = err
+	}
+	if res.err == nil && resp != nil {
+		res.session, res.token, res.epoch, res.peerName = resp.Session, resp.Token, resp.Epoch, boundName(resp.PeerName)
+		if res.refuse == "" && id != 0 && resp.CtrlChannel && resp.NotifyQPNum != 0 {
+			if ch := e.chans[id]; ch != nil {
+				if cerr := e.connectChannel(id, ch, resp, epoch); cerr != nil {
+					res.err = fmt.Errorf("%w: handshake reply: %w", ErrRejected, cerr)
+				} else {
+					res.ctrl = true
+				}
+			}
+		}
+	} else if res.err == nil {
+		res.err = fmt.Errorf("%w: empty handshake reply", ErrRejected)
+	}
+	e.m.connected(e.loop.Now(), name, id, res)
+	e.perform()
+}
+
+// connectChannel moves ch to RTS towards the peer described by d.
+func (e *Engine) connectChannel(id chanID, ch *ctrlchannel.Channel, d *oob.HandshakeDesc, epoch uint64) error {
+	pi, err := peerInfoFrom(d)
+	if err != nil {
+		return err
+	}
+	if err := ch.Connect(pi, e.session, d.Session, epoch); err != nil {
+		return err
+	}
+	e.remote[id] = pi.QPN
+	return nil
+}
+
+// boundName keeps a peer-given name within the length a name may have.
+func boundName(s string) string {
+	if len(s) > oob.MaxFromLen {
+		return s[:oob.MaxFromLen]
+	}
+	return s
+}
+
+// fillChannelDesc adds ch's side of the Connection RPC, in Mooncake's field names plus ts_*.
+func (e *Engine) fillChannelDesc(d *oob.HandshakeDesc, ch *ctrlchannel.Channel) {
+	l := ch.Local()
+	d.LocalLID, d.LocalGID = l.LID, l.GID.String()
+	d.CtrlChannel, d.NotifyQPNum, d.NotifyRQDepth = true, l.QPN, l.RQDepth
+	d.MTU, d.PSN, d.BufSize, d.Extensions = uint32(l.MTU.Bytes()), l.PSN, l.BufSize, l.Extensions
 }
 
 // peerInfoFrom reads the remote channel's parameters out of a handshake message, checking
@@ -126,6 +177,7 @@ func peerInfoFrom(d *oob.HandshakeDesc) (ctrlchannel.PeerInfo, error) {
 	pi = ctrlchannel.PeerInfo{
 		QPN: d.NotifyQPNum, GID: gid, LID: d.LocalLID, RQDepth: d.NotifyRQDepth,
 		PSN: d.PSN, BufSize: d.BufSize, Extensions: d.Extensions,
+		Legacy: d.Session == 0, // a Mooncake PR #3440 engine: no ts_session
 	}
 	switch {
 	case d.MTU == 0: // a Mooncake peer does not say: assume the IB default of Mooncake (4096), capped by ours
@@ -158,80 +210,93 @@ func peerNameOf(d *oob.HandshakeDesc) string {
 // oobHandler is the engine's side of the OOB node. Its methods run on the loop.
 type oobHandler Engine
 
+// maxHeldOOB bounds the OOB notifies held, unanswered, while the receive queue is full;
+// past it a sender is answered "busy" and sends again (nothing is lost).
+const maxHeldOOB = 64
+
 func (h *oobHandler) HandleNotify(req *oob.NotifyRequest, reply func(error)) {
 	e := (*Engine)(h)
 	if e.closing || !e.started {
-		reply(ErrClosed)
+		reply(&oob.RefusedError{Code: oob.RefuseClosed, Msg: "engine closing"})
 		return
 	}
-	// Counted against a known peer only: a notify must not make the engine remember names.
-	p := e.peers[req.From]
-	e.deliver(p, req.Session, req.Seq, Notify{Peer: req.From, Name: req.Name, Msg: req.Msg}, reply)
+	if e.paused || len(e.heldOOB) > 0 {
+		if len(e.heldOOB) >= maxHeldOOB {
+			e.oobBusy++
+			reply(&oob.RefusedError{Code: oob.RefuseBusy, Msg: "receive queue full"})
+			return
+		}
+		e.heldOOB = append(e.heldOOB, heldNotify{req: *req, reply: reply})
+		return
+	}
+	e.takeOOB(req, reply)
+}
+
+// takeOOB hands an OOB notify to the machine and answers it.
+func (e *Engine) takeOOB(req *oob.NotifyRequest, reply func(error)) {
+	code, err := e.m.oobArrive(e.loop.Now(), oobArrival{session: req.Session, token: req.Token, to: req.To,
+		seq: req.Seq, skipFrom: req.SkipFrom, skipN: req.SkipCount, nid: req.ID, from: boundName(req.From),
+		n: Notify{Name: req.Name, Msg: req.Msg, ID: req.ID}})
+	e.perform()
+	if code != "" {
+		reply(&oob.RefusedError{Code: code, Msg: err.Error()})
+		return
+	}
+	reply(nil)
 }
 
 func (h *oobHandler) HandleHandshake(req *oob.HandshakeDesc, reply func(*oob.HandshakeDesc, error)) {
 	e := (*Engine)(h)
+	refuse := func(code string, err error) {
+		reply(&oob.HandshakeDesc{Refuse: code, ReplyMsg: err.Error(), Session: e.session, PeerName: e.name}, nil)
+	}
 	if e.closing || !e.started {
-		reply(nil, ErrClosed)
+		refuse(oob.RefuseClosed, ErrClosed)
 		return
 	}
-	if e.dev == nil {
-		reply(nil, fmt.Errorf("%w: this engine runs transport %q", ErrNoCtrlChannel, e.cfg.transport))
-		return
-	}
-	peerInfo, err := peerInfoFrom(req)
-	if err != nil {
-		reply(nil, err)
-		return
-	}
-	name := peerNameOf(req)
-	if name == "" {
-		reply(nil, fmt.Errorf("%w: local_nic_path: empty, no peer name", ErrInvalid))
-		return
-	}
-	p := e.peer(name)
-	if e.name < name {
-		// Simultaneous open: the engine with the smaller name is the active side. Refuse the
-		// peer's attempt while ours is in flight, and a straggler of it that arrives once
-		// ours is up: same session, no newer epoch than the channel both ends now use. A
-		// reconnect carries a newer epoch, a restarted peer a new session.
-		straggler := p.state == stateUp && req.Session == p.remoteSession && req.Epoch != 0 && req.Epoch <= p.epoch
-		if p.state == stateConnecting || straggler {
-			reply(nil, fmt.Errorf("%s", yieldMsg))
+	name := boundName(peerNameOf(req))
+	ctrl := req.CtrlChannel && req.NotifyQPNum != 0
+	var pi ctrlchannel.PeerInfo
+	if ctrl {
+		var err error
+		if pi, err = peerInfoFrom(req); err != nil {
+			refuse(oob.RefuseInvalid, err)
 			return
 		}
 	}
-	if p.ch == nil && e.channels() >= e.cfg.maxChannels {
-		reply(nil, e.channelLimitErr())
+	dec := e.m.inbound(e.loop.Now(), inboundHS{name: name, session: req.Session, token: req.Token,
+		proof: req.Proof, epoch: req.Epoch, ctrl: ctrl})
+	defer e.perform()
+	if dec.refuse != "" {
+		err := dec.err
+		if err == nil {
+			err = fmt.Errorf("refused: %s", dec.refuse)
+		}
+		reply(&oob.HandshakeDesc{Refuse: dec.refuse, ReplyMsg: err.Error(), Session: e.session, Token: dec.token,
+			Epoch: dec.epoch, PeerName: e.name}, nil)
 		return
 	}
-	ch, err := e.newChannel(p)
+	resp := &oob.HandshakeDesc{LocalNICPath: e.name + "@" + e.devName, PeerNICPath: req.LocalNICPath,
+		Session: e.session, Token: dec.token, Epoch: dec.epoch, PeerName: e.name}
+	if dec.ch == 0 {
+		reply(resp, nil) // a session without channel
+		return
+	}
+	ch, err := e.newChannel(dec.ch)
+	if err == nil {
+		err = ch.Connect(pi, e.session, req.Session, dec.epoch)
+		if err != nil {
+			delete(e.chans, dec.ch)
+			ch.Close(ctrlchannel.ErrClosed)
+		} else {
+			e.remote[dec.ch] = pi.QPN
+		}
+	}
+	e.m.inboundUp(e.loop.Now(), dec.ch, err)
 	if err != nil {
-		reply(nil, err)
+		refuse(oob.RefuseInvalid, err)
 		return
 	}
-	epoch := req.Epoch
-	if epoch == 0 {
-		epoch = p.epoch + 1
-	}
-	if err := ch.Connect(peerInfo, e.session, req.Session, epoch); err != nil {
-		ch.Close(ctrlchannel.ErrClosed)
-		reply(nil, err)
-		return
-	}
-	if p.ch != nil {
-		// The peer restarted or reconnected: the old channel's pending sends fail (and fall
-		// back to OOB when enabled); its late frames die with its QP.
-		p.ch.Close(fmt.Errorf("%w: replaced by a new channel from %s", ctrlchannel.ErrClosed, name))
-	}
-	if p.pending != nil {
-		// Our own attempt loses; finishConnect sees it superseded.
-		p.pending = nil
-	}
-	if p.yieldTimer != nil {
-		p.yieldTimer.Stop()
-		p.yieldTimer = nil
-	}
-	e.adopt(p, ch, epoch, req.Session, req.NotifyQPNum)
-	reply(e.handshakeDesc(ch, name, epoch), nil)
+	e.fillChannelDesc(resp, ch)
+	reply(resp, nil)
 }

@@ -24,17 +24,17 @@ type Stats struct {
 	Device    string
 	Session   uint64
 
-	Queued        int  // now: received, not yet consumed (the receive queue's depth)
-	QueueCapacity int  // the receive queue's bound (WithRecvQueue)
-	Paused        bool // now: the queue is full and credit return is stopped
-	ChannelsUp    int  // now: established ctrl channels
-	PeerCount     int  // now: peers the engine keeps state for (len(Peers))
+	Queued        int    // now: received, not yet consumed (the receive queue's depth)
+	QueueCapacity int    // the receive queue's bound (WithRecvQueue)
+	Paused        bool   // now: the queue is full and credit return is stopped
+	HeldOOB       int    // now: OOB notifies held while the receive queue is full
+	OOBBusy       uint64 // OOB notifies answered "busy"
+	ChannelsUp    int    // now: peers with an established ctrl channel
+	PeerCount     int    // now: peers the engine keeps state for (len(Peers))
 
-	Sent       uint64            // sends (SendNotify, SendNotifyAsync) that succeeded
-	Failed     map[string]uint64 // sends that failed, by FailureReason; every reason present
-	Fallbacks  uint64            // sends retried over OOB after their channel failed or was unavailable
-	Delivered  uint64            // received notifies handed to the application (queue or handler)
-	Duplicates uint64            // received duplicates dropped (a retry of a notify already delivered)
+	Sent      uint64            // sends (SendNotify, SendNotifyAsync) that succeeded
+	Failed    map[string]uint64 // sends that failed, by FailureReason; every reason present
+	Delivered uint64            // received notifies handed to the application (queue or handler)
 
 	// SendLatency: from the send call to its success (the peer's NIC or OOB reply
 	// acknowledged it), failures excluded. DeliverLatency: from the moment a received notify
@@ -42,8 +42,11 @@ type Stats struct {
 	SendLatency    Histogram
 	DeliverLatency Histogram
 
+	// Limits are the peer machine's counters: refusals, retries, fallbacks, duplicates
+	// dropped, prunes.
+	Limits LimitStats
 	// Channels sums the counters of every ctrl channel this engine had, closed ones
-	// included, and the gauges of the established ones.
+	// included, and the gauges of the open ones.
 	Channels ChannelStats
 	// DeviceRNRNaks: RNR NAKs received by the device's requesters (the peer had no RECV
 	// posted), as the device counts them: device-wide, shared with any other user of the
@@ -68,48 +71,79 @@ type Histogram struct {
 // PeerStats are the counters of one peer.
 type PeerStats struct {
 	Peer       string
-	State      string // idle, connecting, awaiting-peer, up
+	State      string // idle, connecting, awaiting-peer, oob, up
 	Epoch      uint64
 	Sent       uint64 // notifies posted on the ctrl channel
 	Received   uint64 // notifies delivered from this peer (any path)
 	Duplicates uint64 // duplicates dropped
 	LastError  string
-	LocalQPN   uint32       // QPN of the established channel, here
-	RemoteQPN  uint32       // and at the peer
+	LocalQPN   uint32 // QPN of the established channel, here
+	RemoteQPN  uint32 // and at the peer
+	Session    uint64 // the peer's session (0: a Mooncake engine)
+	Names      []string
+	Held       int          // now: received early, waiting for a missing seq
+	Window     WindowStats  // the peer's receive window
 	Channel    ChannelStats // the established channel's; zero without one
+}
+
+// WindowStats are the counters of one peer's receive window.
+type WindowStats struct {
+	Delivered, Duplicates, DuplicateIDs, Refused, Held, GapsTimedOut, Skipped, Late uint64
+}
+
+func windowStatsOf(s windowStats) WindowStats {
+	return WindowStats{Delivered: s.Delivered, Duplicates: s.Duplicates, DuplicateIDs: s.DuplicateIDs,
+		Refused: s.Refused, Held: s.Held, GapsTimedOut: s.GapsTimedOut, Skipped: s.Skipped, Late: s.Late}
+}
+
+// LimitStats are the peer machine's counters.
+type LimitStats struct {
+	Names, Channels int // now: peer names known; channels up or being created
+	PeersRefused    uint64
+	NamesRefused    uint64
+	ChannelsRefused uint64
+	AuthRefused     uint64
+	Superseded      uint64 // channels that lost to a newer one of the same pair
+	Reposted        uint64 // sends reposted on a replacing channel
+	Fallbacks       uint64 // sends retried over OOB after their channel failed or was unavailable
+	GivenUp         uint64
+	FencesSent      uint64
+	LegacyDelivered uint64
+	OOBRefused      uint64
+	PeersPruned     uint64
+	Duplicates      uint64 // received notifies dropped as duplicates (seq or id)
+}
+
+func limitStatsOf(s machineStats) LimitStats {
+	return LimitStats{Names: s.Names, Channels: s.Channels, PeersRefused: s.PeersRefused,
+		NamesRefused: s.NamesRefused, ChannelsRefused: s.ChannelsRefused, AuthRefused: s.AuthRefused,
+		Superseded: s.Superseded, Reposted: s.Reposted, Fallbacks: s.Fallbacks, GivenUp: s.GivenUp,
+		FencesSent: s.FencesSent, LegacyDelivered: s.LegacyDelivered, OOBRefused: s.OOBRefused,
+		PeersPruned: s.PeersPruned, Duplicates: s.Duplicates}
 }
 
 // ChannelStats are the counters of a ctrl channel (or a sum of channels).
 type ChannelStats struct {
-	FramesSent     uint64 // frames posted, every type
-	FramesReceived uint64
-	NotifiesSent   uint64 // notify frames posted
-	Delivered      uint64 // notifies handed to the engine
-	GrantsSent     uint64 // credit grants posted
+	FramesSent, FragmentsSent, GrantsSent, NotifiesSent uint64
+	FencesSent, FencesReceived                          uint64
+	FramesReceived, Delivered, LegacyDelivered          uint64
+	Ignored                                             uint64 // known frames without effect here
+	CreditWaits                                         uint64 // times a send found no credit and waited (credit stalls)
+	CreditOverruns                                      uint64 // frames received beyond the credit announced
+	Backpressured, Expired, TooLarge, Failed            uint64 // sends the channel refused or failed
+	KeepalivesSent, KeepalivesReceived                  uint64
+	KeepalivesNoCredit                                  uint64
 
-	// Frames received and dropped, by reason.
-	DupFramesDropped     uint64 // a seq already delivered on this channel
-	StaleFramesDropped   uint64 // another epoch, or the channel not connected
-	ForeignFramesDropped uint64 // another session than the peer's
-	IgnoredFrames        uint64 // a type this engine does not act on
-
-	CreditWaits    uint64 // times a send found no credit and waited (credit stalls)
-	CreditOverruns uint64 // frames received beyond the credit announced
-
-	// Sends the channel refused or failed.
-	Backpressured uint64 // too many pending sends
-	Expired       uint64 // deadline passed before the SEND completed
-	TooLarge      uint64 // frame above what the peer can take
-	SendsFailed   uint64 // failed with the channel
-
-	KeepalivesSent     uint64
-	KeepalivesReceived uint64
+	// Received frames dropped, by reason; the channel stays up.
+	DroppedBadMagic, DroppedDecode, DroppedUnknownType, DroppedStaleEpoch uint64
+	DroppedForeignSession, DroppedDuplicate, DroppedExtension             uint64
+	DroppedFragment                                                       uint64
 
 	WCErrors         uint64 // completions with an error status
 	RNRRetryExceeded uint64 // of which RNR retries exhausted
 	PostErrors       uint64 // PostSend/PostRecv failures
 
-	// Now (established channels).
+	// Now (open channels).
 	CreditAvail uint64 // credit to send now
 	Pending     int    // sends queued or in flight
 	InFlight    int    // SENDs posted and not completed
@@ -119,43 +153,44 @@ type ChannelStats struct {
 }
 
 func channelStatsOf(s ctrlchannel.ChannelStats) ChannelStats {
+	m := &s.MachineStats
 	return ChannelStats{
-		FramesSent: s.FramesSent, FramesReceived: s.FramesReceived, NotifiesSent: s.NotifiesSent,
-		Delivered: s.Delivered, GrantsSent: s.GrantsSent,
-		DupFramesDropped: s.DupsDropped, StaleFramesDropped: s.StaleDropped,
-		ForeignFramesDropped: s.ForeignDropped, IgnoredFrames: s.Ignored,
-		CreditWaits: s.CreditWaits, CreditOverruns: s.CreditOverruns,
-		Backpressured: s.Backpressured, Expired: s.Expired, TooLarge: s.TooLarge, SendsFailed: s.Failed,
-		KeepalivesSent: s.KeepalivesSent, KeepalivesReceived: s.KeepalivesReceived,
+		FramesSent: m.FramesSent, FragmentsSent: m.FragmentsSent, GrantsSent: m.GrantsSent,
+		NotifiesSent: m.NotifiesSent, FencesSent: m.FencesSent, FencesReceived: m.FencesReceived,
+		FramesReceived: m.FramesReceived, Delivered: m.Delivered, LegacyDelivered: m.LegacyDelivered,
+		Ignored: m.Ignored, CreditWaits: m.CreditWaits, CreditOverruns: m.CreditOverruns,
+		Backpressured: m.Backpressured, Expired: m.Expired, TooLarge: m.TooLarge, Failed: m.Failed,
+		KeepalivesSent: m.KeepalivesSent, KeepalivesReceived: m.KeepalivesReceived,
+		KeepalivesNoCredit: m.KeepalivesNoCredit,
+		DroppedBadMagic:    m.DroppedBadMagic, DroppedDecode: m.DroppedDecode,
+		DroppedUnknownType: m.DroppedUnknownType, DroppedStaleEpoch: m.DroppedStaleEpoch,
+		DroppedForeignSession: m.DroppedForeignSession, DroppedDuplicate: m.DroppedDuplicate,
+		DroppedExtension: m.DroppedExtension, DroppedFragment: m.DroppedFragment,
 		WCErrors: s.WCErrors, RNRRetryExceeded: s.RNRRetryExceeded, PostErrors: s.PostErrors,
-		CreditAvail: s.CreditAvail, Pending: s.Pending, InFlight: s.InFlight, Held: s.Held,
+		CreditAvail: m.CreditAvail, Pending: m.Pending, InFlight: m.InFlight, Held: m.Held,
 		SendSlots: s.SendSlots, PathMTU: s.PathMTU.Bytes(),
 	}
 }
 
-// add sums o's counters into s, and its gauges too when live.
-func (s *ChannelStats) add(o ChannelStats, live bool) {
-	s.FramesSent += o.FramesSent
-	s.FramesReceived += o.FramesReceived
-	s.NotifiesSent += o.NotifiesSent
-	s.Delivered += o.Delivered
-	s.GrantsSent += o.GrantsSent
-	s.DupFramesDropped += o.DupFramesDropped
-	s.StaleFramesDropped += o.StaleFramesDropped
-	s.ForeignFramesDropped += o.ForeignFramesDropped
-	s.IgnoredFrames += o.IgnoredFrames
-	s.CreditWaits += o.CreditWaits
-	s.CreditOverruns += o.CreditOverruns
-	s.Backpressured += o.Backpressured
-	s.Expired += o.Expired
-	s.TooLarge += o.TooLarge
-	s.SendsFailed += o.SendsFailed
-	s.KeepalivesSent += o.KeepalivesSent
-	s.KeepalivesReceived += o.KeepalivesReceived
-	s.WCErrors += o.WCErrors
-	s.RNRRetryExceeded += o.RNRRetryExceeded
-	s.PostErrors += o.PostErrors
-	if live {
+// add sums o's counters into s, and its gauges too when o is an open channel's.
+func (s *ChannelStats) add(o ChannelStats, open bool) {
+	for _, f := range []struct{ dst, src *uint64 }{
+		{&s.FramesSent, &o.FramesSent}, {&s.FragmentsSent, &o.FragmentsSent}, {&s.GrantsSent, &o.GrantsSent},
+		{&s.NotifiesSent, &o.NotifiesSent}, {&s.FencesSent, &o.FencesSent}, {&s.FencesReceived, &o.FencesReceived},
+		{&s.FramesReceived, &o.FramesReceived}, {&s.Delivered, &o.Delivered}, {&s.LegacyDelivered, &o.LegacyDelivered},
+		{&s.Ignored, &o.Ignored}, {&s.CreditWaits, &o.CreditWaits}, {&s.CreditOverruns, &o.CreditOverruns},
+		{&s.Backpressured, &o.Backpressured}, {&s.Expired, &o.Expired}, {&s.TooLarge, &o.TooLarge}, {&s.Failed, &o.Failed},
+		{&s.KeepalivesSent, &o.KeepalivesSent}, {&s.KeepalivesReceived, &o.KeepalivesReceived},
+		{&s.KeepalivesNoCredit, &o.KeepalivesNoCredit},
+		{&s.DroppedBadMagic, &o.DroppedBadMagic}, {&s.DroppedDecode, &o.DroppedDecode},
+		{&s.DroppedUnknownType, &o.DroppedUnknownType}, {&s.DroppedStaleEpoch, &o.DroppedStaleEpoch},
+		{&s.DroppedForeignSession, &o.DroppedForeignSession}, {&s.DroppedDuplicate, &o.DroppedDuplicate},
+		{&s.DroppedExtension, &o.DroppedExtension}, {&s.DroppedFragment, &o.DroppedFragment},
+		{&s.WCErrors, &o.WCErrors}, {&s.RNRRetryExceeded, &o.RNRRetryExceeded}, {&s.PostErrors, &o.PostErrors},
+	} {
+		*f.dst += *f.src
+	}
+	if open {
 		s.CreditAvail += o.CreditAvail
 		s.Pending += o.Pending
 		s.InFlight += o.InFlight
@@ -226,15 +261,14 @@ func oobStatsOf(s oob.Stats) OOBStats {
 	}
 }
 
-// Stats returns a snapshot; it waits at most a second for the reactor (the per-peer and
-// channel figures are missing when it does not answer in time).
+// Stats returns a snapshot; it waits at most a second for the reactor (the per-peer,
+// machine and channel figures are missing when it does not answer in time).
 func (e *Engine) Stats() Stats {
 	c := &e.ctr
 	s := Stats{
 		Name: e.name, Transport: e.cfg.transport, Device: e.devName, Session: e.session,
 		Queued: e.rq.len(), QueueCapacity: e.cfg.recvQueue,
-		Sent: c.sent.Load(), Fallbacks: c.fallbacks.Load(),
-		Delivered: c.delivered.Load(), Duplicates: c.duplicates.Load(),
+		Sent: c.sent.Load(), Delivered: c.delivered.Load(),
 		Failed:      make(map[string]uint64, len(failureReasons)),
 		SendLatency: c.sendLatency.snapshot(), DeliverLatency: c.deliverLatency.snapshot(),
 	}
@@ -255,7 +289,8 @@ func (e *Engine) Stats() Stats {
 	}
 	select {
 	case ls := <-done:
-		s.Peers, s.Paused, s.ChannelsUp, s.PeerCount, s.Channels = ls.Peers, ls.Paused, ls.ChannelsUp, ls.PeerCount, ls.Channels
+		s.Peers, s.Paused, s.HeldOOB, s.OOBBusy = ls.Peers, ls.Paused, ls.HeldOOB, ls.OOBBusy
+		s.ChannelsUp, s.PeerCount, s.Limits, s.Channels = ls.ChannelsUp, ls.PeerCount, ls.Limits, ls.Channels
 	case <-ctx.Done():
 	}
 	return s
@@ -263,19 +298,25 @@ func (e *Engine) Stats() Stats {
 
 // loopStats is the loop-owned part of Stats. Loop-only.
 func (e *Engine) loopStats() Stats {
-	s := Stats{Paused: e.paused, PeerCount: len(e.peers), Channels: e.ctr.closedChannels}
-	s.Peers = make([]PeerStats, 0, len(e.peers))
-	for _, p := range e.peers {
-		st := PeerStats{Peer: p.name, State: p.state.String(), Epoch: p.epoch, Sent: p.sent,
-			Received: p.received, Duplicates: p.dups}
+	ms := e.m.stats
+	ms.Names, ms.Channels = len(e.m.names), e.m.channels
+	s := Stats{Paused: e.paused, HeldOOB: len(e.heldOOB), OOBBusy: e.oobBusy, PeerCount: len(e.m.peers),
+		Limits: limitStatsOf(ms), Channels: e.ctr.closedChannels}
+	for _, ch := range e.chans {
+		s.Channels.add(channelStatsOf(ch.Stats()), true)
+	}
+	s.Peers = make([]PeerStats, 0, len(e.m.peers))
+	for _, p := range e.m.peers {
+		st := PeerStats{Peer: e.m.peerName(p), Session: p.key.session, Names: append([]string(nil), p.names...),
+			State: e.m.peerState(p), Epoch: p.epoch, Sent: p.sent, Received: p.received, Duplicates: p.dups,
+			Held: p.win.held, Window: windowStatsOf(p.win.stats)}
 		if p.lastErr != nil {
 			st.LastError = p.lastErr.Error()
 		}
-		if p.ch != nil {
+		if ch := e.chans[p.ch]; p.ch != 0 && ch != nil {
 			s.ChannelsUp++
-			st.LocalQPN, st.RemoteQPN = p.ch.Local().QPN, p.remoteQPN
-			st.Channel = channelStatsOf(p.ch.Stats())
-			s.Channels.add(st.Channel, true)
+			st.LocalQPN, st.RemoteQPN = ch.Local().QPN, e.remote[p.ch]
+			st.Channel = channelStatsOf(ch.Stats())
 		}
 		s.Peers = append(s.Peers, st)
 	}

@@ -2,6 +2,7 @@ package notify
 
 import (
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -35,24 +36,34 @@ func numbered(p any) {
 	walk(reflect.ValueOf(p).Elem())
 }
 
-// TestChannelStatsOf: each field comes from the lower layer's field of the same meaning.
+// sameFields checks that every field of in (embedded structs walked) has a field of the
+// same name and value in out, but for the names in skip.
+func sameFields(t *testing.T, in, out any, skip ...string) {
+	t.Helper()
+	iv, ov := reflect.ValueOf(in), reflect.ValueOf(out)
+	for i := 0; i < iv.NumField(); i++ {
+		f := iv.Type().Field(i)
+		if f.Anonymous {
+			sameFields(t, iv.Field(i).Interface(), out, skip...)
+			continue
+		}
+		if slices.Contains(skip, f.Name) {
+			continue
+		}
+		o := ov.FieldByName(f.Name)
+		require.True(t, o.IsValid(), "%s.%s is not copied", iv.Type(), f.Name)
+		require.Equal(t, iv.Field(i).Interface(), o.Interface(), f.Name)
+	}
+}
+
+// TestChannelStatsOf: each field comes from the lower layer's field of the same name.
 func TestChannelStatsOf(t *testing.T) {
 	var in ctrlchannel.ChannelStats
 	numbered(&in)
 	in.PathMTU = ibv.MTU2048
 	got := channelStatsOf(in)
-	require.Equal(t, ChannelStats{
-		FramesSent: in.FramesSent, FramesReceived: in.FramesReceived, NotifiesSent: in.NotifiesSent,
-		Delivered: in.Delivered, GrantsSent: in.GrantsSent,
-		DupFramesDropped: in.DupsDropped, StaleFramesDropped: in.StaleDropped,
-		ForeignFramesDropped: in.ForeignDropped, IgnoredFrames: in.Ignored,
-		CreditWaits: in.CreditWaits, CreditOverruns: in.CreditOverruns,
-		Backpressured: in.Backpressured, Expired: in.Expired, TooLarge: in.TooLarge, SendsFailed: in.Failed,
-		KeepalivesSent: in.KeepalivesSent, KeepalivesReceived: in.KeepalivesReceived,
-		WCErrors: in.WCErrors, RNRRetryExceeded: in.RNRRetryExceeded, PostErrors: in.PostErrors,
-		CreditAvail: in.CreditAvail, Pending: in.Pending, InFlight: in.InFlight, Held: in.Held,
-		SendSlots: in.SendSlots, PathMTU: 2048,
-	}, got)
+	sameFields(t, in, got, "PathMTU")
+	require.Equal(t, 2048, got.PathMTU)
 }
 
 // TestChannelStatsAdd: every counter sums; gauges only for live channels, so a closed
@@ -79,21 +90,20 @@ func TestChannelStatsAdd(t *testing.T) {
 	}
 }
 
-// TestLowerStatsCopied: the reactor's and the OOB node's counters reach notify's types
-// field by field (every field of the lower struct has a same-named one here).
+// TestLowerStatsCopied: the reactor's, the OOB node's, the peer machine's and the
+// windows' counters reach notify's exported types field by field.
 func TestLowerStatsCopied(t *testing.T) {
 	var rs reactor.Stats
 	numbered(&rs)
 	rs.LongestCallback, rs.Busy = 7*time.Millisecond, 9*time.Second
 	var os oob.Stats
 	numbered(&os)
-	for _, c := range []struct{ in, out any }{{rs, reactorStatsOf(rs)}, {os, oobStatsOf(os)}} {
-		in, out := reflect.ValueOf(c.in), reflect.ValueOf(c.out)
-		for i := 0; i < in.NumField(); i++ {
-			name := in.Type().Field(i).Name
-			f := out.FieldByName(name)
-			require.True(t, f.IsValid(), "%s.%s is not copied", in.Type(), name)
-			require.Equal(t, in.Field(i).Interface(), f.Interface(), name)
-		}
-	}
+	var ms machineStats
+	numbered(&ms)
+	var ws windowStats
+	numbered(&ws)
+	sameFields(t, rs, reactorStatsOf(rs))
+	sameFields(t, os, oobStatsOf(os))
+	sameFields(t, ms, limitStatsOf(ms))
+	sameFields(t, ws, windowStatsOf(ws))
 }

@@ -34,7 +34,7 @@ func BenchmarkNotifyRoundTrip(b *testing.B) {
 	b.Run("floor-net.Conn-pingpong", func(b *testing.B) {
 		// Same bytes over a plain Go TCP connection, goroutines parked on the netpoller.
 		fr := appendNotifyRequest(nil, req, reqMeta{id: 1, hasID: true, twosided: true}, true)
-		rep := appendNotifyReply(nil, reqMeta{id: 1, hasID: true, twosided: true}, "", false)
+		rep := appendNotifyReply(nil, reqMeta{id: 1, hasID: true, twosided: true}, nil)
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(b, err)
 		defer ln.Close()

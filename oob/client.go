@@ -99,6 +99,9 @@ func (n *Node) notify(ctx context.Context, peer string, req *NotifyRequest, clas
 	if req == nil {
 		return fmt.Errorf("%w: notify: req: must not be nil", ErrBadRequest)
 	}
+	if err := checkNotify(req); err != nil {
+		return err
+	}
 	c := n.getCall(TypeNotify, peer)
 	c.classic = classic
 	c.msg = append(c.msg[:0], req.Msg...)
@@ -332,7 +335,7 @@ func (n *Node) encodeCall(dst []byte, c *call, m reqMeta, twosided bool) []byte 
 	case TypeConnection:
 		hs := c.hs
 		if !twosided {
-			hs.MTU, hs.PSN, hs.Session, hs.Epoch, hs.BufSize, hs.Extensions, hs.PeerName = 0, 0, 0, 0, 0, false, ""
+			hs.stripExtensions()
 		}
 		return appendHandshake(dst, &hs, m)
 	default:
@@ -500,9 +503,15 @@ func (c *conn) result(cl *call, t MsgType, resp *HandshakeDesc) error {
 			if reason == "" {
 				reason = "empty notify_msg"
 			}
+			if len(ri.refuse) > 0 {
+				return fmt.Errorf("notify %s: %w", c.peer.addr, &RefusedError{Code: string(ri.refuse), Msg: reason})
+			}
 			return fmt.Errorf("notify %s: %w: %s", c.peer.addr, ErrRejected, reason)
 		}
 	case TypeConnection:
+		if resp.Refuse != "" {
+			return fmt.Errorf("handshake %s: %w", c.peer.addr, &RefusedError{Code: resp.Refuse, Msg: resp.ReplyMsg})
+		}
 		if resp.ReplyMsg != "" {
 			return fmt.Errorf("handshake %s: %w: %s", c.peer.addr, ErrRejected, resp.ReplyMsg)
 		}

@@ -26,7 +26,7 @@ func TestAppendFrameBytes(t *testing.T) {
 	req := &NotifyRequest{Name: "a", Msg: []byte("hi")}
 	require.Equal(t, mooncakeNotify, appendNotifyRequest(nil, req, reqMeta{}, false), "a Mooncake peer gets exactly name and notify_msg")
 
-	succ := appendNotifyReply(nil, reqMeta{}, "", false)
+	succ := appendNotifyReply(nil, reqMeta{}, nil)
 	want := AppendFrame(nil, TypeNotify, []byte(`{"name":"","notify_msg":"success"}`))
 	require.Equal(t, want, succ)
 }
@@ -211,7 +211,7 @@ func TestDecodeAllocs(t *testing.T) {
 	require.Zero(t, allocs)
 	var ri replyInfo
 	var key []byte
-	rb := appendNotifyReply(nil, reqMeta{id: 7, hasID: true, twosided: true}, "", false)[HeaderSize:]
+	rb := appendNotifyReply(nil, reqMeta{id: 7, hasID: true, twosided: true}, nil)[HeaderSize:]
 	allocs = testing.AllocsPerRun(100, func() {
 		key, _ = ri.decode(rb, key)
 	})

@@ -87,13 +87,23 @@
 // '"', '\\' and control bytes escaped; JsonCpp keeps such bytes as they are.
 // Reply {"name":"","notify_msg":"success"}; an empty notify_msg means rejected.
 //
+// Further twosided members, sent to twosided peers only and decoded strictly: "ts_token"
+// (u64, the pair's secret from its handshake), "ts_to" (u64, the session the sender believes
+// the receiver runs, 0 = unknown), "ts_nid" (the caller's idempotency id, at most 255 bytes),
+// "ts_skip_from" and "ts_skip_n" (u64s, together: the sender gave up these seqs). ts_from is
+// at most 255 bytes. A refusal reply may add "ts_refuse", a typed code (RefuseBusy, ...: 1..32
+// bytes of a-z and '_'); the client's error then wraps a *RefusedError, ErrRejected and the
+// code's sentinel (ErrBusy, ErrLimit, ErrAuth, ErrNoCtrl, ErrPeerClosed, ErrInvalid, ErrStale).
+// A Handler sends one by replying with an error that is or wraps a *RefusedError.
+//
 // # Handshake JSON
 //
 // Mooncake fields local_nic_path, peer_nic_path, qp_num (array of u32), local_lid (u16),
 // local_gid (colon hex), reply_msg (non-empty = error) are always written; ctrl-channel
 // fields ctrl_channel, notify_qp_num, notify_rq_depth (1..65535) and the twosided
-// extensions ts_mtu, ts_psn, ts_session, ts_epoch, ts_buf_size, ts_extensions, ts_peer are
-// written only when set. Decoding is strict: a wrong-typed or out-of-range field is an
+// extensions ts_mtu, ts_psn, ts_session, ts_epoch, ts_buf_size, ts_extensions, ts_peer,
+// ts_token, ts_refuse and ts_to are written only when set, and only toward twosided peers
+// (toward Mooncake a refusal is its reply_msg text). Decoding is strict: a wrong-typed or out-of-range field is an
 // error naming the field; unknown fields are skipped.
 //
 // # Timeouts and limits

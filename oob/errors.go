@@ -26,3 +26,110 @@ var (
 	// ErrBadRequest: a request argument the caller got wrong; the message names the field.
 	ErrBadRequest = errors.New("oob: bad request")
 )
+
+// Sentinels of typed refusals (ts_refuse) and of limits. A refusal from a twosided peer
+// wraps ErrRejected and the sentinel of its code; read the code with errors.As on a
+// *RefusedError.
+var (
+	// ErrBusy: the peer's receive queue is full; try again later (code "busy").
+	ErrBusy = errors.New("oob: peer busy")
+	// ErrLimit: a limit was reached, ours or the peer's (code "limit"; MaxConns,
+	// MaxPendingHandshakes, a per-address cap).
+	ErrLimit = errors.New("oob: limit reached")
+	// ErrNoCtrl: the peer serves no control channel (code "no_ctrl"); use OOB notifies.
+	ErrNoCtrl = errors.New("oob: peer has no control channel")
+	// ErrPeerClosed: the peer is closing (code "closed").
+	ErrPeerClosed = errors.New("oob: peer closing")
+	// ErrInvalid: the peer found the request invalid (code "invalid").
+	ErrInvalid = errors.New("oob: invalid request")
+	// ErrStale: the peer no longer takes this seq; it was given up (code "stale").
+	ErrStale = errors.New("oob: stale sequence")
+	// ErrTooLarge: a request whose encoded frame would exceed the peer's frame limit;
+	// refused before it is sent. The message names both sizes.
+	ErrTooLarge = errors.New("oob: request too large")
+)
+
+// Refusal codes (ts_refuse). A refusal reply carries one of them; an error reply still
+// carries its text in reply_msg (and notify_msg "") for Mooncake readers.
+const (
+	RefuseNoCtrl  = "no_ctrl" // no control channel here: ErrNoCtrl
+	RefuseLimit   = "limit"   // a limit was reached: ErrLimit
+	RefuseAuth    = "auth"    // a token or key did not match: ErrAuth
+	RefuseClosed  = "closed"  // the receiver is closing: ErrPeerClosed
+	RefuseInvalid = "invalid" // the request is invalid: ErrInvalid
+	RefuseBusy    = "busy"    // the receive queue is full: ErrBusy
+	RefuseStale   = "stale"   // the seq was given up: ErrStale
+)
+
+// maxRefuseLen bounds a ts_refuse code; codes this version does not know still decode
+// (as plain ErrRejected) so a newer peer's refusal is not a bad frame.
+const maxRefuseLen = 32
+
+// RefusedError is a typed refusal: the peer answered with ts_refuse Code and the text Msg.
+// A Handler replies with one (possibly wrapped) to send a refusal; a client gets one
+// wrapped in its error. It matches ErrRejected and the sentinel of its Code with errors.Is.
+type RefusedError struct {
+	Code string
+	Msg  string
+}
+
+func (e *RefusedError) Error() string {
+	if e.Msg == "" {
+		return "refused (" + e.Code + ")"
+	}
+	return "refused (" + e.Code + "): " + e.Msg
+}
+
+// Unwrap gives ErrRejected and, for a known code, its sentinel.
+func (e *RefusedError) Unwrap() []error {
+	if s := refuseSentinel(e.Code); s != nil {
+		return []error{ErrRejected, s}
+	}
+	return []error{ErrRejected}
+}
+
+func refuseSentinel(code string) error {
+	switch code {
+	case RefuseNoCtrl:
+		return ErrNoCtrl
+	case RefuseLimit:
+		return ErrLimit
+	case RefuseAuth:
+		return ErrAuth
+	case RefuseClosed:
+		return ErrPeerClosed
+	case RefuseInvalid:
+		return ErrInvalid
+	case RefuseBusy:
+		return ErrBusy
+	case RefuseStale:
+		return ErrStale
+	}
+	return nil
+}
+
+func validRefuseCode[T ~string | ~[]byte](s T) bool {
+	if len(s) == 0 || len(s) > maxRefuseLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < 'a' || c > 'z') && c != '_' {
+			return false
+		}
+	}
+	return true
+}
+
+// refusalOf splits a Handler's error into the code it carries (a *RefusedError in its
+// chain, "" when none) and the text for reply_msg / ts_error (never empty).
+func refusalOf(err error) (code, msg string) {
+	var re *RefusedError
+	if errors.As(err, &re) && validRefuseCode(re.Code) {
+		code = re.Code
+	}
+	msg = err.Error()
+	if msg == "" {
+		msg = "rejected"
+	}
+	return code, msg
+}

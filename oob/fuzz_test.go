@@ -79,6 +79,8 @@ func FuzzHandshakeDecode(f *testing.F) {
 	f.Add([]byte(`{"qp_num":[1,2,3],"ts_mtu":1024,"ts_psn":5,"ts_peer":"h:1","x":{"y":[null,1e5,"\u00e9"]}}` + "\n"))
 	f.Add([]byte(`{"notify_rq_depth":0}`))
 	f.Add([]byte(`{"local_gid":"\ud83d\ude00"}`))
+	f.Add([]byte(`{"reply_msg":"no","ts_token":18446744073709551615,"ts_refuse":"no_ctrl","ts_to":7}`))
+	f.Add([]byte(`{"ts_refuse":"Busy"}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		d, m, err := decodeHandshake(body)
 		if err != nil {
@@ -107,6 +109,8 @@ func FuzzNotifyDecode(f *testing.F) {
 	f.Add([]byte(`{"name":"a","notify_msg":"hi"}`))
 	f.Add([]byte(`{"name":"a","notify_msg":"","ts_msg_b64":"AP8=","ts_id":3,"ts_seq":9}`))
 	f.Add([]byte(`{"name":"\u00e9\ud83d\ude00\n","notify_msg":"a\"b\\c\/"}`))
+	f.Add([]byte(`{"name":"a","notify_msg":"m","ts_token":1,"ts_to":2,"ts_nid":"x","ts_skip_from":3,"ts_skip_n":4}`))
+	f.Add([]byte(`{"name":"a","notify_msg":"","ts_skip_from":18446744073709551615,"ts_skip_n":2}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var d notifyDecoder
 		req, m, err := d.decode(body)
@@ -132,6 +136,13 @@ func FuzzNotifyDecode(f *testing.F) {
 		require.Equal(t, cp.Name, req2.Name)
 		require.Equal(t, cp.Msg, req2.Msg)
 		require.Equal(t, cp.Seq, req2.Seq)
+		require.Equal(t, cp.Token, req2.Token)
+		require.Equal(t, cp.To, req2.To)
+		require.Equal(t, cp.ID, req2.ID)
+		require.Equal(t, cp.SkipFrom, req2.SkipFrom)
+		require.Equal(t, cp.SkipCount, req2.SkipCount)
+		require.LessOrEqual(t, len(req2.ID), MaxNotifyIDLen)
+		require.LessOrEqual(t, len(req2.From), MaxFromLen)
 	})
 }
 
@@ -145,6 +156,7 @@ func FuzzReplyDecode(f *testing.F) {
 	f.Add([]byte(`{"ts_hello":1,"ts_auth":"hmac-sha256","ts_nonce":"000102030405060708090a0b0c0d0e0f","ts_auth_required":true,"ts_mac":"` + strings.Repeat("ab", 32) + `"}`))
 	f.Add([]byte(`{"ts_id":3,"ts_mac":"` + strings.Repeat("AB", 32) + `"}`))
 	f.Add([]byte(`{"ts_nonce":"00"}`))
+	f.Add([]byte(`{"name":"","notify_msg":"","ts_error":"x","ts_refuse":"busy","ts_id":2}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var ri replyInfo
 		_, err := ri.decode(body, nil)
@@ -154,6 +166,9 @@ func FuzzReplyDecode(f *testing.F) {
 			require.ErrorIs(t, err, ErrBadFrame)
 		} else {
 			require.True(t, json.Valid(body), "accepted invalid JSON %q", body)
+			if len(ri.refuse) > 0 {
+				require.True(t, validRefuseCode(ri.refuse), "%q", ri.refuse)
+			}
 		}
 		if perr != nil {
 			require.ErrorIs(t, perr, ErrBadFrame)

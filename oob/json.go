@@ -499,3 +499,36 @@ func (o *jsonObj) boolean(k string, v bool) {
 	o.key(k)
 	o.b = strconv.AppendBool(o.b, v)
 }
+
+// strMax reads a string value of at most max decoded bytes.
+func (r *jsonReader) strMax(field string, dst []byte, max int) ([]byte, error) {
+	start := len(dst)
+	dst, err := r.str(field, dst)
+	if err == nil && len(dst)-start > max {
+		return dst, jsonErr(field, "%d bytes, at most %d", len(dst)-start, max)
+	}
+	return dst, err
+}
+
+// refuseCode reads a ts_refuse value: 1..maxRefuseLen bytes of a-z and '_'.
+func (r *jsonReader) refuseCode(dst []byte) ([]byte, error) {
+	dst, err := r.str(fRefuse, dst)
+	if err == nil && !validRefuseCode(dst) {
+		return dst, jsonErr(fRefuse, "%q is not 1..%d bytes of a-z and _", dst, maxRefuseLen)
+	}
+	return dst, err
+}
+
+// optUint writes k only when v is not 0 (absent = 0).
+func (o *jsonObj) optUint(k string, v uint64) {
+	if v != 0 {
+		o.uint(k, v)
+	}
+}
+
+// optStr writes k only when v is not empty (absent = "").
+func (o *jsonObj) optStr(k, v string) {
+	if v != "" {
+		o.str(k, v)
+	}
+}

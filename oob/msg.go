@@ -7,17 +7,33 @@ import (
 	"unicode/utf8"
 )
 
-// NotifyRequest is one notify. From, Session, Epoch and Seq are optional (""/0 = absent);
-// twosided peers send them so the receiver can drop duplicates across paths.
+// NotifyRequest is one notify. Every field but Name and Msg is a twosided extension,
+// optional (""/0 = absent) and sent to twosided peers only; they let the receiver drop
+// duplicates across paths and check who sends.
 //
 // On the receiving side the *NotifyRequest is reused after HandleNotify returns; its Msg
 // (a fresh slice per request) and strings may be kept.
 type NotifyRequest struct {
 	Name                string
 	Msg                 []byte
-	From                string
-	Session, Epoch, Seq uint64
+	From                string // ts_from: the sender's listen host:port, at most MaxFromLen bytes
+	Session, Epoch, Seq uint64 // ts_session, ts_epoch, ts_seq
+	// Token (ts_token) is the per-pair secret of the handshake that set up this pair.
+	Token uint64
+	// To (ts_to) is the session the sender believes the receiver runs; 0 = unknown.
+	To uint64
+	// ID (ts_nid) is the caller's idempotency id, at most MaxNotifyIDLen bytes.
+	ID string
+	// SkipFrom, SkipCount (ts_skip_from, ts_skip_n): the sender gave up seqs
+	// SkipFrom..SkipFrom+SkipCount-1 of this pair, so the receiver waits for none of them.
+	SkipFrom, SkipCount uint64
 }
+
+// Bounds of the variable-length twosided notify members.
+const (
+	MaxNotifyIDLen = 255 // NotifyRequest.ID (ts_nid), bytes
+	MaxFromLen     = 255 // NotifyRequest.From (ts_from), bytes
+)
 
 // HandshakeDesc is the handshake RPC body (type Connection): Mooncake's fields, the
 // ctrl-channel additions and the twosided extensions (ts_*, zero = absent).
@@ -40,6 +56,28 @@ type HandshakeDesc struct {
 	BufSize    uint32
 	Extensions bool
 	PeerName   string
+	// Token (ts_token) is the per-pair secret the initiator draws; the responder checks it
+	// on later requests of that pair (NotifyRequest.Token).
+	Token uint64
+	// Refuse (ts_refuse) is the typed reason of a refusal reply, one of the Refuse*
+	// codes; ReplyMsg still carries text for Mooncake readers.
+	Refuse string
+	// To (ts_to) is the session the initiator believes it talks to; 0 = unknown.
+	To uint64
+	// Proof (ts_proof) is the token the responder issued the initiator in an earlier
+	// handshake of the pair: a handshake claiming a session the responder knows must
+	// carry it. 0 = none.
+	Proof uint64
+}
+
+// stripExtensions leaves what a Mooncake peer reads: its own members and the ctrl-channel
+// additions. A refusal keeps its reason as reply_msg text.
+func (d *HandshakeDesc) stripExtensions() {
+	if d.Refuse != "" && d.ReplyMsg == "" {
+		d.ReplyMsg = d.Refuse
+	}
+	d.MTU, d.PSN, d.Session, d.Epoch, d.BufSize, d.Extensions, d.PeerName = 0, 0, 0, 0, 0, false, ""
+	d.Token, d.Refuse, d.To, d.Proof = 0, "", 0, 0
 }
 
 // JSON member names.
@@ -68,6 +106,13 @@ const (
 	fBufSize    = "ts_buf_size"
 	fExtensions = "ts_extensions"
 	fPeer       = "ts_peer"
+	fToken      = "ts_token"
+	fRefuse     = "ts_refuse"
+	fTo         = "ts_to"
+	fProof      = "ts_proof"
+	fNID        = "ts_nid"
+	fSkipFrom   = "ts_skip_from"
+	fSkipN      = "ts_skip_n"
 
 	replySuccess = "success"
 	helloVersion = 1
@@ -100,35 +145,49 @@ func appendNotifyRequest(dst []byte, req *NotifyRequest, m reqMeta, twosided boo
 		if m.hasID {
 			o.uint(fID, m.id)
 		}
-		if req.From != "" {
-			o.str(fFrom, req.From)
-		}
-		if req.Session != 0 {
-			o.uint(fSession, req.Session)
-		}
-		if req.Epoch != 0 {
-			o.uint(fEpoch, req.Epoch)
-		}
-		if req.Seq != 0 {
-			o.uint(fSeq, req.Seq)
+		o.optStr(fFrom, req.From)
+		o.optUint(fSession, req.Session)
+		o.optUint(fEpoch, req.Epoch)
+		o.optUint(fSeq, req.Seq)
+		o.optUint(fToken, req.Token)
+		o.optUint(fTo, req.To)
+		o.optStr(fNID, req.ID)
+		if req.SkipCount != 0 {
+			o.uint(fSkipFrom, req.SkipFrom)
+			o.uint(fSkipN, req.SkipCount)
 		}
 	}
 	return finishFrame(append(o.b, '}'), at)
 }
 
+// checkNotify validates the lengths of a notify's variable twosided members before it is
+// sent; the receiver refuses what is longer.
+func checkNotify(req *NotifyRequest) error {
+	if len(req.ID) > MaxNotifyIDLen {
+		return fmt.Errorf("%w: NotifyRequest.ID (ts_nid): %d bytes, at most %d", ErrBadRequest, len(req.ID), MaxNotifyIDLen)
+	}
+	if len(req.From) > MaxFromLen {
+		return fmt.Errorf("%w: NotifyRequest.From (ts_from): %d bytes, at most %d", ErrBadRequest, len(req.From), MaxFromLen)
+	}
+	if req.SkipCount != 0 && req.SkipFrom == 0 {
+		return fmt.Errorf("%w: NotifyRequest.SkipFrom (ts_skip_from): 0 with SkipCount %d; seqs start at 1", ErrBadRequest, req.SkipCount)
+	}
+	return nil
+}
+
 // notifyDecoder decodes Notify request bodies into reused buffers; loop-only.
 type notifyDecoder struct {
-	key, name, msg, from, b64 []byte
-	lastName, lastFrom        string
-	req                       NotifyRequest
+	key, name, msg, from, b64, nid []byte
+	lastName, lastFrom             string
+	req                            NotifyRequest
 }
 
 func (d *notifyDecoder) decode(body []byte) (*NotifyRequest, reqMeta, error) {
 	var m reqMeta
 	r := jsonReader{b: body}
-	d.name, d.msg, d.from, d.b64 = d.name[:0], d.msg[:0], d.from[:0], d.b64[:0]
+	d.name, d.msg, d.from, d.b64, d.nid = d.name[:0], d.msg[:0], d.from[:0], d.b64[:0], d.nid[:0]
 	d.req = NotifyRequest{}
-	hasB64 := false
+	hasB64, hasSkipFrom := false, false
 	var err error
 	d.key, err = r.object(d.key, func(k []byte) error {
 		var err error
@@ -145,7 +204,7 @@ func (d *notifyDecoder) decode(body []byte) (*NotifyRequest, reqMeta, error) {
 			d.b64, err = r.str(fMsgB64, d.b64)
 		case fFrom:
 			m.twosided = true
-			d.from, err = r.str(fFrom, d.from)
+			d.from, err = r.strMax(fFrom, d.from[:0], MaxFromLen)
 		case fSession:
 			m.twosided = true
 			d.req.Session, err = r.uint(fSession, 1<<64-1)
@@ -158,6 +217,24 @@ func (d *notifyDecoder) decode(body []byte) (*NotifyRequest, reqMeta, error) {
 		case fID:
 			m.twosided, m.hasID = true, true
 			m.id, err = r.uint(fID, 1<<64-1)
+		case fToken:
+			m.twosided = true
+			d.req.Token, err = r.uint(fToken, 1<<64-1)
+		case fTo:
+			m.twosided = true
+			d.req.To, err = r.uint(fTo, 1<<64-1)
+		case fNID:
+			m.twosided = true
+			d.nid, err = r.strMax(fNID, d.nid[:0], MaxNotifyIDLen)
+		case fSkipFrom:
+			m.twosided, hasSkipFrom = true, true
+			d.req.SkipFrom, err = r.uint(fSkipFrom, 1<<64-1)
+			if err == nil && d.req.SkipFrom == 0 {
+				err = jsonErr(fSkipFrom, "0 out of range 1..%d", uint64(1<<64-1))
+			}
+		case fSkipN:
+			m.twosided = true
+			d.req.SkipCount, err = r.uint(fSkipN, 1<<64-1)
 		default:
 			err = r.skip(0)
 		}
@@ -165,6 +242,12 @@ func (d *notifyDecoder) decode(body []byte) (*NotifyRequest, reqMeta, error) {
 	})
 	if err == nil {
 		err = r.end()
+	}
+	if err == nil && (d.req.SkipCount != 0) != hasSkipFrom {
+		err = jsonErr(fSkipN, "ts_skip_from and a non-zero ts_skip_n come together")
+	}
+	if err == nil && d.req.SkipCount > ^uint64(0)-(d.req.SkipFrom-1) {
+		err = jsonErr(fSkipN, "%d out of range 0..%d (seqs past 2^64-1)", d.req.SkipCount, ^uint64(0)-(d.req.SkipFrom-1))
 	}
 	if err != nil {
 		return nil, m, err
@@ -181,6 +264,9 @@ func (d *notifyDecoder) decode(body []byte) (*NotifyRequest, reqMeta, error) {
 	d.lastName = intern(d.lastName, d.name)
 	d.lastFrom = intern(d.lastFrom, d.from)
 	d.req.Name, d.req.From, d.req.Msg = d.lastName, d.lastFrom, d.msg
+	if len(d.nid) > 0 {
+		d.req.ID = string(d.nid)
+	}
 	return &d.req, m, nil
 }
 
@@ -200,13 +286,14 @@ func growLen(b []byte, n int) []byte {
 	return b[:n]
 }
 
-// appendNotifyReply writes the reply to a Notify: "success", or "" (rejected) with the
-// reason in ts_error for a twosided requester.
-func appendNotifyReply(dst []byte, m reqMeta, rejectReason string, rejected bool) []byte {
+// appendNotifyReply writes the reply to a Notify: "success" when err is nil, else ""
+// (rejected) with, for a twosided requester, the reason in ts_error and, when err is or
+// wraps a *RefusedError, its code in ts_refuse.
+func appendNotifyReply(dst []byte, m reqMeta, err error) []byte {
 	dst, at := beginFrame(dst, TypeNotify)
 	o := jsonObj{b: append(dst, '{')}
 	o.str(fName, "")
-	if rejected {
+	if err != nil {
 		o.str(fNotifyMsg, "")
 	} else {
 		o.str(fNotifyMsg, replySuccess)
@@ -215,8 +302,10 @@ func appendNotifyReply(dst []byte, m reqMeta, rejectReason string, rejected bool
 		if m.hasID {
 			o.uint(fID, m.id)
 		}
-		if rejected {
-			o.str(fError, rejectReason)
+		if err != nil {
+			code, msg := refusalOf(err)
+			o.str(fError, msg)
+			o.optStr(fRefuse, code)
 		}
 	}
 	return finishFrame(append(o.b, '}'), at)
@@ -256,6 +345,8 @@ type replyInfo struct {
 	notifyOK     bool // notify_msg non-empty
 	hello        uint64
 	errMsg       []byte // reply_msg or ts_error
+	refuse       []byte // ts_refuse
+	bye          bool   // ts_bye
 
 	// Authentication members of a hello reply.
 	auth         authOffer
@@ -278,8 +369,8 @@ const (
 
 func (ri *replyInfo) decode(body []byte, key []byte) ([]byte, error) {
 	r := jsonReader{b: body}
-	errBuf, text := ri.errMsg[:0], ri.text
-	*ri = replyInfo{text: text}
+	errBuf, text, refuse := ri.errMsg[:0], ri.text, ri.refuse[:0]
+	*ri = replyInfo{text: text, refuse: refuse}
 	key, err := r.object(key, func(k []byte) error {
 		var err error
 		if r.isNull() {
@@ -306,6 +397,9 @@ func (ri *replyInfo) decode(body []byte, key []byte) ([]byte, error) {
 		case fID:
 			ri.m.twosided, ri.m.hasID = true, true
 			ri.m.id, err = r.uint(fID, 1<<64-1)
+		case fRefuse:
+			ri.m.twosided = true
+			ri.refuse, err = r.refuseCode(ri.refuse[:0])
 		case fAuth:
 			ri.m.twosided = true
 			ri.text, err = r.str(fAuth, ri.text[:0])
@@ -355,33 +449,21 @@ func appendHandshake(dst []byte, d *HandshakeDesc, m reqMeta) []byte {
 	if d.CtrlChannel {
 		o.boolean(fCtrl, true)
 	}
-	if d.NotifyQPNum != 0 {
-		o.uint(fNotifyQPN, uint64(d.NotifyQPNum))
-	}
-	if d.NotifyRQDepth != 0 {
-		o.uint(fNotifyRQD, uint64(d.NotifyRQDepth))
-	}
-	if d.MTU != 0 {
-		o.uint(fMTU, uint64(d.MTU))
-	}
-	if d.PSN != 0 {
-		o.uint(fPSN, uint64(d.PSN))
-	}
-	if d.Session != 0 {
-		o.uint(fSession, d.Session)
-	}
-	if d.Epoch != 0 {
-		o.uint(fEpoch, d.Epoch)
-	}
-	if d.BufSize != 0 {
-		o.uint(fBufSize, uint64(d.BufSize))
-	}
+	o.optUint(fNotifyQPN, uint64(d.NotifyQPNum))
+	o.optUint(fNotifyRQD, uint64(d.NotifyRQDepth))
+	o.optUint(fMTU, uint64(d.MTU))
+	o.optUint(fPSN, uint64(d.PSN))
+	o.optUint(fSession, d.Session)
+	o.optUint(fEpoch, d.Epoch)
+	o.optUint(fBufSize, uint64(d.BufSize))
 	if d.Extensions {
 		o.boolean(fExtensions, true)
 	}
-	if d.PeerName != "" {
-		o.str(fPeer, d.PeerName)
-	}
+	o.optStr(fPeer, d.PeerName)
+	o.optUint(fToken, d.Token)
+	o.optStr(fRefuse, d.Refuse)
+	o.optUint(fTo, d.To)
+	o.optUint(fProof, d.Proof)
 	if m.hasID {
 		o.uint(fID, m.id)
 	}
@@ -395,6 +477,9 @@ func checkHandshake(d *HandshakeDesc) error {
 	}
 	if d.PSN > maxPSN {
 		return fmt.Errorf("%w: HandshakeDesc.PSN: %d above 24 bits", ErrBadRequest, d.PSN)
+	}
+	if d.Refuse != "" && !validRefuseCode(d.Refuse) {
+		return fmt.Errorf("%w: HandshakeDesc.Refuse (ts_refuse): %q is not 1..%d bytes of a-z and _", ErrBadRequest, d.Refuse, maxRefuseLen)
 	}
 	return nil
 }
@@ -482,6 +567,19 @@ func decodeHandshake(body []byte) (*HandshakeDesc, reqMeta, error) {
 		case fPeer:
 			m.twosided = true
 			d.PeerName, err = str(fPeer)
+		case fToken:
+			m.twosided = true
+			d.Token, err = r.uint(fToken, 1<<64-1)
+		case fRefuse:
+			m.twosided = true
+			sb, err = r.refuseCode(sb[:0])
+			d.Refuse = string(sb)
+		case fTo:
+			m.twosided = true
+			d.To, err = r.uint(fTo, 1<<64-1)
+		case fProof:
+			m.twosided = true
+			d.Proof, err = r.uint(fProof, 1<<64-1)
 		case fID:
 			m.twosided, m.hasID = true, true
 			m.id, err = r.uint(fID, 1<<64-1)

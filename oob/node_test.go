@@ -88,6 +88,9 @@ func (h *testHandler) HandleNotify(req *NotifyRequest, reply func(err error)) {
 	if strings.HasPrefix(req.Name, "reject") {
 		err = errors.New("no such receiver " + req.Name)
 	}
+	if code, ok := strings.CutPrefix(req.Name, "refuse:"); ok {
+		err = fmt.Errorf("handler: %w", &RefusedError{Code: code, Msg: "refused by test"})
+	}
 	h.ch <- cp
 	if h.async {
 		go reply(err)
@@ -109,6 +112,10 @@ func (h *testHandler) HandleHandshake(req *HandshakeDesc, reply func(resp *Hands
 	h.mu.Unlock()
 	if req.LocalNICPath == "refuse" {
 		reply(nil, errors.New("no ctrl channel for you"))
+		return
+	}
+	if code, ok := strings.CutPrefix(req.LocalNICPath, "refuse:"); ok {
+		reply(nil, &RefusedError{Code: code, Msg: "refused by test"})
 		return
 	}
 	reply(&HandshakeDesc{

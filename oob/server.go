@@ -173,11 +173,7 @@ func (c *conn) replyNotify(seq uint64, m reqMeta, err error) {
 		return
 	}
 	n := c.n
-	if err != nil {
-		n.out = appendNotifyReply(n.out[:0], m, err.Error(), true)
-	} else {
-		n.out = appendNotifyReply(n.out[:0], m, "", false)
-	}
+	n.out = appendNotifyReply(n.out[:0], m, err)
 	c.send(n.out)
 	if !c.persistent {
 		c.drain()
@@ -201,14 +197,21 @@ func (c *conn) replyHandshake(seq uint64, m reqMeta, resp *HandshakeDesc, err er
 		d = *resp
 	}
 	if err != nil {
-		d.ReplyMsg = err.Error()
-		if d.ReplyMsg == "" {
-			d.ReplyMsg = "rejected"
+		code, msg := refusalOf(err)
+		d.ReplyMsg = msg
+		if code != "" {
+			d.Refuse = code
 		}
+	}
+	if d.Refuse != "" && !validRefuseCode(d.Refuse) {
+		d.Refuse = RefuseInvalid // a Handler's bad code must not make the reply undecodable
+	}
+	if d.Refuse != "" && d.ReplyMsg == "" {
+		d.ReplyMsg = d.Refuse
 	}
 	if !m.twosided {
 		// A Mooncake peer gets Mooncake's members and the ctrl-channel additions only.
-		d.MTU, d.PSN, d.Session, d.Epoch, d.BufSize, d.Extensions, d.PeerName = 0, 0, 0, 0, 0, false, ""
+		d.stripExtensions()
 	}
 	n.out = appendHandshake(n.out[:0], &d, m)
 	c.send(n.out)

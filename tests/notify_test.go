@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -259,8 +260,13 @@ func TestBadInput(t *testing.T) {
 	a := newEngine(t, notify.TransportOOB, notify.WithMaxNotifySize(1024))
 	ctx := ctxFor(t, 10*time.Second)
 	require.ErrorIs(t, a.SendNotify(ctx, "", notify.Notify{Name: "x"}), notify.ErrInvalid)
-	require.ErrorContains(t, a.SendNotify(ctx, "127.0.0.1:9", notify.Notify{}), "name: empty")
-	err := a.SendNotify(ctx, "127.0.0.1:9", notify.Notify{Name: "x", Msg: make([]byte, 2000)})
+	// An empty name is valid (Mooncake sends and accepts it); an oversized id is not.
+	require.ErrorIs(t, a.SendNotify(ctx, "127.0.0.1:9", notify.Notify{}), notify.ErrPeerUnreachable)
+	require.ErrorIs(t, a.SendNotify(ctx, "127.0.0.1:9", notify.Notify{Name: "x", ID: strings.Repeat("i", 256)}), notify.ErrInvalid)
+	require.ErrorIs(t, a.SendNotify(nil, "127.0.0.1:9", notify.Notify{Name: "x"}), notify.ErrInvalid) //nolint:staticcheck // a nil ctx is an error, not a panic
+	_, err := a.Recv(nil)                                                                             //nolint:staticcheck
+	require.ErrorIs(t, err, notify.ErrInvalid)
+	err = a.SendNotify(ctx, "127.0.0.1:9", notify.Notify{Name: "x", Msg: make([]byte, 2000)})
 	require.ErrorIs(t, err, notify.ErrTooLarge)
 	_, err = notify.New(notify.WithTransport("oob"), notify.WithTransport("rdma_twosided"))
 	require.ErrorIs(t, err, notify.ErrConfig)

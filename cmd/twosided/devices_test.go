@@ -85,7 +85,7 @@ func TestWriteDevices(t *testing.T) {
 		"\t\t\tactive_mtu:\t\t1024\n" +
 		"\t\t\tport_lid:\t\t7\n" +
 		"\t\t\tgid_index:\t\t3\n" +
-		"\t\t\tGID:\t\t\tfe80:0000:0000:0000:0000:0000:0000:0001\n" +
+		"\t\t\tGID:\t\t\tfe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:01\n" +
 		"\t\t\tlink_layer:\t\tEthernet\n" +
 		"\n" +
 		"provider: verbs\n" +

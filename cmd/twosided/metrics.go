@@ -164,7 +164,7 @@ func statsLine(prev, cur notify.Stats, d time.Duration) string {
 	busy := float64(cur.Reactor.Busy-prev.Reactor.Busy) / float64(d) * 100
 	return fmt.Sprintf("stats interval=%v sent=%s delivered=%s failed=%s fallbacks=%s dups=%s queue=%d channels=%d peers=%d wakeups=%s busy=%.1f%% ack_p50=%s ack_p99=%s",
 		d.Round(time.Millisecond), rate(prev.Sent, cur.Sent), rate(prev.Delivered, cur.Delivered),
-		rate(failedPrev, failedCur), rate(prev.Fallbacks, cur.Fallbacks), rate(prev.Duplicates, cur.Duplicates),
+		rate(failedPrev, failedCur), rate(prev.Limits.Fallbacks, cur.Limits.Fallbacks), rate(prev.Limits.Duplicates, cur.Limits.Duplicates),
 		cur.Queued, cur.ChannelsUp, cur.PeerCount, rate(prev.Reactor.Wakeups, cur.Reactor.Wakeups), busy,
 		quantile(prev.SendLatency, cur.SendLatency, 0.5), quantile(prev.SendLatency, cur.SendLatency, 0.99))
 }
@@ -182,7 +182,7 @@ func statsTotal(s notify.Stats) string {
 		fs = strings.Join(failed, ",")
 	}
 	return fmt.Sprintf("stats total sent=%d delivered=%d failed=%s fallbacks=%d dups=%d",
-		s.Sent, s.Delivered, fs, s.Fallbacks, s.Duplicates)
+		s.Sent, s.Delivered, fs, s.Limits.Fallbacks, s.Limits.Duplicates)
 }
 
 // quantile is the upper bound of the bucket holding quantile q of the observations made

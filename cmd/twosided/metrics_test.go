@@ -129,13 +129,13 @@ func TestServeStatsLine(t *testing.T) {
 func TestStatsLineFormat(t *testing.T) {
 	bounds := []time.Duration{time.Microsecond, 10 * time.Microsecond, 100 * time.Microsecond}
 	prev := notify.Stats{
-		Sent: 100, Delivered: 10, Failed: map[string]uint64{"timeout": 1}, Fallbacks: 1,
+		Sent: 100, Delivered: 10, Failed: map[string]uint64{"timeout": 1}, Limits: notify.LimitStats{Fallbacks: 1},
 		Reactor:     notify.ReactorStats{Wakeups: 50, Busy: time.Second},
 		SendLatency: notify.Histogram{Bounds: bounds, Counts: []uint64{5, 5, 0, 0}, Count: 10},
 	}
 	cur := notify.Stats{
-		Sent: 300, Delivered: 30, Failed: map[string]uint64{"timeout": 3, "unreachable": 2}, Fallbacks: 5,
-		Duplicates: 2, Queued: 7, ChannelsUp: 2, PeerCount: 3,
+		Sent: 300, Delivered: 30, Failed: map[string]uint64{"timeout": 3, "unreachable": 2},
+		Limits: notify.LimitStats{Fallbacks: 5, Duplicates: 2}, Queued: 7, ChannelsUp: 2, PeerCount: 3,
 		Reactor: notify.ReactorStats{Wakeups: 250, Busy: time.Second + 500*time.Millisecond},
 		// The interval: 100 sends ≤10µs, 99 ≤100µs, 1 above.
 		SendLatency: notify.Histogram{Bounds: bounds, Counts: []uint64{5, 105, 99, 1}, Count: 210},

@@ -40,6 +40,7 @@ type Collector struct {
 	queueCap, paused, pending, wakeups, busy                    *prometheus.Desc
 	oobHandshakes, oobAuthFailed, oobConns, sendLat, deliverLat *prometheus.Desc
 	peerSent, peerRecv, peerDups, peerUp, peersUnlabeled        *prometheus.Desc
+	refusals, pruned, givenUp, heldOOB, oobBusy                 *prometheus.Desc
 
 	mu      sync.Mutex
 	labeled map[string]struct{} // peers with series, at most peerCap
@@ -78,6 +79,11 @@ func New(e *notify.Engine, opts ...Option) *Collector {
 	c.oobHandshakes = d("oob_handshakes_served_total", "Handshakes received on the OOB channel.")
 	c.oobAuthFailed = d("oob_auth_failures_total", "OOB connections refused for a wrong or missing key proof.")
 	c.oobConns = d("oob_connections", "OOB connections open.", "side")
+	c.refusals = d("refusals_total", "Peers, names, channels or OOB notifies refused: a limit reached or a failed proof.", "reason")
+	c.pruned = d("peers_pruned_total", "Idle peers whose state the engine dropped.")
+	c.givenUp = d("seq_gaps_given_up_total", "Sequence numbers given up: a sender's fence or a gap timeout.")
+	c.heldOOB = d("oob_notifies_held", "OOB notifies held while the receive queue is full.")
+	c.oobBusy = d("oob_busy_replies_total", "OOB notifies answered busy: the receive queue was full.")
 	c.sendLat = d("send_to_ack_seconds", "Time from a send call to its success (the peer acknowledged it).")
 	c.deliverLat = d("receive_to_deliver_seconds", "Time a received notify waited in the receive queue until the application took it.")
 	if c.peerCap > 0 {
@@ -91,8 +97,13 @@ func New(e *notify.Engine, opts ...Option) *Collector {
 	return c
 }
 
-// dropReasons are the reasons of twosided_frames_dropped_total.
-var dropReasons = []string{"duplicate", "stale_epoch", "foreign_session", "unknown_type", "oob_bad_frame"}
+// dropReasons are the reasons of twosided_frames_dropped_total: the ctrl channel's, in
+// ctrlchannel.DropReason order, and the OOB channel's malformed requests.
+var dropReasons = []string{"bad_magic", "decode", "unknown_type", "stale_epoch", "foreign_session",
+	"duplicate", "extension", "fragment", "oob_bad_frame"}
+
+// refusalReasons are the reasons of twosided_refusals_total.
+var refusalReasons = []string{"peer_limit", "name_limit", "channel_limit", "auth", "oob"}
 
 // Describe sends every Desc the Collector may send.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
@@ -102,6 +113,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.framesSent, c.framesRecv, c.channelsUp, c.peers, c.queueDepth,
 		c.queueCap, c.paused, c.pending, c.wakeups, c.busy,
 		c.oobHandshakes, c.oobAuthFailed, c.oobConns, c.sendLat, c.deliverLat,
+		c.refusals, c.pruned, c.givenUp, c.heldOOB, c.oobBusy,
 	} {
 		ch <- d
 	}
@@ -126,13 +138,22 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for _, r := range notify.FailureReasons() {
 		counter(c.failed, s.Failed[r], r)
 	}
-	counter(c.fallbacks, s.Fallbacks)
+	counter(c.fallbacks, s.Limits.Fallbacks)
 	counter(c.delivered, s.Delivered)
-	counter(c.duplicates, s.Duplicates)
+	counter(c.duplicates, s.Limits.Duplicates)
 	ct := &s.Channels
-	for i, v := range []uint64{ct.DupFramesDropped, ct.StaleFramesDropped, ct.ForeignFramesDropped, ct.IgnoredFrames, s.OOB.BadFrames} {
+	for i, v := range []uint64{ct.DroppedBadMagic, ct.DroppedDecode, ct.DroppedUnknownType, ct.DroppedStaleEpoch,
+		ct.DroppedForeignSession, ct.DroppedDuplicate, ct.DroppedExtension, ct.DroppedFragment, s.OOB.BadFrames} {
 		counter(c.framesDropped, v, dropReasons[i])
 	}
+	l := &s.Limits
+	for i, v := range []uint64{l.PeersRefused, l.NamesRefused, l.ChannelsRefused, l.AuthRefused, l.OOBRefused} {
+		counter(c.refusals, v, refusalReasons[i])
+	}
+	counter(c.pruned, l.PeersPruned)
+	counter(c.givenUp, l.GivenUp)
+	gauge(c.heldOOB, float64(s.HeldOOB))
+	counter(c.oobBusy, s.OOBBusy)
 	counter(c.creditStalls, ct.CreditWaits)
 	counter(c.rnrNaks, s.DeviceRNRNaks)
 	counter(c.rnrExceeded, ct.RNRRetryExceeded)

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/twosided/twosided/ibv/soft"
 	"github.com/twosided/twosided/notify"
 )
 
@@ -81,25 +82,36 @@ func labelString(ls []*dto.LabelPair) string {
 	return "{" + strings.Join(parts, ",") + "}"
 }
 
-// TestScrapeAfterWorkload: 100 notifies a→b over the ctrl channel and 3 to a port where
-// nothing listens (each falls back to OOB and fails unreachable) show as exact counts.
+// TestScrapeAfterWorkload: 100 notifies a→b over the ctrl channel, a retry with the same
+// Notify.ID (dropped by b as a duplicate), one while the soft link is cut (it falls back to
+// OOB), one after it is back, and 3 to a port where nothing listens show as exact counts.
 func TestScrapeAfterWorkload(t *testing.T) {
-	a, b, ctx := pair(t, notify.TransportRDMATwoSided)
+	a := newEngine(t, notify.TransportRDMATwoSided, notify.WithDeviceFilters("soft0"))
+	b := newEngine(t, notify.TransportRDMATwoSided, notify.WithDeviceFilters("soft1"))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
 	const n = 100
 	for i := range n {
 		require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "kv", Msg: []byte(fmt.Sprint(i))}))
 	}
-	for range n {
+	for range 2 {
+		require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "kv", ID: "retried"}))
+	}
+	require.NoError(t, soft.Default().CutLink("soft0", "soft1"))
+	require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "cut"}))
+	require.NoError(t, soft.Default().RestoreLink("soft0", "soft1"))
+	require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "back"}))
+	for range n + 3 {
 		_, err := b.Recv(ctx)
 		require.NoError(t, err)
 	}
 	for range 3 {
 		err := a.SendNotify(ctx, "127.0.0.1:1", notify.Notify{Name: "lost"})
-		require.Equal(t, "unreachable", notify.FailureReason(err), "%v", err)
+		require.ErrorIs(t, err, notify.ErrPeerUnreachable)
 	}
 
 	sa := scrape(t, New(a))
-	require.Equal(t, float64(n), sa["twosided_notifies_sent_total"])
+	require.Equal(t, float64(n+4), sa["twosided_notifies_sent_total"])
 	for _, r := range notify.FailureReasons() {
 		want := 0.0
 		if r == "unreachable" {
@@ -107,21 +119,22 @@ func TestScrapeAfterWorkload(t *testing.T) {
 		}
 		require.Equal(t, want, sa[`twosided_notifies_failed_total{reason="`+r+`"}`], r)
 	}
-	require.Equal(t, 3.0, sa["twosided_notify_fallbacks_total"])
+	require.Equal(t, 1.0, sa["twosided_notify_fallbacks_total"], "the notify sent while the link was cut")
 	require.Equal(t, 1.0, sa["twosided_channels_up"])
-	require.Equal(t, 2.0, sa["twosided_peers"], "b and the unreachable peer")
-	require.Equal(t, float64(n), sa["twosided_send_to_ack_seconds_count"])
+	require.Equal(t, 1.0, sa["twosided_peers"], "b; an unreachable name leaves nothing behind")
+	require.Equal(t, float64(n+4), sa["twosided_send_to_ack_seconds_count"])
 	require.Greater(t, sa["twosided_send_to_ack_seconds_sum"], 0.0)
-	require.GreaterOrEqual(t, sa["twosided_ctrl_frames_sent_total"], float64(n))
+	require.GreaterOrEqual(t, sa["twosided_ctrl_frames_sent_total"], float64(n+1))
 	require.Equal(t, 0.0, sa["twosided_notifies_delivered_total"])
-	require.Equal(t, 1.0, sa[`twosided_engine_info{device="`+a.Stats().Device+`",name="`+a.Addr()+`",transport="rdma_twosided"}`])
+	require.Equal(t, 1.0, sa[`twosided_engine_info{device="soft0",name="`+a.Addr()+`",transport="rdma_twosided"}`])
 	require.Greater(t, sa["twosided_reactor_wakeups_total"], 0.0)
 	require.Greater(t, sa["twosided_reactor_busy_seconds_total"], 0.0)
+	require.Greater(t, sa["twosided_wc_errors_total"], 0.0, "the cut failed a SEND")
 
 	sb := scrape(t, New(b))
-	require.Equal(t, float64(n), sb["twosided_notifies_delivered_total"])
-	require.Equal(t, 0.0, sb["twosided_notify_duplicates_dropped_total"])
-	require.Equal(t, float64(n), sb["twosided_receive_to_deliver_seconds_count"])
+	require.Equal(t, float64(n+3), sb["twosided_notifies_delivered_total"])
+	require.Equal(t, 1.0, sb["twosided_notify_duplicates_dropped_total"], "the retry with the same id")
+	require.Equal(t, float64(n+3), sb["twosided_receive_to_deliver_seconds_count"])
 	require.Equal(t, 0.0, sb["twosided_receive_queue_depth"])
 	require.Equal(t, 1.0, sb["twosided_channels_up"])
 	require.Equal(t, 0.0, sb["twosided_notifies_sent_total"])

@@ -1,0 +1,1362 @@
+package notify
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// peerMachine is every decision the engine makes about peers, as a pure state machine in
+// the style of ctrlchannel.Machine: events go in (a send, a handshake's result, a peer's
+// handshake, a channel's end, a send's result, an arrival, time), actions come out (connect,
+// post, send over OOB, complete, close a channel, fence, deliver, set the timer). It makes
+// no syscalls, starts no goroutines and never reads the clock. The engine's driver (engine.go,
+// peer.go, handshake.go) owns channels, sockets and callers, and performs the actions.
+//
+// Identity. A peer is the remote engine's session, learned at handshake; the names it was
+// reached by (host:port strings) and the name it advertised are aliases of one peer entry,
+// so two names for one engine share one channel and one sequence space. A Mooncake peer has
+// no session: it is keyed by its name and marked legacy.
+//
+// Sequence spaces. Each (this session, peer session) pair has one seqSpace on the send side
+// and one recvWindow on the receive side. A seq is drawn only when a notify is posted on a
+// channel or sent over OOB, never for a notify that waits or is refused. A send that
+// fails on a channel is retried with the same seq on the peer's newer channel, or over
+// OOB; a seq given up is fenced, so the receiver never waits for it.
+//
+// Channels. At most one channel per peer is current. Between two channels of one pair the
+// one with the higher (epoch, initiator session) wins on both sides, so a simultaneous
+// open, a straggling handshake or a second name converges on one channel without a
+// refusal round. The loser is drained (what its NIC acknowledged is delivered) and closed;
+// its sends are reposted with their seqs on the winner.
+//
+// Tokens. A pair's OOB notifies carry a token the receiving side issued in that pair's own
+// handshake; a notify with a session and a wrong token is refused, so a session learned
+// from a handshake reply to someone else is useless. A handshake that claims a session the
+// engine already knows must prove the token it was given (ts_proof).
+type peerMachine struct {
+	local uint64
+	cfg   machineConfig
+	rand  func() uint64
+
+	names map[string]*nameEntry
+	peers map[peerKey]*peerEntry
+	chans map[chanID]*chanEntry
+	reqs  map[reqID]*reqEntry
+
+	nextChan chanID
+	channels int // channels up or being created
+	timerAt  time.Time
+
+	acts  []mAction
+	stats machineStats
+}
+
+type chanID uint64
+type reqID uint64
+
+// peerKey identifies a peer: its session, or, for a Mooncake peer (session 0), its name.
+type peerKey struct {
+	session uint64
+	legacy  string
+}
+
+type machineConfig struct {
+	channels        bool // rdma_twosided: this engine opens ctrl channels
+	fallback        bool // retry a failed channel send over OOB
+	maxNames        int  // name entries (aliases, names being connected)
+	maxPeers        int  // peer entries
+	maxChannels     int
+	maxPendingSends int // per peer: sends waiting for a channel or room, and posted on a channel
+	window          int // unresolved seqs per pair, and the receiver's window
+	idCap           int // idempotency ids remembered per window
+	connectTimeout  time.Duration
+	noCtrlRetry     time.Duration // a peer without a ctrl channel is served over OOB for this long
+	limitBackoff    time.Duration // a peer that refused for a limit is not asked again for this long
+	gapTimeout      time.Duration // a receive gap nobody fills or fences is given up after this
+	peerIdle        time.Duration // an idle peer entry without a channel is forgotten after this
+}
+
+func (c *machineConfig) setDefaults() {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&c.maxNames, 4096)
+	def(&c.maxPeers, 1024)
+	def(&c.maxChannels, 1024)
+	def(&c.maxPendingSends, 64)
+	def(&c.window, 8192)
+	def(&c.idCap, 256)
+	defd := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defd(&c.connectTimeout, 10*time.Second)
+	defd(&c.noCtrlRetry, 30*time.Second)
+	defd(&c.limitBackoff, 5*time.Second)
+	defd(&c.gapTimeout, 60*time.Second)
+	defd(&c.peerIdle, 10*time.Minute)
+}
+
+type peerMode uint8
+
+const (
+	modeChannel peerMode = iota // sends go on the peer's ctrl channel
+	modeOOB                     // the pair has no ctrl channel: sends go over OOB with seqs
+)
+
+type nameEntry struct {
+	name       string
+	peer       *peerEntry
+	connecting bool    // our handshake via this name is in flight
+	token      uint64  // the token we offered in that handshake
+	waiters    []reqID // sends to this name before its peer is known
+	legacyOOB  bool    // the name is a Mooncake engine without ctrl channel: seq-less OOB
+	retryAt    time.Time
+	retryErr   error // what sends get until retryAt (nil: serve them over OOB)
+	lastUsed   time.Time
+}
+
+type peerEntry struct {
+	key      peerKey
+	names    []string // aliases; names[0] is the name the peer advertised, if any
+	mode     peerMode
+	ch       chanID // current channel, 0: none
+	epoch    uint64 // highest epoch seen for the pair
+	awaiting time.Time
+
+	tokenIn  [2]uint64 // what the peer must present (ts_token) on OOB notifies and ts_proof
+	tokenOut uint64    // what we present to it
+
+	seqs     *seqSpace
+	win      *recvWindow
+	waiters  []reqID // accepted, no seq yet
+	inflight int     // posted on a channel, not completed
+
+	lastActive time.Time
+	born       time.Time // when the entry was made
+	bornActive bool      // made by the reply to our own handshake
+	retryAt    time.Time // connect backoff after a limit refusal
+	lastErr    error
+
+	sent, received, dups uint64
+}
+
+type chanEntry struct {
+	id        chanID
+	peer      *peerEntry
+	name      string // the name our handshake went to (active side)
+	epoch     uint64
+	initiator uint64
+	up        bool
+	legacy    bool
+	dropped   bool // no longer the peer's nor counted; kept until the driver closed it
+}
+
+type reqEntry struct {
+	id       reqID
+	name     string
+	peer     *peerEntry
+	seq      uint64
+	ch       chanID // posted on; 0: not on a channel
+	oob      bool   // on its way over OOB
+	legacy   bool   // seq-less (Mooncake)
+	nid      string
+	deadline time.Time
+}
+
+type mActKind uint8
+
+const (
+	aConnect  mActKind = iota + 1 // handshake Name (Chan 0: a session handshake without channel)
+	aPost                         // post Req on Chan with Seq at Epoch
+	aOOB                          // send Req over OOB to Name with Seq (0: legacy), Session, Token
+	aComplete                     // complete Req with Err
+	aClose                        // drain and close Chan with Err
+	aFence                        // tell the peer [First, First+Count) is given up: on Chan, else over OOB to Name
+	aDeliver                      // hand N to the application
+	aTimer                        // call tick at At
+)
+
+type mAction struct {
+	kind     mActKind
+	name     string
+	ch       chanID
+	req      reqID
+	seq      uint64
+	epoch    uint64
+	session  uint64
+	token    uint64
+	proof    uint64
+	first    uint64
+	count    uint64
+	legacy   bool
+	err      error
+	n        Notify
+	at       time.Time
+	deadline time.Time
+}
+
+type machineStats struct {
+	Names, Channels int
+	PeersRefused, NamesRefused, ChannelsRefused, AuthRefused, Superseded, Reposted, Fallbacks, GivenUp,
+	FencesSent, LegacyDelivered, OOBRefused, PeersPruned uint64
+	Duplicates uint64 // received notifies dropped as duplicates (seq or id)
+}
+
+func newPeerMachine(local uint64, cfg machineConfig, rnd func() uint64) *peerMachine {
+	cfg.setDefaults()
+	return &peerMachine{
+		local: local, cfg: cfg, rand: rnd,
+		names: make(map[string]*nameEntry), peers: make(map[peerKey]*peerEntry),
+		chans: make(map[chanID]*chanEntry), reqs: make(map[reqID]*reqEntry),
+	}
+}
+
+// ready returns the actions queued since the last call; the slice is reused.
+func (m *peerMachine) ready() []mAction {
+	a := m.acts
+	m.acts = m.acts[:0:0]
+	return a
+}
+
+func (m *peerMachine) emit(a mAction) { m.acts = append(m.acts, a) }
+
+func (m *peerMachine) complete(id reqID, err error) {
+	delete(m.reqs, id)
+	m.emit(mAction{kind: aComplete, req: id, err: err})
+}
+
+// ---- sends ----
+
+// send accepts a notify for name (a host:port or an advertised name). nid is the caller's
+// idempotency id ("" none).
+func (m *peerMachine) send(now time.Time, id reqID, name, nid string, deadline time.Time) {
+	ne := m.names[name]
+	if ne == nil {
+		if len(m.names) >= m.cfg.maxNames {
+			m.stats.NamesRefused++
+			m.emit(mAction{kind: aComplete, req: id, err: sendErr(ErrLimit, name, "",
+				fmt.Errorf("max_names: %d peer names known, the limit", m.cfg.maxNames), false)})
+			return
+		}
+		ne = &nameEntry{name: name}
+		m.names[name] = ne
+	}
+	ne.lastUsed = now
+	r := &reqEntry{id: id, name: name, nid: nid, deadline: deadline}
+	m.reqs[id] = r
+	if ne.legacyOOB && now.Before(ne.retryAt) {
+		r.legacy, r.oob = true, true
+		m.emit(mAction{kind: aOOB, req: id, name: name, legacy: true, deadline: deadline})
+		return
+	}
+	if p := ne.peer; p != nil {
+		m.enqueue(now, p, r, name)
+		return
+	}
+	if !ne.connecting && now.Before(ne.retryAt) && ne.retryErr != nil {
+		m.complete(id, ne.retryErr)
+		m.dropName(ne)
+		return
+	}
+	if len(ne.waiters) >= m.cfg.maxPendingSends {
+		m.complete(id, sendErr(ErrBackpressure, name, "", fmt.Errorf("%d sends already wait for the handshake with %s", len(ne.waiters), name), false))
+		return
+	}
+	ne.waiters = append(ne.waiters, id)
+	if !ne.connecting {
+		m.connectName(now, ne, nil)
+	}
+}
+
+// enqueue queues r on its peer and posts what the peer's path allows.
+func (m *peerMachine) enqueue(now time.Time, p *peerEntry, r *reqEntry, name string) {
+	r.peer = p
+	p.lastActive = now
+	if len(p.waiters) >= m.cfg.maxPendingSends {
+		m.complete(r.id, sendErr(ErrBackpressure, m.peerName(p), "",
+			fmt.Errorf("%d sends already wait (max_pending_sends)", len(p.waiters)), false))
+		return
+	}
+	p.waiters = append(p.waiters, r.id)
+	m.flush(now, p, name)
+}
+
+// flush posts p's waiting sends on its path, drawing their seqs, as far as the window and
+// the channel's send slots allow. Without a path it starts one.
+func (m *peerMachine) flush(now time.Time, p *peerEntry, via string) {
+	switch {
+	case p.mode == modeOOB:
+		for len(p.waiters) > 0 && (p.key.legacy != "" || !p.seqs.full()) {
+			r := m.reqs[m.popWaiter(p)]
+			if r == nil {
+				continue
+			}
+			m.sendOOB(p, r, false)
+		}
+	case p.ch != 0 && m.chans[p.ch].up:
+		ce := m.chans[p.ch]
+		for len(p.waiters) > 0 && p.inflight < m.cfg.maxPendingSends && (ce.legacy || !p.seqs.full()) {
+			r := m.reqs[m.popWaiter(p)]
+			if r == nil {
+				continue
+			}
+			if r.seq == 0 && !ce.legacy {
+				r.seq = p.seqs.draw()
+			}
+			m.post(p, r, ce)
+		}
+	default:
+		if len(p.waiters) > 0 {
+			m.connectPeer(now, p, via)
+		}
+	}
+}
+
+func (m *peerMachine) popWaiter(p *peerEntry) reqID {
+	id := p.waiters[0]
+	p.waiters = p.waiters[1:]
+	if len(p.waiters) == 0 {
+		p.waiters = nil
+	}
+	return id
+}
+
+func (m *peerMachine) post(p *peerEntry, r *reqEntry, ce *chanEntry) {
+	r.ch, r.oob = ce.id, false
+	p.inflight++
+	p.sent++
+	m.emit(mAction{kind: aPost, req: r.id, ch: ce.id, seq: r.seq, epoch: ce.epoch, deadline: r.deadline})
+}
+
+func (m *peerMachine) sendOOB(p *peerEntry, r *reqEntry, retry bool) {
+	r.ch, r.oob = 0, true
+	if p.key.legacy != "" {
+		r.legacy = true
+		m.emit(mAction{kind: aOOB, req: r.id, name: m.peerName(p), legacy: true, deadline: r.deadline})
+		return
+	}
+	if r.seq == 0 {
+		r.seq = p.seqs.draw()
+	}
+	if retry {
+		m.stats.Fallbacks++
+	}
+	m.emit(mAction{kind: aOOB, req: r.id, name: m.peerName(p), seq: r.seq, session: p.key.session,
+		token: p.tokenOut, deadline: r.deadline})
+}
+
+// cancel withdraws a send whose caller stopped waiting. A send not yet posted is
+// completed with ErrTimeout (not delivered) and reports true; a posted one goes on (its
+// outcome is unknown to the caller) and reports false.
+func (m *peerMachine) cancel(id reqID, err error) bool {
+	r := m.reqs[id]
+	if r == nil {
+		return false
+	}
+	if r.ch != 0 || r.oob {
+		return false
+	}
+	drop := func(ws []reqID) []reqID {
+		for i, w := range ws {
+			if w == id {
+				return append(ws[:i:i], ws[i+1:]...)
+			}
+		}
+		return ws
+	}
+	if ne := m.names[r.name]; ne != nil {
+		ne.waiters = drop(ne.waiters)
+	}
+	if r.peer != nil {
+		r.peer.waiters = drop(r.peer.waiters)
+	}
+	m.complete(id, sendErr(ErrTimeout, r.name, "", err, false))
+	return true
+}
+
+// sendResult is the outcome of a post (ch != 0) or an OOB send of req. maybe says whether
+// a failed attempt may have reached the peer; local says the failure is ours (a deadline,
+// a size), not the path's, so no other path is tried.
+func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, local bool) {
+	r := m.reqs[id]
+	if r == nil {
+		return
+	}
+	p := r.peer
+	onCh := r.ch
+	if onCh != 0 && p != nil {
+		p.inflight--
+	}
+	r.ch, r.oob = 0, false
+	if err == nil {
+		if p != nil && !r.legacy && r.seq != 0 {
+			p.seqs.resolve(r.seq)
+		}
+		m.complete(id, nil)
+		if p != nil {
+			p.lastActive = now
+			m.flush(now, p, "")
+		}
+		return
+	}
+	kind := ErrPeerUnreachable
+	if local {
+		kind = ErrTimeout
+	}
+	var ke *kindError
+	if errors.As(err, &ke) {
+		kind = ke.kind
+	}
+	if p == nil || r.legacy {
+		m.complete(id, sendErr(kind, r.name, pathName(onCh != 0, true), err, maybe))
+		return
+	}
+	if errors.Is(err, errRebind) && !now.After(r.deadline) {
+		// The peer no longer knows this pair (it restarted, or forgot us): handshake again
+		// and send the notify in the new pair. It was refused, so it was not delivered.
+		if m.rebind(now, p, r) {
+			return
+		}
+	}
+	if !local && !now.After(r.deadline) {
+		if onCh != 0 && p.ch != 0 && p.ch != onCh && m.chans[p.ch].up {
+			// Its channel was replaced: the same seq goes on the winner.
+			m.stats.Reposted++
+			m.post(p, r, m.chans[p.ch])
+			return
+		}
+		if onCh != 0 && m.cfg.fallback && (p.tokenOut != 0 || p.key.legacy != "") {
+			m.sendOOB(p, r, true)
+			return
+		}
+	}
+	// Given up: the receiver is told, so it never waits for this seq.
+	m.stats.GivenUp++
+	p.seqs.giveUp(r.seq)
+	m.fence(now, p)
+	m.complete(id, sendErr(kind, m.peerName(p), pathName(onCh != 0, false), err, maybe))
+	m.flush(now, p, "")
+}
+
+// errRebind marks a refusal that means the peer does not know the pair any more.
+var errRebind = errors.New("notify: the peer does not know this pair")
+
+// rebind forgets that r's name leads to p, and sends r again through a new handshake.
+// p's seq of r is given up (fenced in case p is still alive and merely forgot its token).
+func (m *peerMachine) rebind(now time.Time, p *peerEntry, r *reqEntry) bool {
+	ne := m.names[r.name]
+	if ne == nil {
+		return false
+	}
+	if r.seq != 0 {
+		p.seqs.giveUp(r.seq)
+		r.seq = 0
+	}
+	if ne.peer == p {
+		m.unalias(p, r.name)
+		ne.peer = nil
+		for _, id := range p.waiters {
+			if w := m.reqs[id]; w != nil && w.name == r.name {
+				w.peer = nil
+				ne.waiters = append(ne.waiters, id)
+			}
+		}
+		p.waiters = slices.DeleteFunc(p.waiters, func(id reqID) bool { w := m.reqs[id]; return w == nil || w.peer == nil })
+		p.tokenOut = 0
+	}
+	r.peer = nil
+	ne.waiters = append(ne.waiters, r.id)
+	if !ne.connecting {
+		m.connectName(now, ne, nil)
+	}
+	return true
+}
+
+// kindError lets a driver say which sentinel a send failure is.
+type kindError struct {
+	kind  error
+	cause error
+}
+
+func (k *kindError) Error() string   { return k.cause.Error() }
+func (k *kindError) Unwrap() []error { return []error{k.kind, k.cause} }
+
+func pathName(channel, legacy bool) string {
+	switch {
+	case channel:
+		return "rdma_twosided"
+	case legacy:
+		return "oob"
+	}
+	return "oob"
+}
+
+// fence posts p's given-up ranges on its channel, or over OOB.
+func (m *peerMachine) fence(now time.Time, p *peerEntry) {
+	if len(p.seqs.fences) == 0 {
+		return
+	}
+	var ch chanID
+	if p.ch != 0 && m.chans[p.ch].up {
+		ch = p.ch
+	} else if p.tokenOut == 0 {
+		return // no path now: the next channel or handshake carries them
+	}
+	for _, r := range p.seqs.takeFences() {
+		m.stats.FencesSent++
+		m.emit(mAction{kind: aFence, ch: ch, name: m.peerName(p), session: p.key.session, token: p.tokenOut,
+			first: r.first, count: r.count})
+		p.seqs.fenced(r)
+	}
+	_ = now
+}
+
+// ---- connecting ----
+
+func (m *peerMachine) connectPeer(now time.Time, p *peerEntry, via string) {
+	if via == "" || m.names[via] == nil || m.names[via].peer != p {
+		via = ""
+		for _, n := range p.names {
+			if ne := m.names[n]; ne != nil {
+				via = n
+				break
+			}
+		}
+	}
+	if via == "" {
+		return
+	}
+	ne := m.names[via]
+	if ne.connecting {
+		return
+	}
+	for _, n := range p.names {
+		if x := m.names[n]; x != nil && x.connecting {
+			return
+		}
+	}
+	if now.Before(p.awaiting) {
+		return // the peer's own channel is on its way
+	}
+	m.connectName(now, ne, p)
+}
+
+// connectName starts our handshake via ne. p is the peer behind the name, when known.
+func (m *peerMachine) connectName(now time.Time, ne *nameEntry, p *peerEntry) {
+	if p != nil && now.Before(p.retryAt) {
+		m.failPeerWaiters(now, p, p.lastErr)
+		return
+	}
+	ne.connecting = true
+	act := mAction{kind: aConnect, name: ne.name}
+	if p != nil {
+		act.epoch = p.epoch + 1
+		act.session = p.key.session
+		act.proof = p.tokenOut
+		act.token = p.tokenIn[0]
+	} else {
+		act.epoch = 1
+	}
+	if act.token == 0 {
+		act.token = m.rand()
+	}
+	ne.token = act.token
+	if m.cfg.channels && (p == nil || p.mode == modeChannel) {
+		if m.channels >= m.cfg.maxChannels {
+			m.stats.ChannelsRefused++
+			ne.connecting = false
+			err := sendErr(ErrLimit, ne.name, "rdma_twosided", fmt.Errorf("max_channels: %d channels open, the limit", m.cfg.maxChannels), false)
+			m.failName(now, ne, err)
+			return
+		}
+		m.nextChan++
+		m.channels++
+		act.ch = m.nextChan
+		m.chans[act.ch] = &chanEntry{id: act.ch, name: ne.name, epoch: act.epoch, initiator: m.local, peer: p}
+	}
+	m.emit(act)
+}
+
+// hsResult is what our handshake via a name came back with.
+type hsResult struct {
+	err       error  // transport failure, or a reply we could not use (the kind wrapped)
+	refuse    string // the peer's typed refusal
+	session   uint64 // the peer's session; 0: a Mooncake peer
+	token     uint64 // the token the peer issued us (ts_token)
+	epoch     uint64 // the peer's epoch in a refusal ("superseded")
+	ctrl      bool   // the channel is connected (ch != 0)
+	peerName  string // the name the peer advertised
+	noCtrlMsg string
+}
+
+// Refusal codes (oob ts_refuse).
+const (
+	refuseNoCtrl     = "no_ctrl"
+	refuseLimit      = "limit"
+	refuseAuth       = "auth"
+	refuseClosed     = "closed"
+	refuseInvalid    = "invalid"
+	refuseBusy       = "busy"
+	refuseSuperseded = "superseded"
+	refuseStale      = "stale"
+)
+
+// connected is the result of our handshake via name on channel ch (0: none).
+func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsResult) {
+	ne := m.names[name]
+	ce := m.chans[ch]
+	closeCh := func(why error) {
+		if ce != nil {
+			m.dropChan(ce, true)
+			m.emit(mAction{kind: aClose, ch: ch, err: why})
+		}
+	}
+	if ne == nil {
+		closeCh(ErrClosed)
+		return
+	}
+	ne.connecting = false
+	if res.err != nil {
+		closeCh(res.err)
+		m.failName(now, ne, sendErr(ErrPeerUnreachable, name, "handshake", res.err, false))
+		return
+	}
+	if res.session == 0 {
+		m.connectedLegacy(now, ne, ce, res, closeCh)
+		return
+	}
+	switch res.refuse {
+	case refuseAuth:
+		closeCh(ErrAuth)
+		m.stats.AuthRefused++
+		m.failName(now, ne, sendErr(ErrAuth, name, "handshake", errors.New("the peer refused our token"), false))
+		return
+	case refuseClosed:
+		closeCh(ErrClosed)
+		m.failName(now, ne, sendErr(ErrPeerUnreachable, name, "handshake", errors.New("the peer is closing"), false))
+		return
+	case refuseInvalid, refuseStale:
+		closeCh(ErrRejected)
+		m.failName(now, ne, sendErr(ErrRejected, name, "handshake", fmt.Errorf("refused (%s)", res.refuse), false))
+		return
+	}
+	p, err := m.bind(now, ne, res.session, res.peerName)
+	if err != nil {
+		closeCh(err)
+		m.failName(now, ne, err)
+		return
+	}
+	p.tokenOut = res.token
+	m.addTokenIn(p, ne.token)
+	p.epoch = max(p.epoch, res.epoch)
+	switch {
+	case res.refuse == refuseNoCtrl || (res.refuse == "" && !res.ctrl):
+		closeCh(ErrNoCtrlChannel)
+		p.mode = modeOOB
+		p.lastErr = sendErr(ErrNoCtrlChannel, name, "handshake", errors.New("served over OOB"), false)
+		if m.cfg.channels {
+			p.retryAt = now.Add(m.cfg.noCtrlRetry)
+			m.setTimer(p.retryAt)
+		}
+	case res.refuse == refuseSuperseded:
+		// The pair has (or is getting) a better channel, from the peer's side.
+		closeCh(errSuperseded)
+		m.stats.Superseded++
+		if p.ch == 0 {
+			p.awaiting = now.Add(m.cfg.connectTimeout)
+			m.setTimer(p.awaiting)
+		}
+	case res.refuse == refuseLimit || res.refuse == refuseBusy:
+		closeCh(ErrLimit)
+		p.retryAt = now.Add(m.cfg.limitBackoff)
+		p.lastErr = sendErr(ErrLimit, name, "handshake", errors.New("the peer refused: a limit"), false)
+		m.setTimer(p.retryAt)
+		if m.cfg.fallback {
+			p.mode = modeOOB
+			ne.retryAt = p.retryAt
+		} else {
+			m.moveWaiters(ne, p)
+			m.failPeerWaiters(now, p, p.lastErr)
+			return
+		}
+	case res.refuse != "":
+		closeCh(ErrRejected)
+		m.failName(now, ne, sendErr(ErrRejected, name, "handshake", fmt.Errorf("refused (%s)", res.refuse), false))
+		return
+	default:
+		ce.peer = p
+		if cur := m.chans[p.ch]; p.ch != 0 && cur != nil && !wins(ce, cur) {
+			// A simultaneous open: the peer's channel wins on both sides.
+			m.stats.Superseded++
+			m.dropChan(ce, false)
+			m.emit(mAction{kind: aClose, ch: ce.id, err: errSuperseded})
+		} else {
+			m.adopt(now, p, ce)
+		}
+	}
+	m.moveWaiters(ne, p)
+	m.flush(now, p, name)
+}
+
+func (m *peerMachine) connectedLegacy(now time.Time, ne *nameEntry, ce *chanEntry, res hsResult, closeCh func(error)) {
+	if !res.ctrl || ce == nil {
+		// A Mooncake engine without ctrl channel: seq-less OOB at once, no handshake per notify.
+		closeCh(ErrNoCtrlChannel)
+		ne.legacyOOB = true
+		ne.retryAt = now.Add(m.cfg.noCtrlRetry)
+		ws := ne.waiters
+		ne.waiters = nil
+		for _, id := range ws {
+			if r := m.reqs[id]; r != nil {
+				r.legacy, r.oob = true, true
+				m.emit(mAction{kind: aOOB, req: id, name: ne.name, legacy: true, deadline: r.deadline})
+			}
+		}
+		return
+	}
+	key := peerKey{legacy: ne.name}
+	p := m.peers[key]
+	if p == nil {
+		if len(m.peers) >= m.cfg.maxPeers {
+			closeCh(ErrLimit)
+			m.failName(now, ne, sendErr(ErrLimit, ne.name, "handshake", fmt.Errorf("max_peers: %d", m.cfg.maxPeers), false))
+			return
+		}
+		p = m.newPeer(now, key)
+		p.names = append(p.names, ne.name)
+	}
+	ne.peer = p
+	ce.peer, ce.legacy = p, true
+	m.adopt(now, p, ce)
+	m.moveWaiters(ne, p)
+	m.flush(now, p, ne.name)
+}
+
+var errSuperseded = errors.New("notify: channel superseded by a newer one of the same pair")
+
+func (m *peerMachine) moveWaiters(ne *nameEntry, p *peerEntry) {
+	for _, id := range ne.waiters {
+		if r := m.reqs[id]; r != nil {
+			r.peer = p
+			p.waiters = append(p.waiters, id)
+		}
+	}
+	ne.waiters = nil
+}
+
+// bind makes name an alias of the peer with session (created when new).
+func (m *peerMachine) bind(now time.Time, ne *nameEntry, session uint64, advertised string) (*peerEntry, error) {
+	key := peerKey{session: session}
+	p := m.peers[key]
+	if p == nil {
+		if len(m.peers) >= m.cfg.maxPeers {
+			m.stats.PeersRefused++
+			return nil, sendErr(ErrLimit, ne.name, "handshake", fmt.Errorf("max_peers: %d peers known, the limit", m.cfg.maxPeers), false)
+		}
+		p = m.newPeer(now, key)
+		p.bornActive = true
+		if advertised != "" {
+			p.names = append(p.names, advertised)
+		}
+	}
+	if old := ne.peer; old != nil && old != p {
+		// The name now reaches another engine (it restarted on the same address): what
+		// waited for the old one goes to the new one, with new seqs.
+		m.unalias(old, ne.name)
+		for _, id := range old.waiters {
+			if r := m.reqs[id]; r != nil {
+				r.peer = p
+				p.waiters = append(p.waiters, id)
+			}
+		}
+		old.waiters = nil
+	}
+	ne.peer = p
+	m.alias(p, ne.name)
+	return p, nil
+}
+
+const maxAliases = 8
+
+func (m *peerMachine) alias(p *peerEntry, name string) {
+	for _, n := range p.names {
+		if n == name {
+			return
+		}
+	}
+	if len(p.names) >= maxAliases {
+		old := p.names[1]
+		p.names = append(p.names[:1], p.names[2:]...)
+		if ne := m.names[old]; ne != nil && ne.peer == p && len(ne.waiters) == 0 && !ne.connecting {
+			delete(m.names, old)
+		}
+	}
+	p.names = append(p.names, name)
+}
+
+func (m *peerMachine) unalias(p *peerEntry, name string) {
+	for i, n := range p.names {
+		if n == name {
+			p.names = append(p.names[:i:i], p.names[i+1:]...)
+			return
+		}
+	}
+}
+
+func (m *peerMachine) newPeer(now time.Time, key peerKey) *peerEntry {
+	p := &peerEntry{key: key, seqs: newSeqSpace(m.cfg.window), win: newRecvWindow(m.cfg.window, m.cfg.idCap), lastActive: now, born: now}
+	if !m.cfg.channels {
+		p.mode = modeOOB
+	}
+	m.peers[key] = p
+	m.armPrune(now)
+	return p
+}
+
+// openRace reports whether a handshake without proof for a known session is the other half
+// of a simultaneous open: its sender could not know our session when it sent, we learned
+// its session from our own handshake moments ago, and nothing came from it since. That is
+// the one window in which a third party claiming the session is accepted without proof.
+func (m *peerMachine) openRace(now time.Time, p *peerEntry, hs inboundHS) bool {
+	return hs.proof == 0 && p.bornActive && p.received == 0 && now.Sub(p.born) < m.cfg.connectTimeout
+}
+
+func (m *peerMachine) addTokenIn(p *peerEntry, t uint64) {
+	if t == 0 || p.tokenIn[0] == t || p.tokenIn[1] == t {
+		return
+	}
+	p.tokenIn[1], p.tokenIn[0] = p.tokenIn[0], t
+}
+
+func (m *peerMachine) tokenOK(p *peerEntry, t uint64) bool {
+	return t != 0 && (p.tokenIn[0] == t || p.tokenIn[1] == t)
+}
+
+// failName fails the sends waiting on ne; a name that leads nowhere is forgotten.
+func (m *peerMachine) failName(now time.Time, ne *nameEntry, err error) {
+	ws := ne.waiters
+	ne.waiters = nil
+	for _, id := range ws {
+		m.complete(id, err)
+	}
+	if p := ne.peer; p != nil {
+		p.lastErr = err
+		if p.ch == 0 {
+			m.failPeerWaiters(now, p, err)
+		}
+		return
+	}
+	m.dropName(ne)
+}
+
+func (m *peerMachine) dropName(ne *nameEntry) {
+	if ne.peer == nil && !ne.connecting && len(ne.waiters) == 0 && !ne.legacyOOB {
+		delete(m.names, ne.name)
+	}
+}
+
+// failPeerWaiters fails or falls back what waits on p when no channel can carry it.
+func (m *peerMachine) failPeerWaiters(now time.Time, p *peerEntry, err error) {
+	ws := p.waiters
+	p.waiters = nil
+	for _, id := range ws {
+		r := m.reqs[id]
+		if r == nil {
+			continue
+		}
+		if m.cfg.fallback && (p.tokenOut != 0 || p.key.legacy != "") && r.seq == 0 && !p.seqs.full() {
+			m.sendOOB(p, r, true)
+			continue
+		}
+		if r.seq != 0 {
+			p.seqs.giveUp(r.seq)
+		}
+		m.complete(id, err)
+	}
+	m.fence(now, p)
+}
+
+// ---- channels ----
+
+// wins reports whether channel a beats channel b of the same pair.
+func wins(a, b *chanEntry) bool {
+	if a.epoch != b.epoch {
+		return a.epoch > b.epoch
+	}
+	return a.initiator > b.initiator
+}
+
+// adopt makes ce p's channel; a channel it replaces is drained and closed.
+func (m *peerMachine) adopt(now time.Time, p *peerEntry, ce *chanEntry) {
+	if p.ch != 0 && p.ch != ce.id {
+		if old := m.chans[p.ch]; old != nil {
+			m.dropChan(old, false)
+			m.emit(mAction{kind: aClose, ch: old.id, err: errSuperseded})
+		}
+	}
+	ce.up = true
+	p.ch = ce.id
+	p.mode = modeChannel
+	p.epoch = max(p.epoch, ce.epoch)
+	p.awaiting = time.Time{}
+	p.retryAt = time.Time{}
+	p.lastErr = nil
+	p.lastActive = now
+	m.fence(now, p)
+}
+
+// dropChan takes ce out of service. A channel that carried traffic stays known (forget
+// false) until the driver reports it closed, so what its drain delivers still finds its
+// peer.
+func (m *peerMachine) dropChan(ce *chanEntry, forget bool) {
+	if !ce.dropped {
+		ce.dropped = true
+		m.channels--
+		if p := ce.peer; p != nil && p.ch == ce.id {
+			p.ch = 0
+		}
+	}
+	ce.up = false
+	if forget {
+		delete(m.chans, ce.id)
+	}
+}
+
+// chanClosed: channel ch ended (an error, the peer's goodbye, our close). Its pending
+// sends were reported through sendResult before.
+func (m *peerMachine) chanClosed(now time.Time, ch chanID, err error) {
+	ce := m.chans[ch]
+	if ce == nil {
+		return
+	}
+	p := ce.peer
+	m.dropChan(ce, true)
+	if p != nil && p.ch == 0 {
+		p.lastErr = err
+		if len(p.waiters) > 0 {
+			m.flush(now, p, "")
+		}
+	}
+}
+
+// inboundHS is a peer's handshake request.
+type inboundHS struct {
+	name    string // the name it advertised
+	session uint64 // 0: a Mooncake peer
+	token   uint64 // the token it issues us
+	proof   uint64 // the token we issued it before (0: none)
+	epoch   uint64
+	ctrl    bool // it offers a ctrl channel
+}
+
+// inboundReply is the machine's answer to a handshake request.
+type inboundReply struct {
+	refuse string
+	err    error
+	ch     chanID // accept with a channel: the driver creates and connects it, then calls inboundUp
+	token  uint64 // the token we issue the peer
+	epoch  uint64
+}
+
+// inbound decides a peer's handshake request.
+func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
+	if hs.session == 0 {
+		return m.inboundLegacy(now, hs)
+	}
+	key := peerKey{session: hs.session}
+	p := m.peers[key]
+	if p != nil && p.tokenIn[0] != 0 && !m.tokenOK(p, hs.proof) && !m.openRace(now, p, hs) {
+		m.stats.AuthRefused++
+		return inboundReply{refuse: refuseAuth, err: fmt.Errorf("%w: ts_proof: session %x is known here and the proof does not match", ErrAuth, hs.session)}
+	}
+	if p == nil {
+		if len(m.peers) >= m.cfg.maxPeers {
+			m.stats.PeersRefused++
+			return inboundReply{refuse: refuseLimit, err: fmt.Errorf("%w: max_peers: %d peers known, the limit", ErrLimit, m.cfg.maxPeers)}
+		}
+		p = m.newPeer(now, key)
+		if hs.name != "" {
+			p.names = append(p.names, hs.name)
+		}
+	}
+	p.lastActive = now
+	p.tokenOut = hs.token
+	if p.tokenIn[0] == 0 {
+		m.addTokenIn(p, m.rand())
+	}
+	if hs.name != "" {
+		m.learnName(now, p, hs.name)
+	}
+	rep := inboundReply{token: p.tokenIn[0], epoch: p.epoch}
+	if !m.cfg.channels || !hs.ctrl {
+		// A session without channel: the pair talks over OOB with seqs.
+		if p.ch == 0 {
+			p.mode = modeOOB
+		}
+		if !m.cfg.channels {
+			rep.refuse = refuseNoCtrl
+		}
+		m.flush(now, p, "")
+		return rep
+	}
+	epoch := hs.epoch
+	if epoch == 0 {
+		epoch = p.epoch + 1
+	}
+	cand := &chanEntry{epoch: epoch, initiator: hs.session, peer: p}
+	if p.ch != 0 {
+		if cur := m.chans[p.ch]; cur != nil && !wins(cand, cur) {
+			m.stats.Superseded++
+			rep.refuse = refuseSuperseded
+			return rep
+		}
+	}
+	for _, ce := range m.chans {
+		if ce.peer == p && !ce.up && !ce.dropped && !wins(cand, ce) {
+			// Our own handshake to it is in flight and will win on both sides.
+			m.stats.Superseded++
+			rep.refuse = refuseSuperseded
+			return rep
+		}
+	}
+	if p.ch == 0 && m.channels >= m.cfg.maxChannels {
+		m.stats.ChannelsRefused++
+		rep.refuse = refuseLimit
+		rep.err = fmt.Errorf("%w: max_channels: %d channels open, the limit", ErrLimit, m.cfg.maxChannels)
+		return rep
+	}
+	m.nextChan++
+	m.channels++
+	cand.id = m.nextChan
+	m.chans[cand.id] = cand
+	rep.ch = cand.id
+	rep.epoch = epoch
+	return rep
+}
+
+// learnName makes the advertised name an alias of p, taking over sends waiting on it.
+func (m *peerMachine) learnName(now time.Time, p *peerEntry, name string) {
+	ne := m.names[name]
+	if ne == nil {
+		if len(m.names) >= m.cfg.maxNames {
+			return
+		}
+		ne = &nameEntry{name: name, lastUsed: now}
+		m.names[name] = ne
+	}
+	if ne.peer != p {
+		if ne.peer != nil {
+			m.unalias(ne.peer, name)
+		}
+		ne.peer = p
+	}
+	m.alias(p, name)
+	if !ne.connecting {
+		m.moveWaiters(ne, p)
+	}
+}
+
+func (m *peerMachine) inboundLegacy(now time.Time, hs inboundHS) inboundReply {
+	if hs.name == "" {
+		return inboundReply{refuse: refuseInvalid, err: fmt.Errorf("%w: local_nic_path: empty, no peer name", ErrInvalid)}
+	}
+	if !m.cfg.channels || !hs.ctrl {
+		return inboundReply{refuse: refuseNoCtrl, err: fmt.Errorf("%w: this engine has no ctrl channel", ErrNoCtrlChannel)}
+	}
+	key := peerKey{legacy: hs.name}
+	p := m.peers[key]
+	if p == nil {
+		if len(m.peers) >= m.cfg.maxPeers {
+			m.stats.PeersRefused++
+			return inboundReply{refuse: refuseLimit, err: fmt.Errorf("%w: max_peers: %d peers known, the limit", ErrLimit, m.cfg.maxPeers)}
+		}
+		if m.channels >= m.cfg.maxChannels {
+			m.stats.ChannelsRefused++
+			return inboundReply{refuse: refuseLimit, err: fmt.Errorf("%w: max_channels: %d channels open, the limit", ErrLimit, m.cfg.maxChannels)}
+		}
+		p = m.newPeer(now, key)
+		p.names = append(p.names, hs.name)
+		if ne := m.names[hs.name]; ne == nil && len(m.names) < m.cfg.maxNames {
+			m.names[hs.name] = &nameEntry{name: hs.name, peer: p, lastUsed: now}
+		} else if ne != nil && ne.peer == nil {
+			ne.peer = p
+			if !ne.connecting {
+				m.moveWaiters(ne, p)
+			}
+		}
+	} else if p.ch == 0 && m.channels >= m.cfg.maxChannels {
+		m.stats.ChannelsRefused++
+		return inboundReply{refuse: refuseLimit, err: fmt.Errorf("%w: max_channels: %d channels open, the limit", ErrLimit, m.cfg.maxChannels)}
+	}
+	// A Mooncake peer's latest channel is the one it uses.
+	p.epoch++
+	m.nextChan++
+	m.channels++
+	ce := &chanEntry{id: m.nextChan, epoch: p.epoch, initiator: 0, peer: p, legacy: true}
+	m.chans[ce.id] = ce
+	return inboundReply{ch: ce.id, epoch: p.epoch}
+}
+
+// inboundUp: the channel of an accepted handshake is connected (err nil) or could not be
+// (err: it is forgotten, and the reply carries the error).
+func (m *peerMachine) inboundUp(now time.Time, ch chanID, err error) {
+	ce := m.chans[ch]
+	if ce == nil {
+		return
+	}
+	if err != nil {
+		m.dropChan(ce, true)
+		return
+	}
+	p := ce.peer
+	if p.ch != 0 && p.ch != ch {
+		if cur := m.chans[p.ch]; cur != nil && !ce.legacy && !wins(ce, cur) {
+			m.dropChan(ce, false)
+			m.emit(mAction{kind: aClose, ch: ch, err: errSuperseded})
+			return
+		}
+	}
+	m.adopt(now, p, ce)
+	m.flush(now, p, "")
+}
+
+// ---- receiving ----
+
+// chanArrival is a notify that came on channel ch.
+func (m *peerMachine) chanArrival(now time.Time, ch chanID, seq uint64, nid string, n Notify) {
+	ce := m.chans[ch]
+	if ce == nil || ce.peer == nil {
+		return // a channel being closed: its drain is delivered by the channel's own entry
+	}
+	p := ce.peer
+	p.lastActive = now
+	n.Peer = m.peerName(p)
+	if ce.legacy || seq == 0 {
+		m.stats.LegacyDelivered++
+		p.received++
+		m.emit(mAction{kind: aDeliver, n: n})
+		return
+	}
+	m.arrive(now, p, seq, nid, n)
+}
+
+func (m *peerMachine) arrive(now time.Time, p *peerEntry, seq uint64, nid string, n Notify) arrival {
+	res := p.win.arrive(now, seq, nid, n, func(d Notify) {
+		p.received++
+		m.emit(mAction{kind: aDeliver, n: d})
+	})
+	switch res {
+	case arrDuplicate:
+		p.dups++
+		m.stats.Duplicates++
+	case arrHeld:
+		m.setTimer(p.win.gapDeadline(m.cfg.gapTimeout))
+	}
+	return res
+}
+
+// chanFence: the peer gave up [first, first+count) (a FENCE on channel ch).
+func (m *peerMachine) chanFence(now time.Time, ch chanID, first, count uint64) {
+	ce := m.chans[ch]
+	if ce == nil || ce.peer == nil || ce.legacy {
+		return
+	}
+	m.skip(now, ce.peer, first, count)
+}
+
+func (m *peerMachine) skip(now time.Time, p *peerEntry, first, count uint64) {
+	p.win.skip(now, first, count, func(d Notify) {
+		p.received++
+		m.emit(mAction{kind: aDeliver, n: d})
+	})
+}
+
+// oobArrival is a notify (or a fence) that came over OOB.
+type oobArrival struct {
+	session, token, to, seq, skipFrom, skipN uint64
+	nid                                      string
+	from                                     string
+	n                                        Notify
+}
+
+// oobArrive decides an OOB notify: "" accepted (delivered, held, or a duplicate already
+// delivered), else a refusal code for the reply.
+func (m *peerMachine) oobArrive(now time.Time, a oobArrival) (string, error) {
+	if a.session == 0 {
+		// A Mooncake engine: no session, no seq; delivered as it comes.
+		m.stats.LegacyDelivered++
+		a.n.Peer = a.from
+		m.emit(mAction{kind: aDeliver, n: a.n})
+		return "", nil
+	}
+	if a.to != 0 && a.to != m.local {
+		m.stats.OOBRefused++
+		return refuseStale, fmt.Errorf("%w: ts_to: %x is not this engine's session (it restarted)", ErrRejected, a.to)
+	}
+	p := m.peers[peerKey{session: a.session}]
+	if p == nil || !m.tokenOK(p, a.token) {
+		m.stats.OOBRefused++
+		m.stats.AuthRefused++
+		return refuseAuth, fmt.Errorf("%w: ts_token: no handshake of session %x with this engine issued it", ErrAuth, a.session)
+	}
+	p.lastActive = now
+	if a.skipN > 0 {
+		m.skip(now, p, a.skipFrom, a.skipN)
+	}
+	if a.seq == 0 {
+		return "", nil
+	}
+	a.n.Peer = m.peerName(p)
+	if m.arrive(now, p, a.seq, a.nid, a.n) == arrRefused {
+		m.stats.OOBRefused++
+		return refuseBusy, fmt.Errorf("%w: ts_seq %d is beyond the receive window", ErrBackpressure, a.seq)
+	}
+	return "", nil
+}
+
+// ---- time ----
+
+func (m *peerMachine) setTimer(at time.Time) {
+	if at.IsZero() {
+		return
+	}
+	if m.timerAt.IsZero() || at.Before(m.timerAt) {
+		m.timerAt = at
+		m.emit(mAction{kind: aTimer, at: at})
+	}
+}
+
+func (m *peerMachine) armPrune(now time.Time) { m.setTimer(now.Add(m.cfg.peerIdle)) }
+
+// tick runs what is due at now: receive gaps that timed out, peers that yielded and never
+// connected, backoffs that ended, idle peers to forget.
+func (m *peerMachine) tick(now time.Time) {
+	m.timerAt = time.Time{}
+	var next time.Time
+	later := func(t time.Time) {
+		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+	for key, p := range m.peers {
+		if p.win.held > 0 {
+			p.win.expire(now, m.cfg.gapTimeout, func(d Notify) {
+				p.received++
+				m.emit(mAction{kind: aDeliver, n: d})
+			})
+			later(p.win.gapDeadline(m.cfg.gapTimeout))
+		}
+		if !p.awaiting.IsZero() {
+			if !now.Before(p.awaiting) {
+				p.awaiting = time.Time{}
+				if p.ch == 0 && len(p.waiters) > 0 {
+					p.epoch++ // outbid whatever the peer meant to send
+					m.flush(now, p, "")
+				}
+			} else {
+				later(p.awaiting)
+			}
+		}
+		if !p.retryAt.IsZero() {
+			if !now.Before(p.retryAt) {
+				p.retryAt = time.Time{}
+				if p.mode == modeOOB && m.cfg.channels {
+					p.mode = modeChannel
+				}
+			} else {
+				later(p.retryAt)
+			}
+		}
+		if p.ch == 0 && len(p.waiters) == 0 && p.inflight == 0 && p.win.held == 0 && p.seqs.unresolved() == 0 &&
+			!m.connectingTo(p) && now.Sub(p.lastActive) >= m.cfg.peerIdle {
+			m.forget(key, p)
+			m.stats.PeersPruned++
+			continue
+		}
+		if p.ch == 0 {
+			later(p.lastActive.Add(m.cfg.peerIdle))
+		}
+	}
+	for _, ne := range m.names {
+		if ne.peer == nil && !ne.connecting && len(ne.waiters) == 0 && (ne.retryAt.IsZero() || !now.Before(ne.retryAt)) {
+			delete(m.names, ne.name)
+		}
+	}
+	m.setTimer(next)
+}
+
+func (m *peerMachine) connectingTo(p *peerEntry) bool {
+	for _, n := range p.names {
+		if ne := m.names[n]; ne != nil && ne.connecting {
+			return true
+		}
+	}
+	return false
+}
+
+// forget drops a peer entry and its names. Its sequence spaces go with it: a peer that
+// comes back handshakes again and starts new ones.
+func (m *peerMachine) forget(key peerKey, p *peerEntry) {
+	for _, n := range p.names {
+		if ne := m.names[n]; ne != nil && ne.peer == p {
+			delete(m.names, n)
+		}
+	}
+	delete(m.peers, key)
+}
+
+// peerName is how p is named in notifies and errors: the name it advertised, else the
+// first name it was reached by.
+func (m *peerMachine) peerName(p *peerEntry) string {
+	if len(p.names) > 0 {
+		return p.names[0]
+	}
+	if p.key.legacy != "" {
+		return p.key.legacy
+	}
+	return fmt.Sprintf("session-%x", p.key.session)
+}
+
+// closeAll fails every waiting send and forgets every channel (the engine closes); what
+// windows hold is delivered, gaps given up.
+func (m *peerMachine) closeAll(err error) {
+	for _, p := range m.peers {
+		p.win.flush(func(d Notify) {
+			p.received++
+			m.emit(mAction{kind: aDeliver, n: d})
+		})
+	}
+	for id := range m.reqs {
+		m.emit(mAction{kind: aComplete, req: id, err: err})
+	}
+	clear(m.reqs)
+	for id := range m.chans {
+		m.emit(mAction{kind: aClose, ch: id, err: err})
+	}
+	clear(m.chans)
+	m.channels = 0
+	for _, p := range m.peers {
+		p.ch, p.waiters, p.inflight = 0, nil, 0
+	}
+}
+
+// peerState names p's state for Stats.
+func (m *peerMachine) peerState(p *peerEntry) string {
+	switch {
+	case p.ch != 0:
+		return "up"
+	case p.mode == modeOOB:
+		return "oob"
+	case m.connectingTo(p):
+		return "connecting"
+	case !p.awaiting.IsZero():
+		return "awaiting-peer"
+	}
+	return "idle"
+}
