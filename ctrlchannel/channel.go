@@ -7,6 +7,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/twosided/twosided/ibv"
+	"github.com/twosided/twosided/notify/limits"
 	"github.com/twosided/twosided/reactor"
 )
 
@@ -34,10 +35,10 @@ func (c *Config) setDefaults() error {
 			*v = d
 		}
 	}
-	def(&c.RecvCount, 64)
-	def(&c.BufSize, 4096)
-	def(&c.MaxPendingSends, 64)
-	def(&c.MaxNotifySize, 1<<20)
+	def(&c.RecvCount, int(limits.RecvCount.Default))
+	def(&c.BufSize, int(limits.BufferSize.Default))
+	def(&c.MaxPendingSends, int(limits.MaxPendingSends.Default))
+	def(&c.MaxNotifySize, int(limits.MaxNotifySize.Default))
 	def(&c.MaxInline, 64)
 	if c.PortNum == 0 {
 		c.PortNum = 1
@@ -56,15 +57,22 @@ func (c *Config) setDefaults() error {
 	bad := func(field string, v any, why string) error {
 		return fmt.Errorf("%w: Config.%s %v: %s", ErrConfig, field, v, why)
 	}
+	// The ranges shared with notify's options and environment come from one table.
+	for _, f := range []struct {
+		l     *limits.Limit
+		field string
+		v     int
+	}{
+		{&limits.RecvCount, "Config.RecvCount", c.RecvCount},
+		{&limits.BufferSize, "Config.BufSize", c.BufSize},
+		{&limits.MaxPendingSends, "Config.MaxPendingSends", c.MaxPendingSends},
+		{&limits.MaxNotifySize, "Config.MaxNotifySize", c.MaxNotifySize},
+	} {
+		if err := f.l.Check(f.field, int64(f.v)); err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+	}
 	switch {
-	case c.RecvCount < 1 || c.RecvCount > 4096:
-		return bad("RecvCount", c.RecvCount, "want 1..4096")
-	case c.BufSize < 256 || c.BufSize > 65536:
-		return bad("BufSize", c.BufSize, "want 256..65536")
-	case c.MaxPendingSends < 1 || c.MaxPendingSends > 4096:
-		return bad("MaxPendingSends", c.MaxPendingSends, "want 1..4096")
-	case c.MaxNotifySize < 1 || c.MaxNotifySize > 128<<20:
-		return bad("MaxNotifySize", c.MaxNotifySize, "want 1 B..128 MiB")
 	case c.MaxInline < 0:
 		return bad("MaxInline", c.MaxInline, "must not be negative")
 	case c.MTU != 0 && !c.MTU.Valid():

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -131,6 +132,12 @@ func newSide(t testing.TB, p *soft.Provider, dev string, cfg Config, want int) *
 // pair connects two channels over two soft devices of one isolated provider.
 func pair(t testing.TB, ca, cb Config, wantA, wantB int) (*side, *side, *soft.Provider) {
 	t.Helper()
+	return pairAs(t, ca, cb, wantA, wantB, false)
+}
+
+// pairAs is pair; with legacyB, a sees b as a Mooncake PR #3440 peer (PeerInfo.Legacy).
+func pairAs(t testing.TB, ca, cb Config, wantA, wantB int, legacyB bool) (*side, *side, *soft.Provider) {
+	t.Helper()
 	p := soft.New(soft.WithDevices(2))
 	a := newSide(t, p, "soft0", ca, wantA)
 	b := newSide(t, p, "soft1", cb, wantB)
@@ -139,7 +146,9 @@ func pair(t testing.TB, ca, cb Config, wantA, wantB int) (*side, *side, *soft.Pr
 	onLoop(t, b.loop, func() { lb = b.ch.Local() })
 	var errA, errB error
 	onLoop(t, a.loop, func() {
-		errA = a.ch.Connect(peerInfo(lb), 100, 200, 1)
+		pi := peerInfo(lb)
+		pi.Legacy = legacyB
+		errA = a.ch.Connect(pi, 100, 200, 1)
 	})
 	onLoop(t, b.loop, func() {
 		errB = b.ch.Connect(peerInfo(la), 200, 100, 1)
@@ -452,4 +461,70 @@ func TestChannelMooncakePeer(t *testing.T) {
 	onLoop(t, a.loop, func() { sa = a.ch.Stats() })
 	require.Zero(t, sa.GrantsSent, "a Mooncake peer only gets NOTIFY_COMPAT frames")
 	require.Zero(t, sa.FragmentsSent)
+}
+
+// TestChannelLegacyReceiverNeverGrants: over the soft provider, a receiver that never
+// grants credit nor piggybacks ack_seq (Mooncake PR #3440, played by a channel without
+// Extensions) and stops reposting for a while: the sender towards it meets RNR, which
+// rnr_retry 7 retries for ever; when the receiver reposts again every notify is
+// delivered once and in order, and every send completes. Nothing stalls, nothing is lost.
+func TestChannelLegacyReceiverNeverGrants(t *testing.T) {
+	const n = 3000
+	ca := extConfig()
+	ca.MaxPendingSends = 128
+	mooncake := Config{Timeout: 10, RecvCount: 8, MinRNRTimer: 1}
+	a, b, _ := pairAs(t, ca, mooncake, 0, n, true)
+	onLoop(t, b.loop, func() { b.ch.SetPaused(true) })
+	snd := startSender(t, a, n, 128, "", []byte("m")) // an empty name, as Mooncake allows
+	require.Eventually(t, func() bool { return rnrNaks(t, b) > 0 }, waitBound, time.Millisecond,
+		"the sender went past the posted RECVs")
+	var sa ChannelStats
+	onLoop(t, a.loop, func() { sa = a.ch.Stats() })
+	require.LessOrEqual(t, sa.InFlight, int(mooncake.RecvCount), "at most notify_rq_depth SENDs without completion")
+	require.Zero(t, sa.GrantsSent)
+	onLoop(t, b.loop, func() { b.ch.SetPaused(false) })
+	wait(t, snd.done, "sends")
+	wait(t, b.rec.all, "deliveries")
+	onLoop(t, a.loop, func() { require.NoError(t, snd.err) })
+	b.rec.mu.Lock()
+	require.True(t, b.rec.ordered)
+	require.Equal(t, "", b.rec.got[0].Name)
+	b.rec.mu.Unlock()
+	onLoop(t, a.loop, func() { sa = a.ch.Stats() })
+	require.Zero(t, sa.RNRRetryExceeded)
+	require.Zero(t, sa.GrantsSent+sa.FragmentsSent)
+}
+
+// TestChannelByeAndFence: over the soft provider, a fence reaches the peer's OnFence in
+// order, and Bye closes both ends: the peer with ErrPeerClosed after every notify.
+func TestChannelByeAndFence(t *testing.T) {
+	const n = 200
+	cfg := extConfig()
+	cfg.MaxPendingSends = 256
+	a, b, _ := pair(t, cfg, cfg, 0, n)
+	done := make(chan error, n)
+	onLoop(t, a.loop, func() {
+		for i := 1; i <= n; i++ {
+			if i == 101 {
+				require.NoError(t, a.ch.Fence(101, 5))
+			}
+			seq := uint64(i)
+			if i > 100 {
+				seq += 5
+			}
+			a.ch.Send(&SendReq{Seq: seq, Name: "n", Msg: []byte("m"), ID: fmt.Sprint("id", seq), Done: func(err error) { done <- err }})
+		}
+		a.ch.Bye()
+	})
+	for i := 0; i < n; i++ {
+		require.NoError(t, wait(t, done, "send"))
+	}
+	wait(t, b.rec.all, "deliveries")
+	require.ErrorIs(t, wait(t, b.rec.closed, "peer closed"), ErrPeerClosed)
+	require.ErrorIs(t, wait(t, a.rec.closed, "closed"), ErrClosed)
+	b.rec.mu.Lock()
+	defer b.rec.mu.Unlock()
+	require.True(t, b.rec.ordered)
+	require.Equal(t, [][3]uint64{{100, 101, 5}}, b.rec.fences)
+	require.Equal(t, "id1", b.rec.got[0].ID)
 }

@@ -40,15 +40,74 @@
 //
 // # Mooncake peers and extensions
 //
-// A peer that did not set the Extensions feature bit in the handshake (a Mooncake
-// engine) only ever gets NOTIFY_COMPAT frames and CTRL_ACK keepalives, with ack_seq 0. Mooncake never returns
-// credit for notify RECVs, so towards such a peer the window is Mooncake's own rule: at
-// most min(MaxPendingSends, notify_rq_depth) SENDs without a completion; a transient RNR
-// is then retried by the QP (rnr_retry 7). Between two twosided peers (both set
-// Extensions) the credit protocol above applies, and notifies whose name+msg do not fit
-// one RECV buffer are cut into NOTIFY_FRAGMENT frames (type 64, a twosided extension: u32
-// total, u32 offset, bytes of the NOTIFY_COMPAT payload), reassembled up to MaxNotifySize.
-// Towards a Mooncake peer such a notify fails with ErrTooLarge; it is never truncated.
+// Peer recognition (decided by the engine from the handshake, told to the channel in
+// PeerInfo): a handshake reply without ctrl_channel/notify_qp_num is a peer without a
+// ctrl channel (Mooncake main, or a twosided engine on the oob transport): the engine
+// uses OOB only and opens no channel. A handshake with a ctrl channel but without
+// ts_session is a Mooncake PR #3440 peer: PeerInfo.Legacy. A handshake with ts_session is
+// a twosided peer; with ts_extensions it also gets the extension frames.
+//
+// Towards a legacy peer (Mooncake PR #3440):
+//   - Received frames are taken with epoch 0 (PR #3440 never sets it) as well as with the
+//     channel's epoch, from any session (it has one per process, not announced), with
+//     seqs that restart at 1 on every channel: the engine's delivered seq is ignored and
+//     duplicates are dropped only within the channel. A RECV without the MCKC magic is
+//     Mooncake's phase-1 raw notify (u32 name_len, name, u32 msg_len, msg) and is
+//     delivered with seq 0, as Mooncake's dispatchRecvPayload does; one that does not
+//     decode is dropped.
+//   - Sent frames: NOTIFY_COMPAT (epoch and seq as between twosided peers, ack_seq 0,
+//     flags 0; Mooncake reads neither), CTRL_ACK keepalives and one SESSION_CLOSE from
+//     Bye. Mooncake's receive path checks none of epoch, session, seq or ack_seq, and
+//     ignores CTRL_ACK and SESSION_CLOSE (known types 9 and 6) before reposting the RECV.
+//   - Off: credit grants and piggybacked credit (PR #3440 sends none and ignores them),
+//     fragmentation (a notify above the peer's buffer fails with ErrTooLarge, never
+//     truncated), NOTIFY_ID (the notify goes out without its id), FENCE (its seqs are
+//     per channel), and every other extension frame. Authentication, persistent OOB
+//     connections and the OOB notify fields are the oob package's; it turns them off
+//     towards a classic peer by itself.
+//   - Window: at most min(MaxPendingSends, notify_rq_depth) SENDs without a completion
+//     (Mooncake's own sender rule). A SEND beyond the RECVs Mooncake has reposted meets
+//     RNR, which rnr_retry 7 retries for ever (IB: 7 means infinite; ibv/soft does the
+//     same), so nothing is lost and the sender never stalls while the peer keeps
+//     reposting; a sender stuck behind a peer that stopped reposting fails by the
+//     request's deadline, and a dead peer by retry_cnt × timeout.
+//   - The peer does not announce its buffer size or MTU: the engine assumes Mooncake's
+//     defaults (MC_RDMA_NOTIFY_BUFFER_SIZE 4096, IB MTU 4096) capped by ours; a frame of
+//     exactly the peer's buffer goes out whole, one byte more fails with ErrTooLarge.
+//
+// A peer that is not legacy but did not set Extensions (a twosided engine with fewer
+// than three RECVs) gets what a legacy peer gets, with the strict epoch and session
+// checks, plus FENCE. Between two twosided peers (both set Extensions) the credit
+// protocol above applies, and the extension frames (types from 64, never sent to another
+// peer, dropped with DropExtension from one that did not negotiate them):
+//   - NOTIFY_FRAGMENT (64): a notify whose name+msg does not fit one RECV buffer, cut
+//     into pieces: u32 total, u32 offset, bytes of the NOTIFY_COMPAT payload; reassembled
+//     up to MaxNotifySize.
+//   - NOTIFY_ID (65): a notify with SendReq.ID (1..255 bytes): u8 id_len, id, then the
+//     NOTIFY_COMPAT payload (u32 name_len, name, u32 msg_len, msg). Delivery.ID carries it.
+//   - NOTIFY_ID_FRAGMENT (66): as NOTIFY_FRAGMENT, with the bytes of a NOTIFY_ID payload.
+//
+// # Fences and closing
+//
+// FENCE (type 7; Mooncake defines the type, no payload, and ignores it) has the payload
+// u64 first, u64 count, header seq 0: the sender gave up on its seqs
+// first..first+count-1 of this pair and will never send them, so the receiver's window
+// must not wait for them. It travels in the send FIFO and reaches Events.OnFence in order
+// with OnNotify. SESSION_CLOSE (type 6, no payload) is Bye's last frame: the receiver
+// delivers everything before it (after its receive queue frees up, if paused) and
+// closes with ErrPeerClosed; the sender closes once the frame completed, or after
+// Config.ByeTimeout.
+//
+// # Dropped frames
+//
+// No received frame closes the channel. A frame that cannot be used (no magic and no raw
+// notify, bad version, flags, length or payload, unknown type, extension not negotiated,
+// stale epoch, foreign session, duplicate seq, broken fragment) is dropped, its RECV
+// reposted, counted under its reason in MachineStats (Dropped*), and logged at warn
+// (duplicates at debug), at most 10 lines a second then one in a thousand. A CREDIT_GRANT
+// naming one resource twice is accepted, as by Mooncake's decoder; its largest total
+// applies. So every frame whose SEND completed at the sender is either delivered or
+// counted and logged as dropped.
 //
 // # Keepalive
 //
@@ -85,8 +144,9 @@
 // # Sequence numbers
 //
 // A notify's seq is assigned by the engine: strictly increasing per sending session,
-// kept across a retry on another path or a reconnect with a new epoch; gaps are allowed.
-// The receiver drops a notify whose seq is not above the highest one it delivered from
-// that session (seq 0 means unstamped and is always delivered) and every frame whose epoch
-// is not the channel's. Credit frames carry seq 0.
+// kept across a retry on another path or a reconnect with a new epoch; gaps are allowed
+// (and announced with FENCE). The receiver drops a notify whose seq is not above the
+// highest one it delivered from that session (seq 0 means unstamped and is always
+// delivered) and every frame whose epoch is not the channel's (a legacy peer's epoch 0
+// excepted). Credit frames, keepalives, fences and SESSION_CLOSE carry seq 0.
 package ctrlchannel

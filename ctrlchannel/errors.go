@@ -14,9 +14,6 @@ var (
 	// ErrPeerError: a work completion failed (the peer is gone, the QP went to error);
 	// it wraps the *ibv.WCError.
 	ErrPeerError = errors.New("ctrlchannel: work completion failed")
-	// ErrProtocol: the peer sent a frame that breaks the protocol (malformed, an
-	// extension it did not negotiate, more frames than it had credit for).
-	ErrProtocol = errors.New("ctrlchannel: protocol violation")
 	// ErrBadEpoch: epoch 0, which no session uses.
 	ErrBadEpoch = errors.New("ctrlchannel: epoch 0 is invalid")
 	// ErrStaleEpoch: a credit grant of an epoch older than the ledger's.

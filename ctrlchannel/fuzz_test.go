@@ -141,3 +141,83 @@ func FuzzReassembly(f *testing.F) {
 		}
 	})
 }
+
+func FuzzDecodeNotifyID(f *testing.F) {
+	f.Add("id-1", "req-7", []byte("done"), []byte{4, 'i', 'd', '-', '1'})
+	f.Add("", "", []byte{}, []byte{})
+	f.Fuzz(func(t *testing.T, id, name string, msg []byte, raw []byte) {
+		var nc NotifyCompat
+		if got, err := DecodeNotifyID(raw, &nc); err == nil {
+			require.Len(t, raw, 1+len(got)+NotifyCompatLen(string(nc.Name), nc.Msg), "every byte accounted for")
+		} else {
+			require.ErrorIs(t, err, ErrFrame)
+			require.Equal(t, NotifyCompat{}, nc)
+		}
+		if len(id) > MaxIDLen {
+			id = id[:MaxIDLen]
+		}
+		buf := make([]byte, NotifyIDLen(id, name, msg))
+		n, err := EncodeNotifyID(buf, id, name, msg)
+		require.NoError(t, err)
+		gotID, err := DecodeNotifyID(buf[:n], &nc)
+		require.NoError(t, err)
+		require.Equal(t, id, string(gotID))
+		require.Equal(t, name, string(nc.Name))
+		require.Equal(t, msg, append([]byte{}, nc.Msg...))
+	})
+}
+
+func FuzzDecodeFence(f *testing.F) {
+	f.Add([]byte{1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0})
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var fe Fence
+		if err := DecodeFence(raw, &fe); err != nil {
+			require.ErrorIs(t, err, ErrFrame)
+			require.Equal(t, Fence{}, fe)
+			return
+		}
+		require.NotZero(t, fe.First)
+		require.NotZero(t, fe.Count)
+		require.GreaterOrEqual(t, fe.First+fe.Count-1, fe.First)
+		out := make([]byte, FenceLen)
+		n, err := EncodeFence(out, &fe)
+		require.NoError(t, err)
+		require.Equal(t, raw, out[:n])
+	})
+}
+
+func FuzzDecodeSessionOpen(f *testing.F) {
+	f.Add([]byte{64, 0, 0, 0, 0, 16, 0, 0})
+	f.Add([]byte{1})
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var s SessionOpen
+		if err := DecodeSessionOpen(raw, &s); err != nil {
+			require.ErrorIs(t, err, ErrFrame)
+			require.Equal(t, SessionOpen{}, s)
+			return
+		}
+		out := make([]byte, SessionOpenLen)
+		n, err := EncodeSessionOpen(out, &s)
+		require.NoError(t, err)
+		require.Equal(t, raw, out[:n])
+	})
+}
+
+func FuzzDecodeDataAck(f *testing.F) {
+	f.Add([]byte{1, 0, 7, 0, 0, 0, 0, 0, 0, 0, 100, 0, 0, 0, 0, 0, 0, 0})
+	f.Add([]byte{0, 0})
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		prefix := []DataAckEntry{{1, 2}}
+		acks, err := DecodeDataAck(raw, prefix)
+		if err != nil {
+			require.ErrorIs(t, err, ErrFrame)
+			require.Equal(t, prefix, acks)
+			return
+		}
+		out := make([]byte, len(raw))
+		n, err := EncodeDataAck(out, acks[1:])
+		require.NoError(t, err)
+		require.Equal(t, raw, out[:n])
+	})
+}

@@ -202,7 +202,7 @@ type MachineStats struct {
 }
 
 // Dropped is the number of received frames dropped for any reason.
-func (s *MachineStats) Dropped() uint64 {
+func (s MachineStats) Dropped() uint64 {
 	return s.DroppedBadMagic + s.DroppedDecode + s.DroppedUnknownType + s.DroppedStaleEpoch +
 		s.DroppedForeignSession + s.DroppedDuplicate + s.DroppedExtension + s.DroppedFragment
 }

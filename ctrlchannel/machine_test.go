@@ -29,6 +29,7 @@ type delivered struct {
 	session, epoch, seq uint64
 	name, msg           string
 	owned               bool
+	id                  string
 }
 
 type node struct {
@@ -96,7 +97,7 @@ func (n *node) apply() {
 			n.wire = append(n.wire, f)
 			n.sends = append(n.sends, f)
 		case ActDeliver:
-			n.got = append(n.got, delivered{a.Session, a.Epoch, a.Seq, string(a.Name), string(a.Msg), a.Owned})
+			n.got = append(n.got, delivered{a.Session, a.Epoch, a.Seq, string(a.Name), string(a.Msg), a.Owned, string(a.ID)})
 		case ActComplete:
 			_, dup := n.done[a.Req]
 			require.False(n.t, dup, "%s: seq %d completed twice", n.name, a.Req.Seq)

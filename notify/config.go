@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/twosided/twosided/notify/limits"
 )
 
 // Transport names. Exactly one is installed per engine.
@@ -69,18 +71,19 @@ func defaultConfig() config {
 		transport:               TransportOOB,
 		notifyEnabled:           true,
 		oobFallback:             true,
-		recvCount:               64,
-		bufferSize:              4096,
-		maxPendingSends:         64,
-		connectTimeout:          10 * time.Second,
-		maxNotifySize:           1 << 20,
-		recvQueue:               4096,
-		handshakeConnectTimeout: 5 * time.Second,
-		handshakeMaxLength:      1 << 20,
-		ibPort:                  1,
-		gidIndex:                -1,
+		recvCount:               int(limits.RecvCount.Default),
+		bufferSize:              int(limits.BufferSize.Default),
+		maxPendingSends:         int(limits.MaxPendingSends.Default),
+		connectTimeout:          time.Duration(limits.ConnectTimeout.Default),
+		maxNotifySize:           int(limits.MaxNotifySize.Default),
+		recvQueue:               int(limits.RecvQueue.Default),
+		handshakeConnectTimeout: time.Duration(limits.HandshakeConnectTimeout.Default),
+		handshakeMaxLength:      int(limits.HandshakeMaxLength.Default),
+		mtu:                     int(limits.MTU.Default),
+		ibPort:                  int(limits.IBPort.Default),
+		gidIndex:                int(limits.GIDIndex.Default),
 		logger:                  zerolog.Nop(),
-		maxChannels:             1024,
+		maxChannels:             int(limits.MaxChannels.Default),
 	}
 }
 
@@ -88,12 +91,9 @@ func (c *config) fail(field string, format string, args ...any) {
 	c.errs = append(c.errs, fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, args...)))
 }
 
-func (c *config) intRange(field string, v, lo, hi int) bool {
-	if v < lo || v > hi {
-		c.fail(field, "%d out of range %d..%d", v, lo, hi)
-		return false
-	}
-	return true
+// isOOBLimit: the OOB layer's entries, where notify's 0 means "the OOB default".
+func isOOBLimit(l *limits.Limit) bool {
+	return l == &limits.OOBMaxConns || l == &limits.OOBMaxPendingHandshakes || l == &limits.OOBIdleTimeout
 }
 
 // parseBool accepts the spellings Mooncake's getenv helpers accept.
@@ -119,18 +119,19 @@ func (c *config) fromEnv(lookup func(string) (string, bool)) {
 			*dst = v
 		}
 	}
-	intVar := func(name string, lo, hi int, dst *int) {
-		if s, ok := lookup(name); ok && s != "" {
-			v, err := strconv.Atoi(strings.TrimSpace(s))
+	// limitVar parses l.Env with the table entry the options are checked with.
+	limitVar := func(l *limits.Limit, set func(int64)) {
+		if s, ok := lookup(l.Env); ok && strings.TrimSpace(s) != "" {
+			v, err := l.ParseEnv(s)
 			if err != nil {
-				c.fail(name, "%q is not an integer", s)
+				c.errs = append(c.errs, fmt.Errorf("%w: %w", ErrConfig, err))
 				return
 			}
-			if c.intRange(name, v, lo, hi) {
-				*dst = v
-			}
+			set(v)
 		}
 	}
+	setInt := func(dst *int) func(int64) { return func(v int64) { *dst = int(v) } }
+	setDur := func(dst *time.Duration) func(int64) { return func(v int64) { *dst = time.Duration(v) } }
 	var useTwoSided bool
 	boolVar("MC_USE_RDMA_TWOSIDED", &useTwoSided)
 	if useTwoSided {
@@ -138,12 +139,10 @@ func (c *config) fromEnv(lookup func(string) (string, bool)) {
 	}
 	boolVar("MC_RDMA_NOTIFY_ENABLED", &c.notifyEnabled)
 	boolVar("MC_RDMA_NOTIFY_OOB_FALLBACK", &c.oobFallback)
-	intVar("MC_RDMA_NOTIFY_RECV_COUNT", 1, 4096, &c.recvCount)
-	intVar("MC_RDMA_NOTIFY_BUFFER_SIZE", 256, 65536, &c.bufferSize)
-	intVar("MC_RDMA_NOTIFY_MAX_PENDING_SENDS", 1, 4096, &c.maxPendingSends)
-	ms := int(c.connectTimeout / time.Millisecond)
-	intVar("MC_RDMA_NOTIFY_CONNECT_TIMEOUT_MS", 100, 600000, &ms)
-	c.connectTimeout = time.Duration(ms) * time.Millisecond
+	limitVar(&limits.RecvCount, setInt(&c.recvCount))
+	limitVar(&limits.BufferSize, setInt(&c.bufferSize))
+	limitVar(&limits.MaxPendingSends, setInt(&c.maxPendingSends))
+	limitVar(&limits.ConnectTimeout, setDur(&c.connectTimeout))
 	if s, ok := lookup("MC_TE_FILTERS"); ok && strings.TrimSpace(s) != "" {
 		c.filters = nil
 		for _, f := range strings.Split(s, ",") {
@@ -152,30 +151,16 @@ func (c *config) fromEnv(lookup func(string) (string, bool)) {
 			}
 		}
 	}
-	if s, ok := lookup("MC_MTU"); ok && s != "" {
-		v, err := strconv.Atoi(strings.TrimSpace(s))
-		switch {
-		case err != nil:
-			c.fail("MC_MTU", "%q is not an integer", s)
-		case v != 512 && v != 1024 && v != 2048 && v != 4096:
-			c.fail("MC_MTU", "%d: must be 512, 1024, 2048 or 4096", v)
-		default:
-			c.mtu = v
+	limitVar(&limits.MTU, setInt(&c.mtu))
+	limitVar(&limits.IBPort, setInt(&c.ibPort))
+	limitVar(&limits.GIDIndex, setInt(&c.gidIndex))
+	limitVar(&limits.HandshakePort, func(port int64) {
+		if port != 0 {
+			c.listenAddr = "0.0.0.0:" + strconv.FormatInt(port, 10)
 		}
-	}
-	intVar("MC_IB_PORT", 1, 255, &c.ibPort)
-	if s, ok := lookup("MC_GID_INDEX"); ok && s != "" && !strings.EqualFold(s, "auto") {
-		intVar("MC_GID_INDEX", 0, 255, &c.gidIndex)
-	}
-	port := 0
-	intVar("MC_HANDSHAKE_PORT", 1, 65535, &port)
-	if port != 0 {
-		c.listenAddr = "0.0.0.0:" + strconv.Itoa(port)
-	}
-	secs := int(c.handshakeConnectTimeout / time.Second)
-	intVar("MC_HANDSHAKE_CONNECT_TIMEOUT", 1, 3599, &secs)
-	c.handshakeConnectTimeout = time.Duration(secs) * time.Second
-	intVar("MC_HANDSHAKE_MAX_LENGTH", 1<<20, 128<<20, &c.handshakeMaxLength)
+	})
+	limitVar(&limits.HandshakeConnectTimeout, setDur(&c.handshakeConnectTimeout))
+	limitVar(&limits.HandshakeMaxLength, setInt(&c.handshakeMaxLength))
 	if path, ok := lookup("TWOSIDED_OOB_AUTH_KEY_FILE"); ok && path != "" {
 		key, err := os.ReadFile(path)
 		if err != nil {
@@ -204,26 +189,39 @@ func (c *config) validate() error {
 	default:
 		c.fail("transport", "%q: want %q or %q", c.transport, TransportOOB, TransportRDMATwoSided)
 	}
-	c.intRange("recv_count", c.recvCount, 1, 4096)
-	c.intRange("buffer_size", c.bufferSize, 256, 65536)
-	c.intRange("max_pending_sends", c.maxPendingSends, 1, 4096)
-	if c.connectTimeout < 100*time.Millisecond || c.connectTimeout > 600*time.Second {
-		c.fail("connect_timeout", "%v out of range 100ms..600s", c.connectTimeout)
+	if c.authKey != nil && len(c.authKey) == 0 {
+		c.fail("auth_key", "0 bytes: want %s", limits.AuthKeyLen.Range())
 	}
-	c.intRange("max_notify_size", c.maxNotifySize, 1, 128<<20)
-	c.intRange("recv_queue", c.recvQueue, 1, 1<<24)
-	if c.mtu != 0 && c.mtu != 256 && c.mtu != 512 && c.mtu != 1024 && c.mtu != 2048 && c.mtu != 4096 {
-		c.fail("mtu", "%d: must be 256, 512, 1024, 2048 or 4096", c.mtu)
-	}
-	if c.busyPoll < 0 || c.busyPoll > time.Second {
-		c.fail("busy_poll", "%v out of range 0..1s", c.busyPoll)
-	}
-	if c.authKey != nil && (len(c.authKey) < 16 || len(c.authKey) > 1024) {
-		c.fail("auth_key", "%d bytes: want 16..1024", len(c.authKey))
-	}
-	c.intRange("max_channels", c.maxChannels, 1, 1<<20)
-	if c.keepalive != 0 && (c.keepalive < time.Millisecond || c.keepalive > time.Hour) {
-		c.fail("keepalive", "%v out of range 1ms..1h (0 = off)", c.keepalive)
+	for _, f := range []struct {
+		l *limits.Limit
+		v int64
+	}{
+		{&limits.RecvCount, int64(c.recvCount)},
+		{&limits.BufferSize, int64(c.bufferSize)},
+		{&limits.MaxPendingSends, int64(c.maxPendingSends)},
+		{&limits.ConnectTimeout, int64(c.connectTimeout)},
+		{&limits.MaxNotifySize, int64(c.maxNotifySize)},
+		{&limits.RecvQueue, int64(c.recvQueue)},
+		{&limits.MTU, int64(c.mtu)},
+		{&limits.IBPort, int64(c.ibPort)},
+		{&limits.GIDIndex, int64(c.gidIndex)},
+		{&limits.HandshakeConnectTimeout, int64(c.handshakeConnectTimeout)},
+		{&limits.HandshakeMaxLength, int64(c.handshakeMaxLength)},
+		{&limits.BusyPoll, int64(c.busyPoll)},
+		{&limits.AuthKeyLen, int64(len(c.authKey))},
+		{&limits.MaxChannels, int64(c.maxChannels)},
+		{&limits.Keepalive, int64(c.keepalive)},
+		// 0 leaves the OOB layer's default (the same table entry).
+		{&limits.OOBMaxConns, int64(c.maxConns)},
+		{&limits.OOBMaxPendingHandshakes, int64(c.maxPendingHS)},
+		{&limits.OOBIdleTimeout, int64(c.oobIdleTimeout)},
+	} {
+		if f.v == 0 && isOOBLimit(f.l) {
+			continue
+		}
+		if err := f.l.Check(f.l.Name, f.v); err != nil {
+			c.errs = append(c.errs, fmt.Errorf("%w: %w", ErrConfig, err))
+		}
 	}
 	if c.listenAddr == "" {
 		c.fail("listen_addr", "empty")

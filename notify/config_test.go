@@ -2,10 +2,13 @@ package notify
 
 import (
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/twosided/twosided/notify/limits"
 )
 
 func envOf(m map[string]string) func(string) (string, bool) {
@@ -72,10 +75,11 @@ func TestConfigEnvOutOfRange(t *testing.T) {
 		{"MC_RDMA_NOTIFY_MAX_PENDING_SENDS", "4097"},
 		{"MC_RDMA_NOTIFY_CONNECT_TIMEOUT_MS", "99"},
 		{"MC_RDMA_NOTIFY_CONNECT_TIMEOUT_MS", "600001"},
-		{"MC_MTU", "256"},
+		{"MC_MTU", "300"},
 		{"MC_MTU", "9000"},
 		{"MC_IB_PORT", "0"},
-		{"MC_GID_INDEX", "-1"},
+		{"MC_GID_INDEX", "-2"},
+		{"MC_GID_INDEX", "256"},
 		{"MC_HANDSHAKE_PORT", "70000"},
 		{"MC_HANDSHAKE_CONNECT_TIMEOUT", "0"},
 		{"MC_HANDSHAKE_CONNECT_TIMEOUT", "3600"},
@@ -125,6 +129,75 @@ func TestConfigOptions(t *testing.T) {
 	t.Run("option out of range", func(t *testing.T) {
 		c := defaultConfig()
 		WithBufferSize(100)(&c)
-		require.ErrorContains(t, c.validate(), "buffer_size: 100 out of range 256..65536")
+		require.ErrorContains(t, c.validate(), "buffer_size: 100 B out of range 256 B..65536 B")
 	})
 }
+
+// Each variable's range equals its option's: the values at and one step past every bound
+// of the table are accepted from the environment exactly when the same value given as an
+// option (or, for a variable without an option, as the config field) is. MTU 256 used to
+// be accepted as an option and refused from MC_MTU.
+func TestConfigEnvRangeIsOptionRange(t *testing.T) {
+	dur := func(f func(time.Duration) Option) func(int64) Option {
+		return func(v int64) Option { return f(time.Duration(v)) }
+	}
+	num := func(f func(int) Option) func(int64) Option {
+		return func(v int64) Option { return f(int(v)) }
+	}
+	field := func(set func(*config, int64)) func(int64) Option {
+		return func(v int64) Option { return func(c *config) { set(c, v) } }
+	}
+	options := map[*limits.Limit]func(int64) Option{
+		&limits.RecvCount:               num(WithRecvCount),
+		&limits.BufferSize:              num(WithBufferSize),
+		&limits.MaxPendingSends:         num(WithMaxPendingSends),
+		&limits.ConnectTimeout:          dur(WithConnectTimeout),
+		&limits.MTU:                     num(WithMTU),
+		&limits.IBPort:                  field(func(c *config, v int64) { c.ibPort = int(v) }),
+		&limits.GIDIndex:                field(func(c *config, v int64) { c.gidIndex = int(v) }),
+		&limits.HandshakePort:           nil, // a port, checked by the listener's address
+		&limits.HandshakeConnectTimeout: field(func(c *config, v int64) { c.handshakeConnectTimeout = time.Duration(v) }),
+		&limits.HandshakeMaxLength:      field(func(c *config, v int64) { c.handshakeMaxLength = int(v) }),
+	}
+	for _, l := range limits.All() {
+		if l.Env == "" {
+			continue
+		}
+		opt, ok := options[l]
+		require.True(t, ok, "%s: add it to this test", l.Env)
+		step := int64(1)
+		if l.Unit == limits.Duration {
+			step = int64(l.EnvUnit)
+		}
+		lo, hi := (l.Min+step-1)/step, l.Max/step
+		vals := []int64{lo - 1, lo, hi, hi + 1}
+		for _, sp := range l.Special {
+			vals = append(vals, sp.Value/step)
+		}
+		for _, n := range vals {
+			c := defaultConfig()
+			c.fromEnv(envOf(map[string]string{l.Env: strconv.FormatInt(n, 10)}))
+			envErr := c.validate()
+			if opt == nil {
+				require.Equal(t, l.Allowed(n*step), envErr == nil, "%s=%d: %v", l.Env, n, envErr)
+				continue
+			}
+			c = defaultConfig()
+			opt(n * step)(&c)
+			optErr := c.validate()
+			require.Equal(t, optErr == nil, envErr == nil, "%s=%d: env %v, option %v", l.Env, n, envErr, optErr)
+			if envErr != nil {
+				require.ErrorIs(t, envErr, ErrConfig)
+				require.ErrorIs(t, optErr, ErrConfig)
+				require.Contains(t, envErr.Error(), l.Env)
+				require.Contains(t, envErr.Error(), l.Range())
+				require.Contains(t, optErr.Error(), l.Range())
+			}
+		}
+	}
+	c := defaultConfig()
+	c.fromEnv(envOf(map[string]string{"MC_MTU": "256"}))
+	require.NoError(t, c.validate())
+	require.Equal(t, 256, c.mtu)
+}
+

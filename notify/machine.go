@@ -155,6 +155,15 @@ type chanEntry struct {
 	up        bool
 	legacy    bool
 	dropped   bool // no longer the peer's nor counted; kept until the driver closed it
+	postNo    uint64
+	fences    []fenceRec // posted on this channel, not yet known to have arrived
+}
+
+// fenceRec is a fence posted on a channel after its post number after: it is known to have
+// arrived when a send posted later on the same channel completes (RC delivers in order).
+type fenceRec struct {
+	r     seqRange
+	after uint64
 }
 
 type reqEntry struct {
@@ -167,6 +176,7 @@ type reqEntry struct {
 	legacy   bool   // seq-less (Mooncake)
 	nid      string
 	deadline time.Time
+	postNo   uint64
 }
 
 type mActKind uint8
@@ -255,7 +265,7 @@ func (m *peerMachine) send(now time.Time, id reqID, name, nid string, deadline t
 		m.emit(mAction{kind: aOOB, req: id, name: name, legacy: true, deadline: deadline})
 		return
 	}
-	if p := ne.peer; p != nil {
+	if p := ne.peer; p != nil && len(ne.waiters) == 0 {
 		m.enqueue(now, p, r, name)
 		return
 	}
@@ -329,6 +339,8 @@ func (m *peerMachine) popWaiter(p *peerEntry) reqID {
 
 func (m *peerMachine) post(p *peerEntry, r *reqEntry, ce *chanEntry) {
 	r.ch, r.oob = ce.id, false
+	ce.postNo++
+	r.postNo = ce.postNo
 	p.inflight++
 	p.sent++
 	m.emit(mAction{kind: aPost, req: r.id, ch: ce.id, seq: r.seq, epoch: ce.epoch, deadline: r.deadline})
@@ -398,6 +410,9 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 		if p != nil && !r.legacy && r.seq != 0 {
 			p.seqs.resolve(r.seq)
 		}
+		if ce := m.chans[onCh]; ce != nil && p != nil {
+			m.confirmFences(p, ce, r.postNo)
+		}
 		m.complete(id, nil)
 		if p != nil {
 			p.lastActive = now
@@ -417,18 +432,18 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 		m.complete(id, sendErr(kind, r.name, pathName(onCh != 0, true), err, maybe))
 		return
 	}
-	if errors.Is(err, errRebind) && !now.After(r.deadline) {
-		// The peer no longer knows this pair (it restarted, or forgot us): handshake again
-		// and send the notify in the new pair. It was refused, so it was not delivered.
-		if m.rebind(now, p, r) {
-			return
-		}
-	}
 	if !local && !now.After(r.deadline) {
-		if onCh != 0 && p.ch != 0 && p.ch != onCh && m.chans[p.ch].up {
-			// Its channel was replaced: the same seq goes on the winner.
+		if p.ch != 0 && p.ch != onCh && m.chans[p.ch].up {
+			// Its channel was replaced, or OOB failed while a channel is up: the same seq
+			// goes on the current channel.
 			m.stats.Reposted++
 			m.post(p, r, m.chans[p.ch])
+			return
+		}
+		if errors.Is(err, errRebind) && m.rebind(now, p, r) {
+			// The peer no longer knows this pair (it restarted, or forgot us): handshake
+			// again and send the notify in the new pair. It was refused, so it was not
+			// delivered.
 			return
 		}
 		if onCh != 0 && m.cfg.fallback && (p.tokenOut != 0 || p.key.legacy != "") {
@@ -497,24 +512,61 @@ func pathName(channel, legacy bool) string {
 	return "oob"
 }
 
-// fence posts p's given-up ranges on its channel, or over OOB.
+// fence posts p's given-up ranges on its channel, or over OOB. A range counts as resolved
+// only once the peer has it: on a channel when a later send completes, over OOB when the
+// peer answers (fenceResult); a range whose fence may be lost is posted again.
 func (m *peerMachine) fence(now time.Time, p *peerEntry) {
 	if len(p.seqs.fences) == 0 {
 		return
 	}
-	var ch chanID
+	var ce *chanEntry
 	if p.ch != 0 && m.chans[p.ch].up {
-		ch = p.ch
+		ce = m.chans[p.ch]
 	} else if p.tokenOut == 0 {
 		return // no path now: the next channel or handshake carries them
 	}
 	for _, r := range p.seqs.takeFences() {
 		m.stats.FencesSent++
-		m.emit(mAction{kind: aFence, ch: ch, name: m.peerName(p), session: p.key.session, token: p.tokenOut,
-			first: r.first, count: r.count})
-		p.seqs.fenced(r)
+		a := mAction{kind: aFence, name: m.peerName(p), session: p.key.session, token: p.tokenOut,
+			first: r.first, count: r.count}
+		if ce != nil {
+			a.ch = ce.id
+			ce.fences = append(ce.fences, fenceRec{r: r, after: ce.postNo})
+		}
+		m.emit(a)
 	}
 	_ = now
+}
+
+// confirmFences resolves the fences posted on ce before the send numbered postNo, which
+// completed.
+func (m *peerMachine) confirmFences(p *peerEntry, ce *chanEntry, postNo uint64) {
+	k := 0
+	for _, f := range ce.fences {
+		if f.after < postNo {
+			p.seqs.fenced(f.r)
+			continue
+		}
+		ce.fences[k] = f
+		k++
+	}
+	ce.fences = ce.fences[:k]
+}
+
+// fenceResult is the peer's answer to a fence sent over OOB.
+func (m *peerMachine) fenceResult(now time.Time, session, first, count uint64, err error) {
+	p := m.peers[peerKey{session: session}]
+	if p == nil {
+		return
+	}
+	if err == nil {
+		p.seqs.fenced(seqRange{first, count})
+		return
+	}
+	p.seqs.refence(seqRange{first, count})
+	if p.ch != 0 {
+		m.fence(now, p)
+	}
 }
 
 // ---- connecting ----
@@ -635,6 +687,26 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 	case refuseAuth:
 		closeCh(ErrAuth)
 		m.stats.AuthRefused++
+		p := m.peers[peerKey{session: res.session}]
+		if (p != nil && p.tokenOut != 0) || (p == nil && m.anyConnecting()) {
+			// The name is another way to an engine we already talk to (or may be
+			// handshaking with by another name): the peer knows our session from that
+			// handshake and wants its proof. The name becomes an alias; its sends join the
+			// pair, and wait (bounded) for the other handshake when it is still on its way.
+			p, err := m.bind(now, ne, res.session, "")
+			if err != nil {
+				m.failName(now, ne, err)
+				return
+			}
+			if p.tokenOut == 0 {
+				p.awaiting = now.Add(m.cfg.connectTimeout)
+				p.lastErr = sendErr(ErrAuth, name, "handshake", errors.New("the peer refused our token"), false)
+				m.setTimer(p.awaiting)
+			}
+			m.moveWaiters(ne, p)
+			m.flush(now, p, "")
+			return
+		}
 		m.failName(now, ne, sendErr(ErrAuth, name, "handshake", errors.New("the peer refused our token"), false))
 		return
 	case refuseClosed:
@@ -924,6 +996,12 @@ func (m *peerMachine) dropChan(ce *chanEntry, forget bool) {
 	}
 	ce.up = false
 	if forget {
+		if p := ce.peer; p != nil {
+			for _, f := range ce.fences {
+				p.seqs.refence(f.r)
+			}
+		}
+		ce.fences = nil
 		delete(m.chans, ce.id)
 	}
 }
@@ -937,6 +1015,9 @@ func (m *peerMachine) chanClosed(now time.Time, ch chanID, err error) {
 	}
 	p := ce.peer
 	m.dropChan(ce, true)
+	if p != nil {
+		m.fence(now, p)
+	}
 	if p != nil && p.ch == 0 {
 		p.lastErr = err
 		if len(p.waiters) > 0 {
@@ -1056,10 +1137,13 @@ func (m *peerMachine) learnName(now time.Time, p *peerEntry, name string) {
 		}
 		ne.peer = p
 	}
-	m.alias(p, name)
-	if !ne.connecting {
-		m.moveWaiters(ne, p)
+	if ne.connecting {
+		// Our own handshake to this name is on its way with ne.token: the peer may use it
+		// before our reply arrives (a simultaneous open).
+		m.addTokenIn(p, ne.token)
 	}
+	m.alias(p, name)
+	m.moveWaiters(ne, p) // in their order, ahead of any later send to the name
 }
 
 func (m *peerMachine) inboundLegacy(now time.Time, hs inboundHS) inboundReply {
@@ -1255,7 +1339,11 @@ func (m *peerMachine) tick(now time.Time) {
 		if !p.awaiting.IsZero() {
 			if !now.Before(p.awaiting) {
 				p.awaiting = time.Time{}
-				if p.ch == 0 && len(p.waiters) > 0 {
+				switch {
+				case p.ch == 0 && p.tokenOut == 0 && p.mode == modeChannel && len(p.waiters) > 0 && errors.Is(p.lastErr, ErrAuth):
+					// The handshake we waited for never came: the refusal stands.
+					m.failPeerWaiters(now, p, p.lastErr)
+				case p.ch == 0 && len(p.waiters) > 0:
 					p.epoch++ // outbid whatever the peer meant to send
 					m.flush(now, p, "")
 				}
@@ -1289,6 +1377,15 @@ func (m *peerMachine) tick(now time.Time) {
 		}
 	}
 	m.setTimer(next)
+}
+
+func (m *peerMachine) anyConnecting() bool {
+	for _, ne := range m.names {
+		if ne.connecting {
+			return true
+		}
+	}
+	return false
 }
 
 func (m *peerMachine) connectingTo(p *peerEntry) bool {

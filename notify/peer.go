@@ -162,7 +162,10 @@ func (e *Engine) do(a *mAction) {
 		if !a.legacy {
 			req.Session, req.Seq, req.Token, req.To, req.ID = e.session, a.seq, a.token, a.session, r.n.ID
 		}
-		e.sendOOB(a.req, a.name, req, a.deadline)
+		id := a.req
+		e.sendOOB(a.name, req, a.deadline, func(err error, maybe, local bool) {
+			e.m.sendResult(e.loop.Now(), id, err, maybe, local)
+		})
 	case aComplete:
 		r := e.reqs[a.req]
 		if r == nil {
@@ -183,7 +186,10 @@ func (e *Engine) do(a *mAction) {
 		}
 		req := oob.NotifyRequest{From: e.name, Session: e.session, Token: a.token, To: a.session,
 			SkipFrom: a.first, SkipCount: a.count}
-		e.sendOOB(0, a.name, req, e.loop.Now().Add(defaultSendTimeout))
+		session, first, count := a.session, a.first, a.count
+		e.sendOOB(a.name, req, e.loop.Now().Add(defaultSendTimeout), func(err error, _, _ bool) {
+			e.m.fenceResult(e.loop.Now(), session, first, count, err)
+		})
 	case aDeliver:
 		e.deliver(a.n)
 	case aTimer:
@@ -208,9 +214,9 @@ func (e *Engine) onMachineTimer() {
 const busyRetry = 50 * time.Millisecond
 
 // sendOOB sends req over OOB on a goroutine (OOB calls block; the loop never does) and
-// reports the result to the machine (id 0: a fence, whose result is not needed). A peer
-// whose queue is full answers "busy": the notify is sent again until the deadline.
-func (e *Engine) sendOOB(id reqID, peer string, req oob.NotifyRequest, deadline time.Time) {
+// reports the result on the loop. A peer whose queue is full answers "busy": the notify is
+// sent again until the deadline.
+func (e *Engine) sendOOB(peer string, req oob.NotifyRequest, deadline time.Time, report func(err error, maybe, local bool)) {
 	go func() {
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		defer cancel()
@@ -230,15 +236,15 @@ func (e *Engine) sendOOB(id reqID, peer string, req oob.NotifyRequest, deadline 
 			}
 			break
 		}
-		if id == 0 {
-			return
-		}
 		maybe, local := oobOutcome(err)
 		if err != nil {
 			err = oobKind(err)
 		}
 		_ = e.loop.Submit(func() {
-			e.m.sendResult(e.loop.Now(), id, err, maybe, local)
+			if e.closing {
+				return
+			}
+			report(err, maybe, local)
 			e.perform()
 		})
 	}()

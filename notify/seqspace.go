@@ -65,13 +65,16 @@ func (s *seqSpace) giveUp(seq uint64) {
 	s.fences = append(s.fences, seqRange{seq, 1})
 }
 
-// takeFences returns the ranges to fence and forgets them; the caller posts them and then
-// resolves their seqs (fenced).
+// takeFences returns the ranges to fence and forgets them; the caller posts them, then
+// resolves their seqs once the peer has them (fenced), or gives them back (refence).
 func (s *seqSpace) takeFences() []seqRange {
 	f := s.fences
 	s.fences = nil
 	return f
 }
+
+// refence puts back a range whose fence may not have reached the peer.
+func (s *seqSpace) refence(r seqRange) { s.fences = append(s.fences, r) }
 
 // fenced resolves every seq of r.
 func (s *seqSpace) fenced(r seqRange) {

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/twosided/twosided/notify/limits"
 )
 
 // A Mooncake notify frame written out by hand: len=31 (1 type byte + 30 JSON bytes).
@@ -268,6 +270,12 @@ func TestHandshakeDecodeTable(t *testing.T) {
 }
 
 func TestConfigRanges(t *testing.T) {
+	// The frame constants are the table's (they must stay constants for callers).
+	require.EqualValues(t, limits.HandshakeMaxLength.Default, DefaultMaxFrame)
+	require.EqualValues(t, limits.HandshakeMaxLength.Min, MinMaxFrame)
+	require.EqualValues(t, limits.HandshakeMaxLength.Max, MaxMaxFrame)
+	require.EqualValues(t, limits.AuthKeyLen.Min, MinAuthKey)
+	require.EqualValues(t, limits.AuthKeyLen.Max, MaxAuthKey)
 	c, err := Config{}.withDefaults()
 	require.NoError(t, err)
 	require.Equal(t, DefaultMaxFrame, c.MaxFrame)
@@ -298,7 +306,9 @@ func TestConfigRanges(t *testing.T) {
 		{Config{MaxConns: -1}, "MaxConns"},
 		{Config{MaxConnBuffer: 1000}, "MaxConnBuffer"},
 		{Config{MaxPendingHandshakes: -1}, "MaxPendingHandshakes"},
-		{Config{MaxPendingHandshakes: 1<<16 + 1}, "MaxPendingHandshakes"},
+		{Config{MaxPendingHandshakes: 1<<16 + 1}, "MaxPendingHandshakes: 65537 out of range 1..65536"},
+		{Config{MaxPendingHandshakesPerAddr: -1}, "MaxPendingHandshakesPerAddr"},
+		{Config{MaxPeers: 1<<20 + 1}, "MaxPeers"},
 		{Config{AuthKey: []byte{}}, "AuthKey: 0 bytes"},
 		{Config{AuthKey: []byte("short")}, "AuthKey: 5 bytes, want 16..1024"},
 		{Config{AuthKey: make([]byte, 1025)}, "AuthKey"},

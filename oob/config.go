@@ -1,11 +1,14 @@
 package oob
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/twosided/twosided/notify/limits"
 )
 
 // Config of a Node. A zero field takes its default; a value out of range is an
@@ -51,6 +54,15 @@ type Config struct {
 	// Above it a request gets the error reply "too many pending handshakes" and its
 	// connection keeps working.
 	MaxPendingHandshakes int
+	// MaxPendingHandshakesPerAddr caps the handshake requests from one remote IP address
+	// handed to the Handler and not answered yet (default 8, allowed 1..65536). Above it a
+	// request gets a refusal (ts_refuse "limit") and its connection keeps working.
+	MaxPendingHandshakesPerAddr int
+	// MaxPeers caps the peer addresses this Node keeps client state for (a persistent
+	// connection, a classic mark; default 4096, allowed 1..1<<20). Past it an entry without
+	// requests in flight is evicted (its idle connection closed); when none can be, a
+	// request to a new address fails with ErrLimit.
+	MaxPeers int
 	// AuthKey turns on pre-shared-key authentication (HMAC-SHA256 challenge-response
 	// in the ts_hello exchange, both directions; see the package doc). nil: off. When
 	// set it must be MinAuthKey..MaxAuthKey bytes; the Node keeps a copy.
@@ -66,15 +78,18 @@ type Config struct {
 }
 
 // Defaults.
+// Defaults, from the limits table (notify/limits).
 const (
-	DefaultListenAddr     = ":12001"
-	DefaultConnectTimeout = 5 * time.Second
-	DefaultRequestTimeout = 10 * time.Second
-	DefaultIdleTimeout    = 10 * time.Second
-	DefaultMaxConns       = 4096
+	DefaultListenAddr = ":12001"
+)
+
+var (
+	DefaultConnectTimeout = time.Duration(limits.HandshakeConnectTimeout.Default)
+	DefaultRequestTimeout = time.Duration(limits.OOBRequestTimeout.Default)
+	DefaultIdleTimeout    = time.Duration(limits.OOBIdleTimeout.Default)
+	DefaultMaxConns       = int(limits.OOBMaxConns.Default)
 	// DefaultMaxPendingHandshakes is Config.MaxPendingHandshakes' default.
-	DefaultMaxPendingHandshakes = 64
-	defaultMinConnBuffer        = 4 << 20
+	DefaultMaxPendingHandshakes = int(limits.OOBMaxPendingHandshakes.Default)
 )
 
 func (c Config) withDefaults() (Config, error) {
@@ -84,42 +99,43 @@ func (c Config) withDefaults() (Config, error) {
 	if _, _, err := net.SplitHostPort(c.ListenAddr); err != nil {
 		return c, fmt.Errorf("%w: ListenAddr %q: %v", ErrBadConfig, c.ListenAddr, err)
 	}
-	if c.MaxFrame == 0 {
-		c.MaxFrame = DefaultMaxFrame
+	var errs []error
+	intField := func(name string, l *limits.Limit, v *int) {
+		if *v == 0 {
+			*v = int(l.Default)
+		}
+		if err := l.Check(name, int64(*v)); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrBadConfig, err))
+		}
 	}
-	if c.MaxFrame < MinMaxFrame || c.MaxFrame > MaxMaxFrame {
-		return c, fmt.Errorf("%w: MaxFrame %d out of range %d..%d", ErrBadConfig, c.MaxFrame, MinMaxFrame, MaxMaxFrame)
+	durField := func(name string, l *limits.Limit, v *time.Duration) {
+		if *v == 0 {
+			*v = time.Duration(l.Default)
+		}
+		if err := l.CheckDuration(name, *v); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrBadConfig, err))
+		}
 	}
-	var err error
-	if c.ConnectTimeout, err = durField("ConnectTimeout", c.ConnectTimeout, DefaultConnectTimeout, time.Millisecond, 3599*time.Second); err != nil {
+	intField("MaxFrame", &limits.HandshakeMaxLength, &c.MaxFrame)
+	durField("ConnectTimeout", &limits.HandshakeConnectTimeout, &c.ConnectTimeout)
+	durField("RequestTimeout", &limits.OOBRequestTimeout, &c.RequestTimeout)
+	durField("IdleTimeout", &limits.OOBIdleTimeout, &c.IdleTimeout)
+	intField("MaxConns", &limits.OOBMaxConns, &c.MaxConns)
+	intField("MaxPendingHandshakes", &limits.OOBMaxPendingHandshakes, &c.MaxPendingHandshakes)
+	intField("MaxPendingHandshakesPerAddr", &limits.OOBMaxPendingHandshakesPerAddr, &c.MaxPendingHandshakesPerAddr)
+	intField("MaxPeers", &limits.OOBMaxPeers, &c.MaxPeers)
+	if err := errors.Join(errs...); err != nil {
 		return c, err
 	}
-	if c.RequestTimeout, err = durField("RequestTimeout", c.RequestTimeout, DefaultRequestTimeout, time.Millisecond, time.Hour); err != nil {
-		return c, err
-	}
-	if c.IdleTimeout, err = durField("IdleTimeout", c.IdleTimeout, DefaultIdleTimeout, 10*time.Millisecond, time.Hour); err != nil {
-		return c, err
-	}
+	// Keepalive and MaxConnBuffer are bounded by other fields.
 	if c.Keepalive != 0 && (c.Keepalive < time.Millisecond || c.Keepalive > c.IdleTimeout/2) {
 		return c, fmt.Errorf("%w: Keepalive %v out of range 0 (off) or %v..%v (IdleTimeout/2)", ErrBadConfig, c.Keepalive, time.Millisecond, c.IdleTimeout/2)
 	}
-	if c.MaxConns == 0 {
-		c.MaxConns = DefaultMaxConns
-	}
-	if c.MaxConns < 1 || c.MaxConns > 1<<20 {
-		return c, fmt.Errorf("%w: MaxConns %d out of range 1..%d", ErrBadConfig, c.MaxConns, 1<<20)
-	}
 	if c.MaxConnBuffer == 0 {
-		c.MaxConnBuffer = max(defaultMinConnBuffer, 2*c.MaxFrame+64<<10)
+		c.MaxConnBuffer = max(int(limits.OOBMaxConnBuffer.Default), 2*c.MaxFrame+64<<10)
 	}
-	if c.MaxConnBuffer < c.MaxFrame+HeaderSize || c.MaxConnBuffer > 1<<30 {
-		return c, fmt.Errorf("%w: MaxConnBuffer %d out of range %d (MaxFrame+9)..%d", ErrBadConfig, c.MaxConnBuffer, c.MaxFrame+HeaderSize, 1<<30)
-	}
-	if c.MaxPendingHandshakes == 0 {
-		c.MaxPendingHandshakes = DefaultMaxPendingHandshakes
-	}
-	if c.MaxPendingHandshakes < 1 || c.MaxPendingHandshakes > 1<<16 {
-		return c, fmt.Errorf("%w: MaxPendingHandshakes %d out of range 1..%d", ErrBadConfig, c.MaxPendingHandshakes, 1<<16)
+	if c.MaxConnBuffer < c.MaxFrame+HeaderSize || c.MaxConnBuffer > int(limits.OOBMaxConnBuffer.Max) {
+		return c, fmt.Errorf("%w: MaxConnBuffer %d out of range %d (MaxFrame+9)..%d", ErrBadConfig, c.MaxConnBuffer, c.MaxFrame+HeaderSize, limits.OOBMaxConnBuffer.Max)
 	}
 	if c.AuthKey != nil {
 		if len(c.AuthKey) < MinAuthKey || len(c.AuthKey) > MaxAuthKey {
@@ -128,14 +144,4 @@ func (c Config) withDefaults() (Config, error) {
 		c.AuthKey = append([]byte(nil), c.AuthKey...)
 	}
 	return c, nil
-}
-
-func durField(name string, v, def, lo, hi time.Duration) (time.Duration, error) {
-	if v == 0 {
-		return def, nil
-	}
-	if v < lo || v > hi {
-		return v, fmt.Errorf("%w: %s %v out of range %v..%v", ErrBadConfig, name, v, lo, hi)
-	}
-	return v, nil
 }

@@ -1,0 +1,156 @@
+package ctrlchannel
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestMachineFenceInOrder: a fence travels in the send FIFO and reaches the peer's
+// events between the notifies it was queued between; adjacent queued fences merge.
+func TestMachineFenceInOrder(t *testing.T) {
+	nw := connect(t, extParams(8), extParams(8))
+	nw.a.submit(1, "n", "a")
+	require.NoError(t, nw.a.m.Fence(2, 3))
+	nw.a.apply()
+	nw.a.submit(5, "n", "b")
+	nw.pump(4)
+	require.Equal(t, []uint64{1, 5}, seqs(nw.b.got))
+	require.Equal(t, []fenceAt{{after: 1, session: 11, first: 2, count: 3}}, nw.b.fences)
+
+	b := newNode(t, "B", Params{RecvCount: 4, SendSlots: 1, Extensions: true})
+	require.NoError(t, b.m.Connected(t0, PeerParams{LocalSession: 1, PeerSession: 2, Epoch: 1, RQDepth: 8, Extensions: true}))
+	b.apply()
+	b.submit(1, "n", "a") // takes the only send slot: the fences below wait in the queue
+	require.NoError(t, b.m.Fence(2, 1))
+	require.NoError(t, b.m.Fence(3, 2))
+	require.NoError(t, b.m.Fence(9, 1))
+	b.apply()
+	require.Equal(t, 2, b.m.qlen, "two fences queued: 2..4 merged, 9 apart")
+	require.ErrorIs(t, b.m.Fence(0, 1), ErrConfig)
+	require.ErrorIs(t, b.m.Fence(1, 0), ErrConfig)
+	require.ErrorIs(t, b.m.Fence(^uint64(0), 2), ErrConfig)
+}
+
+// TestMachineFencePausedHeld: a paused receiver holds a fence with the notifies, in order.
+func TestMachineFencePausedHeld(t *testing.T) {
+	nw := connect(t, extParams(8), extParams(8))
+	nw.b.m.SetPaused(t0, true)
+	nw.b.apply()
+	nw.a.submit(1, "n", "a")
+	require.NoError(t, nw.a.m.Fence(2, 1))
+	nw.a.apply()
+	nw.a.submit(3, "n", "b")
+	nw.pump(4)
+	require.Empty(t, nw.b.got)
+	require.Empty(t, nw.b.fences)
+	nw.b.m.SetPaused(t0, false)
+	nw.b.apply()
+	require.Equal(t, []uint64{1, 3}, seqs(nw.b.got))
+	require.Equal(t, []fenceAt{{after: 1, session: 11, first: 2, count: 1}}, nw.b.fences)
+}
+
+// TestMachineFenceNotToLegacy: a legacy peer's seqs are per channel; nothing is sent.
+func TestMachineFenceNotToLegacy(t *testing.T) {
+	a := legacyNode(t, extParams(4), 8)
+	require.NoError(t, a.m.Fence(1, 5))
+	a.apply()
+	require.Empty(t, a.wire)
+	require.Zero(t, a.m.Stats().FencesSent)
+}
+
+// TestMachineBye: the notifies queued before Bye go out first, then SESSION_CLOSE; its
+// completion closes the sender, the peer delivers everything and closes with
+// ErrPeerClosed. Nothing is accepted after Bye.
+func TestMachineBye(t *testing.T) {
+	nw := connect(t, extParams(8), extParams(8))
+	var reqs []*SendReq
+	for i := 1; i <= 20; i++ {
+		reqs = append(reqs, nw.a.submit(uint64(i), "n", fmt.Sprintf("m%d", i)))
+	}
+	nw.a.m.Bye(t0, t0.Add(time.Second))
+	nw.a.apply()
+	late := nw.a.submit(21, "n", "late")
+	require.ErrorIs(t, nw.a.done[late], ErrClosed)
+	require.ErrorIs(t, nw.a.m.Fence(21, 1), ErrClosed)
+	nw.pump(3)
+	require.Len(t, nw.b.got, 20)
+	for _, r := range reqs {
+		require.NoError(t, nw.a.done[r])
+	}
+	require.ErrorIs(t, nw.b.closed, ErrPeerClosed)
+	require.ErrorIs(t, nw.b.closed, ErrClosed)
+	require.ErrorIs(t, nw.a.closed, ErrClosed)
+	require.NotErrorIs(t, nw.a.closed, ErrPeerClosed)
+	last := nw.a.sends[len(nw.a.sends)-1]
+	require.Equal(t, TypeSessionClose, last.typ)
+	require.True(t, last.signaled)
+}
+
+// TestMachineByePausedReceiver: a paused receiver keeps the SESSION_CLOSE behind its held
+// notifies and closes only after delivering them.
+func TestMachineByePausedReceiver(t *testing.T) {
+	nw := connect(t, extParams(8), extParams(8))
+	nw.b.m.SetPaused(t0, true)
+	nw.b.apply()
+	nw.a.submit(1, "n", "a")
+	nw.a.submit(2, "n", "b")
+	nw.a.m.Bye(t0, t0.Add(time.Second))
+	nw.a.apply()
+	nw.pump(4)
+	require.NoError(t, nw.b.closed)
+	require.Empty(t, nw.b.got)
+	nw.b.m.SetPaused(t0, false)
+	nw.b.apply()
+	require.Equal(t, []uint64{1, 2}, seqs(nw.b.got))
+	require.ErrorIs(t, nw.b.closed, ErrPeerClosed)
+}
+
+// TestMachineByeDeadline: a SESSION_CLOSE that cannot complete (no RECV at the peer)
+// does not hold the channel open past the deadline; to a legacy peer it is sent too.
+func TestMachineByeDeadline(t *testing.T) {
+	a := legacyNode(t, extParams(4), 8)
+	r := a.submit(1, "n", "a")
+	a.m.Bye(t0, t0.Add(time.Second))
+	a.apply()
+	require.Equal(t, TypeSessionClose, a.wire[len(a.wire)-1].typ, "Mooncake knows type 6 and ignores it")
+	require.Equal(t, t0.Add(time.Second), a.timer)
+	a.m.Tick(t0.Add(999 * time.Millisecond))
+	a.apply()
+	require.NoError(t, a.closed)
+	a.m.Tick(t0.Add(time.Second))
+	a.apply()
+	require.ErrorIs(t, a.closed, ErrClosed)
+	require.ErrorIs(t, a.done[r], ErrClosed)
+}
+
+// TestMachineNotifyID: an id reaches a twosided peer, whole and fragmented; too long an id
+// is refused.
+func TestMachineNotifyID(t *testing.T) {
+	nw := connect(t, extParams(8), extParams(8))
+	big := strings.Repeat("y", 3*256)
+	ids := []string{"", "id-1", strings.Repeat("i", MaxIDLen)}
+	for i, id := range ids {
+		nw.a.submitReq(&SendReq{Seq: uint64(2*i + 1), Name: "n", Msg: []byte("small"), ID: id})
+		nw.a.submitReq(&SendReq{Seq: uint64(2*i + 2), Name: "n", Msg: []byte(big), ID: id})
+	}
+	tooLong := nw.a.submitReq(&SendReq{Seq: 99, Name: "n", ID: strings.Repeat("i", MaxIDLen+1)})
+	require.ErrorIs(t, nw.a.done[tooLong], ErrTooLarge)
+	nw.pump(4)
+	require.Len(t, nw.b.got, 6)
+	for i, d := range nw.b.got {
+		require.Equal(t, ids[i/2], d.id, "seq %d", d.seq)
+		require.Equal(t, "n", d.name)
+	}
+	require.Equal(t, big, nw.b.got[1].msg)
+	require.Positive(t, nw.a.m.Stats().FragmentsSent)
+	var types []FrameType
+	for _, f := range nw.a.sends {
+		types = append(types, f.typ)
+	}
+	require.Contains(t, types, TypeNotifyID)
+	require.Contains(t, types, TypeNotifyIDFragment)
+}

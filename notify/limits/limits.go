@@ -1,0 +1,193 @@
+// Package limits is the one table of twosided's limits and defaults: for each, its name,
+// its environment variable (if any), its default, its allowed range and unit. Options,
+// the environment parser and every layer's Config validation (notify, ctrlchannel, oob)
+// check a value with the same entry, so a value accepted in one place is accepted in all.
+//
+// It is a leaf: it imports nothing of the project, so any layer may import it.
+package limits
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ErrRange is wrapped by every error of this package; callers wrap it again with their
+// own configuration sentinel.
+var ErrRange = errors.New("out of range")
+
+// Unit says how a limit's values are written.
+type Unit uint8
+
+const (
+	Count    Unit = iota // a plain number
+	Bytes                // a size in bytes
+	Duration             // a time.Duration in nanoseconds
+)
+
+// Special is a value outside Min..Max that is still allowed, with its meaning (0 = off,
+// -1 = auto); Word is also accepted from the environment.
+type Special struct {
+	Value int64
+	Word  string
+}
+
+// Limit is one entry of the table.
+type Limit struct {
+	Name    string        // option / field name in the notify API, e.g. "recv_count"
+	Env     string        // environment variable, "" when none
+	EnvUnit time.Duration // Duration limits: the unit of the variable's integer (ms, s)
+	Default int64
+	Min     int64
+	Max     int64
+	Unit    Unit
+	// OneOf, when set, lists the only values allowed in Min..Max.
+	OneOf   []int64
+	Special []Special
+}
+
+// The table. Durations are in nanoseconds.
+var (
+	RecvCount       = Limit{Name: "recv_count", Env: "MC_RDMA_NOTIFY_RECV_COUNT", Default: 64, Min: 1, Max: 4096}
+	BufferSize      = Limit{Name: "buffer_size", Env: "MC_RDMA_NOTIFY_BUFFER_SIZE", Default: 4096, Min: 256, Max: 65536, Unit: Bytes}
+	MaxPendingSends = Limit{Name: "max_pending_sends", Env: "MC_RDMA_NOTIFY_MAX_PENDING_SENDS", Default: 64, Min: 1, Max: 4096}
+	ConnectTimeout  = Limit{Name: "connect_timeout", Env: "MC_RDMA_NOTIFY_CONNECT_TIMEOUT_MS", EnvUnit: time.Millisecond,
+		Default: int64(10 * time.Second), Min: int64(100 * time.Millisecond), Max: int64(600 * time.Second), Unit: Duration}
+	MaxNotifySize = Limit{Name: "max_notify_size", Default: 1 << 20, Min: 1, Max: 128 << 20, Unit: Bytes}
+	RecvQueue     = Limit{Name: "recv_queue", Default: 4096, Min: 1, Max: 1 << 24}
+	// MTU caps the path MTU; 0 takes the port's active MTU.
+	MTU      = Limit{Name: "mtu", Env: "MC_MTU", Default: 0, Min: 256, Max: 4096, Unit: Bytes, OneOf: []int64{256, 512, 1024, 2048, 4096}, Special: []Special{{0, "port"}}}
+	IBPort   = Limit{Name: "ib_port", Env: "MC_IB_PORT", Default: 1, Min: 1, Max: 255}
+	GIDIndex = Limit{Name: "gid_index", Env: "MC_GID_INDEX", Default: -1, Min: 0, Max: 255, Special: []Special{{-1, "auto"}}}
+	// HandshakePort is the OOB listen port; 0 keeps the listen address given.
+	HandshakePort           = Limit{Name: "handshake_port", Env: "MC_HANDSHAKE_PORT", Default: 0, Min: 1, Max: 65535, Special: []Special{{0, ""}}}
+	HandshakeConnectTimeout = Limit{Name: "handshake_connect_timeout", Env: "MC_HANDSHAKE_CONNECT_TIMEOUT", EnvUnit: time.Second,
+		Default: int64(5 * time.Second), Min: int64(time.Millisecond), Max: int64(3599 * time.Second), Unit: Duration}
+	HandshakeMaxLength = Limit{Name: "handshake_max_length", Env: "MC_HANDSHAKE_MAX_LENGTH", Default: 1 << 20, Min: 1 << 20, Max: 128 << 20, Unit: Bytes}
+	BusyPoll           = Limit{Name: "busy_poll", Default: 0, Min: 0, Max: int64(time.Second), Unit: Duration}
+	AuthKeyLen         = Limit{Name: "auth_key", Default: 0, Min: 16, Max: 1024, Unit: Bytes, Special: []Special{{0, "off"}}}
+	MaxChannels        = Limit{Name: "max_channels", Default: 1024, Min: 1, Max: 1 << 20}
+	// Keepalive of ctrl channels; 0 = off.
+	Keepalive = Limit{Name: "keepalive", Default: 0, Min: int64(time.Millisecond), Max: int64(time.Hour), Unit: Duration, Special: []Special{{0, "off"}}}
+
+	// OOB channel.
+	OOBMaxConns             = Limit{Name: "max_conns", Default: 4096, Min: 1, Max: 1 << 20}
+	OOBMaxPendingHandshakes = Limit{Name: "max_pending_handshakes", Default: 64, Min: 1, Max: 1 << 16}
+	// OOBMaxPendingHandshakesPerAddr caps the handshakes one remote IP has in the Handler.
+	OOBMaxPendingHandshakesPerAddr = Limit{Name: "max_pending_handshakes_per_addr", Default: 8, Min: 1, Max: 1 << 16}
+	// OOBMaxPeers caps the peer addresses a Node keeps client state for.
+	OOBMaxPeers       = Limit{Name: "max_oob_peers", Default: 4096, Min: 1, Max: 1 << 20}
+	OOBIdleTimeout    = Limit{Name: "oob_idle_timeout", Default: int64(10 * time.Second), Min: int64(10 * time.Millisecond), Max: int64(time.Hour), Unit: Duration}
+	OOBRequestTimeout = Limit{Name: "oob_request_timeout", Default: int64(10 * time.Second), Min: int64(time.Millisecond), Max: int64(time.Hour), Unit: Duration}
+	OOBMaxConnBuffer  = Limit{Name: "max_conn_buffer", Default: 4 << 20, Min: 1<<20 + 9, Max: 1 << 30, Unit: Bytes}
+)
+
+// All lists every entry, for tests and documentation.
+func All() []*Limit {
+	return []*Limit{&RecvCount, &BufferSize, &MaxPendingSends, &ConnectTimeout, &MaxNotifySize, &RecvQueue,
+		&MTU, &IBPort, &GIDIndex, &HandshakePort, &HandshakeConnectTimeout, &HandshakeMaxLength, &BusyPoll,
+		&AuthKeyLen, &MaxChannels, &Keepalive, &OOBMaxConns, &OOBMaxPendingHandshakes,
+		&OOBMaxPendingHandshakesPerAddr, &OOBMaxPeers, &OOBIdleTimeout, &OOBRequestTimeout, &OOBMaxConnBuffer}
+}
+
+// Allowed reports whether v is in range (or one of the special values).
+func (l *Limit) Allowed(v int64) bool {
+	for _, s := range l.Special {
+		if v == s.Value {
+			return true
+		}
+	}
+	if v < l.Min || v > l.Max {
+		return false
+	}
+	if len(l.OneOf) == 0 {
+		return true
+	}
+	for _, o := range l.OneOf {
+		if v == o {
+			return true
+		}
+	}
+	return false
+}
+
+// Check returns nil when v is allowed, else an ErrRange error naming field (the caller's
+// name for the value: an option, a Config field) and the range.
+func (l *Limit) Check(field string, v int64) error {
+	if l.Allowed(v) {
+		return nil
+	}
+	return fmt.Errorf("%s: %s %w %s", field, l.format(v), ErrRange, l.Range())
+}
+
+// CheckDuration is Check for a time.Duration field.
+func (l *Limit) CheckDuration(field string, d time.Duration) error { return l.Check(field, int64(d)) }
+
+// Range describes the allowed values, e.g. "256..65536 bytes", "one of 256, 512 (or 0 = port)".
+func (l *Limit) Range() string {
+	var b strings.Builder
+	if len(l.OneOf) > 0 {
+		b.WriteString("one of ")
+		for i, o := range l.OneOf {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(l.format(o))
+		}
+	} else {
+		b.WriteString(l.format(l.Min) + ".." + l.format(l.Max))
+	}
+	for _, s := range l.Special {
+		b.WriteString(" (or " + l.format(s.Value))
+		if s.Word != "" {
+			b.WriteString(" = " + s.Word)
+		}
+		b.WriteString(")")
+	}
+	return b.String()
+}
+
+func (l *Limit) format(v int64) string {
+	switch l.Unit {
+	case Duration:
+		return time.Duration(v).String()
+	case Bytes:
+		return strconv.FormatInt(v, 10) + " B"
+	}
+	return strconv.FormatInt(v, 10)
+}
+
+// ParseEnv parses the value s of l.Env: an integer (in EnvUnit for a duration) or a
+// special word. The result is in l's unit and allowed exactly when the same value given
+// as an option is; an error names the variable and the range.
+func (l *Limit) ParseEnv(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	for _, sp := range l.Special {
+		if sp.Word != "" && strings.EqualFold(s, sp.Word) {
+			return sp.Value, nil
+		}
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %q is not an integer%s: %w", l.Env, s, l.envUnitName(), ErrRange)
+	}
+	if l.Unit == Duration && l.EnvUnit > 0 {
+		if v > int64(1<<63-1)/int64(l.EnvUnit) || v < -int64(1<<63-1)/int64(l.EnvUnit) {
+			return 0, fmt.Errorf("%s: %d%s %w %s", l.Env, v, l.envUnitName(), ErrRange, l.Range())
+		}
+		v *= int64(l.EnvUnit)
+	}
+	if !l.Allowed(v) {
+		return 0, fmt.Errorf("%s: %s %w %s", l.Env, l.format(v), ErrRange, l.Range())
+	}
+	return v, nil
+}
+
+func (l *Limit) envUnitName() string {
+	if l.Unit != Duration || l.EnvUnit <= 0 {
+		return ""
+	}
+	return " (" + strings.TrimPrefix(l.EnvUnit.String(), "1") + ")"
+}

@@ -1,0 +1,581 @@
+package notify
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// This file drives peerMachines through an in-memory network, deterministically: every
+// message (handshake request and reply, channel frame and its ACK, OOB notify and its
+// reply) is an event in one pool, and a seeded scheduler picks which happens next, so
+// handshakes race traffic, fallbacks race channels and names race each other in every
+// order. Channels keep RC's rules: frames of one channel arrive in order, a frame arrives
+// at most once, and its sender learns success only from the ACK of a frame that arrived.
+
+type simEngine struct {
+	name     string
+	m        *peerMachine
+	net      *simNet
+	got      []Notify
+	results  map[reqID]error
+	posted   map[reqID]string // the notify each request carries
+	nids     map[reqID]string
+	links    map[chanID]*simLink
+	nextReq  reqID
+	timerAt  time.Time
+	rng      *rand.Rand
+	closedCh map[chanID]bool
+	trace    func(mAction)
+}
+
+// simLink is one end of a connected channel.
+type simLink struct {
+	local  *simEngine
+	id     chanID
+	remote *simLink
+	dead   bool
+	// frames in flight towards the remote end, in order
+	q []simFrame
+}
+
+type simFrame struct {
+	req         reqID
+	seq         uint64
+	fence       bool
+	first, cnt  uint64
+	msg, nid    string
+	arrived     bool
+	fromSession uint64
+}
+
+type simNet struct {
+	t       *testing.T
+	rng     *rand.Rand
+	now     time.Time
+	engines map[string]*simEngine
+	alias   map[string]string // name -> engine name
+	events  []func()
+}
+
+func newSimNet(t *testing.T, seed uint64) *simNet {
+	return &simNet{t: t, rng: rand.New(rand.NewPCG(seed, 99)), now: time.Unix(1000, 0),
+		engines: map[string]*simEngine{}, alias: map[string]string{}}
+}
+
+func (n *simNet) add(name string, session uint64, cfg machineConfig, aliases ...string) *simEngine {
+	tok := uint64(session << 16)
+	e := &simEngine{name: name, net: n, results: map[reqID]error{}, posted: map[reqID]string{}, nids: map[reqID]string{},
+		links: map[chanID]*simLink{}, closedCh: map[chanID]bool{}}
+	e.m = newPeerMachine(session, cfg, func() uint64 { tok++; return tok })
+	n.engines[name] = e
+	n.alias[name] = name
+	for _, a := range aliases {
+		n.alias[a] = name
+	}
+	return e
+}
+
+func (n *simNet) post(f func()) { n.events = append(n.events, f) }
+
+// step runs one event picked at random; false when none is left.
+func (n *simNet) step() bool {
+	if len(n.events) == 0 {
+		return false
+	}
+	i := n.rng.IntN(len(n.events))
+	f := n.events[i]
+	n.events = append(n.events[:i], n.events[i+1:]...)
+	n.now = n.now.Add(time.Duration(n.rng.IntN(50)) * time.Microsecond)
+	f()
+	return true
+}
+
+// run steps until quiet, then lets time pass for the machines' timers.
+func (n *simNet) run() {
+	for rounds := 0; rounds < 200; rounds++ {
+		for n.step() {
+		}
+		var next time.Time
+		for _, e := range n.engines {
+			if !e.timerAt.IsZero() && (next.IsZero() || e.timerAt.Before(next)) {
+				next = e.timerAt
+			}
+		}
+		if next.IsZero() {
+			return
+		}
+		if next.After(n.now) {
+			n.now = next
+		}
+		for _, e := range n.engines {
+			if !e.timerAt.IsZero() && !e.timerAt.After(n.now) {
+				e.timerAt = time.Time{}
+				e.m.tick(n.now)
+				e.perform()
+			}
+		}
+	}
+}
+
+func (e *simEngine) send(to, msg, nid string) reqID {
+	e.nextReq++
+	id := e.nextReq
+	e.posted[id], e.nids[id] = msg, nid
+	e.m.send(e.net.now, id, to, nid, e.net.now.Add(time.Hour))
+	e.perform()
+	return id
+}
+
+func (e *simEngine) perform() {
+	for {
+		acts := e.m.ready()
+		if len(acts) == 0 {
+			return
+		}
+		for _, a := range acts {
+			e.do(a)
+		}
+	}
+}
+
+func (e *simEngine) do(a mAction) {
+	n := e.net
+	if e.trace != nil {
+		e.trace(a)
+	}
+	switch a.kind {
+	case aConnect:
+		n.post(func() { n.handshake(e, a) })
+	case aPost:
+		l := e.links[a.ch]
+		if l == nil || l.dead {
+			n.post(func() { e.m.sendResult(n.now, a.req, errors.New("qp down"), false, false); e.perform() })
+			return
+		}
+		e.enqueueFrame(l, simFrame{req: a.req, seq: a.seq, msg: e.posted[a.req], nid: e.nids[a.req], fromSession: e.m.local})
+	case aFence:
+		if l := e.links[a.ch]; a.ch != 0 && l != nil && !l.dead {
+			e.enqueueFrame(l, simFrame{fence: true, first: a.first, cnt: a.count})
+			return
+		}
+		to := n.engines[n.alias[a.name]]
+		n.post(func() {
+			code, err := to.m.oobArrive(n.now, oobArrival{session: e.m.local, token: a.token, to: a.session, skipFrom: a.first, skipN: a.count})
+			to.perform()
+			if code == "" {
+				err = nil
+			}
+			n.post(func() { e.m.fenceResult(n.now, a.session, a.first, a.count, err); e.perform() })
+		})
+	case aOOB:
+		to := n.engines[n.alias[a.name]]
+		msg := e.posted[a.req]
+		n.post(func() {
+			code, err := "", error(nil)
+			if to == nil {
+				err = errors.New("unreachable")
+			} else {
+				code, err = to.m.oobArrive(n.now, oobArrival{session: e.m.local, token: a.token, to: a.session, seq: a.seq,
+					nid: e.nids[a.req], from: e.name, n: Notify{Msg: []byte(msg)}})
+				to.perform()
+				switch code {
+				case "":
+					err = nil
+				case refuseAuth, refuseStale:
+					err = &kindError{kind: ErrRejected, cause: errors.Join(errRebind, err)}
+				}
+			}
+			n.post(func() { e.m.sendResult(n.now, a.req, err, false, false); e.perform() })
+		})
+	case aComplete:
+		if _, dup := e.results[a.req]; dup {
+			n.t.Fatalf("%s: request %d completed twice", e.name, a.req)
+		}
+		e.results[a.req] = a.err
+	case aClose:
+		e.closeLink(a.ch)
+	case aDeliver:
+		e.got = append(e.got, a.n)
+	case aTimer:
+		if e.timerAt.IsZero() || a.at.Before(e.timerAt) {
+			e.timerAt = a.at
+		}
+	}
+}
+
+func (e *simEngine) enqueueFrame(l *simLink, f simFrame) {
+	l.q = append(l.q, f)
+	e.net.post(func() { e.net.deliverHead(l) })
+}
+
+// deliverHead delivers the oldest frame in flight on l (RC order), then its ACK.
+func (n *simNet) deliverHead(l *simLink) {
+	if len(l.q) == 0 {
+		return
+	}
+	f := l.q[0]
+	l.q = l.q[1:]
+	e, r := l.local, l.remote
+	if l.dead || r == nil || r.dead {
+		if !f.fence {
+			n.post(func() { e.m.sendResult(n.now, f.req, errors.New("retry exceeded"), true, false); e.perform() })
+		}
+		return
+	}
+	if f.fence {
+		r.local.m.chanFence(n.now, r.id, f.first, f.cnt)
+	} else {
+		r.local.m.chanArrival(n.now, r.id, f.seq, f.nid, Notify{Msg: []byte(f.msg)})
+	}
+	r.local.perform()
+	if !f.fence {
+		n.post(func() {
+			if !l.dead {
+				e.m.sendResult(n.now, f.req, nil, false, false)
+			} else {
+				// Our side closed before the ACK was reaped: the flush error.
+				e.m.sendResult(n.now, f.req, errors.New("flushed"), true, false)
+			}
+			e.perform()
+		})
+	}
+}
+
+func (e *simEngine) closeLink(id chanID) {
+	if e.closedCh[id] {
+		return
+	}
+	e.closedCh[id] = true
+	l := e.links[id]
+	n := e.net
+	if l != nil {
+		l.dead = true
+		// Sends in flight on our side fail (flushed); the peer's side learns by its next
+		// frame or keepalive: here, at once.
+		for _, f := range l.q {
+			if !f.fence {
+				f := f
+				n.post(func() { e.m.sendResult(n.now, f.req, errors.New("flushed"), true, false); e.perform() })
+			}
+		}
+		l.q = nil
+		if r := l.remote; r != nil && !r.dead {
+			n.post(func() {
+				r.local.closeLink(r.id)
+				r.local.m.chanClosed(n.now, r.id, errors.New("peer closed"))
+				r.local.perform()
+			})
+		}
+	}
+	n.post(func() { e.m.chanClosed(n.now, id, errors.New("closed")); e.perform() })
+}
+
+// handshake carries a's handshake to the engine behind a.name and its reply back.
+func (n *simNet) handshake(from *simEngine, a mAction) {
+	to := n.engines[n.alias[a.name]]
+	if to == nil {
+		from.m.connected(n.now, a.name, a.ch, hsResult{err: errors.New("connection refused")})
+		from.perform()
+		return
+	}
+	rep := to.m.inbound(n.now, inboundHS{name: from.name, session: from.m.local, token: a.token, proof: a.proof,
+		epoch: a.epoch, ctrl: a.ch != 0})
+	var rl *simLink
+	if rep.ch != 0 {
+		rl = &simLink{local: to, id: rep.ch}
+		to.links[rep.ch] = rl
+		to.m.inboundUp(n.now, rep.ch, nil)
+	}
+	to.perform()
+	n.post(func() {
+		res := hsResult{session: to.m.local, token: rep.token, epoch: rep.epoch, refuse: rep.refuse, peerName: to.name}
+		if a.ch != 0 && rl != nil && rep.refuse == "" {
+			ll := &simLink{local: from, id: a.ch, remote: rl}
+			rl.remote = ll
+			from.links[a.ch] = ll
+			if to.closedCh[rl.id] {
+				ll.dead = true
+			}
+			res.ctrl = true
+		}
+		from.m.connected(n.now, a.name, a.ch, res)
+		from.perform()
+	})
+}
+
+// checkDelivery: each acknowledged notify of from was delivered at to exactly once; none
+// is delivered twice; deliveries are in send order; a refused one (not "maybe") is absent.
+func checkDelivery(t *testing.T, from, to *simEngine, order []reqID) (acked int) {
+	t.Helper()
+	pos := map[string]int{}
+	for i, n := range to.got {
+		m := string(n.Msg)
+		if _, dup := pos[m]; dup {
+			t.Fatalf("%s delivered twice at %s", m, to.name)
+		}
+		pos[m] = i
+	}
+	last := -1
+	for _, id := range order {
+		msg := from.posted[id]
+		err, done := from.results[id]
+		require.True(t, done, "request %d (%s) never completed", id, msg)
+		if err != nil && testing.Verbose() {
+			t.Logf("%s: %v", msg, err)
+		}
+		p, delivered := pos[msg]
+		if err == nil {
+			acked++
+			require.True(t, delivered, "%s acknowledged but not delivered", msg)
+		} else if !errors.Is(err, ErrMaybeDelivered) {
+			require.False(t, delivered, "%s failed (%v) yet was delivered", msg, err)
+		}
+		if delivered {
+			require.Greater(t, p, last, "%s delivered out of order (%s)", msg, to.got)
+			last = p
+		}
+	}
+	return acked
+}
+
+func simCfg() machineConfig {
+	return machineConfig{channels: true, fallback: true, maxPendingSends: 128, window: 256,
+		connectTimeout: time.Second, gapTimeout: 10 * time.Second}
+}
+
+// TestMachineAliasesShareOnePeer: one engine reached as two names gets one peer entry,
+// one sequence space and, in the end, one channel; everything is delivered once, in order.
+func TestMachineAliasesShareOnePeer(t *testing.T) {
+	for seed := uint64(0); seed < 200; seed++ {
+		n := newSimNet(t, seed)
+		a := n.add("a", 10, simCfg())
+		b := n.add("b", 20, simCfg(), "localhost:b", "127.0.0.1:b")
+		// Order is per name: before the first handshake tells that both names are one
+		// engine, the two queues are unrelated to the caller.
+		order := map[string][]reqID{}
+		for i := 0; i < 40; i++ {
+			to := "localhost:b"
+			if n.rng.IntN(2) == 0 {
+				to = "127.0.0.1:b"
+			}
+			order[to] = append(order[to], a.send(to, strconv.Itoa(i), ""))
+			for k := n.rng.IntN(4); k > 0 && n.step(); k-- {
+			}
+		}
+		n.run()
+		acked := 0
+		for _, o := range order {
+			acked += checkDelivery(t, a, b, o)
+		}
+		require.Equal(t, 40, acked, "seed %d", seed)
+		require.Len(t, a.m.peers, 1, "seed %d: one peer for two names", seed)
+		require.Equal(t, 1, a.m.channels, "seed %d", seed)
+	}
+}
+
+// TestMachineSimultaneousOpenAndReplacement: both ends send at once (a simultaneous open),
+// then one side reconnects many times while traffic flows both ways (each reconnect's
+// channel replaces the current one on both sides). Nothing acknowledged is lost, nothing is
+// delivered twice or out of order, and both ends finish on the same single channel.
+func TestMachineSimultaneousOpenAndReplacement(t *testing.T) {
+	for seed := uint64(0); seed < 300; seed++ {
+		n := newSimNet(t, seed)
+		a := n.add("a", 10, simCfg())
+		b := n.add("b", 20, simCfg())
+		var ab, ba []reqID
+		for i := 0; i < 60; i++ {
+			ab = append(ab, a.send("b", "a"+strconv.Itoa(i), ""))
+			ba = append(ba, b.send("a", "b"+strconv.Itoa(i), ""))
+			if i%10 == 5 {
+				// a reconnects: a handshake for a pair whose channel is up.
+				if p := a.m.peers[peerKey{session: 20}]; p != nil && p.ch != 0 {
+					ne := a.m.names["b"]
+					if ne != nil && !ne.connecting {
+						a.m.connectName(n.now, ne, p)
+						a.perform()
+					}
+				}
+			}
+			for k := n.rng.IntN(6); k > 0 && n.step(); k-- {
+			}
+		}
+		n.run()
+		require.Equal(t, 60, checkDelivery(t, a, b, ab), "seed %d", seed)
+		require.Equal(t, 60, checkDelivery(t, b, a, ba), "seed %d", seed)
+		pa, pb := a.m.peers[peerKey{session: 20}], b.m.peers[peerKey{session: 10}]
+		require.NotZero(t, pa.ch, "seed %d", seed)
+		la := a.links[pa.ch]
+		require.NotNil(t, la.remote, "seed %d", seed)
+		require.Equal(t, pb.ch, la.remote.id, "seed %d: the two ends use different channels", seed)
+		require.Equal(t, 1, a.m.channels, "seed %d", seed)
+		require.Equal(t, 1, b.m.channels, "seed %d", seed)
+	}
+}
+
+// TestMachineFallbackOrder: the channel dies under traffic; sends fall back to OOB with
+// their seqs while later ones go on a new channel; the receiver still delivers in order.
+func TestMachineFallbackOrder(t *testing.T) {
+	for seed := uint64(0); seed < 300; seed++ {
+		n := newSimNet(t, seed)
+		a := n.add("a", 10, simCfg())
+		b := n.add("b", 20, simCfg())
+		var order []reqID
+		for i := 0; i < 80; i++ {
+			order = append(order, a.send("b", strconv.Itoa(i), ""))
+			if i%20 == 10 {
+				if p := b.m.peers[peerKey{session: 10}]; p != nil && p.ch != 0 {
+					b.closeLink(p.ch) // the receiver's QP dies
+					b.perform()
+				}
+			}
+			for k := n.rng.IntN(5); k > 0 && n.step(); k-- {
+			}
+		}
+		for n.step() {
+		}
+		require.Zero(t, b.m.peers[peerKey{session: 10}].win.held, "seed %d: a gap waits without timers", seed)
+		n.run()
+		require.Equal(t, 80, checkDelivery(t, a, b, order), "seed %d", seed)
+	}
+}
+
+// TestMachineGivenUpSeqsAreFenced: without fallback, sends lost with a dead channel fail;
+// the sender fences their seqs, so the receiver delivers what came after them at once.
+func TestMachineGivenUpSeqsAreFenced(t *testing.T) {
+	for seed := uint64(0); seed < 200; seed++ {
+		n := newSimNet(t, seed)
+		cfg := simCfg()
+		cfg.fallback = false
+		a := n.add("a", 10, cfg)
+		b := n.add("b", 20, cfg)
+		var order []reqID
+		for i := 0; i < 50; i++ {
+			order = append(order, a.send("b", strconv.Itoa(i), ""))
+			if i == 25 {
+				if p := b.m.peers[peerKey{session: 10}]; p != nil && p.ch != 0 {
+					b.closeLink(p.ch)
+					b.perform()
+				}
+			}
+			for k := n.rng.IntN(5); k > 0 && n.step(); k-- {
+			}
+		}
+		for n.step() {
+		}
+		checkDelivery(t, a, b, order)
+		pb := b.m.peers[peerKey{session: 10}]
+		require.Zero(t, pb.win.held, "seed %d: a gap waits although its seq was given up", seed)
+		require.Zero(t, pb.win.stats.GapsTimedOut, "seed %d", seed)
+	}
+}
+
+// TestMachineForgedSession: a third engine that learned a's session cannot inject into the
+// a→b sequence space, over OOB (no token) nor by a handshake claiming a's session.
+func TestMachineForgedSession(t *testing.T) {
+	n := newSimNet(t, 1)
+	a := n.add("a", 10, simCfg())
+	b := n.add("b", 20, simCfg())
+	var order []reqID
+	for i := 0; i < 5; i++ {
+		order = append(order, a.send("b", strconv.Itoa(i), ""))
+	}
+	n.run()
+	// The attacker sends "future" seqs of a's session to b, with guessed tokens.
+	for seq := uint64(6); seq < 1006; seq++ {
+		code, err := b.m.oobArrive(n.now, oobArrival{session: 10, token: seq * 7, seq: seq, n: Notify{Msg: []byte("forged")}})
+		require.Equal(t, refuseAuth, code)
+		require.ErrorIs(t, err, ErrAuth)
+	}
+	// A handshake claiming a's session without the proof is refused too.
+	rep := b.m.inbound(n.now.Add(time.Minute), inboundHS{name: "evil", session: 10, token: 1, ctrl: true})
+	require.Equal(t, refuseAuth, rep.refuse)
+	for i := 5; i < 15; i++ {
+		order = append(order, a.send("b", strconv.Itoa(i), ""))
+	}
+	n.run()
+	require.Equal(t, 15, checkDelivery(t, a, b, order))
+	for _, g := range b.got {
+		require.NotEqual(t, "forged", string(g.Msg))
+	}
+}
+
+// TestMachineIdempotentRetry: a caller retries a notify whose outcome it did not learn,
+// with the same id; it is delivered once.
+func TestMachineIdempotentRetry(t *testing.T) {
+	n := newSimNet(t, 3)
+	a := n.add("a", 10, simCfg())
+	b := n.add("b", 20, simCfg())
+	a.send("b", "x", "id-1")
+	n.run()
+	a.nextReq++
+	a.posted[a.nextReq], a.nids[a.nextReq] = "x-again", "id-1"
+	a.m.send(n.now, a.nextReq, "b", "id-1", n.now.Add(time.Hour))
+	a.perform()
+	n.run()
+	require.NoError(t, a.results[a.nextReq])
+	require.Len(t, b.got, 1)
+	require.Equal(t, uint64(1), b.m.peers[peerKey{session: 10}].win.stats.DuplicateIDs)
+}
+
+// TestMachineLimits: names, peers and channels are capped; a refused or unreachable peer
+// leaves nothing behind.
+func TestMachineLimits(t *testing.T) {
+	n := newSimNet(t, 4)
+	cfg := simCfg()
+	cfg.maxNames, cfg.maxPeers, cfg.maxChannels = 3, 2, 1
+	a := n.add("a", 10, cfg)
+	n.add("b", 20, simCfg())
+	n.add("c", 30, simCfg())
+	for i := 0; i < 10; i++ {
+		a.send(fmt.Sprintf("nowhere-%d", i), "x", "")
+	}
+	n.run()
+	require.Empty(t, a.m.names, "unreachable names are forgotten")
+	require.Empty(t, a.m.peers)
+	ok := a.send("b", "1", "")
+	n.run()
+	require.NoError(t, a.results[ok])
+	over := a.send("c", "2", "")
+	n.run()
+	require.ErrorIs(t, a.results[over], ErrLimit, "max_channels")
+	// Inbound: a peer over max_peers is refused with the code "limit".
+	for s := uint64(100); s < 104; s++ {
+		a.m.inbound(n.now, inboundHS{name: "x" + strconv.Itoa(int(s)), session: s, token: 1, ctrl: false})
+	}
+	require.LessOrEqual(t, len(a.m.peers), 2)
+	require.LessOrEqual(t, len(a.m.names), 3)
+	// Idle peers without a channel are forgotten after peerIdle.
+	n.now = n.now.Add(a.m.cfg.peerIdle + time.Second)
+	a.m.tick(n.now)
+	require.Len(t, a.m.peers, 1, "only the peer with a channel stays")
+}
+
+// TestMachineCancel: a send still waiting for its handshake is withdrawn (not delivered);
+// one already posted is not.
+func TestMachineCancel(t *testing.T) {
+	n := newSimNet(t, 5)
+	a := n.add("a", 10, simCfg())
+	b := n.add("b", 20, simCfg())
+	id := a.send("b", "w", "")
+	require.True(t, a.m.cancel(id, errors.New("ctx done")))
+	a.perform()
+	require.ErrorIs(t, a.results[id], ErrTimeout)
+	require.NotErrorIs(t, a.results[id], ErrMaybeDelivered)
+	n.run()
+	id2 := a.send("b", "p", "")
+	require.False(t, a.m.cancel(id2, errors.New("ctx done")), "posted: cannot be withdrawn")
+	n.run()
+	require.NoError(t, a.results[id2])
+	require.Equal(t, []string{"p"}, func() (s []string) {
+		for _, g := range b.got {
+			s = append(s, string(g.Msg))
+		}
+		return
+	}())
+}
