@@ -81,9 +81,9 @@ type PeerStats struct {
 	RemoteQPN  uint32 // and at the peer
 	Session    uint64 // the peer's session (0: a Mooncake engine)
 	Names      []string
-	Held       int          // now: received early, waiting for a missing seq
-	Window     WindowStats  // the peer's receive window
-	Channel    ChannelStats // the established channel's; zero without one
+	Held       int           // now: received early, waiting for a missing seq
+	Window     WindowStats   // the peer's receive window
+	Channel    *ChannelStats // the established channel's; nil without one
 }
 
 // WindowStats are the counters of one peer's receive window.
@@ -316,7 +316,8 @@ func (e *Engine) loopStats() Stats {
 		if ch := e.chans[p.ch]; p.ch != 0 && ch != nil {
 			s.ChannelsUp++
 			st.LocalQPN, st.RemoteQPN = ch.Local().QPN, e.remote[p.ch]
-			st.Channel = channelStatsOf(ch.Stats())
+			cs := channelStatsOf(ch.Stats())
+			st.Channel = &cs
 		}
 		s.Peers = append(s.Peers, st)
 	}
