@@ -103,6 +103,9 @@ func runChild(raw string, in io.Reader, out io.Writer) int {
 		s.echoNow = func(seq uint64) {
 			msg := newMsg(size)
 			putSeq(msg, seq)
+			if len(msg) >= seqLen+stampLen {
+				putSeq(msg[seqLen:], uint64(monoNow())) // the handler's stamp, for the breakdown
+			}
 			if err := en.e.SendNotifyAsync(parent, notify.Notify{Name: benchName, Msg: msg}, func(err error) {
 				if err != nil {
 					s.bad.Add(1)

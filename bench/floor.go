@@ -24,6 +24,7 @@ const floorHdr = 4
 // accept thread and one thread per connection block in the kernel; in spin mode the
 // process's one spinning thread (spinGroup) serves the listener and every connection.
 type floorNode struct {
+	stream      bool // floor-stream: connections read in bulk, one ack per message
 	spin        bool
 	spinClients bool
 	lfd         int
@@ -40,12 +41,12 @@ type floorNode struct {
 // newFloorNode starts a floor receiver. spinClients: its clients spin on the ack too (runs
 // with one client, where both sides of the reference spin); with a window of clients they
 // block, so that spinning stays one thread per node, as the reactor's busy poll does.
-func newFloorNode(spin, spinClients bool, s *sink) (*floorNode, error) {
+func newFloorNode(spin, spinClients, stream bool, s *sink) (*floorNode, error) {
 	lfd, addr, err := tcpListen()
 	if err != nil {
 		return nil, err
 	}
-	n := &floorNode{spin: spin, spinClients: spin && spinClients, lfd: lfd, address: addr, sink: s}
+	n := &floorNode{stream: stream, spin: spin, spinClients: spin && spinClients, lfd: lfd, address: addr, sink: s}
 	if spin {
 		// The spinning thread accepts too: a separate accept thread would compete with it
 		// for the CPU and wait a scheduler time slice.
@@ -78,6 +79,10 @@ func (n *floorNode) acceptLoop() {
 		n.fds = append(n.fds, fd)
 		n.mu.Unlock()
 		n.connWG.Add(1)
+		if n.stream {
+			go n.streamConn(fd)
+			continue
+		}
 		go n.blockConn(fd)
 	}
 }

@@ -27,7 +27,7 @@ func writeTable(w io.Writer, rep *Report) {
 	if s.BusyPollUS > 0 {
 		fmt.Fprintf(w, "busy poll %.0f µs; ", s.BusyPollUS)
 	}
-	fmt.Fprintf(w, "×floor: the key figure against %s (latency: p50 ratio; throughput: floor ops/s over ops/s)\n", s.Floor)
+	fmt.Fprintf(w, "×floor: the key figure against %s (latency: p50 ratio; throughput: floor ops/s over ops/s; burst: against %s when it ran)\n", s.Floor, FloorStream)
 	fmt.Fprintf(w, "cpu µs/n: CPU time per notify, this process + the child; wake/n: reactor epoll wake-ups per notify\n")
 	for _, sc := range Scenarios {
 		var rows []*Result
@@ -111,6 +111,7 @@ func writeTable(w io.Writer, rep *Report) {
 				fmt.Fprintf(w, "  %s: first error: %s\n", r.Transport, r.FirstError)
 			}
 		}
+		writeBreakdowns(w, rows)
 	}
 	for _, f := range rep.Failures {
 		fmt.Fprintf(w, "\nFAILED %s %s (%s): %s\n", f.Scenario, f.Transport, sizeCell(f.Size), f.Error)
@@ -228,4 +229,22 @@ func (p *progress) stop() {
 		close(p.quit)
 		<-p.done
 	})
+}
+
+// writeBreakdowns prints where the time of a notify goes, for the runs that measured it.
+func writeBreakdowns(w io.Writer, rows []*Result) {
+	for _, r := range rows {
+		b := r.Breakdown
+		if b == nil {
+			continue
+		}
+		fmt.Fprintf(w, "\n%s: where a notify's time goes (CLOCK_MONOTONIC stamps in both processes; µs)\n", r.Transport)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "hop\tp50\tp90\twhat it holds")
+		for _, h := range b.Hops {
+			fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%s\n", h.Name, h.P50, h.P90, h.What)
+		}
+		fmt.Fprintf(tw, "reactor wake-ups per notify\tsender %.2f\treceiver %.2f\t\n", b.SenderWakeupsPerN, b.ReceiverWakeupsPerN)
+		tw.Flush()
+	}
 }

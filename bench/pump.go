@@ -148,10 +148,12 @@ type asyncSlot struct {
 }
 
 type asyncPump struct {
-	free  chan *asyncSlot
-	mu    sync.Mutex
-	res   *pumpResult
-	inFly sync.WaitGroup
+	mu     sync.Mutex
+	free   []*asyncSlot // slots whose send completed
+	refill int          // free slots that make the pump refill the window
+	wake   chan struct{}
+	res    *pumpResult
+	inFly  sync.WaitGroup
 }
 
 func (s *asyncSlot) complete(err error) {
@@ -167,38 +169,61 @@ func (s *asyncSlot) complete(err error) {
 		p.res.sent++
 		p.res.bytes += int64(len(s.msg))
 	}
+	p.free = append(p.free, s)
+	wake := len(p.free) == p.refill
 	p.mu.Unlock()
 	p.inFly.Done()
-	p.free <- s
+	if wake {
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+	}
 }
 
-// runAsyncPump is runPump for an engine: one goroutine keeps window SendNotifyAsync calls in
-// flight (a completion on the reactor thread frees its slot), as an application pipelining
-// notifies would, instead of window goroutines each blocked in SendNotify.
+// runAsyncPump is runPump for an engine: one goroutine keeps up to window SendNotifyAsync
+// calls in flight (a completion on the reactor thread frees its slot), as an application
+// pipelining notifies would, instead of window goroutines each blocked in SendNotify. It
+// refills the window once half of it is free, in one go (as floor-stream writes what its
+// window allows after each read of acks): a wake-up of the pump per completion would make the
+// scheduler's hand-off, not the transport, the figure.
 func runAsyncPump(ctx context.Context, c *engineClient, window, npeers int, count int64, size int, deadline int64) *pumpResult {
-	p := &asyncPump{free: make(chan *asyncSlot, window), res: &pumpResult{call: NewHist()}}
+	p := &asyncPump{free: make([]*asyncSlot, 0, window), refill: max(1, window/2), wake: make(chan struct{}, 1),
+		res: &pumpResult{call: NewHist()}}
 	for range window {
 		s := &asyncSlot{p: p, msg: newMsg(size)}
 		s.done = s.complete
-		p.free <- s
+		p.free = append(p.free, s)
 	}
-	for j := int64(0); j < count && ctx.Err() == nil; j++ {
-		if deadline > 0 && nanotime() > deadline {
-			break
+	batch := make([]*asyncSlot, 0, window)
+	j := int64(0)
+	for j < count && ctx.Err() == nil && (deadline <= 0 || nanotime() <= deadline) {
+		p.mu.Lock()
+		if need := int64(min(p.refill, len(p.free)+1)); int64(len(p.free)) < need && int64(len(p.free)) < count-j {
+			p.mu.Unlock()
+			select {
+			case <-p.wake:
+			case <-ctx.Done():
+			}
+			continue
 		}
-		var s *asyncSlot
-		select {
-		case s = <-p.free:
-		case <-ctx.Done():
-		}
-		if s == nil {
-			break
-		}
-		putSeq(s.msg, uint64(j))
-		s.t0 = nanotime()
-		p.inFly.Add(1)
-		if err := c.e.SendNotifyAsync(c.peers[int(j%int64(npeers))], notify.Notify{Name: benchName, Msg: s.msg}, s.done); err != nil {
-			s.complete(err)
+		batch = append(batch[:0], p.free...)
+		p.free = p.free[:0]
+		p.mu.Unlock()
+		for i, s := range batch {
+			if j >= count {
+				p.mu.Lock()
+				p.free = append(p.free, batch[i:]...)
+				p.mu.Unlock()
+				break
+			}
+			putSeq(s.msg, uint64(j))
+			s.t0 = nanotime()
+			p.inFly.Add(1)
+			if err := c.e.SendNotifyAsync(c.peers[int(j%int64(npeers))], notify.Notify{Name: benchName, Msg: s.msg}, s.done); err != nil {
+				s.complete(err)
+			}
+			j++
 		}
 	}
 	p.inFly.Wait()

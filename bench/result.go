@@ -41,6 +41,12 @@ type Result struct {
 	// ops/s / ops/s. 0 when there is no floor to compare with.
 	VsFloor   float64 `json:"vs_floor,omitempty"`
 	VsFloorOf string  `json:"vs_floor_of,omitempty"`
+
+	// Breakdown: where a notify's time goes (two-process latency with an echo).
+	Breakdown *Breakdown `json:"breakdown,omitempty"`
+	// WakeupsSelf and WakeupsChild split Wakeups between the processes.
+	WakeupsSelf  uint64 `json:"wakeups_self"`
+	WakeupsChild uint64 `json:"wakeups_child"`
 }
 
 // fill derives the rates from the raw figures.

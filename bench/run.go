@@ -134,6 +134,9 @@ func (c *Config) specs() []runSpec {
 	}
 	for _, sc := range c.Scenarios {
 		for _, t := range c.Transports {
+			if t == FloorStream && sc != ScenarioBurst {
+				continue // the pipelined floor of one sender and one receiver
+			}
 			s := runSpec{Scenario: sc, Transport: t, Procs: c.Procs, Size: size, Count: c.Count,
 				Warmup: c.Warmup, Window: c.Window, Duration: c.Duration, BusyPoll: c.BusyPoll, Peers: c.Peers}
 			if s.Count == 0 {
@@ -307,8 +310,12 @@ func compareFloors(rs []*Result, floor string) {
 		if isFloor(r.Transport) {
 			continue
 		}
+		want := floor
+		if r.Scenario == ScenarioBurst && hasFloor(rs, FloorStream, r) {
+			want = FloorStream // pipelined against pipelined
+		}
 		for _, f := range rs {
-			if f.Transport != floor || f.Scenario != r.Scenario || f.Size != r.Size || f.Peers != r.Peers {
+			if f.Transport != want || f.Scenario != r.Scenario || f.Size != r.Size || f.Peers != r.Peers {
 				continue
 			}
 			switch r.Scenario {
@@ -323,9 +330,19 @@ func compareFloors(rs []*Result, floor string) {
 			case ScenarioIdle:
 			default:
 				if r.OpsPerSec > 0 && f.OpsPerSec > 0 {
-					r.VsFloor, r.VsFloorOf = f.OpsPerSec/r.OpsPerSec, floor+" ops/s / ops/s"
+					r.VsFloor, r.VsFloorOf = f.OpsPerSec/r.OpsPerSec, want+" ops/s / ops/s"
 				}
 			}
 		}
 	}
+}
+
+// hasFloor reports whether rs holds a run of floor with r's scenario, size and peers.
+func hasFloor(rs []*Result, floor string, r *Result) bool {
+	for _, f := range rs {
+		if f.Transport == floor && f.Scenario == r.Scenario && f.Size == r.Size && f.Peers == r.Peers {
+			return true
+		}
+	}
+	return false
 }

@@ -140,6 +140,7 @@ func (r *run) end(res *Result, expect, bytes int64) error {
 	elapsed := nanotime() - r.t0
 	cpu := cpuTime() - r.cpu0
 	wake := sumWakeups(r.local()) - r.wake0
+	res.WakeupsSelf = wake
 	var childCPU int64
 	if r.child != nil {
 		var rep childReply
@@ -148,6 +149,7 @@ func (r *run) end(res *Result, expect, bytes int64) error {
 		}
 		childCPU = rep.CPUNS
 		wake += rep.Wakeups
+		res.WakeupsChild = rep.Wakeups
 		res.Errors += rep.Errors
 	}
 	res.fill(elapsed, bytes, int64(cpu), childCPU, wake)
@@ -231,6 +233,13 @@ func (r *run) latency() (*Result, error) {
 	case echo:
 		r.sSink.timed(t0, uint64(warm))
 	}
+	var st *stamps
+	if echo && s.Size >= seqLen+stampLen {
+		st = newStamps(total)
+		r.sSink.mu.Lock()
+		r.sSink.peerAt, r.sSink.echoAt = make([]atomic.Int64, total), make([]atomic.Int64, total)
+		r.sSink.mu.Unlock()
+	}
 	res := r.result()
 	call := NewHist()
 	msg := newMsg(s.Size)
@@ -248,10 +257,16 @@ func (r *run) latency() (*Result, error) {
 			break
 		}
 		putSeq(msg, uint64(i))
+		if st != nil {
+			st.send[i] = monoNow()
+		}
 		start := nanotime()
 		t0[i].Store(start)
 		err := c.send(r.ctx, 0, msg)
 		d := nanotime() - start
+		if st != nil {
+			st.ret[i] = monoNow()
+		}
 		if err != nil {
 			if i < warm {
 				return nil, fmt.Errorf("bench: %s latency warm-up: %w", s.Transport, err)
@@ -268,6 +283,9 @@ func (r *run) latency() (*Result, error) {
 			if err := r.sSink.wait(r.ctx, ok); err != nil {
 				return nil, err
 			}
+			if st != nil {
+				st.resume[i] = monoNow()
+			}
 		}
 		if i >= warm {
 			call.Record(d)
@@ -282,6 +300,13 @@ func (r *run) latency() (*Result, error) {
 		res.OneWay, res.OneWayMethod = r.rSink.latency().Summary(1), "one clock"
 	case echo:
 		res.OneWay, res.OneWayMethod = r.sSink.latency().Summary(2), "rtt/2 (echo notify)"
+		if st != nil && res.Notifies > 0 {
+			if hops := st.breakdown(r.sSink, warm); hops != nil {
+				n := float64(res.Notifies)
+				res.Breakdown = &Breakdown{Hops: hops, SenderWakeupsPerN: float64(res.WakeupsSelf) / n,
+					ReceiverWakeupsPerN: float64(res.WakeupsChild) / n}
+			}
+		}
 	default:
 		res.OneWay, res.OneWayMethod = call.Summary(2), "rtt/2 (ack)"
 	}
@@ -292,6 +317,9 @@ func (r *run) latency() (*Result, error) {
 // receivers): every sender node has Window clients each with one send in flight.
 func (r *run) pipelined(nSenders, nReceivers int, spread bool) (*Result, error) {
 	s := r.spec
+	if s.Transport == FloorStream {
+		return r.stream()
+	}
 	if err := r.setup(nSenders, nReceivers, childSpec{}); err != nil {
 		return nil, err
 	}

@@ -66,6 +66,10 @@ type sink struct {
 	echoNow   func(uint64)   // non-nil: echo right here, on the delivering thread
 	got       chan struct{}  // one pending wake-up for the waiter
 	bad       atomic.Int64   // messages without a sequence head, echo overflow
+
+	// Breakdown (sender of an echo run): by sequence number, the receiver's handler stamp
+	// carried by the echo and the echo's arrival, CLOCK_MONOTONIC.
+	peerAt, echoAt []atomic.Int64
 }
 
 func newSink() *sink { return &sink{got: make(chan struct{}, 1)} }
@@ -83,7 +87,14 @@ func (s *sink) deliver(msg []byte) {
 	if !ok {
 		s.bad.Add(1)
 	}
+
 	s.mu.Lock()
+	if ok && seq < uint64(len(s.echoAt)) {
+		s.echoAt[seq].Store(monoNow())
+		if peer, ok := parseSeq(msg[seqLen:]); ok {
+			s.peerAt[seq].Store(int64(peer))
+		}
+	}
 	s.delivered++
 	s.bytes += int64(len(msg))
 	if ok && s.hist != nil && seq >= s.from && seq < uint64(len(s.t0)) {

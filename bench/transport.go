@@ -13,12 +13,13 @@ const (
 	TransportOOBClassic = "oob-classic"   // one TCP connection per notify, as Mooncake's classic notify
 	FloorBlock          = "floor-block"   // TCP ping-pong, blocking reads on locked threads
 	FloorSpin           = "floor-spin"    // TCP ping-pong, non-blocking reads in a spin loop
+	FloorStream         = "floor-stream"  // pipelined TCP, window in flight, each message acked (burst only)
 )
 
 // Transports lists every transport in table order.
-var Transports = []string{TransportRDMA, TransportOOB, TransportOOBClassic, FloorBlock, FloorSpin}
+var Transports = []string{TransportRDMA, TransportOOB, TransportOOBClassic, FloorBlock, FloorSpin, FloorStream}
 
-func isFloor(t string) bool { return t == FloorBlock || t == FloorSpin }
+func isFloor(t string) bool { return t == FloorBlock || t == FloorSpin || t == FloorStream }
 
 // node is one endpoint of a run: it receives into a sink and makes clients that send to
 // other nodes.
@@ -41,7 +42,9 @@ type client interface {
 func newNode(transport string, o nodeOpts, s *sink) (node, error) {
 	switch transport {
 	case FloorBlock, FloorSpin:
-		return newFloorNode(transport == FloorSpin, o.single, s)
+		return newFloorNode(transport == FloorSpin, o.single, false, s)
+	case FloorStream:
+		return newFloorNode(false, false, true, s)
 	case TransportRDMA, TransportOOB, TransportOOBClassic:
 		return newEngineNode(transport, o, s)
 	}

@@ -94,8 +94,9 @@ func TestSpecsDefaultSuite(t *testing.T) {
 	cfg := Config{Procs: 1}
 	require.NoError(t, cfg.normalize())
 	specs := cfg.specs()
-	// Every scenario over every transport, burst once per default size.
-	require.Len(t, specs, len(Transports)*(len(Scenarios)-1+len(DefaultSizes)))
+	// Every scenario over every transport, burst once per default size; floor-stream only
+	// in burst.
+	require.Len(t, specs, (len(Transports)-1)*(len(Scenarios)-1+len(DefaultSizes))+len(DefaultSizes))
 	for _, s := range specs {
 		if s.Scenario == ScenarioBurst && s.Size == 65536 {
 			require.Equal(t, burstBytesLimit/65536, s.Count)
@@ -128,7 +129,7 @@ func TestFloorSendAllocatesNothing(t *testing.T) {
 			s := newSink()
 			t0 := make([]atomic.Int64, 4)
 			s.timed(t0, 0)
-			n, err := newFloorNode(spin, spin, s)
+			n, err := newFloorNode(spin, spin, false, s)
 			require.NoError(t, err)
 			defer n.close(context.Background())
 			c, err := n.newClient([]string{n.addr()})
@@ -162,7 +163,7 @@ func TestFloorSendAllocatesNothing(t *testing.T) {
 
 func TestPumpAllocatesNothingPerMessage(t *testing.T) {
 	s := newSink()
-	n, err := newFloorNode(false, false, s)
+	n, err := newFloorNode(false, false, false, s)
 	require.NoError(t, err)
 	defer n.close(context.Background())
 	var workers []client

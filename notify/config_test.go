@@ -200,4 +200,3 @@ func TestConfigEnvRangeIsOptionRange(t *testing.T) {
 	require.NoError(t, c.validate())
 	require.Equal(t, 256, c.mtu)
 }
-

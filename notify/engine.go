@@ -78,7 +78,8 @@ type Engine struct {
 	oobBusy  uint64 // OOB notifies answered busy
 	tokenRnd func() uint64
 
-	rq recvQueue
+	rq        recvQueue
+	legacyOOB serialQueues // OOB sends to Mooncake peers, in order per peer
 
 	reqPool sync.Pool
 

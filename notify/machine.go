@@ -136,6 +136,10 @@ type peerEntry struct {
 	win      *recvWindow
 	waiters  []reqID // accepted, no seq yet
 	inflight int     // posted on a channel, not completed
+	// oldInflight: posted on a channel since replaced and not completed. Towards a Mooncake
+	// peer (no seqs, no receive window) nothing is posted on the new channel until they
+	// completed or came back, so replacement keeps the order.
+	oldInflight int
 
 	lastActive time.Time
 	born       time.Time // when the entry was made
@@ -311,6 +315,9 @@ func (m *peerMachine) flush(now time.Time, p *peerEntry, via string) {
 		}
 	case p.ch != 0 && m.chans[p.ch].up:
 		ce := m.chans[p.ch]
+		if ce.legacy && p.oldInflight > 0 {
+			return // the replaced channel's sends complete or come back first
+		}
 		for len(p.waiters) > 0 && p.inflight < m.cfg.maxPendingSends && (ce.legacy || !p.seqs.full()) {
 			r := m.reqs[m.popWaiter(p)]
 			if r == nil {
@@ -349,7 +356,10 @@ func (m *peerMachine) post(p *peerEntry, r *reqEntry, ce *chanEntry) {
 func (m *peerMachine) sendOOB(p *peerEntry, r *reqEntry, retry bool) {
 	r.ch, r.oob = 0, true
 	if p.key.legacy != "" {
+		// A Mooncake peer: seq-less, in order on one OOB queue; nothing goes on a new
+		// channel before these are answered.
 		r.legacy = true
+		p.oldInflight++
 		m.emit(mAction{kind: aOOB, req: r.id, name: m.peerName(p), legacy: true, deadline: r.deadline})
 		return
 	}
@@ -402,8 +412,14 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 	}
 	p := r.peer
 	onCh := r.ch
+	if r.oob && r.legacy && p != nil && p.oldInflight > 0 {
+		p.oldInflight--
+	}
 	if onCh != 0 && p != nil {
 		p.inflight--
+		if ce := m.chans[onCh]; (ce == nil || ce.dropped) && p.oldInflight > 0 {
+			p.oldInflight--
+		}
 	}
 	r.ch, r.oob = 0, false
 	if err == nil {
@@ -435,8 +451,15 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 	if !local && !now.After(r.deadline) {
 		if p.ch != 0 && p.ch != onCh && m.chans[p.ch].up {
 			// Its channel was replaced, or OOB failed while a channel is up: the same seq
-			// goes on the current channel.
+			// goes on the current channel. Towards a Mooncake peer it goes back in line,
+			// in its place, so the order holds without a receive window.
 			m.stats.Reposted++
+			if m.chans[p.ch].legacy {
+				i, _ := slices.BinarySearch(p.waiters, r.id)
+				p.waiters = slices.Insert(p.waiters, i, r.id)
+				m.flush(now, p, "")
+				return
+			}
 			m.post(p, r, m.chans[p.ch])
 			return
 		}
@@ -968,6 +991,11 @@ func wins(a, b *chanEntry) bool {
 func (m *peerMachine) adopt(now time.Time, p *peerEntry, ce *chanEntry) {
 	if p.ch != 0 && p.ch != ce.id {
 		if old := m.chans[p.ch]; old != nil {
+			for _, r := range m.reqs {
+				if r.ch == old.id {
+					p.oldInflight++
+				}
+			}
 			m.dropChan(old, false)
 			m.emit(mAction{kind: aClose, ch: old.id, err: errSuperseded})
 		}

@@ -3,6 +3,7 @@ package notify
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/twosided/twosided/ctrlchannel"
@@ -217,7 +218,16 @@ const busyRetry = 50 * time.Millisecond
 // reports the result on the loop. A peer whose queue is full answers "busy": the notify is
 // sent again until the deadline.
 func (e *Engine) sendOOB(peer string, req oob.NotifyRequest, deadline time.Time, report func(err error, maybe, local bool)) {
-	go func() {
+	if req.Session == 0 {
+		// A Mooncake peer has no seqs to reorder by: its notifies go one after another.
+		e.legacyOOB.push(peer, func() { e.doOOB(peer, req, deadline, report) })
+		return
+	}
+	go e.doOOB(peer, req, deadline, report)
+}
+
+func (e *Engine) doOOB(peer string, req oob.NotifyRequest, deadline time.Time, report func(err error, maybe, local bool)) {
+	{
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		defer cancel()
 		var err error
@@ -247,7 +257,43 @@ func (e *Engine) sendOOB(peer string, req oob.NotifyRequest, deadline time.Time,
 			report(err, maybe, local)
 			e.perform()
 		})
-	}()
+	}
+}
+
+// serialQueues runs jobs one after another per key, on one goroutine per busy key (OOB
+// calls block). Its map holds only keys with work.
+type serialQueues struct {
+	mu   sync.Mutex
+	keys map[string][]func()
+}
+
+func (q *serialQueues) push(key string, job func()) {
+	q.mu.Lock()
+	if q.keys == nil {
+		q.keys = make(map[string][]func())
+	}
+	jobs, busy := q.keys[key]
+	q.keys[key] = append(jobs, job)
+	q.mu.Unlock()
+	if !busy {
+		go q.drain(key)
+	}
+}
+
+func (q *serialQueues) drain(key string) {
+	for {
+		q.mu.Lock()
+		jobs := q.keys[key]
+		if len(jobs) == 0 {
+			delete(q.keys, key)
+			q.mu.Unlock()
+			return
+		}
+		job := jobs[0]
+		q.keys[key] = jobs[1:]
+		q.mu.Unlock()
+		job()
+	}
 }
 
 // oobOutcome says whether a failed OOB notify may have been delivered, and whether the

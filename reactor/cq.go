@@ -17,6 +17,14 @@ type CQHandler interface {
 	Repost()
 }
 
+// Flusher is optionally implemented by a CQ whose provider defers its doorbells — SENDs
+// posted, acknowledgements owed — to the end of the consumer's turn (the soft provider's CQ
+// does): the loop calls Flush once per iteration, before it sleeps or spins again, so what
+// one turn sends leaves in one write. Hardware CQs need not implement it.
+type Flusher interface {
+	Flush()
+}
+
 // CQErrorHandler is optionally implemented by a CQHandler to receive Poll, ReqNotify and
 // GetEvent errors of its CQ; without it they are logged. After an error the cycle stops with
 // the CQ not armed; Kick retries.
@@ -30,6 +38,7 @@ type CQWatch struct {
 	cq         ibv.CQ
 	h          CQHandler
 	eh         CQErrorHandler
+	fl         Flusher
 	cw         *chanWatch
 	wcs        []ibv.WC
 	events     int // got from the channel, not acked yet
@@ -96,6 +105,7 @@ func (l *Loop) WatchCQ(cq ibv.CQ, h CQHandler) (*CQWatch, error) {
 	}
 	w := &CQWatch{l: l, cq: cq, h: h, cw: cw, wcs: make([]ibv.WC, l.cfg.cqBatch)}
 	w.eh, _ = h.(CQErrorHandler)
+	w.fl, _ = cq.(Flusher)
 	if err := cq.ReqNotify(false); err != nil {
 		if len(cw.cqs) == 0 {
 			l.unregisterChannel(cw)
@@ -188,6 +198,15 @@ func (l *Loop) runKicks() {
 		}
 	}
 	l.kicks = l.kicks[:0]
+}
+
+// flushCQs ends the loop's turn for the watched CQs whose provider defers doorbells.
+func (l *Loop) flushCQs() {
+	for _, w := range l.watches {
+		if w.fl != nil && !w.closed {
+			w.fl.Flush()
+		}
+	}
 }
 
 // drainChannel is step 4's wake-up half: get events until ErrWouldBlock, then ack them in

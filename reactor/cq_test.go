@@ -327,3 +327,46 @@ func TestHotPathsAllocateNothing(t *testing.T) {
 		<-done
 	}), "timer reset")
 }
+
+// flushCQ is a CQ whose provider defers its doorbells until Flush.
+type flushCQ struct {
+	*fakeCQ
+	mu      sync.Mutex
+	posted  int // doorbells owed (a post made during a turn)
+	flushes int
+}
+
+func (q *flushCQ) post() {
+	q.mu.Lock()
+	q.posted++
+	q.mu.Unlock()
+}
+
+func (q *flushCQ) Flush() {
+	q.mu.Lock()
+	q.posted = 0
+	q.flushes++
+	q.mu.Unlock()
+}
+
+// A CQ that implements Flusher is flushed at the end of every loop turn: what a turn posted
+// never waits for the next wake-up. Without the loop's flushCQs call this test fails
+// ("posts left unflushed").
+func TestCQFlushedEveryTurn(t *testing.T) {
+	l := newLoop(t)
+	ch, err := newFakeChannel()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ch.Close() })
+	cq := &flushCQ{fakeCQ: newFakeCQ(ch)}
+	rec := &recorder{handled: make(chan uint64, 16)}
+	watch(t, l, cq, rec)
+	for i := 0; i < 3; i++ {
+		onLoop(t, l, func() { cq.post(); cq.post() })
+		onLoop(t, l, func() {}) // the turn of the posts has ended
+		cq.mu.Lock()
+		posted, flushes := cq.posted, cq.flushes
+		cq.mu.Unlock()
+		require.Zero(t, posted, "posts left unflushed after the turn")
+		require.Positive(t, flushes)
+	}
+}

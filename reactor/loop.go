@@ -303,6 +303,7 @@ func (l *Loop) run() {
 		l.runQueue()
 		l.runTimers(now)
 		l.runKicks()
+		l.flushCQs()
 		l.st.busy.Add(l.mono() - now)
 		if l.stopped.Load() {
 			break
@@ -398,6 +399,9 @@ func (l *Loop) spin() (int, bool) {
 		if now >= deadline {
 			return 0, false
 		}
+		// Give the CPU to any other runnable thread (the caller this loop serves, a peer
+		// process on a small machine): a spin that starves them is slower than sleeping.
+		_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 	}
 }
 
@@ -470,6 +474,7 @@ func (l *Loop) shutdown() {
 	l.mu.Unlock() // an empty critical section: the point is to wait for the readers
 	for l.runQueue() > 0 {
 	}
+	l.flushCQs()
 	for _, cw := range l.chans {
 		if !cw.failed {
 			l.drainChannel(cw)

@@ -204,6 +204,45 @@ func (s *side) waitChannel(t *testing.T, d time.Duration) bool {
 	}
 }
 
+// waitEvent waits up to d for the channel's next event. A channel fd may turn readable with
+// no event (a provider whose receive work runs in GetEvent, as soft's manual progress, lets
+// its sockets wake the channel); GetEvent then answers ErrWouldBlock and the wait goes on.
+func waitEvent(t *testing.T, ch ibv.CompChannel, d time.Duration) ibv.CQ {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		left := time.Until(deadline)
+		require.Greater(t, left, time.Duration(0), "no channel event within %v", d)
+		if !pollFd(t, ch.Fd(), left) {
+			continue
+		}
+		cq, err := ch.GetEvent()
+		if errors.Is(err, ibv.ErrWouldBlock) {
+			continue
+		}
+		require.NoError(t, err)
+		return cq
+	}
+}
+
+// requireNoEvent checks that the channel gives no event within d. Its fd may turn readable
+// without one (see waitEvent), but GetEvent must then answer ErrWouldBlock.
+func requireNoEvent(t *testing.T, ch ibv.CompChannel, d time.Duration, msg string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		left := max(time.Until(deadline), 0)
+		if !pollFd(t, ch.Fd(), left) {
+			return
+		}
+		_, err := ch.GetEvent()
+		require.ErrorIs(t, err, ibv.ErrWouldBlock, msg)
+		if left == 0 {
+			return
+		}
+	}
+}
+
 func pollFd(t *testing.T, fd int, d time.Duration) bool {
 	t.Helper()
 	deadline := time.Now().Add(d)

@@ -49,3 +49,9 @@ func TestConformanceNoCoalesce(t *testing.T) {
 	p := soft.New(soft.WithDevices(2), soft.WithCoalesce(false), soft.WithInProcess(false))
 	conformance.Run(t, conformance.Fixture{Provider: p, DevA: "soft0", DevB: "soft1", Faults: faults{p}})
 }
+
+// The former model: NIC goroutines do all receive work, the consumer's polls none.
+func TestConformanceNICThread(t *testing.T) {
+	p := soft.New(soft.WithDevices(2), soft.WithInProcess(false), soft.WithNICThread(true))
+	conformance.Run(t, conformance.Fixture{Provider: p, DevA: "soft0", DevB: "soft1", Faults: faults{p}})
+}

@@ -53,10 +53,21 @@ type conn struct {
 	pumping bool
 	spare   []byte
 	prx     *rxBatch
+
+	// Receive side of a socket: whoever holds rxMu reads (the consumer's progress or the NIC
+	// goroutine). rfd is -1 once the socket is closed.
+	rxMu  sync.Mutex
+	rfd   int
+	rbuf  []byte
+	rw    int
+	rxb   *rxBatch
+	reads atomic.Uint64 // receives done by a consumer's progress; the NIC goroutine watches it
+
+	pending bool // in the device's list of connections owing a write at Flush (under d.pendMu)
 }
 
 func newPipe(d, rd *device) *conn {
-	c := &conn{d: d, fd: -1, remote: rd.gid, pipe: true, rdev: rd, from: &conn{d: rd, fd: -1, remote: d.gid},
+	c := &conn{d: d, fd: -1, rfd: -1, remote: rd.gid, pipe: true, rdev: rd, from: &conn{d: rd, fd: -1, remote: d.gid},
 		prx: &rxBatch{touched: make([]*qp, 0, 16), dirty: make([]*conn, 0, 4)}}
 	c.state.Store(connUp)
 	return c
@@ -329,8 +340,9 @@ func (c *conn) connect() (int, error) {
 // rxBatch is what a reader gathers while handling the packets of one read: QPs owing a
 // response (one cumulative ACK or NAK each) and connections holding unsent packets.
 type rxBatch struct {
-	touched []*qp
-	dirty   []*conn
+	touched  []*qp
+	dirty    []*conn
+	consumer bool // the consumer's progress reads: its flush may wait for the turn's doorbell
 }
 
 func (rx *rxBatch) markDirty(c *conn) {
@@ -356,73 +368,207 @@ func (rx *rxBatch) end() {
 			c.pump()
 			continue
 		}
+		if rx.consumer && c.d.deferOut.Load() {
+			c.d.addPending(c) // the ACKs leave with the turn's SENDs, at Flush
+			continue
+		}
 		c.mu.Lock()
 		c.flushLocked()
 		c.mu.Unlock()
 	}
 }
 
-// serve is the reader: it runs on a locked OS thread, blocks in read(2), and handles every
-// complete packet of each read before answering them in one batch.
+// recvNB is recv(2) with MSG_DONTWAIT, without allocating.
+func recvNB(fd int, b []byte) (int, unix.Errno) {
+	n, _, e := unix.Syscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)),
+		unix.MSG_DONTWAIT, 0, 0)
+	return int(n), e
+}
+
+// serve runs the connection's NIC goroutine: it reads the inbound HELLO, puts the socket in
+// the device's progress set, then watches the socket as the backstop (see backstop).
 func (c *conn) serve(needHello bool) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	defer c.closeFd()
-	buf := make([]byte, readBufLen)
-	rx := &rxBatch{touched: make([]*qp, 0, 16), dirty: make([]*conn, 0, 4)}
-	w := 0
+	c.rxMu.Lock()
+	c.rfd = c.fd
+	c.rbuf = make([]byte, readBufLen)
+	c.rxb = &rxBatch{touched: make([]*qp, 0, 16), dirty: make([]*conn, 0, 4)}
+	ok := !needHello || c.readHelloLocked()
+	if ok && c.rw > 0 { // packets that came with the HELLO
+		ok = c.parseLocked()
+		c.rxb.end()
+	}
+	c.rxMu.Unlock()
+	if !ok {
+		return
+	}
+	c.d.addRx(c)
+	c.backstop()
+}
+
+// readHelloLocked reads until the HELLO packet is complete; bytes after it stay in rbuf.
+func (c *conn) readHelloLocked() bool {
 	var h header
 	for {
-		if w == len(buf) {
-			return // a packet larger than any buffer: cannot happen, decodeHeader bounds length
+		if c.rw >= hdrLen {
+			if decodeHeader(c.rbuf[:c.rw], &h) != nil || h.op != opHello || h.length != 16 {
+				return false
+			}
+			if total := hdrLen + int(h.length); c.rw >= total {
+				copy(c.remote[:], c.rbuf[hdrLen:total])
+				c.rw = copy(c.rbuf, c.rbuf[total:c.rw])
+				c.d.registerInbound(c)
+				return true
+			}
 		}
-		n, err := unix.Read(c.fd, buf[w:])
+		n, err := unix.Read(c.rfd, c.rbuf[c.rw:])
 		if err == unix.EINTR {
 			continue
 		}
 		if err != nil || n <= 0 {
-			return
+			return false
 		}
-		w += n
-		r := 0
-		for w-r >= hdrLen {
-			if decodeHeader(buf[r:w], &h) != nil {
-				return
-			}
-			total := hdrLen + int(h.length)
-			if w-r < total {
-				if total > len(buf) {
-					nb := make([]byte, total+readBufLen)
-					w = copy(nb, buf[r:w])
-					r = 0
-					buf = nb
-				}
-				break
-			}
-			payload := buf[r+hdrLen : r+total]
-			r += total
-			if needHello {
-				if h.op != opHello {
-					return
-				}
-				copy(c.remote[:], payload)
-				needHello = false
-				c.d.registerInbound(c)
-				continue
-			}
-			if h.op == opHello {
-				return
-			}
-			c.d.onPacket(c, &h, payload, rx)
-		}
-		rx.end()
-		if r > 0 {
-			w = copy(buf, buf[r:w])
-		}
+		c.rw += n
 	}
 }
 
+// backstopMs is how long the NIC goroutine leaves a socket to an attending consumer before
+// it checks that the consumer did read.
+const backstopMs = 2
+
+// backstop is the NIC goroutine's watch over an established connection. Unattended (no
+// consumer waits on a completion channel of the device, none polled lately, or
+// WithNICThread) it sleeps on the socket and reads each packet itself. Attended, it leaves
+// the socket to the consumer's progress (GetEvent, Poll) and wakes every backstopMs while
+// traffic flows, to read what the consumer left for a whole period (a consumer busy
+// elsewhere): RC peers still get their ACKs. With no traffic for a period it sleeps on the
+// socket again, so an idle connection costs no wake-ups.
+func (c *conn) backstop() {
+	pfd := [2]unix.PollFd{{Fd: int32(c.rfd)}, {Fd: int32(c.d.stopfd), Events: unix.POLLIN}}
+	timed := false
+	for {
+		timeout := -1
+		pfd[0].Events = unix.POLLIN
+		var seen uint64
+		if timed {
+			timeout = backstopMs
+			pfd[0].Events = unix.POLLRDHUP // the peer's close or an error, not data
+			seen = c.reads.Load()
+		}
+		pfd[0].Revents, pfd[1].Revents = 0, 0
+		n, err := unix.Poll(pfd[:], timeout)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || pfd[1].Revents != 0 {
+			return
+		}
+		if n > 0 && pfd[0].Revents != 0 {
+			if !timed && pfd[0].Revents == unix.POLLIN && c.d.attended() {
+				timed = true // the consumer reads it
+				continue
+			}
+			if !c.receive(false) {
+				return
+			}
+			continue
+		}
+		c.d.flushPending() // doorbells a consumer left deferred (it stopped calling Flush)
+		if c.reads.Load() != seen {
+			continue // the consumer read this period: keep leaving it the socket
+		}
+		// Nobody read for a whole period: take what waits, then sleep on the socket.
+		if !c.receive(false) {
+			return
+		}
+		timed = false
+	}
+}
+
+// maxReadsPerReceive bounds one receive, so that a flood on one connection cannot hold a
+// consumer: a level-triggered progress set brings it back for the rest.
+const maxReadsPerReceive = 8
+
+// receive reads what the socket holds, without blocking, handles every complete packet and
+// answers them in one batch (one cumulative ACK per QP). Any thread may call it: the
+// consumer's progress or the NIC goroutine, one at a time. False: the connection is dead.
+func (c *conn) receive(consumer bool) bool {
+	c.rxMu.Lock()
+	defer c.rxMu.Unlock()
+	if c.rfd < 0 {
+		return false
+	}
+	c.rxb.consumer = consumer
+	ok := true
+	for i := 0; i < maxReadsPerReceive; i++ {
+		if c.rw == len(c.rbuf) {
+			ok = false // a packet larger than any buffer: cannot happen, decodeHeader bounds length
+			break
+		}
+		room := len(c.rbuf) - c.rw
+		n, e := recvNB(c.rfd, c.rbuf[c.rw:])
+		if e == unix.EINTR {
+			continue
+		}
+		if e == unix.EAGAIN {
+			break
+		}
+		if e != 0 || n <= 0 {
+			ok = false
+			break
+		}
+		c.rw += n
+		if !c.parseLocked() {
+			ok = false
+			break
+		}
+		if n < room {
+			break // a short read: the socket is empty
+		}
+	}
+	c.rxb.end()
+	if !ok {
+		c.d.dropRx(c, c.rfd)
+		c.shutdown()
+	}
+	return ok
+}
+
+// parseLocked handles the complete packets of rbuf and keeps the tail of a partial one.
+func (c *conn) parseLocked() bool {
+	var h header
+	r := 0
+	for c.rw-r >= hdrLen {
+		if decodeHeader(c.rbuf[r:c.rw], &h) != nil || h.op == opHello {
+			return false
+		}
+		total := hdrLen + int(h.length)
+		if c.rw-r < total {
+			if total > len(c.rbuf) {
+				nb := make([]byte, total+readBufLen)
+				c.rw = copy(nb, c.rbuf[r:c.rw])
+				c.rbuf, r = nb, 0
+			}
+			break
+		}
+		c.d.onPacket(c, &h, c.rbuf[r+hdrLen:r+total], c.rxb)
+		r += total
+	}
+	if r > 0 {
+		c.rw = copy(c.rbuf, c.rbuf[r:c.rw])
+	}
+	return true
+}
+
 func (c *conn) closeFd() {
+	c.rxMu.Lock()
+	if c.rfd >= 0 {
+		c.d.dropRx(c, c.rfd)
+		c.rfd = -1
+	}
+	c.rxMu.Unlock()
 	c.mu.Lock()
 	c.state.Store(connDead)
 	if c.fd >= 0 {

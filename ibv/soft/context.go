@@ -28,6 +28,21 @@ func (e eventfd) drain() {
 	_, _ = unix.Read(int(e), b[:])
 }
 
+// nestedEpoll makes an epoll fd that is readable while any of fds is.
+func nestedEpoll(fds ...int) (int, error) {
+	efd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("epoll_create1: %w", err)
+	}
+	for _, fd := range fds {
+		if err := unix.EpollCtl(efd, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}); err != nil {
+			unix.Close(efd)
+			return -1, fmt.Errorf("epoll_ctl add %d: %w", fd, err)
+		}
+	}
+	return efd, nil
+}
+
 // context is an open soft device.
 type context struct {
 	d       *device
@@ -90,7 +105,13 @@ func (x *context) CreateCompChannel() (ibv.CompChannel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("soft: %s: create comp channel: eventfd: %w", x.d.name, err)
 	}
-	ch := &channel{ctx: x, fd: fd, ring: make([]*cq, 8)}
+	ch := &channel{ctx: x, fd: fd, efd: -1, ring: make([]*cq, 8)}
+	if x.d.pfd >= 0 {
+		if ch.efd, err = nestedEpoll(int(fd), x.d.pfd); err != nil {
+			unix.Close(int(fd))
+			return nil, fmt.Errorf("soft: %s: create comp channel: %w", x.d.name, err)
+		}
+	}
 	x.chans[ch] = struct{}{}
 	return ch, nil
 }
@@ -187,13 +208,14 @@ func (x *context) Close() error {
 	for _, c := range cqs {
 		c.mu.Lock()
 		c.destroyed = true
+		c.disarmLocked()
 		c.mu.Unlock()
 	}
 	for _, ch := range chans {
 		ch.mu.Lock()
 		if !ch.closed {
 			ch.closed = true
-			unix.Close(int(ch.fd))
+			ch.closeFds()
 		}
 		ch.mu.Unlock()
 	}

@@ -72,6 +72,24 @@ type device struct {
 	gid      ibv.GID
 	lfd      int // listening socket, -1 for the phantom
 	stopfd   int // eventfd, readable once the device stops; wakes dialers and flushers
+	// pfd is the progress set: an epoll fd holding every connection's socket, nested in each
+	// completion channel's fd, so that a channel is readable when a socket is. -1 without
+	// manual progress (WithNICThread, the phantom).
+	pfd int
+
+	armed    atomic.Int32 // CQs with a channel armed by ReqNotify: a consumer waits on the channel
+	lastPoll atomic.Int64 // nanotime of the latest consumer progress (GetEvent, Poll)
+	rxMu     sync.RWMutex
+	rx       map[int32]*conn // by socket fd, the connections in pfd
+
+	// Doorbell batching: once a consumer calls Flush (a CQ's, once per turn of its loop),
+	// the writes its PostSends and progress make wait for that Flush, so that what one turn
+	// sends leaves in one write per connection.
+	deferOut  atomic.Bool
+	npend     atomic.Int32
+	pendMu    sync.Mutex
+	pend      []*conn
+	pendSpare []*conn
 
 	mu       sync.Mutex
 	refs     int
@@ -92,8 +110,8 @@ type device struct {
 
 func newDevice(p *Provider, name string, idx uint64, phantom bool, ap netip.AddrPort, c config) (*device, error) {
 	d := &device{
-		p: p, name: name, idx: idx, phantom: phantom, coalesce: c.coalesce, inproc: c.inproc, lfd: -1,
-		conns: make(map[ibv.GID]*conn), all: make(map[*conn]struct{}),
+		p: p, name: name, idx: idx, phantom: phantom, coalesce: c.coalesce, inproc: c.inproc, lfd: -1, pfd: -1,
+		conns: make(map[ibv.GID]*conn), all: make(map[*conn]struct{}), rx: make(map[int32]*conn),
 		qps: make(map[uint32]*qp), ctxs: make(map[*context]struct{}),
 		nextQPN: 0x10 + uint32(idx&0xff)<<16,
 	}
@@ -113,6 +131,13 @@ func newDevice(p *Provider, name string, idx uint64, phantom bool, ap netip.Addr
 		return nil, fmt.Errorf("soft: %s: listen %s: %w", name, ap, err)
 	}
 	d.lfd, d.gid = lfd, gid
+	if !c.nicThread {
+		if d.pfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
+			unix.Close(lfd)
+			unix.Close(sfd)
+			return nil, fmt.Errorf("soft: %s: epoll_create1: %w", name, err)
+		}
+	}
 	d.wg.Add(1)
 	go d.acceptLoop()
 	return d, nil
@@ -194,6 +219,9 @@ func (d *device) closeContext(ctx *context) error {
 	if d.lfd >= 0 {
 		unix.Close(d.lfd)
 	}
+	if d.pfd >= 0 {
+		unix.Close(d.pfd)
+	}
 	unix.Close(d.stopfd)
 	return err
 }
@@ -252,7 +280,7 @@ func (d *device) acceptLoop() {
 			return
 		}
 		_ = unix.SetsockoptInt(nfd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
-		c := &conn{d: d, fd: nfd}
+		c := &conn{d: d, fd: nfd, rfd: -1}
 		c.state.Store(connUp)
 		d.mu.Lock()
 		if d.dead {
@@ -302,7 +330,7 @@ func (d *device) connTo(gid ibv.GID) *conn {
 		d.all[c] = struct{}{}
 		return c
 	}
-	c := &conn{d: d, fd: -1, remote: gid, outbound: true}
+	c := &conn{d: d, fd: -1, rfd: -1, remote: gid, outbound: true}
 	c.state.Store(connConnecting)
 	d.conns[gid] = c
 	d.all[c] = struct{}{}
@@ -329,6 +357,106 @@ func (d *device) forget(c *conn) {
 	}
 	delete(d.all, c)
 	d.mu.Unlock()
+}
+
+// attendWindow is how long after a consumer's poll the device counts as attended.
+const attendWindow = 200 * time.Microsecond
+
+// attended reports whether a consumer makes progress on the device: it waits on a completion
+// channel (an armed CQ) or polled a moment ago. Then the NIC goroutines leave the sockets to it.
+func (d *device) attended() bool {
+	if d.pfd < 0 {
+		return false
+	}
+	return d.armed.Load() > 0 || nanotime()-d.lastPoll.Load() < int64(attendWindow)
+}
+
+// progress is the receive work done on the consumer's thread: every connection whose socket
+// is readable has its packets read and answered (manual progress).
+func (d *device) progress() {
+	if d.pfd < 0 {
+		return
+	}
+	d.lastPoll.Store(nanotime())
+	var ev [8]unix.EpollEvent
+	n, err := unix.EpollWait(d.pfd, ev[:], 0)
+	if err != nil {
+		return
+	}
+	for i := 0; i < n; i++ {
+		d.rxMu.RLock()
+		c := d.rx[ev[i].Fd]
+		d.rxMu.RUnlock()
+		if c != nil {
+			c.reads.Add(1)
+			c.receive(true)
+		}
+	}
+}
+
+// addPending queues c's unsent bytes for the next flush.
+func (d *device) addPending(c *conn) {
+	d.pendMu.Lock()
+	if !c.pending {
+		c.pending = true
+		d.pend = append(d.pend, c)
+		d.npend.Add(1)
+	}
+	d.pendMu.Unlock()
+}
+
+// flush is a consumer's end of turn: it turns the deferral on for the device's consumers
+// and rings the doorbell.
+func (d *device) flush() {
+	if !d.deferOut.Load() {
+		d.deferOut.Store(true)
+	}
+	d.flushPending()
+}
+
+// flushPending writes what the consumer's turn left queued.
+func (d *device) flushPending() {
+	if d.npend.Load() == 0 {
+		return
+	}
+	d.pendMu.Lock()
+	list := d.pend
+	d.pend, d.pendSpare = d.pendSpare[:0], list
+	for _, c := range list {
+		c.pending = false
+	}
+	d.npend.Store(0)
+	d.pendMu.Unlock()
+	for i, c := range list {
+		c.mu.Lock()
+		c.flushLocked()
+		c.mu.Unlock()
+		list[i] = nil
+	}
+}
+
+// addRx puts a connection's socket in the progress set.
+func (d *device) addRx(c *conn) {
+	if d.pfd < 0 {
+		return
+	}
+	d.rxMu.Lock()
+	d.rx[int32(c.rfd)] = c
+	d.rxMu.Unlock()
+	_ = unix.EpollCtl(d.pfd, unix.EPOLL_CTL_ADD, c.rfd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(c.rfd)})
+}
+
+// dropRx takes a connection's socket out of the progress set (before it is closed).
+func (d *device) dropRx(c *conn, fd int) {
+	if d.pfd < 0 {
+		return
+	}
+	_ = unix.EpollCtl(d.pfd, unix.EPOLL_CTL_DEL, fd, nil)
+	d.rxMu.Lock()
+	if d.rx[int32(fd)] == c {
+		delete(d.rx, int32(fd))
+	}
+	d.rxMu.Unlock()
 }
 
 func (d *device) qpByNum(n uint32) *qp {

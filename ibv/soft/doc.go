@@ -25,6 +25,36 @@
 // loopback would), with the same PSN/ACK/NAK logic, faults and counters. This removes the
 // reader-thread wake-up from the path. Devices of other processes are always reached over TCP.
 //
+// # Progress: who reads the sockets
+//
+// By default the soft NIC makes progress on the consumer's thread (manual progress, as UCX's
+// tcp transport and libfabric's FI_PROGRESS_MANUAL do). Each device keeps its connections'
+// sockets in one epoll set, nested in the epoll fd that every completion channel's Fd
+// returns; so a channel fd is readable when an event is queued or a socket holds packets.
+// GetEvent with no queued event, and Poll of an empty CQ, first read every readable socket
+// without blocking, place the SENDs, answer them (one cumulative ACK per QP per batch) and
+// push the CQEs; an event raised during GetEvent's own progress costs no eventfd write. A
+// reactor asleep on the channel thus wakes once per batch of packets, and the packets are
+// handled on its thread: no NIC thread wakes between the wire and the CQ.
+//
+// Every connection keeps one NIC goroutine, a backstop, because RC peers need ACKs whether
+// or not the consumer looks. While no consumer attends the device (no CQ armed on a
+// channel, no poll in the last 200 µs) it sleeps on the socket and reads every packet itself,
+// as the provider's NIC threads always did (WithNICThread(true) or TWOSIDED_SOFT_NIC_THREAD=1
+// keep that model for every packet). While a consumer attends, it leaves the socket alone and
+// wakes every 2 ms as long as traffic flows; if the consumer read nothing for a whole
+// period it reads what waits, then sleeps on the socket again. An idle connection costs no
+// wake-ups.
+//
+// Timing that differs from hardware: (1) a completion channel's fd may turn readable with
+// no event (a socket holds packets, e.g. an ACK); GetEvent then does the receive work and
+// answers ErrWouldBlock (verbs consumers must already accept spurious wake-ups); (2) while
+// the consumer attends but is busy elsewhere, a packet waits up to 2-4 ms for the backstop
+// (hardware answers in microseconds whatever the host does), so a requester with a short
+// local ACK timeout may retransmit; the duplicate is ACKed, not placed twice; (3) the first
+// packet after 2 ms of silence wakes the backstop beside the consumer once. rnr_retry 7
+// retries without limit, as IB specifies (testRNRRetryForever).
+//
 // # Fault hooks
 //
 // CutLink/CutPath/DelayLink/RestoreLink, KillDevice, SetPortState, InjectWC and

@@ -20,6 +20,9 @@ const (
 	EnvAddr    = "TWOSIDED_SOFT_ADDR"
 	EnvPhantom = "TWOSIDED_SOFT_PHANTOM"
 	EnvInProc  = "TWOSIDED_SOFT_INPROC"
+	// EnvNICThread = 1 makes every connection's NIC goroutine do all receive work (the
+	// provider's former model); by default the consumer's polls do it (see the package doc).
+	EnvNICThread = "TWOSIDED_SOFT_NIC_THREAD"
 )
 
 // PhantomName is the phantom device: listed, port DOWN, unusable.
@@ -41,6 +44,9 @@ type config struct {
 	// inproc delivers packets between devices of this provider by direct calls (as a NIC's
 	// internal loopback does) instead of through their TCP connection.
 	inproc bool
+	// nicThread makes the connections' NIC goroutines read every packet; otherwise the
+	// consumer's GetEvent and Poll do (manual progress) and the NIC goroutine is a backstop.
+	nicThread bool
 }
 
 func defaultConfig() config {
@@ -70,6 +76,12 @@ func WithCoalesce(on bool) Option { return func(c *config) { c.coalesce = on } }
 // through their TCP connection like traffic between processes (false). Devices of other
 // processes are always reached over TCP.
 func WithInProcess(on bool) Option { return func(c *config) { c.inproc = on } }
+
+// WithNICThread(true) makes each connection's NIC goroutine read and answer every packet,
+// waking once per packet beside the consumer; the default, false, lets the consumer's
+// GetEvent and Poll do the receive work (manual progress, as UCX's tcp transport and
+// libfabric's FI_PROGRESS_MANUAL), the NIC goroutine stepping in only when no consumer does.
+func WithNICThread(on bool) Option { return func(c *config) { c.nicThread = on } }
 
 func (c config) validate(devVar, addrVar string) (netip.AddrPort, error) {
 	if c.devices < 1 || c.devices > MaxDevices {
@@ -114,6 +126,13 @@ func configFromEnv() (config, error) {
 			return c, fmt.Errorf("%w: %s = %q: want 0/1/true/false", ErrConfig, EnvInProc, v)
 		}
 		c.inproc = b
+	}
+	if v, ok := os.LookupEnv(EnvNICThread); ok {
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		if err != nil {
+			return c, fmt.Errorf("%w: %s = %q: want 0/1/true/false", ErrConfig, EnvNICThread, v)
+		}
+		c.nicThread = b
 	}
 	if _, err := c.validate(EnvDevices, EnvAddr); err != nil {
 		return c, err

@@ -21,6 +21,7 @@ func TestEnvConfig(t *testing.T) {
 		{"addr ports overflow", EnvAddr, "127.0.0.1:65535", EnvAddr},
 		{"phantom", EnvPhantom, "maybe", EnvPhantom},
 		{"inproc", EnvInProc, "sometimes", EnvInProc},
+		{"nic thread", EnvNICThread, "often", EnvNICThread},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Setenv(c.env, c.val)

@@ -72,6 +72,7 @@ type qp struct {
 	rnrWait                                  bool
 	rnrTimer                                 *time.Timer
 	pumpAfter                                *conn // a pipe to pump once mu is released
+	posting                                  bool  // PostSend runs: the consumer's doorbell may wait for Flush
 
 	rq             []recvSlot
 	rqHead, rqTail uint64
@@ -392,7 +393,9 @@ func (q *qp) unlockAndPump() {
 
 func (q *qp) PostSend(wr *ibv.SendWR) (*ibv.SendWR, error) {
 	q.mu.Lock()
+	q.posting = true
 	bad, err := q.postSendLocked(wr)
+	q.posting = false
 	q.unlockAndPump()
 	return bad, err
 }
@@ -540,6 +543,8 @@ func (q *qp) transmitLocked(rx *rxBatch) {
 		rx.markDirty(c)
 	case c.pipe:
 		q.pumpAfter = c
+	case q.posting && q.d.deferOut.Load():
+		q.d.addPending(c)
 	default:
 		c.flushLocked()
 	}

@@ -65,6 +65,85 @@ func TestHotPathAllocs(t *testing.T) {
 	}
 }
 
+// TestEventPathAllocs: the event-driven round a reactor makes — a chain of SENDs in one
+// PostSend (one doorbell), the receiver armed and asleep on its channel, GetEvent doing the
+// receive work (manual progress over TCP), one Poll taking every WC, the RECVs reposted in
+// one chain — allocates nothing.
+func TestEventPathAllocs(t *testing.T) {
+	for _, inproc := range []bool{true, false} {
+		p := soft.New(soft.WithDevices(2), soft.WithInProcess(inproc))
+		A, B := pairEnds(t, p, 16)
+		const k = 4
+		rwrs := make([]ibv.RecvWR, k)
+		swrs := make([]ibv.SendWR, k)
+		for i := range k {
+			rwrs[i] = ibv.RecvWR{WRID: uint64(i), SGList: []ibv.SGE{B.sge(4096+i*64, 64)}}
+			swrs[i] = ibv.SendWR{WRID: uint64(i), Opcode: ibv.WRSend, SGList: []ibv.SGE{A.sge(i*64, 64)}}
+			if i > 0 {
+				rwrs[i-1].Next, swrs[i-1].Next = &rwrs[i], &swrs[i]
+			}
+		}
+		swrs[k-1].SendFlags = ibv.SendSignaled
+		wcs := make([]ibv.WC, 2*k)
+		evs := make([]unix.EpollEvent, 1)
+		waitCQ := func(e *end, cq ibv.CQ, want int) {
+			for got := 0; got < want; {
+				n, err := cq.Poll(wcs)
+				if err != nil {
+					panic(err)
+				}
+				if got += n; got == want || n > 0 {
+					continue
+				}
+				if err := cq.ReqNotify(false); err != nil {
+					panic(err)
+				}
+				if n, _ = cq.Poll(wcs); n > 0 {
+					got += n
+					continue
+				}
+				if _, err := unix.EpollWait(e.ep, evs, 1000); err != nil && err != unix.EINTR {
+					panic(err)
+				}
+				for {
+					c, err := e.ch.GetEvent()
+					if err != nil {
+						break
+					}
+					c.AckEvents(1)
+				}
+			}
+		}
+		// Flush ends a consumer's turn (reactor.Flusher); once called, the device defers
+		// its doorbells to it.
+		flushA, flushB := A.scq.(interface{ Flush() }), B.rcq.(interface{ Flush() })
+		flush := false
+		round := func() {
+			if _, err := B.qp.PostRecv(&rwrs[0]); err != nil {
+				panic(err)
+			}
+			if _, err := A.qp.PostSend(&swrs[0]); err != nil {
+				panic(err)
+			}
+			if flush {
+				flushA.Flush()
+			}
+			waitCQ(B, B.rcq, k)
+			if flush {
+				flushB.Flush()
+			}
+			waitCQ(A, A.scq, 1)
+		}
+		for _, flush = range []bool{false, true} {
+			for i := 0; i < 50; i++ {
+				round()
+			}
+			allocs := testing.AllocsPerRun(200, round)
+			require.Zero(t, allocs, "inproc=%v flush=%v: allocations per round of %d notifies", inproc, flush, k)
+		}
+	}
+}
+
 // TestPortStateEvents: a port going DOWN raises EventPortErr and drops traffic; back ACTIVE
 // raises EventPortActive and retransmission delivers.
 func TestPortStateEvents(t *testing.T) {
