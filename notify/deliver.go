@@ -11,6 +11,7 @@ import (
 // (no credit goes back, senders wait) and OOB notifies are held, then answered "busy".
 // Loop-only.
 func (e *Engine) deliver(n Notify) {
+	e.ctr.deliveredOne()
 	if e.cfg.onNotify != nil {
 		e.cfg.onNotify(n)
 		return
@@ -66,6 +67,7 @@ type recvQueue struct {
 	done     chan struct{} // closed when the queue closes
 	room     func()
 	wantRoom atomic.Bool
+	clock    queueClock // times each notify's wait in the queue
 }
 
 func (q *recvQueue) init(capacity int, room func()) {
@@ -91,6 +93,7 @@ func (q *recvQueue) push(n Notify) (full bool) {
 	}
 	q.buf[(q.head+q.n)%len(q.buf)] = n
 	q.n++
+	q.clock.in()
 	full = q.n >= q.capacity
 	if full {
 		q.wantRoom.Store(true)
@@ -117,6 +120,7 @@ func (q *recvQueue) popLocked() Notify {
 	q.buf[q.head] = Notify{}
 	q.head = (q.head + 1) % len(q.buf)
 	q.n--
+	q.clock.out()
 	return n
 }
 

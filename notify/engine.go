@@ -83,6 +83,8 @@ type Engine struct {
 	legacyOOB serialQueues // OOB sends to Mooncake peers, in order per peer
 
 	reqPool sync.Pool
+
+	ctr engineCounters
 }
 
 type heldNotify struct {
@@ -124,6 +126,7 @@ func newEngine(cfg config, opts []Option) (*Engine, error) {
 	e.tokenRnd = randomSession
 	e.m = newPeerMachine(e.session, e.machineConfig(), e.tokenRnd)
 	e.rq.init(cfg.recvQueue, e.onQueueRoom)
+	e.rq.clock.hist = &e.ctr.deliverLatency
 	e.reqPool.New = func() any { return newSendReq(e) }
 	if cfg.transport == TransportRDMATwoSided && cfg.notifyEnabled {
 		if err := e.openDevice(); err != nil {
@@ -238,7 +241,8 @@ const cancelGrace = time.Second
 // the notify was delivered; otherwise an error wrapping a sentinel, within ctx's deadline (or
 // 30 s without one). An error that wraps ErrMaybeDelivered leaves the outcome unknown; any
 // other error means the notify was not delivered.
-func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) error {
+func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) (result error) {
+	defer e.ctr.sendReturned(time.Now(), &result)
 	if ctx == nil {
 		return sendErr(ErrInvalid, peer, "", errors.New("ctx: nil"), false)
 	}
@@ -317,11 +321,12 @@ func (e *Engine) cancelSend(req *sendReq, peer string, cause error) error {
 // async send). It never blocks, so it may be called from a WithHandler callback (to answer a
 // notify on the reactor thread). done runs on the reactor thread and must not block. The
 // engine reads n.Msg until done.
-func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) error {
+func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) (err error) {
+	defer e.ctr.refused(&err)
 	if e.closed.Load() {
 		return sendErr(ErrClosed, peer, "", nil, false)
 	}
-	peer, err := e.resolveCached(peer)
+	peer, err = e.resolveCached(peer)
 	if err != nil {
 		return err
 	}
@@ -333,6 +338,7 @@ func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) error 
 	}
 	req := e.reqPool.Get().(*sendReq)
 	req.prepare(peer, n, time.Now().Add(defaultSendTimeout), done)
+	req.start = req.deadline.Add(-defaultSendTimeout)
 	// From a handler too: the loop is awake, so this costs no eventfd write, and it keeps
 	// the per-peer order with sends queued before.
 	if err := e.loop.Submit(req.runFn); err != nil {

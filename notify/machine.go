@@ -219,6 +219,7 @@ type machineStats struct {
 	Names, Channels int
 	PeersRefused, NamesRefused, ChannelsRefused, AuthRefused, Superseded, Reposted, Fallbacks, GivenUp,
 	FencesSent, LegacyDelivered, OOBRefused, PeersPruned uint64
+	Duplicates uint64 // received notifies dropped as duplicates (seq or id)
 }
 
 func newPeerMachine(local uint64, cfg machineConfig, rnd func() uint64) *peerMachine {
@@ -1265,6 +1266,7 @@ func (m *peerMachine) arrive(now time.Time, p *peerEntry, seq uint64, nid string
 	switch res {
 	case arrDuplicate:
 		p.dups++
+		m.stats.Duplicates++
 	case arrHeld:
 		m.setTimer(p.win.gapDeadline(m.cfg.gapTimeout))
 	}

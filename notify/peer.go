@@ -23,6 +23,7 @@ type sendReq struct {
 	peer     string
 	n        Notify
 	deadline time.Time
+	start    time.Time // SendNotifyAsync: when it was called
 	done     chan error
 	cb       func(error) // SendNotifyAsync: called instead of a send on done
 	runFn    func()
@@ -57,6 +58,7 @@ func (r *sendReq) run() {
 // finish hands the result to the caller.
 func (r *sendReq) finish(err error) {
 	if r.cb != nil {
+		r.e.ctr.sendResult(r.start, err) // SendNotify counts its own return
 		cb := r.cb
 		r.cb = nil
 		r.e.reqPool.Put(r)
@@ -112,6 +114,7 @@ func (c *chanEvents) OnFence(session, first, count uint64) {
 
 func (c *chanEvents) OnClosed(err error) {
 	e := c.e
+	e.ctr.channelClosed(e.chans[c.id])
 	delete(e.chans, c.id)
 	delete(e.remote, c.id)
 	e.cfg.logger.Debug().Uint64("chan", uint64(c.id)).Err(err).Msg("ctrl channel closed")

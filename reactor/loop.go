@@ -102,13 +102,14 @@ type Stats struct {
 	QueueFull       uint64        // submissions refused with ErrQueueFull
 	SlowCallbacks   uint64        // callbacks over the WithSlowCallback threshold
 	LongestCallback time.Duration // longest single callback (handler, timer, func, CQ cycle)
+	Busy            time.Duration // time spent in iterations, outside epoll_wait and busy-polling
 }
 
 type counters struct {
 	iterations, wakeups, interrupts, busyPolls      atomic.Uint64
 	fdEvents, cqEvents, wcs, timerEvents            atomic.Uint64
 	submitEvents, submissions, queueFull, slowCalls atomic.Uint64
-	longest                                         atomic.Int64
+	longest, busy                                   atomic.Int64
 }
 
 const (
@@ -257,6 +258,7 @@ func (l *Loop) Stats() Stats {
 		QueueFull:       l.st.queueFull.Load(),
 		SlowCallbacks:   l.st.slowCalls.Load(),
 		LongestCallback: time.Duration(l.st.longest.Load()),
+		Busy:            time.Duration(l.st.busy.Load()),
 	}
 }
 
@@ -302,6 +304,7 @@ func (l *Loop) run() {
 		l.runTimers(now)
 		l.runKicks()
 		l.flushCQs()
+		l.st.busy.Add(l.mono() - now)
 		if l.stopped.Load() {
 			break
 		}

@@ -72,12 +72,15 @@ func runSend(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wri
 	defer closeEngine(e)
 	var failed int
 	var total time.Duration
+	prog := newProgress(stdout, fs.Output(), *count, "send", !*quiet)
+	defer prog.finish()
 	for i := range *count {
 		sctx, cancel := context.WithTimeout(ctx, *timeout)
 		start := time.Now()
 		err := e.SendNotify(sctx, *peer, notify.Notify{Name: *name, Msg: body})
 		d := time.Since(start)
 		cancel()
+		prog.add(1)
 		total += d
 		if err != nil {
 			failed++
@@ -91,6 +94,7 @@ func runSend(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wri
 			fmt.Fprintf(stdout, "notify %d/%d to %s: ok in %.1f µs\n", i+1, *count, *peer, float64(d.Nanoseconds())/1e3)
 		}
 	}
+	prog.finish()
 	fmt.Fprintf(stdout, "sent %d, failed %d, transport %s, mean %.1f µs\n", *count-failed, failed, e.Transport(),
 		float64(total.Nanoseconds())/1e3/float64(*count))
 	if failed > 0 {

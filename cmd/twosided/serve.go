@@ -16,7 +16,7 @@ func init() {
 	register(&command{
 		Name:    "serve",
 		Summary: "Run a notify engine, show its address and print the notifies it receives (or count them).",
-		Usage:   "[--listen host:port] [--transport oob|rdma_twosided] [--count-only] [--expect n] [--duration d]",
+		Usage:   "[--listen host:port] [--transport oob|rdma_twosided] [--count-only] [--expect n] [--duration d] [--metrics host:port] [--stats interval]",
 		Run:     runServe,
 	})
 }
@@ -65,6 +65,8 @@ func runServe(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 	countOnly := fs.Bool("count-only", false, "count notifies (a line per second while they arrive) instead of printing each")
 	expect := fs.Int("expect", 0, "exit after this many notifies (default 0: run until interrupted)")
 	duration := fs.Duration("duration", 0, "exit after this long (default 0: run until interrupted)")
+	var of observeFlags
+	of.define(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -100,6 +102,11 @@ func runServe(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 	}
 	defer closeEngine(e)
 	fmt.Fprintf(stdout, "serving on %s (transport %s)\n", e.Addr(), e.Transport())
+	stopObserve, err := of.start(e, stdout, fs.Output())
+	defer stopObserve()
+	if err != nil {
+		return err
+	}
 	if *countOnly {
 		return countLoop(ctx, stdout, &count)
 	}
