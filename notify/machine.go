@@ -264,6 +264,7 @@ func (m *peerMachine) send(now time.Time, id reqID, name, nid string, deadline t
 	ne.lastUsed = now
 	r := &reqEntry{id: id, name: name, nid: nid, deadline: deadline}
 	m.reqs[id] = r
+	m.setTimer(deadline) // a send that waits past its deadline is withdrawn
 	if ne.legacyOOB && now.Before(ne.retryAt) {
 		r.legacy, r.oob = true, true
 		m.emit(mAction{kind: aOOB, req: id, name: name, legacy: true, deadline: deadline})
@@ -1398,6 +1399,16 @@ func (m *peerMachine) tick(now time.Time) {
 		if p.ch == 0 {
 			later(p.lastActive.Add(m.cfg.peerIdle))
 		}
+	}
+	for id, r := range m.reqs {
+		if r.ch != 0 || r.oob {
+			continue // on its way: its path's own bound ends it
+		}
+		if !now.Before(r.deadline) {
+			m.cancel(id, errors.New("deadline passed while waiting for a path"))
+			continue
+		}
+		later(r.deadline)
 	}
 	for _, ne := range m.names {
 		if ne.peer == nil && !ne.connecting && len(ne.waiters) == 0 && (ne.retryAt.IsZero() || !now.Before(ne.retryAt)) {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -25,6 +26,8 @@ const (
 	peerEnv     = "TWOSIDED_TEST_PEER_TRANSPORT"
 	peerAddrEnv = "TWOSIDED_TEST_PEER_ADDR" // listen address (default 127.0.0.1:0)
 	peerModeEnv = "TWOSIDED_TEST_PEER_MODE" // "echo" (default) or "record": print "GOT <msg>" per notify
+	// peerStallEnv, in record mode: "D/N" stalls the peer's reactor for D every N notifies.
+	peerStallEnv = "TWOSIDED_TEST_PEER_STALL"
 )
 
 func TestMain(m *testing.M) {
@@ -41,10 +44,20 @@ func runPeer(transport string) int {
 	}
 	opts := []notify.Option{notify.WithTransport(transport), notify.WithListenAddr(addr)}
 	if os.Getenv(peerModeEnv) == "record" {
+		var stall time.Duration
+		every, count := 0, 0
+		if v := os.Getenv(peerStallEnv); v != "" {
+			d, n, _ := strings.Cut(v, "/")
+			stall, _ = time.ParseDuration(d)
+			every, _ = strconv.Atoi(n)
+		}
 		// Print on the reactor thread, before the next notify is taken: what is printed was
 		// delivered.
 		opts = append(opts, notify.WithHandler(func(n notify.Notify) {
 			_, _ = os.Stdout.WriteString("GOT " + string(n.Msg) + "\n")
+			if count++; every > 0 && count%every == 0 {
+				time.Sleep(stall) // the reactor stalls, as a loaded process's would
+			}
 		}))
 	}
 	e, err := notify.New(opts...)
