@@ -54,6 +54,10 @@ type Config struct {
 	// Above it a request gets the error reply "too many pending handshakes" and its
 	// connection keeps working.
 	MaxPendingHandshakes int
+	// Name is what this Node calls itself in the bye it sends its twosided peers when it
+	// closes (at most 255 bytes; default: the bound listen address). Set it to the name
+	// peers dial this Node by.
+	Name string
 	// MaxPendingHandshakesPerAddr caps the handshake requests from one remote IP address
 	// handed to the Handler and not answered yet (default 8, allowed 1..65536). Above it a
 	// request gets a refusal (ts_refuse "limit") and its connection keeps working.
@@ -98,6 +102,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if _, _, err := net.SplitHostPort(c.ListenAddr); err != nil {
 		return c, fmt.Errorf("%w: ListenAddr %q: %v", ErrBadConfig, c.ListenAddr, err)
+	}
+	if len(c.Name) > MaxFromLen {
+		return c, fmt.Errorf("%w: Name: %d bytes, at most %d", ErrBadConfig, len(c.Name), MaxFromLen)
 	}
 	var errs []error
 	intField := func(name string, l *limits.Limit, v *int) {

@@ -3,6 +3,7 @@ package oob
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/panjf2000/gnet/v2/pkg/buffer/elastic"
@@ -37,6 +38,8 @@ type conn struct {
 	kind  connKind
 	state connState
 	peer  *peerState // dialed conns
+	// remote is an accepted connection's peer IP (per-address limits).
+	remote netip.Addr
 
 	parser  Parser
 	out     elastic.RingBuffer // bytes the socket did not take yet
@@ -196,7 +199,7 @@ func (c *conn) reject(t MsgType, m reqMeta, err error) {
 // refuse answers a request with an error reply, then drains and closes.
 func (c *conn) refuse(t MsgType, m reqMeta, err error) {
 	n := c.n
-	n.out = appendErrorReply(n.out[:0], t, m, err.Error())
+	n.out = appendErrorReply(n.out[:0], t, m, err)
 	c.send(n.out)
 	c.drain()
 }
@@ -355,6 +358,7 @@ func (c *conn) close(cause error) {
 	if c.peer.conn == c {
 		c.peer.conn = nil
 	}
+	n.forgetIdlePeer(c.peer)
 	if len(c.pending) == 0 && len(c.queue) == 0 && c.one == nil {
 		return
 	}
