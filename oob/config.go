@@ -62,6 +62,11 @@ type Config struct {
 	// handed to the Handler and not answered yet (default 8, allowed 1..65536). Above it a
 	// request gets a refusal (ts_refuse "limit") and its connection keeps working.
 	MaxPendingHandshakesPerAddr int
+	// MaxOpenRequests caps the requests of one connection handed to the Handler and not
+	// answered yet (default 1024, allowed 1..1<<20). One more notify is answered at once
+	// with a "busy" refusal (ErrBusy at a twosided client); a one-request (Mooncake)
+	// connection never reaches it.
+	MaxOpenRequests int
 	// MaxPeers caps the peer addresses this Node keeps client state for (a persistent
 	// connection, a classic mark; default 4096, allowed 1..1<<20). Past it an entry without
 	// requests in flight is evicted (its idle connection closed); when none can be, a
@@ -131,6 +136,7 @@ func (c Config) withDefaults() (Config, error) {
 	intField("MaxPendingHandshakes", &limits.OOBMaxPendingHandshakes, &c.MaxPendingHandshakes)
 	intField("MaxPendingHandshakesPerAddr", &limits.OOBMaxPendingHandshakesPerAddr, &c.MaxPendingHandshakesPerAddr)
 	intField("MaxPeers", &limits.OOBMaxPeers, &c.MaxPeers)
+	intField("MaxOpenRequests", &limits.OOBMaxOpenRequests, &c.MaxOpenRequests)
 	if err := errors.Join(errs...); err != nil {
 		return c, err
 	}

@@ -178,7 +178,7 @@ func (c *conn) frameFailed(err error) {
 		if fe.Length <= uint64(c.n.cfg.MaxFrame) {
 			// A frame only the pre-authentication cap refuses: say what is missing,
 			// without having buffered its body.
-			c.n.st.authFailed.Add(1)
+			c.n.noteAuthFailed()
 			c.refuse(t, reqMeta{}, errAuthRequired)
 			return
 		}
@@ -192,6 +192,7 @@ func (c *conn) frameFailed(err error) {
 func (c *conn) reject(t MsgType, m reqMeta, err error) {
 	n := c.n
 	n.st.badFrames.Add(1)
+	n.warn(warnBadFrames, err.Error())
 	n.log.Debug().Err(err).Int("fd", c.fd).Msg("oob: bad request")
 	c.refuse(t, m, err)
 }
@@ -231,6 +232,7 @@ func (c *conn) send(b []byte) {
 	}
 	if c.out.Buffered()+len(b) > c.n.cfg.MaxConnBuffer {
 		c.n.st.overflows.Add(1)
+		c.n.warn(warnOverflow, c.name())
 		c.close(fmt.Errorf("%w: %s: send buffer over MaxConnBuffer %d", ErrPeerUnreachable, c.name(), c.n.cfg.MaxConnBuffer))
 		return
 	}
@@ -516,7 +518,7 @@ func (c *conn) expire(why expiry) {
 		}
 		c.close(fmt.Errorf("%w: %w: %s: reply frame not completed within IdleTimeout %v", ErrPeerUnreachable, ErrTimeout, c.peer.addr, idle))
 	case expAuth:
-		n.st.authFailed.Add(1)
+		n.noteAuthFailed()
 		n.log.Debug().Int("fd", c.fd).Msg("oob: not authenticated within IdleTimeout")
 		c.close(nil)
 	case expReply:

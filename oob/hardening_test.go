@@ -271,3 +271,49 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.buf.String()
 }
+
+// The requests of one connection awaiting the Handler are capped: one more notify is
+// answered busy at once (ErrBusy at the client), and served again once room is back.
+func TestMaxOpenRequestsBusy(t *testing.T) {
+	hb := newHandler()
+	b := listen(t, newLoop(t), hb, Config{MaxOpenRequests: 4})
+	a := listen(t, newLoop(t), newHandler(), Config{})
+	ctx := bg(t)
+	errs := make(chan error, 4)
+	for i := 0; i < 4; i++ {
+		go func() { errs <- a.Notify(ctx, b.Addr(), &NotifyRequest{Name: fmt.Sprint("hold", i)}) }()
+	}
+	for i := 0; i < 4; i++ {
+		<-hb.ch
+	}
+	err := a.Notify(ctx, b.Addr(), &NotifyRequest{Name: "one more"})
+	require.ErrorIs(t, err, ErrBusy)
+	require.ErrorContains(t, err, "max_open_requests 4")
+	require.EqualValues(t, 1, b.Stats().BusyRefused)
+	require.EqualValues(t, 4, b.Stats().NotifyServed, "the refused one never reached the Handler")
+	hb.release()
+	for i := 0; i < 4; i++ {
+		require.NoError(t, <-errs)
+	}
+	require.NoError(t, a.Notify(ctx, b.Addr(), &NotifyRequest{Name: "one more"}))
+}
+
+func TestHelloAnnouncesMaxFrame(t *testing.T) {
+	var ri replyInfo
+	body := appendHelloReply(nil, reqMeta{}, &authKeys{}, &connAuth{}, 4<<20)[HeaderSize:]
+	_, err := ri.decode(body, nil)
+	require.NoError(t, err)
+	require.EqualValues(t, 4<<20, ri.maxFrame)
+	for _, bad := range []string{`{"ts_hello":1,"ts_max_frame":1}`, `{"ts_hello":1,"ts_max_frame":134217729}`, `{"ts_max_frame":"1"}`} {
+		_, err := ri.decode([]byte(bad), nil)
+		require.ErrorIs(t, err, ErrBadFrame)
+		require.ErrorContains(t, err, `field "ts_max_frame"`)
+	}
+	var pd probeDecoder
+	p, err := pd.decode(appendBye(nil, "node-a")[HeaderSize:])
+	require.NoError(t, err)
+	require.EqualValues(t, 1, p.bye)
+	require.Equal(t, "node-a", p.from)
+	_, err = pd.decode([]byte(`{"ts_bye":1,"ts_from":"` + strings.Repeat("x", 256) + `"}`))
+	require.ErrorContains(t, err, `field "ts_from": 256 bytes, at most 255`)
+}

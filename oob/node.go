@@ -58,6 +58,7 @@ type Stats struct {
 	OldProtocol            uint64 // requests without a type byte (Mooncake's older protocol) served
 	ByesSent               uint64 // byes written by Close to twosided persistent connections
 	ByesReceived           uint64 // byes received: a twosided peer closed gracefully
+	BusyRefused            uint64 // notifies answered busy: MaxOpenRequests of their connection await the Handler
 }
 
 type counters struct {
@@ -70,6 +71,7 @@ type counters struct {
 	handshakeLimitedByAddr, peersEvicted       atomic.Uint64
 	peersLimited, tooLarge, sendBufferFull     atomic.Uint64
 	oldProtocol, byesSent, byesReceived        atomic.Uint64
+	busyRefused                                atomic.Uint64
 	shakingAddrs, peers                        atomic.Int64
 }
 
@@ -201,7 +203,7 @@ func (n *Node) Stats() Stats {
 		HandshakeLimitedByAddr: s.handshakeLimitedByAddr.Load(), ShakingAddrs: s.shakingAddrs.Load(),
 		Peers: s.peers.Load(), PeersEvicted: s.peersEvicted.Load(), PeersLimited: s.peersLimited.Load(),
 		TooLarge: s.tooLarge.Load(), SendBufferFull: s.sendBufferFull.Load(), OldProtocol: s.oldProtocol.Load(),
-		ByesSent: s.byesSent.Load(), ByesReceived: s.byesReceived.Load(),
+		ByesSent: s.byesSent.Load(), ByesReceived: s.byesReceived.Load(), BusyRefused: s.busyRefused.Load(),
 	}
 }
 

@@ -46,12 +46,12 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 			n.out = appendHelloReply(n.out[:0], p.m, &n.auth, &c.auth, n.cfg.MaxFrame)
 		case p.hasMAC:
 			if c.auth.state != authPending || !c.auth.peerNonce {
-				n.st.authFailed.Add(1)
+				n.noteAuthFailed()
 				c.refuse(t, p.m, errAuthUnexpect)
 				return
 			}
 			if !n.auth.verify(dirClient, &c.auth.peer, &c.auth.local, &p.mac) {
-				n.st.authFailed.Add(1)
+				n.noteAuthFailed()
 				n.log.Debug().Int("fd", c.fd).Msg("oob: client proof does not match AuthKey")
 				c.refuse(t, p.m, errAuthFailed)
 				return
@@ -71,6 +71,16 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 			return
 		}
 		if !c.admitted(t, m) {
+			return
+		}
+		if len(c.open) >= n.cfg.MaxOpenRequests {
+			// The Handler holds this many of the connection's requests already: answer
+			// "busy" rather than hold more (the peer-fed map stays bounded).
+			n.st.busyRefused.Add(1)
+			n.warn(warnBusy, c.remote.String())
+			n.out = appendNotifyReply(n.out[:0], m, &RefusedError{Code: RefuseBusy,
+				Msg: fmt.Sprintf("%d requests on this connection await the receiver: max_open_requests %d", len(c.open), n.cfg.MaxOpenRequests)})
+			c.sendReply(n.out)
 			return
 		}
 		n.st.notifyServed.Add(1)
@@ -168,7 +178,7 @@ func (c *conn) admitted(t MsgType, m reqMeta) bool {
 	if !n.auth.required || c.auth.state == authOK {
 		return true
 	}
-	n.st.authFailed.Add(1)
+	n.noteAuthFailed()
 	n.log.Debug().Int("fd", c.fd).Stringer("type", t).Msg("oob: unauthenticated request refused")
 	c.refuse(t, m, errAuthRequired)
 	return false

@@ -14,6 +14,7 @@ const (
 	warnOverflow                           // a connection over MaxConnBuffer
 	warnPeers                              // a peer entry evicted or refused: MaxPeers
 	warnTooLarge                           // a request refused before sending: over the peer's frame limit
+	warnBusy                               // a notify answered busy: MaxOpenRequests on its connection
 	nWarnReasons
 )
 
@@ -26,6 +27,7 @@ var warnText = [nWarnReasons]string{
 	warnOverflow:         "oob: connections closed over MaxConnBuffer",
 	warnPeers:            "oob: peer entries at MaxPeers",
 	warnTooLarge:         "oob: requests over the peer's frame limit refused",
+	warnBusy:             "oob: notifies answered busy: MaxOpenRequests reached on a connection",
 }
 
 // warnLimiter logs each reason at most once per second, with the number of events since
@@ -46,4 +48,10 @@ func (n *Node) warn(r warnReason, detail string) {
 	}
 	n.log.Warn().Uint64("count", w.count[r]).Str("last", detail).Msg(warnText[r])
 	w.last[r], w.any[r], w.count[r] = now, true, 0
+}
+
+// noteAuthFailed counts a server connection refused for authentication and logs the flood.
+func (n *Node) noteAuthFailed() {
+	n.st.authFailed.Add(1)
+	n.warn(warnAuth, "")
 }
