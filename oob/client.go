@@ -276,6 +276,7 @@ func (c *call) start() {
 		var err error
 		pc, err = n.dial(ps, connPersistent)
 		if err != nil {
+			n.forgetIdlePeer(ps)
 			c.finish(err, nil)
 			return
 		}
@@ -338,6 +339,7 @@ func (n *Node) startClassic(c *call, ps *peerState) {
 	}
 	cc, err := n.dial(ps, connClassic)
 	if err != nil {
+		n.forgetIdlePeer(ps)
 		c.finish(err, nil)
 		return
 	}

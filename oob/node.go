@@ -22,6 +22,11 @@ type Handler interface {
 	// loop or any goroutine); a second reply is ignored. The *req struct is reused once the
 	// call returns (copy the struct to keep it); NotifyRequest.Msg and the strings are the
 	// Handler's to keep.
+	//
+	// A reply error that is or wraps a *RefusedError sends its Code as ts_refuse to a
+	// twosided peer (its client then returns ErrRejected and the code's sentinel, e.g.
+	// ErrBusy); any error reaches a Mooncake peer as rejected, with the text in reply_msg.
+	// A Handler that also implements PeerGoneHandler learns of peers that closed.
 	HandleNotify(req *NotifyRequest, reply func(err error))                         // nil → "success", error → rejected (empty notify_msg)
 	HandleHandshake(req *HandshakeDesc, reply func(resp *HandshakeDesc, err error)) // err → reply_msg = err.Error()
 }
