@@ -777,7 +777,9 @@ func TestSendBufferCap(t *testing.T) {
 	c, err := net.Dial("tcp", b.Addr())
 	require.NoError(t, err)
 	defer c.Close()
-	require.NoError(t, c.(*net.TCPConn).SetReadBuffer(4096))
+	// The client never reads. Its receive buffer keeps the default size: with a 4 KiB one
+	// the loopback connection stalled in both directions after ~3 855 requests (the server
+	// then neither read nor overflowed), so the test failed without any fault in the server.
 	var burst []byte
 	burst = appendProbe(burst, reqMeta{}, true)
 	for i := 0; i < 20000; i++ {
