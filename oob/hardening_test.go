@@ -317,3 +317,32 @@ func TestHelloAnnouncesMaxFrame(t *testing.T) {
 	_, err = pd.decode([]byte(`{"ts_bye":1,"ts_from":"` + strings.Repeat("x", 256) + `"}`))
 	require.ErrorContains(t, err, `field "ts_from": 256 bytes, at most 255`)
 }
+
+// 5 000 notifies pipelined on one connection to a Handler that answers none: it holds
+// MaxOpenRequests of them, every other one is answered busy at once, so what the server
+// keeps for a flooding connection is bounded whatever the flood.
+func TestPipelinedFloodBounded(t *testing.T) {
+	const flood, open = 5000, 64
+	hb := newHandler()
+	b := listen(t, newLoop(t), hb, Config{MaxOpenRequests: open})
+	p := dialRaw(t, b.Addr())
+	_ = p.hello(nil)
+	var burst []byte
+	for i := 0; i < flood; i++ {
+		burst = appendNotifyRequest(burst, &NotifyRequest{Name: "hold", Msg: []byte("m")}, reqMeta{id: uint64(i + 1), hasID: true}, true)
+	}
+	go func() { _, _ = p.c.Write(burst) }()
+	for i := 0; i < flood-open; i++ {
+		_, ri, body := p.reply()
+		require.Equal(t, RefuseBusy, string(ri.refuse), body)
+	}
+	s := b.Stats()
+	require.EqualValues(t, open, s.NotifyServed)
+	require.EqualValues(t, flood-open, s.BusyRefused)
+	require.Len(t, hb.notifies(), open)
+	hb.release()
+	for i := 0; i < open; i++ {
+		_, ri, body := p.reply()
+		require.True(t, ri.notifyOK, body)
+	}
+}
