@@ -158,8 +158,9 @@ func TestOldProtocolHandshake(t *testing.T) {
 func TestCloseSendsBye(t *testing.T) {
 	ha, hb := newHandler(), newHandler()
 	la := newLoop(t)
-	a, err := Listen(la, Config{ListenAddr: "127.0.0.1:0", Name: "node-a"}, ha)
+	a, err := Listen(la, Config{ListenAddr: "127.0.0.1:0", Name: "config-name"}, ha)
 	require.NoError(t, err)
+	a.SetName("node-a")
 	b := listen(t, newLoop(t), hb, Config{})
 	ctx := bg(t)
 	require.NoError(t, a.Notify(ctx, b.Addr(), &NotifyRequest{Name: "a to b"}))

@@ -92,6 +92,7 @@ type Node struct {
 	t0   time.Time
 
 	closed   atomic.Bool
+	byeName  atomic.Pointer[string]
 	closeErr chan struct{} // closed when the loop-side close is done
 
 	st counters
@@ -256,8 +257,17 @@ func (n *Node) shutdown() {
 	}
 }
 
-// name is what this Node calls itself in a bye: Config.Name, else the bound address.
+// SetName sets what this Node calls itself in the bye it sends when it closes (as
+// Config.Name; for a name known only once the listener is bound). At most MaxFromLen
+// bytes; a longer name is not sent. Any goroutine.
+func (n *Node) SetName(name string) { n.byeName.Store(&name) }
+
+// name is what this Node calls itself in a bye: SetName's, else Config.Name, else the
+// bound address.
 func (n *Node) name() string {
+	if p := n.byeName.Load(); p != nil {
+		return *p
+	}
 	if n.cfg.Name != "" {
 		return n.cfg.Name
 	}
