@@ -531,6 +531,16 @@ func (c *conn) replyFrame(t MsgType, body []byte) {
 		c.one = nil
 	} else {
 		if !m.hasID {
+			// An error reply without an id answers the connection, not one request: the
+			// peer refused a frame it could not parse and closes. Say why.
+			if rerr := c.refusal(t, resp); rerr != nil {
+				c.close(fmt.Errorf("%w: %s: the peer closed the connection: %w", ErrPeerUnreachable, c.peer.addr, rerr))
+				return
+			}
+			if reason := c.replyError(t, resp); reason != "" {
+				c.close(fmt.Errorf("%w: %s: the peer closed the connection: %s", ErrPeerUnreachable, c.peer.addr, reason))
+				return
+			}
 			c.close(fmt.Errorf("%w: %s: reply without ts_id on a multiplexed connection", ErrPeerUnreachable, c.peer.addr))
 			return
 		}
@@ -567,6 +577,17 @@ func (c *conn) refusal(t MsgType, resp *HandshakeDesc) error {
 		return newRefused(string(ri.refuse), string(ri.errMsg))
 	}
 	return nil
+}
+
+// replyError is the error text a reply carries (reply_msg or ts_error), "" when none.
+func (c *conn) replyError(t MsgType, resp *HandshakeDesc) string {
+	if t == TypeConnection || t == TypeOldProtocol {
+		if resp != nil {
+			return resp.ReplyMsg
+		}
+		return ""
+	}
+	return string(c.n.ri.errMsg)
 }
 
 // result turns a reply into the call's error.

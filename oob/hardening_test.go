@@ -3,6 +3,7 @@ package oob
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -346,4 +347,40 @@ func TestPipelinedFloodBounded(t *testing.T) {
 		_, ri, body := p.reply()
 		require.True(t, ri.notifyOK, body)
 	}
+}
+
+// An error reply without ts_id on a multiplexed connection (the peer refused a frame it
+// could not parse, and closes) fails what was in flight with the peer's reason.
+func TestConnectionErrorReplyNamesReason(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = readFrameRaw(c) // the hello
+		_, _ = c.Write(appendHelloReply(nil, reqMeta{}, &authKeys{}, &connAuth{}, DefaultMaxFrame))
+		_, _ = readFrameRaw(c) // the notify
+		_, _ = c.Write(appendErrorReply(nil, TypeNotify, reqMeta{}, errors.New("oob: frame too large: length 2000000 above maximum 1048576")))
+	}()
+	a := listen(t, newLoop(t), newHandler(), Config{})
+	err = a.Notify(bg(t), ln.Addr().String(), &NotifyRequest{Name: "n"})
+	require.ErrorIs(t, err, ErrPeerUnreachable)
+	require.ErrorContains(t, err, "the peer closed the connection: oob: frame too large")
+}
+
+func readFrameRaw(c net.Conn) ([]byte, error) {
+	if err := c.SetReadDeadline(time.Now().Add(waitBound)); err != nil {
+		return nil, err
+	}
+	var h [HeaderSize]byte
+	if _, err := io.ReadFull(c, h[:]); err != nil {
+		return nil, err
+	}
+	body := make([]byte, binary.LittleEndian.Uint64(h[:8])-1)
+	_, err := io.ReadFull(c, body)
+	return body, err
 }
