@@ -141,7 +141,7 @@ func appendHello(dst []byte, nc *[nonceSize]byte) []byte {
 // appendHelloReply writes the server's answer to a hello. With a key it carries the
 // challenge (ts_auth, ts_nonce, ts_auth_required) and, when the client sent a nonce, the
 // server's proof (ts_mac).
-func appendHelloReply(dst []byte, m reqMeta, a *authKeys, ca *connAuth) []byte {
+func appendHelloReply(dst []byte, m reqMeta, a *authKeys, ca *connAuth, maxFrame int) []byte {
 	dst, at := beginFrame(dst, TypeProbe)
 	o := jsonObj{b: append(dst, '{')}
 	o.uint(fHello, helloVersion)
@@ -155,6 +155,8 @@ func appendHelloReply(dst []byte, m reqMeta, a *authKeys, ca *connAuth) []byte {
 			o.hex(fMAC, a.proof(dirServer, &ca.peer, &ca.local)[:])
 		}
 	}
+	// The client measures its requests' encoded frames against this limit.
+	o.uint(fMaxFrame, uint64(maxFrame))
 	if m.hasID {
 		o.uint(fID, m.id)
 	}
@@ -174,6 +176,8 @@ func appendAuthProof(dst []byte, id uint64, mac *[macSize]byte) []byte {
 type probeInfo struct {
 	m        reqMeta
 	hello    uint64
+	bye      uint64 // ts_bye: the peer is closing
+	from     string // ts_from of a bye
 	nonce    [nonceSize]byte
 	hasNonce bool
 	mac      [macSize]byte
@@ -182,12 +186,13 @@ type probeInfo struct {
 
 // probeDecoder decodes Probe requests into reused buffers; loop-only.
 type probeDecoder struct {
-	key, text []byte
-	p         probeInfo
+	key, text, from []byte
+	p               probeInfo
 }
 
 func (d *probeDecoder) decode(body []byte) (*probeInfo, error) {
 	d.p = probeInfo{}
+	d.from = d.from[:0]
 	p := &d.p
 	r := jsonReader{b: body}
 	var err error
@@ -200,6 +205,12 @@ func (d *probeDecoder) decode(body []byte) (*probeInfo, error) {
 		case fHello:
 			p.m.twosided = true
 			p.hello, err = r.uint(fHello, 1<<32-1)
+		case fBye:
+			p.m.twosided = true
+			p.bye, err = r.uint(fBye, 1<<32-1)
+		case fFrom:
+			p.m.twosided = true
+			d.from, err = r.strMax(fFrom, d.from[:0], MaxFromLen)
 		case fID:
 			p.m.twosided, p.m.hasID = true, true
 			p.m.id, err = r.uint(fID, 1<<64-1)
@@ -216,6 +227,9 @@ func (d *probeDecoder) decode(body []byte) (*probeInfo, error) {
 	})
 	if err == nil {
 		err = r.end()
+	}
+	if err == nil && p.bye != 0 && len(d.from) > 0 {
+		p.from = string(d.from)
 	}
 	return p, err
 }

@@ -400,7 +400,7 @@ func TestAuthHelloBytes(t *testing.T) {
 	require.NotEqual(t, keysFor(keyA).proof(dirClient, &nc, &ns)[:], keysFor(keyA).proof(dirServer, &nc, &ns)[:])
 	a := keysFor(keyA)
 	ca := connAuth{local: ns, peer: nc, peerNonce: true}
-	got := string(appendHelloReply(nil, reqMeta{}, a, &ca)[HeaderSize:])
+	got := string(appendHelloReply(nil, reqMeta{}, a, &ca, DefaultMaxFrame)[HeaderSize:])
 	require.True(t, strings.HasPrefix(got, `{"ts_hello":1,"ts_auth":"hmac-sha256","ts_nonce":"ff0102030405060708090a0b0c0d0e0f","ts_auth_required":true,"ts_mac":"`), got)
 }
 

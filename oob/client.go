@@ -27,6 +27,29 @@ type peerState struct {
 	conn         *conn // persistent connection, nil when none
 	classicUntil int64
 	twosided     bool // answered a hello once
+	maxFrame     int  // the peer's frame limit from its hello reply; 0 = not said
+}
+
+// frameLimit is the largest frame length the peer takes: what its hello reply said, else
+// DefaultMaxFrame (Mooncake's default and minimum of MC_HANDSHAKE_MAX_LENGTH).
+func (ps *peerState) frameLimit() int {
+	if ps.maxFrame > 0 {
+		return ps.maxFrame
+	}
+	return DefaultMaxFrame
+}
+
+// checkFrame refuses, before it is sent, a request whose encoded frame is over the peer's
+// frame limit: the peer would refuse it and close the connection, failing every other
+// request on it.
+func (n *Node) checkFrame(c *call, ps *peerState, frame []byte) error {
+	if l := len(frame) - 8; l > ps.frameLimit() {
+		n.st.tooLarge.Add(1)
+		n.warn(warnTooLarge, ps.addr)
+		return fmt.Errorf("%w: %s %s: encoded frame is %d bytes (name %d, msg %d before encoding), the peer's frame limit is %d",
+			ErrTooLarge, c.typ, ps.addr, l, len(c.nreq.Name), len(c.nreq.Msg), ps.frameLimit())
+	}
+	return nil
 }
 
 // call is one client request, from submission to reply. Pooled.
@@ -234,8 +257,15 @@ func (c *call) start() {
 	}
 	ps := n.peers[c.peer]
 	if ps == nil {
+		if !n.roomForPeer() {
+			n.st.peersLimited.Add(1)
+			n.warn(warnPeers, c.peer)
+			c.finish(fmt.Errorf("%w: %s %s: MaxPeers %d peer addresses have requests in flight", ErrLimit, c.typ, c.peer, n.cfg.MaxPeers), nil)
+			return
+		}
 		ps = &peerState{addr: c.peer, sa: sockaddrOf(c.ap)}
 		n.peers[c.peer] = ps
+		n.st.peers.Add(1)
 	}
 	if c.classic || ps.classicUntil > n.now() {
 		n.startClassic(c, ps)
@@ -246,6 +276,7 @@ func (c *call) start() {
 		var err error
 		pc, err = n.dial(ps, connPersistent)
 		if err != nil {
+			n.forgetIdlePeer(ps)
 			c.finish(err, nil)
 			return
 		}
@@ -301,30 +332,49 @@ func (n *Node) startClassic(c *call, ps *peerState) {
 		c.finish(fmt.Errorf("%w: %s %s: a one-request (Mooncake-style) connection cannot authenticate; AuthKey is set and AllowUnauthenticated is false", ErrAuth, c.typ, ps.addr), nil)
 		return
 	}
+	n.out = n.encodeCall(n.out[:0], c, reqMeta{hasID: ps.twosided, twosided: ps.twosided}, ps.twosided)
+	if err := n.checkFrame(c, ps, n.out); err != nil {
+		c.finish(err, nil)
+		return
+	}
 	cc, err := n.dial(ps, connClassic)
 	if err != nil {
+		n.forgetIdlePeer(ps)
 		c.finish(err, nil)
 		return
 	}
 	cc.one = c
 	c.conn = cc
 	n.st.classicSent.Add(1)
-	n.out = n.encodeCall(n.out[:0], c, reqMeta{hasID: ps.twosided, twosided: ps.twosided}, ps.twosided)
-	cc.send(n.out)
+	cc.send(n.out) // a new connection's buffer is empty: MaxConnBuffer > MaxMaxFrame+9 is not needed
 	cc.touch()
 }
 
-// sendCall writes c on a ready persistent connection.
+// sendCall writes c on a ready persistent connection. A request that cannot go (over the
+// peer's frame limit, or over what the connection may queue) fails alone; the connection
+// and the other requests on it go on.
 func (pc *conn) sendCall(c *call) {
 	n := pc.n
 	n.nextID++
 	c.id = n.nextID
+	n.out = n.encodeCall(n.out[:0], c, reqMeta{id: c.id, hasID: true, twosided: true}, true)
+	if err := n.checkFrame(c, pc.peer, n.out); err != nil {
+		c.conn = nil
+		c.finish(err, nil)
+		return
+	}
+	if pc.out.Buffered()+len(n.out) > n.cfg.MaxConnBuffer {
+		n.st.sendBufferFull.Add(1)
+		c.conn = nil
+		c.finish(fmt.Errorf("%w: %s %s: %d bytes queued for the peer and this request is %d, over MaxConnBuffer %d (the peer does not read)",
+			ErrLimit, c.typ, pc.peer.addr, pc.out.Buffered(), len(n.out), n.cfg.MaxConnBuffer), nil)
+		return
+	}
 	if len(pc.pending) == 0 && pc.kaID == 0 {
 		pc.waitSince = n.now()
 	}
 	pc.pending[c.id] = c
 	n.st.persistentSent.Add(1)
-	n.out = n.encodeCall(n.out[:0], c, reqMeta{id: c.id, hasID: true, twosided: true}, true)
 	pc.send(n.out)
 }
 
@@ -442,12 +492,20 @@ func (c *conn) replyFrame(t MsgType, body []byte) {
 		m = n.ri.m
 	}
 	if c.state == stateHello {
+		if err == nil {
+			if rerr := c.refusal(t, resp); rerr != nil {
+				// A twosided server refusing the connection (MaxConns): not a Mooncake peer.
+				c.close(fmt.Errorf("hello %s: %w", c.peer.addr, rerr))
+				return
+			}
+		}
 		if err != nil || t != TypeProbe || n.ri.hello < helloVersion || len(n.ri.errMsg) > 0 {
 			c.helloFailed(true)
 			return
 		}
 		c.peer.twosided = true
 		c.peer.classicUntil = 0
+		c.peer.maxFrame = int(n.ri.maxFrame)
 		c.helloDone()
 		return
 	}
@@ -459,12 +517,30 @@ func (c *conn) replyFrame(t MsgType, body []byte) {
 		c.close(fmt.Errorf("%w: %s: bad reply: %w", ErrPeerUnreachable, c.peer.addr, err))
 		return
 	}
+	if t == TypeProbe && n.ri.bye != 0 && c.kind == connPersistent {
+		// The server closes gracefully: what is in flight will get no reply.
+		n.st.byesReceived.Add(1)
+		addr := c.peer.addr
+		c.close(fmt.Errorf("%w: %w: %s: the peer closed", ErrPeerUnreachable, ErrPeerClosed, addr))
+		n.peerGone(addr)
+		return
+	}
 	var cl *call
 	if c.kind == connClassic {
 		cl = c.one
 		c.one = nil
 	} else {
 		if !m.hasID {
+			// An error reply without an id answers the connection, not one request: the
+			// peer refused a frame it could not parse and closes. Say why.
+			if rerr := c.refusal(t, resp); rerr != nil {
+				c.close(fmt.Errorf("%w: %s: the peer closed the connection: %w", ErrPeerUnreachable, c.peer.addr, rerr))
+				return
+			}
+			if reason := c.replyError(t, resp); reason != "" {
+				c.close(fmt.Errorf("%w: %s: the peer closed the connection: %s", ErrPeerUnreachable, c.peer.addr, reason))
+				return
+			}
 			c.close(fmt.Errorf("%w: %s: reply without ts_id on a multiplexed connection", ErrPeerUnreachable, c.peer.addr))
 			return
 		}
@@ -489,9 +565,40 @@ func (c *conn) replyFrame(t MsgType, body []byte) {
 	}
 }
 
+// refusal is the typed refusal a reply carries (ts_refuse), whatever its type, or nil.
+func (c *conn) refusal(t MsgType, resp *HandshakeDesc) error {
+	if t == TypeConnection || t == TypeOldProtocol {
+		if resp != nil && resp.Refuse != "" {
+			return newRefused(resp.Refuse, resp.ReplyMsg)
+		}
+		return nil
+	}
+	if ri := &c.n.ri; len(ri.refuse) > 0 {
+		return newRefused(string(ri.refuse), string(ri.errMsg))
+	}
+	return nil
+}
+
+// replyError is the error text a reply carries (reply_msg or ts_error), "" when none.
+func (c *conn) replyError(t MsgType, resp *HandshakeDesc) string {
+	if t == TypeConnection || t == TypeOldProtocol {
+		if resp != nil {
+			return resp.ReplyMsg
+		}
+		return ""
+	}
+	return string(c.n.ri.errMsg)
+}
+
 // result turns a reply into the call's error.
 func (c *conn) result(cl *call, t MsgType, resp *HandshakeDesc) error {
 	ri := &c.n.ri
+	if err := c.refusal(t, resp); err != nil {
+		if t == TypeNotify {
+			c.n.st.notifySent.Add(1)
+		}
+		return fmt.Errorf("%s %s: %w", cl.typ, c.peer.addr, err)
+	}
 	if t != cl.typ {
 		return fmt.Errorf("%w: %s: %s reply to a %s request", ErrBadFrame, c.peer.addr, t, cl.typ)
 	}
@@ -503,15 +610,9 @@ func (c *conn) result(cl *call, t MsgType, resp *HandshakeDesc) error {
 			if reason == "" {
 				reason = "empty notify_msg"
 			}
-			if len(ri.refuse) > 0 {
-				return fmt.Errorf("notify %s: %w", c.peer.addr, &RefusedError{Code: string(ri.refuse), Msg: reason})
-			}
 			return fmt.Errorf("notify %s: %w: %s", c.peer.addr, ErrRejected, reason)
 		}
 	case TypeConnection:
-		if resp.Refuse != "" {
-			return fmt.Errorf("handshake %s: %w", c.peer.addr, &RefusedError{Code: resp.Refuse, Msg: resp.ReplyMsg})
-		}
 		if resp.ReplyMsg != "" {
 			return fmt.Errorf("handshake %s: %w: %s", c.peer.addr, ErrRejected, resp.ReplyMsg)
 		}

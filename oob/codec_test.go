@@ -60,7 +60,8 @@ func TestParseFrameTable(t *testing.T) {
 		{"huge length", hdr(1<<40, 2), 0, ErrFrameTooLarge, "above maximum"},
 		{"just above max", hdr(max+1, 2), 0, ErrFrameTooLarge, "above maximum"},
 		{"max is fine", hdr(max, 2), 0, nil, ""},
-		{"bad type", append(hdr(3, 7), '{', '}'), 0, ErrBadFrame, "unknown type 7"},
+		{"bad type", append(hdr(3, 0x80), '{', '}'), 0, ErrBadFrame, "unknown type 128"},
+		{"no type byte (Mooncake old protocol)", append(hdr(2, '{'), '}'), 10, nil, ""},
 		{"type only body", hdr(1, 3), HeaderSize, nil, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -145,8 +146,12 @@ func TestNotifyDecodeTable(t *testing.T) {
 		{"seq negative", `{"name":"a","ts_seq":-1}`, NotifyRequest{}, `field "ts_seq": negative`},
 		{"seq fraction", `{"name":"a","ts_seq":1.5}`, NotifyRequest{}, `field "ts_seq": want unsigned integer`},
 		{"seq overflow", `{"name":"a","ts_seq":18446744073709551616}`, NotifyRequest{}, `field "ts_seq": 18446744073709551616 out of range`},
-		{"bad base64", `{"name":"a","ts_msg_b64":"!!"}`, NotifyRequest{}, `field "ts_msg_b64": bad base64`},
+		{"bad base64", `{"name":"a","notify_msg":"","ts_msg_b64":"!!"}`, NotifyRequest{}, `field "ts_msg_b64": bad base64`},
 		{"control byte", "{\"name\":\"a\x01\"}", NotifyRequest{}, "control byte"},
+		{"empty object", `{}`, NotifyRequest{}, `field "name": missing`},
+		{"no notify_msg", `{"name":"a"}`, NotifyRequest{}, `field "notify_msg": missing`},
+		{"no name", `{"notify_msg":"m","ts_from":"h:1"}`, NotifyRequest{}, `field "name": missing`},
+		{"empty name and msg (Mooncake)", `{"name":"","notify_msg":""}`, NotifyRequest{Msg: []byte{}}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var d notifyDecoder

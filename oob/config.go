@@ -54,10 +54,19 @@ type Config struct {
 	// Above it a request gets the error reply "too many pending handshakes" and its
 	// connection keeps working.
 	MaxPendingHandshakes int
+	// Name is what this Node calls itself in the bye it sends its twosided peers when it
+	// closes (at most 255 bytes; default: the bound listen address). Set it to the name
+	// peers dial this Node by.
+	Name string
 	// MaxPendingHandshakesPerAddr caps the handshake requests from one remote IP address
 	// handed to the Handler and not answered yet (default 8, allowed 1..65536). Above it a
 	// request gets a refusal (ts_refuse "limit") and its connection keeps working.
 	MaxPendingHandshakesPerAddr int
+	// MaxOpenRequests caps the requests of one connection handed to the Handler and not
+	// answered yet (default 1024, allowed 1..1<<20). One more notify is answered at once
+	// with a "busy" refusal (ErrBusy at a twosided client); a one-request (Mooncake)
+	// connection never reaches it.
+	MaxOpenRequests int
 	// MaxPeers caps the peer addresses this Node keeps client state for (a persistent
 	// connection, a classic mark; default 4096, allowed 1..1<<20). Past it an entry without
 	// requests in flight is evicted (its idle connection closed); when none can be, a
@@ -99,6 +108,9 @@ func (c Config) withDefaults() (Config, error) {
 	if _, _, err := net.SplitHostPort(c.ListenAddr); err != nil {
 		return c, fmt.Errorf("%w: ListenAddr %q: %v", ErrBadConfig, c.ListenAddr, err)
 	}
+	if len(c.Name) > MaxFromLen {
+		return c, fmt.Errorf("%w: Name: %d bytes, at most %d", ErrBadConfig, len(c.Name), MaxFromLen)
+	}
 	var errs []error
 	intField := func(name string, l *limits.Limit, v *int) {
 		if *v == 0 {
@@ -124,6 +136,7 @@ func (c Config) withDefaults() (Config, error) {
 	intField("MaxPendingHandshakes", &limits.OOBMaxPendingHandshakes, &c.MaxPendingHandshakes)
 	intField("MaxPendingHandshakesPerAddr", &limits.OOBMaxPendingHandshakesPerAddr, &c.MaxPendingHandshakesPerAddr)
 	intField("MaxPeers", &limits.OOBMaxPeers, &c.MaxPeers)
+	intField("MaxOpenRequests", &limits.OOBMaxOpenRequests, &c.MaxOpenRequests)
 	if err := errors.Join(errs...); err != nil {
 		return c, err
 	}

@@ -3,6 +3,7 @@ package oob
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/panjf2000/gnet/v2/pkg/buffer/elastic"
@@ -37,6 +38,8 @@ type conn struct {
 	kind  connKind
 	state connState
 	peer  *peerState // dialed conns
+	// remote is an accepted connection's peer IP (per-address limits).
+	remote netip.Addr
 
 	parser  Parser
 	out     elastic.RingBuffer // bytes the socket did not take yet
@@ -175,7 +178,7 @@ func (c *conn) frameFailed(err error) {
 		if fe.Length <= uint64(c.n.cfg.MaxFrame) {
 			// A frame only the pre-authentication cap refuses: say what is missing,
 			// without having buffered its body.
-			c.n.st.authFailed.Add(1)
+			c.n.noteAuthFailed()
 			c.refuse(t, reqMeta{}, errAuthRequired)
 			return
 		}
@@ -189,6 +192,7 @@ func (c *conn) frameFailed(err error) {
 func (c *conn) reject(t MsgType, m reqMeta, err error) {
 	n := c.n
 	n.st.badFrames.Add(1)
+	n.warn(warnBadFrames, err.Error())
 	n.log.Debug().Err(err).Int("fd", c.fd).Msg("oob: bad request")
 	c.refuse(t, m, err)
 }
@@ -196,7 +200,7 @@ func (c *conn) reject(t MsgType, m reqMeta, err error) {
 // refuse answers a request with an error reply, then drains and closes.
 func (c *conn) refuse(t MsgType, m reqMeta, err error) {
 	n := c.n
-	n.out = appendErrorReply(n.out[:0], t, m, err.Error())
+	n.out = appendErrorReply(n.out[:0], t, m, err)
 	c.send(n.out)
 	c.drain()
 }
@@ -228,6 +232,7 @@ func (c *conn) send(b []byte) {
 	}
 	if c.out.Buffered()+len(b) > c.n.cfg.MaxConnBuffer {
 		c.n.st.overflows.Add(1)
+		c.n.warn(warnOverflow, c.name())
 		c.close(fmt.Errorf("%w: %s: send buffer over MaxConnBuffer %d", ErrPeerUnreachable, c.name(), c.n.cfg.MaxConnBuffer))
 		return
 	}
@@ -355,6 +360,7 @@ func (c *conn) close(cause error) {
 	if c.peer.conn == c {
 		c.peer.conn = nil
 	}
+	n.forgetIdlePeer(c.peer)
 	if len(c.pending) == 0 && len(c.queue) == 0 && c.one == nil {
 		return
 	}
@@ -512,7 +518,7 @@ func (c *conn) expire(why expiry) {
 		}
 		c.close(fmt.Errorf("%w: %w: %s: reply frame not completed within IdleTimeout %v", ErrPeerUnreachable, ErrTimeout, c.peer.addr, idle))
 	case expAuth:
-		n.st.authFailed.Add(1)
+		n.noteAuthFailed()
 		n.log.Debug().Int("fd", c.fd).Msg("oob: not authenticated within IdleTimeout")
 		c.close(nil)
 	case expReply:

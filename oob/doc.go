@@ -21,6 +21,11 @@
 // so that a Mooncake reader of either kind sees a failure (empty notify_msg, non-empty
 // reply_msg).
 //
+// Mooncake's older daemon protocol wrote no type byte: the length counts the JSON text only.
+// Like Mooncake's readString, a frame whose first byte after the length is above 3 (here
+// 4..127: '{' or whitespace) is such a frame; it is served as a Connection request and
+// answered without a type byte.
+//
 // # Classic and persistent connections
 //
 // Mooncake opens one TCP connection per request: connect, write, read the reply, close. The
@@ -126,13 +131,32 @@
 // request is never retried by this package: a broken connection fails what was in flight
 // on it with ErrPeerUnreachable, and the caller (which numbers notifies for dedup) decides.
 //
-// Limits, each a Config field with a default: MaxConns caps the accepted connections
-// (one more is closed at once); MaxFrame caps a frame (a longer one gets an error reply and
+// Limits, each a Config field with a default from the one table of limits (notify/limits):
+// MaxConns caps the accepted connections (one more gets an error reply naming max_conns,
+// with ts_refuse "limit", and is closed; a twosided client returns ErrLimit); MaxFrame caps a frame (a longer one gets an error reply and
 // its connection is closed); MaxConnBuffer caps the bytes queued for writing on one
 // connection (over it the connection is closed); MaxPendingHandshakes caps the Connection
 // requests handed to the Handler and not answered yet, over all connections (one more gets
-// the reply_msg "too many pending handshakes" and its connection keeps serving). A peer
-// over a limit costs only its own request or connection; Stats counts each case.
+// the reply_msg "too many pending handshakes" and its connection keeps serving), and
+// MaxPendingHandshakesPerAddr those from one remote IP; MaxPeers caps the peer addresses a
+// client keeps state for (an idle entry is evicted; an unreachable peer leaves none). A
+// peer over a limit costs only its own request or connection; Stats counts each case, and
+// each limit hit or flood is logged at warn, at most once per reason per second with a count.
+//
+// A request is measured as it goes on the wire: a twosided server says its frame limit in
+// its hello reply ("ts_max_frame"); toward a peer that does not, the limit is 1 MiB
+// (Mooncake's default and minimum). A request whose encoded frame (after JSON escaping or
+// base64) is longer fails alone with ErrTooLarge before it is sent; so does one that would
+// run the connection's write queue over MaxConnBuffer (ErrLimit). Other requests on the
+// connection are not touched.
+//
+// # Closing
+//
+// Close sends a bye, Probe {"ts_bye":1,"ts_from":name} (SetName, else Config.Name, else
+// the bound address), on every twosided persistent connection (either direction), then
+// closes. The peer closes that connection at once, fails what was in flight on it with ErrPeerUnreachable and ErrPeerClosed, and,
+// when its Handler implements PeerGoneHandler, calls HandlePeerGone. A Mooncake peer never
+// gets a bye (it has no persistent connection).
 //
 // # Buffers and allocation
 //

@@ -1,6 +1,9 @@
 package oob
 
-import "errors"
+import (
+	"errors"
+	"strings"
+)
 
 var (
 	// ErrClosed: the Node was closed; pending requests fail with it.
@@ -132,4 +135,13 @@ func refusalOf(err error) (code, msg string) {
 		msg = "rejected"
 	}
 	return code, msg
+}
+
+// newRefused builds the client's view of a refusal. The text a twosided server sends is
+// the RefusedError's own Error(); its "refused (code): " prefix is dropped so the code is
+// not said twice.
+func newRefused(code, text string) *RefusedError {
+	text = strings.TrimPrefix(text, "refused ("+code+")")
+	text = strings.TrimPrefix(text, ": ")
+	return &RefusedError{Code: code, Msg: text}
 }

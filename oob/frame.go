@@ -14,6 +14,13 @@ const (
 	TypeMetadata   MsgType = 1
 	TypeNotify     MsgType = 2
 	TypeProbe      MsgType = 3
+	// TypeOldProtocol is a frame of Mooncake's older daemon protocol: no type byte, the
+	// u64 length counts the JSON text only. Mooncake's readString takes a first body byte
+	// above 3 as the start of such a frame and serves it as a Connection request, replying
+	// without a type byte too; so does twosided (first byte 4..127, JSON starts with '{'
+	// or whitespace). Bytes 128..255 stay an unknown type. The value 0x7f is this
+	// package's marker (Mooncake's is 0xff, an unknown type byte here); it never travels.
+	TypeOldProtocol MsgType = 0x7f
 )
 
 func (t MsgType) String() string {
@@ -26,11 +33,25 @@ func (t MsgType) String() string {
 		return "notify"
 	case TypeProbe:
 		return "probe"
+	case TypeOldProtocol:
+		return "connection (no type byte)"
 	}
 	return fmt.Sprintf("type(%d)", uint8(t))
 }
 
 func (t MsgType) valid() bool { return t <= TypeProbe }
+
+// headerLen is the bytes before the body: the length, and the type byte when there is one.
+func (t MsgType) headerLen() int {
+	if t == TypeOldProtocol {
+		return 8
+	}
+	return HeaderSize
+}
+
+// oldProtocolByte reports whether b, the byte after the length, starts an old-protocol
+// frame's body (see TypeOldProtocol).
+func oldProtocolByte(b byte) bool { return b > byte(TypeProbe) && b < 0x80 }
 
 // HeaderSize is the u64 length plus the type byte.
 const HeaderSize = 9
@@ -53,7 +74,10 @@ func AppendFrame(dst []byte, t MsgType, body []byte) []byte {
 // body has been appended after it. Lets encoders write JSON straight into the output.
 func beginFrame(dst []byte, t MsgType) ([]byte, int) {
 	at := len(dst)
-	dst = append(dst, 0, 0, 0, 0, 0, 0, 0, 0, byte(t))
+	dst = append(dst, 0, 0, 0, 0, 0, 0, 0, 0)
+	if t != TypeOldProtocol {
+		dst = append(dst, byte(t))
+	}
 	return dst, at
 }
 
@@ -76,7 +100,8 @@ func (e *FrameError) Error() string { return e.Err.Error() + ": " + e.Reason }
 func (e *FrameError) Unwrap() error { return e.Err }
 
 // ParseHeader validates a frame header. hdr must hold at least 8 bytes; the type byte is
-// read when len(hdr) >= 9. It returns the body length (without the type byte).
+// read when len(hdr) >= 9. It returns the body length (without the type byte). For an
+// old-protocol frame (TypeOldProtocol) the body is the whole length, starting at hdr[8].
 // A length is checked as soon as its 8 bytes are present; ok is false when more bytes
 // are needed.
 func ParseHeader(hdr []byte, maxFrame int) (t MsgType, bodyLen int, ok bool, err error) {
@@ -95,9 +120,16 @@ func ParseHeader(hdr []byte, maxFrame int) (t MsgType, bodyLen int, ok bool, err
 		return 0, 0, false, nil
 	}
 	t = MsgType(hdr[8])
+	old := oldProtocolByte(hdr[8])
+	if old {
+		t = TypeOldProtocol
+	}
 	if n > uint64(maxFrame) {
 		return t, 0, false, &FrameError{Err: ErrFrameTooLarge, Length: n, Type: t, HasType: true,
 			Reason: fmt.Sprintf("length %d above maximum %d", n, maxFrame)}
+	}
+	if old {
+		return t, int(n), true, nil
 	}
 	if !t.valid() {
 		return t, 0, false, &FrameError{Err: ErrBadFrame, Length: n, Type: t, HasType: true,
@@ -114,10 +146,11 @@ func ParseFrame(b []byte, maxFrame int) (t MsgType, body []byte, n int, err erro
 	if err != nil || !ok {
 		return t, nil, 0, err
 	}
-	if len(b)-HeaderSize < bl {
+	hl := t.headerLen()
+	if len(b)-hl < bl {
 		return t, nil, 0, nil
 	}
-	return t, b[HeaderSize : HeaderSize+bl], HeaderSize + bl, nil
+	return t, b[hl : hl+bl], hl + bl, nil
 }
 
 // Parser parses frames from a byte stream delivered in pieces of any size. Bytes of a
@@ -168,14 +201,14 @@ func (p *Parser) Next(in []byte) (t MsgType, body []byte, consumed int, ok bool,
 	if !hok {
 		return 0, nil, consumed, false, nil
 	}
-	need := HeaderSize + bl - len(p.buf)
+	need := t.headerLen() + bl - len(p.buf)
 	k := min(need, len(in))
 	p.buf = append(p.buf, in[:k]...)
 	consumed += k
 	if k < need {
 		return 0, nil, consumed, false, nil
 	}
-	body = p.buf[HeaderSize:]
+	body = p.buf[t.headerLen():]
 	p.buf = p.buf[:0]
 	return t, body, consumed, true, nil
 }

@@ -18,6 +18,8 @@ func FuzzParser(f *testing.F) {
 	f.Add(hdr(0, 2), uint8(2))
 	f.Add(hdr(1<<40, 2), uint8(5))
 	f.Add(append(hdr(3, 9), '{', '}'), uint8(4))
+	f.Add(append(hdr(2, '{'), '}'), uint8(1)) // no type byte: Mooncake's older protocol
+	f.Add(append(hdr(3, 0x80), '{', '}'), uint8(2))
 	f.Fuzz(func(t *testing.T, stream []byte, step uint8) {
 		const max = MinMaxFrame
 		type fr struct {
@@ -157,6 +159,8 @@ func FuzzReplyDecode(f *testing.F) {
 	f.Add([]byte(`{"ts_id":3,"ts_mac":"` + strings.Repeat("AB", 32) + `"}`))
 	f.Add([]byte(`{"ts_nonce":"00"}`))
 	f.Add([]byte(`{"name":"","notify_msg":"","ts_error":"x","ts_refuse":"busy","ts_id":2}`))
+	f.Add([]byte(`{"ts_hello":1,"ts_max_frame":1048576}`))
+	f.Add([]byte(`{"ts_bye":1,"ts_from":"10.0.0.1:12001"}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var ri replyInfo
 		_, err := ri.decode(body, nil)
@@ -181,6 +185,8 @@ func FuzzReplyDecode(f *testing.F) {
 			require.Equal(t, ri.nonce, p.nonce)
 			require.Equal(t, ri.hasMAC, p.hasMAC)
 			require.Equal(t, ri.mac, p.mac)
+			require.Equal(t, ri.bye, p.bye)
+			require.LessOrEqual(t, len(p.from), MaxFromLen)
 		}
 	})
 }

@@ -107,7 +107,14 @@ func TestLimitsIsolatePeers(t *testing.T) {
 				dialRaw(t, b.Addr())
 			}
 			require.Eventually(t, func() bool { return b.Stats().ServerConns == 3 }, waitBound, time.Millisecond)
-			requireCut(t, dialRaw(t, b.Addr()).c)
+			// One over the limit is told so before the close, not reset.
+			p := dialRaw(t, b.Addr())
+			typ, ri, body := p.reply()
+			require.Equal(t, TypeConnection, typ)
+			require.Contains(t, string(ri.errMsg), "max_conns 3", body)
+			require.Equal(t, RefuseLimit, string(ri.refuse))
+			require.Contains(t, body, `"notify_msg":""`, "a Mooncake reader sees a failure")
+			requireEOF(t, p.c)
 		}, func(s Stats) uint64 { return s.RejectedConns }},
 		{"pending handshakes", Config{MaxPendingHandshakes: 1}, func(t *testing.T, b *Node) {
 			p := dialRaw(t, b.Addr())
@@ -261,7 +268,7 @@ func TestHalfOpenFlood(t *testing.T) {
 		got, err := io.ReadAll(c)
 		require.NoError(t, err, "flood socket %d", i)
 		if i%4 == 3 {
-			require.Equal(t, appendProbe(nil, reqMeta{}, true), got, "only the hello reply")
+			require.Equal(t, appendHelloReply(nil, reqMeta{}, &authKeys{}, &connAuth{}, DefaultMaxFrame), got, "only the hello reply")
 		} else {
 			require.Empty(t, got)
 		}

@@ -113,6 +113,8 @@ const (
 	fNID        = "ts_nid"
 	fSkipFrom   = "ts_skip_from"
 	fSkipN      = "ts_skip_n"
+	fMaxFrame   = "ts_max_frame"
+	fBye        = "ts_bye"
 
 	replySuccess = "success"
 	helloVersion = 1
@@ -124,6 +126,7 @@ type reqMeta struct {
 	id       uint64
 	hasID    bool
 	twosided bool // saw any ts_* member
+	old      bool // the request had no type byte (TypeOldProtocol): so has its reply
 }
 
 // appendNotifyRequest writes a Notify frame. twosided adds the ts_* members (and base64
@@ -187,12 +190,18 @@ func (d *notifyDecoder) decode(body []byte) (*NotifyRequest, reqMeta, error) {
 	r := jsonReader{b: body}
 	d.name, d.msg, d.from, d.b64, d.nid = d.name[:0], d.msg[:0], d.from[:0], d.b64[:0], d.nid[:0]
 	d.req = NotifyRequest{}
-	hasB64, hasSkipFrom := false, false
+	hasB64, hasSkipFrom, hasName, hasMsg := false, false, false, false
 	var err error
 	d.key, err = r.object(d.key, func(k []byte) error {
 		var err error
+		switch string(k) {
+		case fName:
+			hasName = true
+		case fNotifyMsg:
+			hasMsg = true
+		}
 		if r.isNull() {
-			return nil
+			return nil // JsonCpp reads null as ""
 		}
 		switch string(k) {
 		case fName:
@@ -242,6 +251,15 @@ func (d *notifyDecoder) decode(body []byte) (*NotifyRequest, reqMeta, error) {
 	})
 	if err == nil {
 		err = r.end()
+	}
+	switch {
+	case err != nil:
+	case !hasName:
+		// Mooncake always writes both members (an empty name included); a request without
+		// them is not a notify.
+		err = jsonErr(fName, "missing (a notify has \"name\" and \"notify_msg\"; either may be empty)")
+	case !hasMsg:
+		err = jsonErr(fNotifyMsg, "missing (a notify has \"name\" and \"notify_msg\"; either may be empty)")
 	}
 	if err == nil && (d.req.SkipCount != 0) != hasSkipFrom {
 		err = jsonErr(fSkipN, "ts_skip_from and a non-zero ts_skip_n come together")
@@ -311,14 +329,18 @@ func appendNotifyReply(dst []byte, m reqMeta, err error) []byte {
 	return finishFrame(append(o.b, '}'), at)
 }
 
-// appendErrorReply writes the reply to a request that could not be parsed or served.
-func appendErrorReply(dst []byte, t MsgType, m reqMeta, reason string) []byte {
+// appendErrorReply writes the reply to a request that could not be parsed or served: the
+// reason in reply_msg and ts_error, and the code in ts_refuse when err is or wraps a
+// *RefusedError. A Mooncake reader sees an empty notify_msg and a non-empty reply_msg.
+func appendErrorReply(dst []byte, t MsgType, m reqMeta, err error) []byte {
+	code, reason := refusalOf(err)
 	dst, at := beginFrame(dst, t)
 	o := jsonObj{b: append(dst, '{')}
 	o.str(fName, "")
 	o.str(fNotifyMsg, "")
 	o.str(fReplyMsg, reason)
 	o.str(fError, reason)
+	o.optStr(fRefuse, code)
 	if m.hasID {
 		o.uint(fID, m.id)
 	}
@@ -338,6 +360,18 @@ func appendProbe(dst []byte, m reqMeta, hello bool) []byte {
 	return finishFrame(append(o.b, '}'), at)
 }
 
+// appendBye writes the Probe a closing Node sends on its twosided persistent connections:
+// {"ts_bye":1,"ts_from":name}. It expects no reply.
+func appendBye(dst []byte, name string) []byte {
+	dst, at := beginFrame(dst, TypeProbe)
+	o := jsonObj{b: append(dst, '{')}
+	o.uint(fBye, 1)
+	if len(name) <= MaxFromLen {
+		o.optStr(fFrom, name)
+	}
+	return finishFrame(append(o.b, '}'), at)
+}
+
 // replyInfo is what a client reads from a Notify or Probe reply.
 type replyInfo struct {
 	m            reqMeta
@@ -346,7 +380,8 @@ type replyInfo struct {
 	hello        uint64
 	errMsg       []byte // reply_msg or ts_error
 	refuse       []byte // ts_refuse
-	bye          bool   // ts_bye
+	bye          uint64 // ts_bye: the server is closing
+	maxFrame     uint64 // ts_max_frame of a hello reply: the server's frame limit
 
 	// Authentication members of a hello reply.
 	auth         authOffer
@@ -400,6 +435,15 @@ func (ri *replyInfo) decode(body []byte, key []byte) ([]byte, error) {
 		case fRefuse:
 			ri.m.twosided = true
 			ri.refuse, err = r.refuseCode(ri.refuse[:0])
+		case fBye:
+			ri.m.twosided = true
+			ri.bye, err = r.uint(fBye, 1<<32-1)
+		case fMaxFrame:
+			ri.m.twosided = true
+			ri.maxFrame, err = r.uint(fMaxFrame, MaxMaxFrame)
+			if err == nil && ri.maxFrame < MinMaxFrame {
+				err = jsonErr(fMaxFrame, "%d out of range %d..%d", ri.maxFrame, MinMaxFrame, MaxMaxFrame)
+			}
 		case fAuth:
 			ri.m.twosided = true
 			ri.text, err = r.str(fAuth, ri.text[:0])
@@ -430,7 +474,11 @@ func (ri *replyInfo) decode(body []byte, key []byte) ([]byte, error) {
 
 // appendHandshake writes a Connection frame (request or reply).
 func appendHandshake(dst []byte, d *HandshakeDesc, m reqMeta) []byte {
-	dst, at := beginFrame(dst, TypeConnection)
+	t := TypeConnection
+	if m.old {
+		t = TypeOldProtocol
+	}
+	dst, at := beginFrame(dst, t)
 	o := jsonObj{b: append(dst, '{')}
 	o.str(fLocalNIC, d.LocalNICPath)
 	o.str(fPeerNIC, d.PeerNICPath)

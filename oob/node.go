@@ -22,6 +22,11 @@ type Handler interface {
 	// loop or any goroutine); a second reply is ignored. The *req struct is reused once the
 	// call returns (copy the struct to keep it); NotifyRequest.Msg and the strings are the
 	// Handler's to keep.
+	//
+	// A reply error that is or wraps a *RefusedError sends its Code as ts_refuse to a
+	// twosided peer (its client then returns ErrRejected and the code's sentinel, e.g.
+	// ErrBusy); any error reaches a Mooncake peer as rejected, with the text in reply_msg.
+	// A Handler that also implements PeerGoneHandler learns of peers that closed.
 	HandleNotify(req *NotifyRequest, reply func(err error))                         // nil → "success", error → rejected (empty notify_msg)
 	HandleHandshake(req *HandshakeDesc, reply func(resp *HandshakeDesc, err error)) // err → reply_msg = err.Error()
 }
@@ -47,6 +52,18 @@ type Stats struct {
 	AuthFailed        uint64 // server connections refused: a wrong proof, or a request before authenticating
 	HandshakeLimited  uint64 // handshakes refused: MaxPendingHandshakes reached
 	PendingHandshakes int64  // handshakes handed to the Handler and not answered yet, now
+
+	HandshakeLimitedByAddr uint64 // handshakes refused: MaxPendingHandshakesPerAddr reached for their IP
+	ShakingAddrs           int64  // remote IPs with a handshake in the Handler, now (≤ MaxPendingHandshakes)
+	Peers                  int64  // peer addresses with client state (connection, classic mark), now (≤ MaxPeers)
+	PeersEvicted           uint64 // peer entries dropped to make room: MaxPeers reached
+	PeersLimited           uint64 // requests refused with ErrLimit: MaxPeers reached and nothing evictable
+	TooLarge               uint64 // requests refused before sending: encoded frame over the peer's frame limit
+	SendBufferFull         uint64 // requests refused before sending: the connection's MaxConnBuffer would overflow
+	OldProtocol            uint64 // requests without a type byte (Mooncake's older protocol) served
+	ByesSent               uint64 // byes written by Close to twosided persistent connections
+	ByesReceived           uint64 // byes received: a twosided peer closed gracefully
+	BusyRefused            uint64 // notifies answered busy: MaxOpenRequests of their connection await the Handler
 }
 
 type counters struct {
@@ -56,6 +73,11 @@ type counters struct {
 	notifySent, classicSent, persistentSent    atomic.Uint64
 	badFrames, idleCuts, overflows             atomic.Uint64
 	authOK, authFailed, handshakeLimited       atomic.Uint64
+	handshakeLimitedByAddr, peersEvicted       atomic.Uint64
+	peersLimited, tooLarge, sendBufferFull     atomic.Uint64
+	oldProtocol, byesSent, byesReceived        atomic.Uint64
+	busyRefused                                atomic.Uint64
+	shakingAddrs, peers                        atomic.Int64
 }
 
 // Node is one OOB endpoint: a listener that serves Mooncake and twosided peers, and a
@@ -70,25 +92,30 @@ type Node struct {
 	t0   time.Time
 
 	closed   atomic.Bool
+	byeName  atomic.Pointer[string]
 	closeErr chan struct{} // closed when the loop-side close is done
 
 	st counters
 
 	// Loop-only state.
-	conns    map[*conn]struct{}
-	nServer  int
-	peers    map[string]*peerState
-	scratch  []byte // socket read buffer, shared by all connections of the loop
-	out      []byte // frame encode buffer
-	nd       notifyDecoder
-	pd       probeDecoder
-	auth     authKeys
-	shaking  int // handshakes handed to the Handler, not answered yet
-	key      []byte
-	ri       replyInfo
-	nextID   uint64
-	nextConn uint64
-	down     bool // loop-side close ran
+	conns   map[*conn]struct{}
+	nServer int
+	peers   map[string]*peerState
+	scratch []byte // socket read buffer, shared by all connections of the loop
+	out     []byte // frame encode buffer
+	nd      notifyDecoder
+	pd      probeDecoder
+	auth    authKeys
+	shaking int // handshakes handed to the Handler, not answered yet
+	// shakingBy counts them per remote IP; an entry leaves at 0, so it holds at most
+	// MaxPendingHandshakes entries.
+	shakingBy map[netip.Addr]int
+	warns     warnLimiter
+	key       []byte
+	ri        replyInfo
+	nextID    uint64
+	nextConn  uint64
+	down      bool // loop-side close ran
 }
 
 const readChunk = 64 << 10
@@ -133,7 +160,7 @@ func Listen(loop *reactor.Loop, cfg Config, h Handler) (*Node, error) {
 	n := &Node{
 		loop: loop, cfg: cfg, h: h, log: cfg.Logger, addr: sockaddrString(bound), lfd: fd,
 		t0: loop.Now(), closeErr: make(chan struct{}),
-		conns: make(map[*conn]struct{}), peers: make(map[string]*peerState),
+		conns: make(map[*conn]struct{}), peers: make(map[string]*peerState), shakingBy: make(map[netip.Addr]int),
 		scratch: make([]byte, readChunk), out: make([]byte, 0, 4096),
 		auth: newAuthKeys(&cfg),
 	}
@@ -178,6 +205,11 @@ func (n *Node) Stats() Stats {
 		BadFrames: s.badFrames.Load(), IdleCuts: s.idleCuts.Load(), Overflows: s.overflows.Load(),
 		AuthOK: s.authOK.Load(), AuthFailed: s.authFailed.Load(), HandshakeLimited: s.handshakeLimited.Load(),
 		PendingHandshakes: s.pendingHS.Load(),
+
+		HandshakeLimitedByAddr: s.handshakeLimitedByAddr.Load(), ShakingAddrs: s.shakingAddrs.Load(),
+		Peers: s.peers.Load(), PeersEvicted: s.peersEvicted.Load(), PeersLimited: s.peersLimited.Load(),
+		TooLarge: s.tooLarge.Load(), SendBufferFull: s.sendBufferFull.Load(), OldProtocol: s.oldProtocol.Load(),
+		ByesSent: s.byesSent.Load(), ByesReceived: s.byesReceived.Load(), BusyRefused: s.busyRefused.Load(),
 	}
 }
 
@@ -220,8 +252,56 @@ func (n *Node) shutdown() {
 	n.down = true
 	_ = n.loop.Close(n.lfd)
 	for c := range n.conns {
+		c.bye()
 		c.close(ErrClosed)
 	}
+}
+
+// SetName sets what this Node calls itself in the bye it sends when it closes (as
+// Config.Name; for a name known only once the listener is bound). At most MaxFromLen
+// bytes; a longer name is not sent. Any goroutine.
+func (n *Node) SetName(name string) { n.byeName.Store(&name) }
+
+// name is what this Node calls itself in a bye: SetName's, else Config.Name, else the
+// bound address.
+func (n *Node) name() string {
+	if p := n.byeName.Load(); p != nil {
+		return *p
+	}
+	if n.cfg.Name != "" {
+		return n.cfg.Name
+	}
+	return n.addr
+}
+
+// bye tells the twosided peer of a persistent connection that this Node is closing, so it
+// frees the connection and what it keeps for this peer at once. Best effort: what the
+// socket does not take at once is not waited for. Unread input is discarded first so the
+// close ends with a FIN, not a reset that could overtake the bye.
+func (c *conn) bye() {
+	n := c.n
+	switch {
+	case c.state != stateOpen:
+		return
+	case c.kind == connPersistent:
+	case c.kind == connServer && c.persistent && (!n.auth.required || c.auth.state == authOK):
+	default:
+		return
+	}
+	if !c.out.IsEmpty() {
+		return // a reply is still queued: a bye after it would not go out at once either
+	}
+	n.out = appendBye(n.out[:0], n.name())
+	if k, err := unix.Write(c.fd, n.out); err != nil || k != len(n.out) {
+		return
+	}
+	n.st.byesSent.Add(1)
+	for i := 0; i < 16; i++ {
+		if k, err := unix.Read(c.fd, n.scratch); err != nil || k <= 0 {
+			break
+		}
+	}
+	_ = unix.Shutdown(c.fd, unix.SHUT_WR)
 }
 
 // now is the loop clock in ns since the Node started.
@@ -233,7 +313,7 @@ func (n *Node) now() int64 { return int64(n.loop.Now().Sub(n.t0)) }
 // onAccept accepts until EAGAIN (bounded per event for fairness).
 func (n *Node) onAccept(ev reactor.Events) {
 	for i := 0; i < 256; i++ {
-		fd, _, err := unix.Accept4(n.lfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		fd, sa, err := unix.Accept4(n.lfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
 		if err != nil {
 			if err != unix.EAGAIN && err != unix.EINTR && err != unix.ECONNABORTED {
 				n.log.Warn().Err(err).Msg("oob: accept")
@@ -244,12 +324,12 @@ func (n *Node) onAccept(ev reactor.Events) {
 			return
 		}
 		if n.nServer >= n.cfg.MaxConns {
-			n.st.rejected.Add(1)
-			_ = unix.Close(fd)
+			n.refuseConn(fd, sa)
 			continue
 		}
 		_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 		c := n.newConn(fd, connServer, nil)
+		c.remote = sockaddrAddr(sa)
 		c.state = stateOpen
 		if err := n.loop.Add(fd, reactor.Readable, c.onEvent); err != nil {
 			_ = unix.Close(fd)
@@ -262,6 +342,31 @@ func (n *Node) onAccept(ev reactor.Events) {
 		n.st.serverConns.Add(1)
 		c.touch() // it must send a request within IdleTimeout
 	}
+}
+
+// refuseConn answers a connection over MaxConns with an error reply that names the limit
+// (ts_refuse "limit" for a twosided client, reply_msg text for Mooncake) and closes it: the
+// client sees the limit, not a reset. The reply is written before the request is read, so
+// it carries the Connection type (the request's type is not known yet); a twosided client
+// reads ts_refuse whatever the type.
+func (n *Node) refuseConn(fd int, sa unix.Sockaddr) {
+	n.st.rejected.Add(1)
+	msg := fmt.Sprintf("too many connections: max_conns %d reached", n.cfg.MaxConns)
+	n.warn(warnMaxConns, sockaddrString(sa))
+	n.out = appendErrorReply(n.out[:0], TypeConnection, reqMeta{}, &RefusedError{Code: RefuseLimit, Msg: msg})
+	_, _ = unix.Write(fd, n.out) // a fresh socket's buffer takes it whole
+	_ = unix.Shutdown(fd, unix.SHUT_WR)
+	_ = unix.Close(fd)
+}
+
+func sockaddrAddr(sa unix.Sockaddr) netip.Addr {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrFrom4(a.Addr)
+	case *unix.SockaddrInet6:
+		return netip.AddrFrom16(a.Addr).Unmap()
+	}
+	return netip.Addr{}
 }
 
 func listenSockaddr(addr string) (unix.Sockaddr, error) {

@@ -3,6 +3,7 @@ package oob
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/twosided/twosided/reactor"
 )
@@ -24,6 +25,16 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 			return
 		}
 		n.st.probeServed.Add(1)
+		if p.bye != 0 && c.persistent {
+			// The client's Node is closing: free the connection now. Its name is trusted
+			// only where a required key was proved.
+			n.st.byesReceived.Add(1)
+			c.close(nil)
+			if !n.auth.required || c.auth.state == authOK {
+				n.peerGone(p.from)
+			}
+			return
+		}
 		switch {
 		case c.frames == 1 && p.hello >= helloVersion:
 			c.persistent = true
@@ -32,15 +43,15 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 				c.auth.state = authPending
 				c.auth.peer, c.auth.peerNonce = p.nonce, p.hasNonce
 			}
-			n.out = appendHelloReply(n.out[:0], p.m, &n.auth, &c.auth)
+			n.out = appendHelloReply(n.out[:0], p.m, &n.auth, &c.auth, n.cfg.MaxFrame)
 		case p.hasMAC:
 			if c.auth.state != authPending || !c.auth.peerNonce {
-				n.st.authFailed.Add(1)
+				n.noteAuthFailed()
 				c.refuse(t, p.m, errAuthUnexpect)
 				return
 			}
 			if !n.auth.verify(dirClient, &c.auth.peer, &c.auth.local, &p.mac) {
-				n.st.authFailed.Add(1)
+				n.noteAuthFailed()
 				n.log.Debug().Int("fd", c.fd).Msg("oob: client proof does not match AuthKey")
 				c.refuse(t, p.m, errAuthFailed)
 				return
@@ -52,10 +63,7 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 		default:
 			n.out = appendProbe(n.out[:0], p.m, false)
 		}
-		c.send(n.out)
-		if !c.persistent {
-			c.drain()
-		}
+		c.sendReply(n.out)
 	case TypeNotify:
 		req, m, err := n.nd.decode(body)
 		if err != nil {
@@ -63,6 +71,16 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 			return
 		}
 		if !c.admitted(t, m) {
+			return
+		}
+		if len(c.open) >= n.cfg.MaxOpenRequests {
+			// The Handler holds this many of the connection's requests already: answer
+			// "busy" rather than hold more (the peer-fed map stays bounded).
+			n.st.busyRefused.Add(1)
+			n.warn(warnBusy, c.remote.String())
+			n.out = appendNotifyReply(n.out[:0], m, &RefusedError{Code: RefuseBusy,
+				Msg: fmt.Sprintf("%d requests on this connection await the receiver: max_open_requests %d", len(c.open), n.cfg.MaxOpenRequests)})
+			c.sendReply(n.out)
 			return
 		}
 		n.st.notifyServed.Add(1)
@@ -81,8 +99,11 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 			}
 			n.submitReply(func() { c.replyNotify(seq, m, err) })
 		})
-	case TypeConnection:
+	case TypeConnection, TypeOldProtocol:
+		// A frame without a type byte is Mooncake's older protocol: a Connection request,
+		// answered without a type byte (as Mooncake's daemon does).
 		d, m, err := decodeHandshake(body)
+		m.old = t == TypeOldProtocol
 		if err != nil {
 			c.reject(t, m, err)
 			return
@@ -90,19 +111,27 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 		if !c.admitted(t, m) {
 			return
 		}
+		if m.old {
+			n.st.oldProtocol.Add(1)
+		}
 		if n.shaking >= n.cfg.MaxPendingHandshakes {
-			// Refuse this one request; the connection keeps serving.
 			n.st.handshakeLimited.Add(1)
-			n.out = appendHandshake(n.out[:0], &HandshakeDesc{ReplyMsg: errTooManyShakes.Error()}, m)
-			c.send(n.out)
-			if !c.persistent {
-				c.drain()
-			}
+			n.warn(warnHandshakes, c.remote.String())
+			c.refuseHandshake(m, errTooManyShakes.Error())
+			return
+		}
+		if n.shakingBy[c.remote] >= n.cfg.MaxPendingHandshakesPerAddr {
+			n.st.handshakeLimitedByAddr.Add(1)
+			n.warn(warnHandshakesByAddr, c.remote.String())
+			c.refuseHandshake(m, fmt.Sprintf("too many pending handshakes from %s: max_pending_handshakes_per_addr %d", c.remote, n.cfg.MaxPendingHandshakesPerAddr))
 			return
 		}
 		n.st.handshakeServed.Add(1)
 		n.shaking++
 		n.st.pendingHS.Add(1)
+		if n.shakingBy[c.remote]++; n.shakingBy[c.remote] == 1 {
+			n.st.shakingAddrs.Add(1)
+		}
 		seq := c.openRequest()
 		n.h.HandleHandshake(d, func(resp *HandshakeDesc, err error) {
 			if n.loop.InLoop() {
@@ -116,6 +145,31 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 	}
 }
 
+// refuseHandshake answers one handshake over a limit with reply_msg text and, for a
+// twosided peer, ts_refuse "limit"; the connection keeps serving.
+func (c *conn) refuseHandshake(m reqMeta, msg string) {
+	c.sendHandshake(&HandshakeDesc{ReplyMsg: msg, Refuse: RefuseLimit}, m)
+}
+
+// sendHandshake writes a handshake reply: to a Mooncake peer only Mooncake's members and
+// the ctrl-channel additions; a classic connection then drains.
+func (c *conn) sendHandshake(d *HandshakeDesc, m reqMeta) {
+	n := c.n
+	if !m.twosided {
+		d.stripExtensions()
+	}
+	n.out = appendHandshake(n.out[:0], d, m)
+	c.sendReply(n.out)
+}
+
+// sendReply writes a reply; a classic connection (one request) then drains.
+func (c *conn) sendReply(b []byte) {
+	c.send(b)
+	if !c.persistent {
+		c.drain()
+	}
+}
+
 // admitted reports whether a Notify or Connection request may reach the Handler: with a
 // required key only on a connection whose client proved it. A refused request gets the
 // error reply "authentication required" and the connection is closed.
@@ -124,7 +178,7 @@ func (c *conn) admitted(t MsgType, m reqMeta) bool {
 	if !n.auth.required || c.auth.state == authOK {
 		return true
 	}
-	n.st.authFailed.Add(1)
+	n.noteAuthFailed()
 	n.log.Debug().Int("fd", c.fd).Stringer("type", t).Msg("oob: unauthenticated request refused")
 	c.refuse(t, m, errAuthRequired)
 	return false
@@ -174,10 +228,7 @@ func (c *conn) replyNotify(seq uint64, m reqMeta, err error) {
 	}
 	n := c.n
 	n.out = appendNotifyReply(n.out[:0], m, err)
-	c.send(n.out)
-	if !c.persistent {
-		c.drain()
-	}
+	c.sendReply(n.out)
 	c.touch()
 }
 
@@ -189,6 +240,10 @@ func (c *conn) replyHandshake(seq uint64, m reqMeta, resp *HandshakeDesc, err er
 	// The Handler is done with it, whether or not the connection is still there.
 	n.shaking--
 	n.st.pendingHS.Add(-1)
+	if n.shakingBy[c.remote]--; n.shakingBy[c.remote] <= 0 {
+		delete(n.shakingBy, c.remote)
+		n.st.shakingAddrs.Add(-1)
+	}
 	if c.state == stateClosed || c.state == stateDraining {
 		return
 	}
@@ -209,14 +264,6 @@ func (c *conn) replyHandshake(seq uint64, m reqMeta, resp *HandshakeDesc, err er
 	if d.Refuse != "" && d.ReplyMsg == "" {
 		d.ReplyMsg = d.Refuse
 	}
-	if !m.twosided {
-		// A Mooncake peer gets Mooncake's members and the ctrl-channel additions only.
-		d.stripExtensions()
-	}
-	n.out = appendHandshake(n.out[:0], &d, m)
-	c.send(n.out)
-	if !c.persistent {
-		c.drain()
-	}
+	c.sendHandshake(&d, m)
 	c.touch()
 }

@@ -78,10 +78,12 @@ var (
 	// OOBMaxPendingHandshakesPerAddr caps the handshakes one remote IP has in the Handler.
 	OOBMaxPendingHandshakesPerAddr = Limit{Name: "max_pending_handshakes_per_addr", Default: 8, Min: 1, Max: 1 << 16}
 	// OOBMaxPeers caps the peer addresses a Node keeps client state for.
-	OOBMaxPeers       = Limit{Name: "max_oob_peers", Default: 4096, Min: 1, Max: 1 << 20}
-	OOBIdleTimeout    = Limit{Name: "oob_idle_timeout", Default: int64(10 * time.Second), Min: int64(10 * time.Millisecond), Max: int64(time.Hour), Unit: Duration}
-	OOBRequestTimeout = Limit{Name: "oob_request_timeout", Default: int64(10 * time.Second), Min: int64(time.Millisecond), Max: int64(time.Hour), Unit: Duration}
-	OOBMaxConnBuffer  = Limit{Name: "max_conn_buffer", Default: 4 << 20, Min: 1<<20 + 9, Max: 1 << 30, Unit: Bytes}
+	OOBMaxPeers = Limit{Name: "max_oob_peers", Default: 4096, Min: 1, Max: 1 << 20}
+	// OOBMaxOpenRequests caps one connection's requests awaiting the Handler.
+	OOBMaxOpenRequests = Limit{Name: "max_open_requests", Default: 1024, Min: 1, Max: 1 << 20}
+	OOBIdleTimeout     = Limit{Name: "oob_idle_timeout", Default: int64(10 * time.Second), Min: int64(10 * time.Millisecond), Max: int64(time.Hour), Unit: Duration}
+	OOBRequestTimeout  = Limit{Name: "oob_request_timeout", Default: int64(10 * time.Second), Min: int64(time.Millisecond), Max: int64(time.Hour), Unit: Duration}
+	OOBMaxConnBuffer   = Limit{Name: "max_conn_buffer", Default: 4 << 20, Min: 1<<20 + 9, Max: 1 << 30, Unit: Bytes}
 )
 
 // All lists every entry, for tests and documentation.
@@ -89,7 +91,7 @@ func All() []*Limit {
 	return []*Limit{&RecvCount, &BufferSize, &MaxPendingSends, &ConnectTimeout, &MaxNotifySize, &RecvQueue,
 		&MTU, &IBPort, &GIDIndex, &HandshakePort, &HandshakeConnectTimeout, &HandshakeMaxLength, &BusyPoll,
 		&AuthKeyLen, &MaxChannels, &Keepalive, &OOBMaxConns, &OOBMaxPendingHandshakes,
-		&OOBMaxPendingHandshakesPerAddr, &OOBMaxPeers, &OOBIdleTimeout, &OOBRequestTimeout, &OOBMaxConnBuffer}
+		&OOBMaxPendingHandshakesPerAddr, &OOBMaxPeers, &OOBMaxOpenRequests, &OOBIdleTimeout, &OOBRequestTimeout, &OOBMaxConnBuffer}
 }
 
 // Allowed reports whether v is in range (or one of the special values).
