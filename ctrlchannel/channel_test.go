@@ -532,30 +532,12 @@ func TestChannelByeAndFence(t *testing.T) {
 	require.Equal(t, "id1", b.rec.got[0].ID)
 }
 
-// syncBuffer is a log sink the loop writes and the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestChannelDropCountedAndLogged: frames whose SENDs completed at the sender but that the
 // receiver cannot use (here fragments from a sender that wrongly believes the receiver
 // negotiated Extensions) are counted by reason and logged at warn; the channel stays up
 // and delivers the next notify.
 func TestChannelDropCountedAndLogged(t *testing.T) {
-	var log syncBuffer
+	var log bytes.Buffer                                 // written on b's loop, read there too
 	cb := Config{Timeout: 10, Logger: zerolog.New(&log)} // no Extensions
 	a, b, _ := pairAs(t, extConfig(), cb, 0, 1, func(pi *PeerInfo) { pi.Extensions = true })
 	done := make(chan error, 2)
@@ -567,11 +549,11 @@ func TestChannelDropCountedAndLogged(t *testing.T) {
 	require.NoError(t, wait(t, done, "small send"))
 	wait(t, b.rec.all, "the small notify")
 	var sb ChannelStats
-	onLoop(t, b.loop, func() { sb = b.ch.Stats() })
+	var out string
+	onLoop(t, b.loop, func() { sb, out = b.ch.Stats(), log.String() })
 	require.Equal(t, uint64(2), sb.DroppedExtension, "both fragments counted")
 	require.Equal(t, uint64(1), sb.Delivered)
 	require.Equal(t, sb.FramesReceived, sb.Delivered+sb.Dropped(), "every frame delivered or counted as dropped")
-	out := log.String()
 	require.Equal(t, 2, strings.Count(out, `"level":"warn"`), out)
 	require.Contains(t, out, `"reason":"extension-not-negotiated"`)
 	require.Contains(t, out, "frame dropped")
