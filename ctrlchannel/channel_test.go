@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -132,11 +133,11 @@ func newSide(t testing.TB, p *soft.Provider, dev string, cfg Config, want int) *
 // pair connects two channels over two soft devices of one isolated provider.
 func pair(t testing.TB, ca, cb Config, wantA, wantB int) (*side, *side, *soft.Provider) {
 	t.Helper()
-	return pairAs(t, ca, cb, wantA, wantB, false)
+	return pairAs(t, ca, cb, wantA, wantB, nil)
 }
 
-// pairAs is pair; with legacyB, a sees b as a Mooncake PR #3440 peer (PeerInfo.Legacy).
-func pairAs(t testing.TB, ca, cb Config, wantA, wantB int, legacyB bool) (*side, *side, *soft.Provider) {
+// pairAs is pair; view changes what a's handshake says about b.
+func pairAs(t testing.TB, ca, cb Config, wantA, wantB int, view func(*PeerInfo)) (*side, *side, *soft.Provider) {
 	t.Helper()
 	p := soft.New(soft.WithDevices(2))
 	a := newSide(t, p, "soft0", ca, wantA)
@@ -147,7 +148,9 @@ func pairAs(t testing.TB, ca, cb Config, wantA, wantB int, legacyB bool) (*side,
 	var errA, errB error
 	onLoop(t, a.loop, func() {
 		pi := peerInfo(lb)
-		pi.Legacy = legacyB
+		if view != nil {
+			view(&pi)
+		}
 		errA = a.ch.Connect(pi, 100, 200, 1)
 	})
 	onLoop(t, b.loop, func() {
@@ -473,7 +476,7 @@ func TestChannelLegacyReceiverNeverGrants(t *testing.T) {
 	ca := extConfig()
 	ca.MaxPendingSends = 128
 	mooncake := Config{Timeout: 10, RecvCount: 8, MinRNRTimer: 1}
-	a, b, _ := pairAs(t, ca, mooncake, 0, n, true)
+	a, b, _ := pairAs(t, ca, mooncake, 0, n, func(pi *PeerInfo) { pi.Legacy = true })
 	onLoop(t, b.loop, func() { b.ch.SetPaused(true) })
 	snd := startSender(t, a, n, 128, "", []byte("m")) // an empty name, as Mooncake allows
 	require.Eventually(t, func() bool { return rnrNaks(t, b) > 0 }, waitBound, time.Millisecond,
@@ -527,4 +530,34 @@ func TestChannelByeAndFence(t *testing.T) {
 	require.True(t, b.rec.ordered)
 	require.Equal(t, [][3]uint64{{100, 101, 5}}, b.rec.fences)
 	require.Equal(t, "id1", b.rec.got[0].ID)
+}
+
+// TestChannelDropCountedAndLogged: frames whose SENDs completed at the sender but that the
+// receiver cannot use (here fragments from a sender that wrongly believes the receiver
+// negotiated Extensions) are counted by reason and logged at warn; the channel stays up
+// and delivers the next notify.
+func TestChannelDropCountedAndLogged(t *testing.T) {
+	var log bytes.Buffer                                 // written on b's loop, read there too
+	cb := Config{Timeout: 10, Logger: zerolog.New(&log)} // no Extensions
+	a, b, _ := pairAs(t, extConfig(), cb, 0, 1, func(pi *PeerInfo) { pi.Extensions = true })
+	done := make(chan error, 2)
+	onLoop(t, a.loop, func() {
+		a.ch.Send(&SendReq{Seq: 1, Name: "big", Msg: make([]byte, 6000), Done: func(err error) { done <- err }})
+		a.ch.Send(&SendReq{Seq: 2, Name: "small", Msg: []byte("m"), Done: func(err error) { done <- err }})
+	})
+	require.NoError(t, wait(t, done, "fragmented send"), "the SENDs completed: the peer's NIC took them")
+	require.NoError(t, wait(t, done, "small send"))
+	wait(t, b.rec.all, "the small notify")
+	var sb ChannelStats
+	var out string
+	onLoop(t, b.loop, func() { sb, out = b.ch.Stats(), log.String() })
+	require.Equal(t, uint64(2), sb.DroppedExtension, "both fragments counted")
+	require.Equal(t, uint64(1), sb.Delivered)
+	require.Equal(t, sb.FramesReceived, sb.Delivered+sb.Dropped(), "every frame delivered or counted as dropped")
+	require.Equal(t, 2, strings.Count(out, `"level":"warn"`), out)
+	require.Contains(t, out, `"reason":"extension-not-negotiated"`)
+	require.Contains(t, out, "frame dropped")
+	b.rec.mu.Lock()
+	require.Equal(t, "small", b.rec.got[0].Name)
+	b.rec.mu.Unlock()
 }

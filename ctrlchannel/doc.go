@@ -71,6 +71,11 @@
 //     same), so nothing is lost and the sender never stalls while the peer keeps
 //     reposting; a sender stuck behind a peer that stopped reposting fails by the
 //     request's deadline, and a dead peer by retry_cnt × timeout.
+//   - Backpressure: while this side's receive queue is full (SetPaused) its RECVs stay
+//     reaped and unposted, as between twosided peers; Mooncake's SENDs then wait on RNR
+//     retry without a timeout, and once its window is full its sendNotify blocks its caller
+//     until this side takes notifies again. Nothing is dropped; that wait is Mooncake's
+//     own behaviour towards any slow receiver.
 //   - The peer does not announce its buffer size or MTU: the engine assumes Mooncake's
 //     defaults (MC_RDMA_NOTIFY_BUFFER_SIZE 4096, IB MTU 4096) capped by ours; a frame of
 //     exactly the peer's buffer goes out whole, one byte more fails with ErrTooLarge.

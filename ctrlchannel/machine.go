@@ -978,6 +978,12 @@ func (m *Machine) trySend() {
 			m.postBye()
 			continue
 		}
+		if r.kind == reqFence && m.peer.Legacy {
+			// Queued before the handshake said the peer is legacy: its seqs are per channel.
+			m.popHead()
+			m.fences--
+			continue
+		}
 		size := m.payloadLen(r)
 		if r.kind == reqNotify && m.headOff == 0 && HeaderLen+size > m.frameMax && !m.ext {
 			m.popHead()

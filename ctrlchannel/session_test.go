@@ -154,3 +154,19 @@ func TestMachineNotifyID(t *testing.T) {
 	require.Contains(t, types, TypeNotifyID)
 	require.Contains(t, types, TypeNotifyIDFragment)
 }
+
+// TestMachineFenceQueuedBeforeLegacyConnect: a fence queued before the handshake named
+// the peer legacy is never sent to it.
+func TestMachineFenceQueuedBeforeLegacyConnect(t *testing.T) {
+	a := newNode(t, "A", extParams(4))
+	require.NoError(t, a.m.Fence(1, 2))
+	r := a.submit(3, "n", "m")
+	require.NoError(t, a.m.Connected(t0, PeerParams{LocalSession: 1, Epoch: 3, RQDepth: 8, Legacy: true}))
+	a.apply()
+	require.Len(t, a.wire, 1)
+	require.Equal(t, TypeNotifyCompat, a.wire[0].typ)
+	a.m.SendWC(a.wire[0].wrid)
+	a.apply()
+	require.NoError(t, a.done[r])
+	require.Zero(t, a.m.Stats().FencesSent)
+}
