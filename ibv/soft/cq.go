@@ -26,6 +26,12 @@ type channel struct {
 	cqs    int // CQs attached
 	closed bool
 	raised bool // fd's level is up (or its raise is under way)
+	// progressed: the last GetEvent returned an event (its progress ran or was not needed);
+	// the next one with none queued skips progress and says ErrWouldBlock.
+	progressed bool
+	// waited: GetEvent was called, so the consumer sleeps on the fd: Poll leaves progress
+	// to GetEvent.
+	waited atomic.Bool
 	quiet  bool // GetEvent is progressing: it takes the events itself, no raise needed
 	// raising counts fire calls writing the eventfd outside mu; Close waits for them before
 	// it closes the fd, so a late write never lands on a reused fd number.
@@ -81,9 +87,12 @@ func (ch *channel) GetEvent() (ibv.CQ, error) {
 	if ch.closed {
 		return nil, fmt.Errorf("soft: get cq event: %w", ibv.ErrClosed)
 	}
-	if ch.n == 0 && ch.efd >= 0 {
+	ch.waited.Store(true)
+	if ch.n == 0 && ch.efd >= 0 && !ch.progressed {
 		// Manual progress: read the sockets here; the CQEs it makes fire this channel
-		// quietly, as this call takes their events.
+		// quietly, as this call takes their events. The call after one that got an event
+		// from its own progress skips it: a consumer drains until ErrWouldBlock, and what
+		// arrived meanwhile keeps the fd readable.
 		ch.quiet = true
 		ch.mu.Unlock()
 		ch.ctx.d.progress()
@@ -94,12 +103,14 @@ func (ch *channel) GetEvent() (ibv.CQ, error) {
 		}
 	}
 	if ch.n == 0 {
+		ch.progressed = false
 		if ch.raised {
 			ch.fd.drain()
 			ch.raised = false
 		}
 		return nil, ibv.ErrWouldBlock
 	}
+	ch.progressed = ch.efd >= 0
 	c := ch.ring[ch.head]
 	ch.ring[ch.head] = nil
 	ch.head = (ch.head + 1) % len(ch.ring)
@@ -235,8 +246,10 @@ func (c *cq) Poll(wcs []ibv.WC) (int, error) {
 		c.mu.Unlock()
 		return 0, fmt.Errorf("soft: poll cq: %w", ibv.ErrClosed)
 	}
-	if c.n == 0 && c.ctx.d.pfd >= 0 {
-		// Manual progress: an empty CQ looks at the sockets before it says so.
+	if c.n == 0 && c.ctx.d.pfd >= 0 && (c.ch == nil || !c.ch.waited.Load()) {
+		// Manual progress: an empty CQ looks at the sockets before it says so — unless
+		// its consumer waits on the channel, whose fd already shows readable sockets
+		// (GetEvent does the work then; a Poll syscall per empty poll would be waste).
 		c.mu.Unlock()
 		c.ctx.d.progress()
 		c.mu.Lock()
