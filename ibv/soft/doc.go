@@ -37,6 +37,13 @@
 // reactor asleep on the channel thus wakes once per batch of packets, and the packets are
 // handled on its thread: no NIC thread wakes between the wire and the CQ.
 //
+// Doorbells. A consumer that calls its CQ's Flush once per turn (reactor.Flusher: the
+// reactor does, at the end of every loop iteration) gets its device's writes deferred to
+// that Flush: the SENDs its PostSends queue and the ACKs its progress owes leave together,
+// one write per connection per turn, so the ACK of a request travels with the handler's
+// reply. A consumer that never calls Flush gets a write per PostSend, as before; the
+// backstop writes what a consumer left queued if it stops calling Flush.
+//
 // Every connection keeps one NIC goroutine, a backstop, because RC peers need ACKs whether
 // or not the consumer looks. While no consumer attends the device (no CQ armed on a
 // channel, no poll in the last 200 µs) it sleeps on the socket and reads every packet itself,
