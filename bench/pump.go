@@ -148,12 +148,15 @@ type asyncSlot struct {
 }
 
 type asyncPump struct {
-	mu     sync.Mutex
-	free   []*asyncSlot // slots whose send completed
-	refill int          // free slots that make the pump refill the window
-	wake   chan struct{}
-	res    *pumpResult
-	inFly  sync.WaitGroup
+	c        *engineClient
+	ctx      context.Context
+	npeers   int64
+	count    int64
+	deadline int64
+	next     atomic.Int64
+	mu       sync.Mutex
+	res      *pumpResult
+	chains   sync.WaitGroup
 }
 
 func (s *asyncSlot) complete(err error) {
@@ -169,63 +172,51 @@ func (s *asyncSlot) complete(err error) {
 		p.res.sent++
 		p.res.bytes += int64(len(s.msg))
 	}
-	p.free = append(p.free, s)
-	wake := len(p.free) == p.refill
 	p.mu.Unlock()
-	p.inFly.Done()
-	if wake {
-		select {
-		case p.wake <- struct{}{}:
-		default:
+	s.sendNext()
+}
+
+// sendNext sends the pump's next message in this slot, or ends the slot's chain.
+func (s *asyncSlot) sendNext() {
+	p := s.p
+	for {
+		j := p.next.Add(1) - 1
+		if j >= p.count || p.ctx.Err() != nil || (p.deadline > 0 && nanotime() > p.deadline) {
+			p.chains.Done()
+			return
 		}
+		putSeq(s.msg, uint64(j))
+		s.t0 = nanotime()
+		err := p.c.e.SendNotifyAsync(p.c.peers[int(j%p.npeers)], notify.Notify{Name: benchName, Msg: s.msg}, s.done)
+		if err == nil {
+			return
+		}
+		p.mu.Lock()
+		p.res.errors++
+		if p.res.firstErr == nil {
+			p.res.firstErr = err
+		}
+		p.mu.Unlock()
 	}
 }
 
-// runAsyncPump is runPump for an engine: one goroutine keeps up to window SendNotifyAsync
-// calls in flight (a completion on the reactor thread frees its slot), as an application
-// pipelining notifies would, instead of window goroutines each blocked in SendNotify. It
-// refills the window once half of it is free, in one go (as floor-stream writes what its
-// window allows after each read of acks): a wake-up of the pump per completion would make the
-// scheduler's hand-off, not the transport, the figure.
+// runAsyncPump is runPump for an engine: window chains of SendNotifyAsync, each completion
+// (on the reactor thread) sending the chain's next message, as an application pipelining
+// notifies from its completion callbacks would. At most window sends are in flight; no
+// goroutine hand-off sits between a completion and the next send.
 func runAsyncPump(ctx context.Context, c *engineClient, window, npeers int, count int64, size int, deadline int64) *pumpResult {
-	p := &asyncPump{free: make([]*asyncSlot, 0, window), refill: max(1, window/2), wake: make(chan struct{}, 1),
+	p := &asyncPump{c: c, ctx: ctx, npeers: int64(npeers), count: count, deadline: deadline,
 		res: &pumpResult{call: NewHist()}}
-	for range window {
+	slots := make([]*asyncSlot, window)
+	for i := range slots {
 		s := &asyncSlot{p: p, msg: newMsg(size)}
 		s.done = s.complete
-		p.free = append(p.free, s)
+		slots[i] = s
 	}
-	batch := make([]*asyncSlot, 0, window)
-	j := int64(0)
-	for j < count && ctx.Err() == nil && (deadline <= 0 || nanotime() <= deadline) {
-		p.mu.Lock()
-		if need := int64(min(p.refill, len(p.free)+1)); int64(len(p.free)) < need && int64(len(p.free)) < count-j {
-			p.mu.Unlock()
-			select {
-			case <-p.wake:
-			case <-ctx.Done():
-			}
-			continue
-		}
-		batch = append(batch[:0], p.free...)
-		p.free = p.free[:0]
-		p.mu.Unlock()
-		for i, s := range batch {
-			if j >= count {
-				p.mu.Lock()
-				p.free = append(p.free, batch[i:]...)
-				p.mu.Unlock()
-				break
-			}
-			putSeq(s.msg, uint64(j))
-			s.t0 = nanotime()
-			p.inFly.Add(1)
-			if err := c.e.SendNotifyAsync(c.peers[int(j%int64(npeers))], notify.Notify{Name: benchName, Msg: s.msg}, s.done); err != nil {
-				s.complete(err)
-			}
-			j++
-		}
+	p.chains.Add(window)
+	for _, s := range slots {
+		s.sendNext()
 	}
-	p.inFly.Wait()
+	p.chains.Wait()
 	return p.res
 }

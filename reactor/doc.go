@@ -33,11 +33,18 @@
 // per CQ for the batch, then the cycle again. A spurious event with an empty CQ is normal.
 // Several CQs may share a channel; its fd is in the epoll set once.
 //
+// Doorbells. A watched CQ that implements Flusher (the soft provider's does) is flushed once
+// per loop iteration, after the fds, submissions, timers and CQ cycles of the turn and before
+// the loop sleeps or spins: a provider may hold the writes of what the turn posted (and the
+// acknowledgements its progress owes) until then, so one turn's sends leave in one write.
+//
 // Busy poll. WithBusyPoll(budget) makes the loop spin up to budget after its last piece of
 // work — epoll_wait with timeout 0, the submission queue, and every watched CQ polled
 // directly — before it arms the CQs and blocks. While spinning the CQs stay unarmed, so a
 // completion costs no channel event; they are armed (and polled once more) right before the
-// loop blocks. The default, 0, never spins.
+// loop blocks. Each empty round yields the CPU (sched_yield): on a small machine a spin that
+// starves the threads it serves (the caller, a peer process) is slower than sleeping. The
+// default, 0, never spins.
 //
 // Why not gnet. gnet.Engine runs its own epoll and cannot host foreign fds (completion
 // channels). gnet's pkg/netpoll Poller.Polling blocks without a timeout (no timers without an

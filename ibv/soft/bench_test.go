@@ -56,13 +56,16 @@ func newEnd(tb testing.TB, p ibv.Provider, dev string, depth uint32) *end {
 	return e
 }
 
-func (e *end) connect(tb testing.TB, r *end) {
+func (e *end) connect(tb testing.TB, r *end) { e.connectTimeout(tb, r, benchTimeout) }
+
+// connectTimeout takes e to RTS towards r with the local ACK timeout given (IB encoding).
+func (e *end) connectTimeout(tb testing.TB, r *end, timeout uint8) {
 	pa, err := r.ctx.QueryPort(1)
 	require.NoError(tb, err)
 	require.NoError(tb, e.qp.Modify(&ibv.QPAttr{QPState: ibv.QPSRTR, PathMTU: ibv.MTU4096, DestQPNum: r.qp.QPNum(),
 		MinRNRTimer: 1, AHAttr: ibv.AHAttr{IsGlobal: true, DGID: pa.GID, PortNum: 1}},
 		ibv.AttrState|ibv.AttrAV|ibv.AttrPathMTU|ibv.AttrDestQPN|ibv.AttrRqPSN|ibv.AttrMaxDestRdAtomic|ibv.AttrMinRNRTimer))
-	require.NoError(tb, e.qp.Modify(&ibv.QPAttr{QPState: ibv.QPSRTS, Timeout: benchTimeout, RetryCnt: 7, RnrRetry: 7},
+	require.NoError(tb, e.qp.Modify(&ibv.QPAttr{QPState: ibv.QPSRTS, Timeout: timeout, RetryCnt: 7, RnrRetry: 7},
 		ibv.AttrState|ibv.AttrSqPSN|ibv.AttrTimeout|ibv.AttrRetryCnt|ibv.AttrRnrRetry|ibv.AttrMaxQPRdAtomic))
 }
 

@@ -434,26 +434,32 @@ func (c *conn) readHelloLocked() bool {
 	}
 }
 
-// backstopMs is how long the NIC goroutine leaves a socket to an attending consumer before
-// it checks that the consumer did read.
-const backstopMs = 2
+// The NIC goroutine leaves a socket to an attending consumer for a period before it checks
+// that the consumer did read: backstopMinMs at first, doubling up to backstopMaxMs while the
+// consumer keeps reading, so that a busy connection costs its NIC goroutine ~125 wake-ups/s,
+// not 500; back to the minimum once it had to step in or traffic stopped.
+const (
+	backstopMinMs = 2
+	backstopMaxMs = 8
+)
 
 // backstop is the NIC goroutine's watch over an established connection. Unattended (no
 // consumer waits on a completion channel of the device, none polled lately, or
 // WithNICThread) it sleeps on the socket and reads each packet itself. Attended, it leaves
-// the socket to the consumer's progress (GetEvent, Poll) and wakes every backstopMs while
+// the socket to the consumer's progress (GetEvent, Poll) and wakes once a period while
 // traffic flows, to read what the consumer left for a whole period (a consumer busy
 // elsewhere): RC peers still get their ACKs. With no traffic for a period it sleeps on the
 // socket again, so an idle connection costs no wake-ups.
 func (c *conn) backstop() {
 	pfd := [2]unix.PollFd{{Fd: int32(c.rfd)}, {Fd: int32(c.d.stopfd), Events: unix.POLLIN}}
 	timed := false
+	period := backstopMinMs
 	for {
 		timeout := -1
 		pfd[0].Events = unix.POLLIN
 		var seen uint64
 		if timed {
-			timeout = backstopMs
+			timeout = period
 			pfd[0].Events = unix.POLLRDHUP // the peer's close or an error, not data
 			seen = c.reads.Load()
 		}
@@ -477,13 +483,14 @@ func (c *conn) backstop() {
 		}
 		c.d.flushPending() // doorbells a consumer left deferred (it stopped calling Flush)
 		if c.reads.Load() != seen {
+			period = min(2*period, backstopMaxMs)
 			continue // the consumer read this period: keep leaving it the socket
 		}
 		// Nobody read for a whole period: take what waits, then sleep on the socket.
 		if !c.receive(false) {
 			return
 		}
-		timed = false
+		timed, period = false, backstopMinMs
 	}
 }
 

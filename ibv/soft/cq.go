@@ -19,13 +19,20 @@ type channel struct {
 	fd  eventfd
 	efd int // the epoll fd Fd returns; -1: Fd is fd itself
 
-	mu     sync.Mutex
-	ring   []*cq // queued events, one per firing
-	head   int
-	n      int
-	cqs    int // CQs attached
-	closed bool
-	raised bool // fd's level is up (or its raise is under way)
+	mu       sync.Mutex
+	ring     []*cq // queued events, one per firing
+	head     int
+	n        int
+	cqs      int // CQs attached
+	closed   bool
+	raised   bool // fd's level is up (or its raise is under way)
+	inflight int  // fire calls between deciding to raise and seeing the level again
+	// progressed: the last GetEvent returned an event (its progress ran or was not needed);
+	// the next one with none queued skips progress and says ErrWouldBlock.
+	progressed bool
+	// waited: GetEvent was called, so the consumer sleeps on the fd: Poll leaves progress
+	// to GetEvent.
+	waited atomic.Bool
 	quiet  bool // GetEvent is progressing: it takes the events itself, no raise needed
 	// raising counts fire calls writing the eventfd outside mu; Close waits for them before
 	// it closes the fd, so a late write never lands on a reused fd number.
@@ -64,10 +71,12 @@ func (ch *channel) fire(c *cq) {
 	// The write wakes the consumer, whose first step is GetEvent: write after unlocking so
 	// it does not find mu held (measured 22 µs → 5 µs CQE-to-handler on the reactor bench).
 	ch.raised = true
+	ch.inflight++
 	ch.raising.Add(1)
 	ch.mu.Unlock()
 	ch.fd.raise()
 	ch.mu.Lock()
+	ch.inflight--
 	if !ch.raised && !ch.closed {
 		ch.fd.drain() // a GetEvent took the events and lowered the level before this write
 	}
@@ -81,9 +90,12 @@ func (ch *channel) GetEvent() (ibv.CQ, error) {
 	if ch.closed {
 		return nil, fmt.Errorf("soft: get cq event: %w", ibv.ErrClosed)
 	}
-	if ch.n == 0 && ch.efd >= 0 {
+	ch.waited.Store(true)
+	if ch.n == 0 && ch.efd >= 0 && !ch.progressed {
 		// Manual progress: read the sockets here; the CQEs it makes fire this channel
-		// quietly, as this call takes their events.
+		// quietly, as this call takes their events. The call after one that got an event
+		// from its own progress skips it: a consumer drains until ErrWouldBlock, and what
+		// arrived meanwhile keeps the fd readable.
 		ch.quiet = true
 		ch.mu.Unlock()
 		ch.ctx.d.progress()
@@ -94,12 +106,17 @@ func (ch *channel) GetEvent() (ibv.CQ, error) {
 		}
 	}
 	if ch.n == 0 {
-		if ch.raised {
+		ch.progressed = false
+		if ch.raised || ch.inflight > 0 {
+			// A write still on its way may land after this drain; its writer drains again
+			// once it sees the level lowered. Without this drain a level-triggered consumer
+			// would spin on the fd until that writer runs again.
 			ch.fd.drain()
 			ch.raised = false
 		}
 		return nil, ibv.ErrWouldBlock
 	}
+	ch.progressed = ch.efd >= 0
 	c := ch.ring[ch.head]
 	ch.ring[ch.head] = nil
 	ch.head = (ch.head + 1) % len(ch.ring)
@@ -235,8 +252,10 @@ func (c *cq) Poll(wcs []ibv.WC) (int, error) {
 		c.mu.Unlock()
 		return 0, fmt.Errorf("soft: poll cq: %w", ibv.ErrClosed)
 	}
-	if c.n == 0 && c.ctx.d.pfd >= 0 {
-		// Manual progress: an empty CQ looks at the sockets before it says so.
+	if c.n == 0 && c.ctx.d.pfd >= 0 && (c.ch == nil || !c.ch.waited.Load()) {
+		// Manual progress: an empty CQ looks at the sockets before it says so — unless
+		// its consumer waits on the channel, whose fd already shows readable sockets
+		// (GetEvent does the work then; a Poll syscall per empty poll would be waste).
 		c.mu.Unlock()
 		c.ctx.d.progress()
 		c.mu.Lock()

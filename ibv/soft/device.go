@@ -85,11 +85,10 @@ type device struct {
 	// Doorbell batching: once a consumer calls Flush (a CQ's, once per turn of its loop),
 	// the writes its PostSends and progress make wait for that Flush, so that what one turn
 	// sends leaves in one write per connection.
-	deferOut  atomic.Bool
-	npend     atomic.Int32
-	pendMu    sync.Mutex
-	pend      []*conn
-	pendSpare []*conn
+	deferOut atomic.Bool
+	npend    atomic.Int32
+	pendMu   sync.Mutex
+	pend     []*conn
 
 	mu       sync.Mutex
 	refs     int
@@ -416,22 +415,23 @@ func (d *device) flush() {
 
 // flushPending writes what the consumer's turn left queued.
 func (d *device) flushPending() {
-	if d.npend.Load() == 0 {
-		return
-	}
-	d.pendMu.Lock()
-	list := d.pend
-	d.pend, d.pendSpare = d.pendSpare[:0], list
-	for _, c := range list {
-		c.pending = false
-	}
-	d.npend.Store(0)
-	d.pendMu.Unlock()
-	for i, c := range list {
-		c.mu.Lock()
-		c.flushLocked()
-		c.mu.Unlock()
-		list[i] = nil
+	for d.npend.Load() > 0 {
+		var batch [16]*conn
+		d.pendMu.Lock()
+		n := copy(batch[:], d.pend)
+		k := copy(d.pend, d.pend[n:])
+		clear(d.pend[k:])
+		d.pend = d.pend[:k]
+		for _, c := range batch[:n] {
+			c.pending = false
+		}
+		d.npend.Store(int32(k))
+		d.pendMu.Unlock()
+		for _, c := range batch[:n] {
+			c.mu.Lock()
+			c.flushLocked()
+			c.mu.Unlock()
+		}
 	}
 }
 

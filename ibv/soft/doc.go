@@ -37,19 +37,26 @@
 // reactor asleep on the channel thus wakes once per batch of packets, and the packets are
 // handled on its thread: no NIC thread wakes between the wire and the CQ.
 //
+// Doorbells. A consumer that calls its CQ's Flush once per turn (reactor.Flusher: the
+// reactor does, at the end of every loop iteration) gets its device's writes deferred to
+// that Flush: the SENDs its PostSends queue and the ACKs its progress owes leave together,
+// one write per connection per turn, so the ACK of a request travels with the handler's
+// reply. A consumer that never calls Flush gets a write per PostSend, as before; the
+// backstop writes what a consumer left queued if it stops calling Flush.
+//
 // Every connection keeps one NIC goroutine, a backstop, because RC peers need ACKs whether
 // or not the consumer looks. While no consumer attends the device (no CQ armed on a
 // channel, no poll in the last 200 µs) it sleeps on the socket and reads every packet itself,
 // as the provider's NIC threads always did (WithNICThread(true) or TWOSIDED_SOFT_NIC_THREAD=1
 // keep that model for every packet). While a consumer attends, it leaves the socket alone and
-// wakes every 2 ms as long as traffic flows; if the consumer read nothing for a whole
-// period it reads what waits, then sleeps on the socket again. An idle connection costs no
-// wake-ups.
+// wakes once a period (2 ms, doubling to 8 ms while the consumer keeps reading) as long as
+// traffic flows; if the consumer read nothing for a whole period it reads what waits, then
+// sleeps on the socket again. An idle connection costs no wake-ups.
 //
 // Timing that differs from hardware: (1) a completion channel's fd may turn readable with
 // no event (a socket holds packets, e.g. an ACK); GetEvent then does the receive work and
 // answers ErrWouldBlock (verbs consumers must already accept spurious wake-ups); (2) while
-// the consumer attends but is busy elsewhere, a packet waits up to 2-4 ms for the backstop
+// the consumer attends but is busy elsewhere, a packet waits up to 2-16 ms for the backstop
 // (hardware answers in microseconds whatever the host does), so a requester with a short
 // local ACK timeout may retransmit; the duplicate is ACKed, not placed twice; (3) the first
 // packet after 2 ms of silence wakes the backstop beside the consumer once. rnr_retry 7

@@ -144,6 +144,41 @@ func TestEventPathAllocs(t *testing.T) {
 	}
 }
 
+// TestBackstopAcksForBusyConsumer: with manual progress the consumer's GetEvent and Poll
+// read the sockets; a consumer that armed its CQ (so it attends the device) but is busy
+// elsewhere and never calls them still has its SENDs acknowledged, by the NIC goroutine's
+// backstop, well within the requester's retry budget (4 ms ACK timeout, 7 retries). Without
+// the backstop's timed read the requester ends in RETRY_EXC_ERR.
+func TestBackstopAcksForBusyConsumer(t *testing.T) {
+	p := soft.New(soft.WithDevices(2), soft.WithInProcess(false))
+	A, B := newEnd(t, p, "soft0", 16), newEnd(t, p, "soft1", 16)
+	A.connectTimeout(t, B, 10)
+	B.connectTimeout(t, A, 10)
+	t.Cleanup(func() { A.close(t); B.close(t) })
+	// Warm up: the connections are up and idle, B's NIC goroutine asleep on its socket.
+	_, err := B.qp.PostRecv(&ibv.RecvWR{WRID: 100, SGList: []ibv.SGE{B.sge(4096, 64)}})
+	require.NoError(t, err)
+	_, err = A.qp.PostSend(&ibv.SendWR{WRID: 100, Opcode: ibv.WRSend, SendFlags: ibv.SendSignaled, SGList: []ibv.SGE{A.sge(0, 8)}})
+	require.NoError(t, err)
+	require.Equal(t, ibv.WCSuccess, pollOne(t, B.rcq).Status)
+	require.Equal(t, ibv.WCSuccess, pollOne(t, A.scq).Status)
+	time.Sleep(10 * time.Millisecond) // past B's attendance by polling: only the arm attends
+
+	_, err = B.qp.PostRecv(&ibv.RecvWR{WRID: 1, SGList: []ibv.SGE{B.sge(4096, 64)}})
+	require.NoError(t, err)
+	require.NoError(t, B.rcq.ReqNotify(false)) // B attends, then never polls nor gets events
+	for i := 0; i < 3; i++ {
+		_, err = A.qp.PostSend(&ibv.SendWR{WRID: uint64(i), Opcode: ibv.WRSend, SendFlags: ibv.SendSignaled, SGList: []ibv.SGE{A.sge(0, 8)}})
+		require.NoError(t, err)
+		wc := pollOne(t, A.scq)
+		require.Equal(t, ibv.WCSuccess, wc.Status, "send %d: %s", i, wc.Status)
+		if i < 2 {
+			_, err = B.qp.PostRecv(&ibv.RecvWR{WRID: uint64(i + 2), SGList: []ibv.SGE{B.sge(4096, 64)}})
+			require.NoError(t, err)
+		}
+	}
+}
+
 // TestPortStateEvents: a port going DOWN raises EventPortErr and drops traffic; back ACTIVE
 // raises EventPortActive and retransmission delivers.
 func TestPortStateEvents(t *testing.T) {
