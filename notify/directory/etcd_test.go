@@ -241,6 +241,12 @@ func TestEtcdReturnsEmpty(t *testing.T) {
 	require.Equal(t, "127.0.0.1:7", addr)
 }
 
+func cacheLen(d *Etcd) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.cache)
+}
+
 // firstLease is the lease the registration of name held when it was made. (The keeper
 // replaces it; the test wants to see that.)
 func firstLease(d *Etcd, name string) clientv3.LeaseID {
@@ -328,9 +334,7 @@ func TestThousandNames(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, fmt.Sprintf("127.0.0.1:%d", 10000+i), addr)
 	}
-	r.mu.Lock()
-	require.Len(t, r.cache, n)
-	r.mu.Unlock()
+	require.Equal(t, n, cacheLen(r))
 	require.NoError(t, w.Close(ctx))
 	eventually(t, "all gone", func() bool {
 		for i := range n {
@@ -358,9 +362,7 @@ func TestCacheIsBounded(t *testing.T) {
 		require.Equal(t, fmt.Sprintf("h:%d", i+1), addr)
 		_, _ = r.Resolve(ctx, fmt.Sprintf("absent-%d", i))
 	}
-	r.mu.Lock()
-	require.LessOrEqual(t, len(r.cache), 10)
-	r.mu.Unlock()
+	require.LessOrEqual(t, cacheLen(r), 10)
 }
 
 func TestUnreachableDirectory(t *testing.T) {
