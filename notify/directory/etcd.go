@@ -129,8 +129,8 @@ func (d *Etcd) Cached(name string) (string, error) {
 // waits for it within its own ctx. The first resolves of a new directory wait for its watch
 // to start, so that what they read is cached.
 func (d *Etcd) Resolve(ctx context.Context, name string) (string, error) {
-	if err := CheckName(name); err != nil {
-		return "", err
+	if addr, err := d.Cached(name); !errors.Is(err, ErrNotCached) {
+		return addr, err // a hit, a bad name, or closed: no timer, no wait
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
 	defer cancel()

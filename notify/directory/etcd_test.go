@@ -383,3 +383,44 @@ func TestUnreachableDirectory(t *testing.T) {
 	_, err = d.Cached("decode-7")
 	require.ErrorIs(t, err, ErrNotCached)
 }
+
+// BenchmarkResolve: a cached resolve (map lookup under a mutex) and an uncached one (one
+// etcd read from the embedded server, singleflighted, then cached).
+//
+//	go test -run '^$' -bench Resolve -benchmem ./notify/directory/
+func BenchmarkResolve(b *testing.B) {
+	dir := b.TempDir()
+	srv, err := etcdtest.New(dir)
+	require.NoError(b, err)
+	defer srv.Close()
+	w, err := Open(srv.Conn(), Config{})
+	require.NoError(b, err)
+	defer w.Close(context.Background())
+	ctx := context.Background()
+	require.NoError(b, w.Register(ctx, "decode-7", Entry{Host: "127.0.0.1", Port: 17001}))
+	rd, err := Open(srv.Conn(), Config{})
+	require.NoError(b, err)
+	defer rd.Close(context.Background())
+	r := rd.(*Etcd)
+	_, err = r.Resolve(ctx, "decode-7")
+	require.NoError(b, err)
+	b.Run("cached", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := r.Resolve(ctx, "decode-7"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("uncached", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			r.mu.Lock()
+			clear(r.cache)
+			r.mu.Unlock()
+			if _, err := r.Resolve(ctx, "decode-7"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
