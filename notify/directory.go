@@ -166,24 +166,24 @@ func (e *Engine) ServerName() string { return e.dir.registered }
 // host:port), waiting on the directory within ctx; the name is then cached for
 // SendNotifyAsync. Without a directory it returns peer.
 func (e *Engine) Resolve(ctx context.Context, peer string) (string, error) {
-	if e.loop.InLoop() {
-		return e.resolveCached(peer)
-	}
 	return e.resolvePeer(ctx, peer)
 }
 
-// resolvePeer is SendNotify's lookup, on the caller's goroutine; on the reactor thread it
-// uses the cache only.
+// resolvePeer is SendNotify's lookup: the cache, and on a miss the directory, waited for on
+// the caller's goroutine; on the reactor thread the cache only. A hit costs no system call.
 func (e *Engine) resolvePeer(ctx context.Context, peer string) (string, error) {
 	d := e.dir.d
 	if d == nil || peer == "" {
 		return peer, nil
 	}
-	if e.loop.InLoop() {
-		return e.resolveCached(peer)
-	}
-	addr, err := d.Resolve(ctx, peer)
+	addr, err := d.Cached(peer)
 	if err == nil {
+		return addr, nil
+	}
+	if !errors.Is(err, directory.ErrNotCached) || e.loop.InLoop() {
+		return e.resolveFailed(peer, err)
+	}
+	if addr, err = d.Resolve(ctx, peer); err == nil {
 		return addr, nil
 	}
 	return e.resolveFailed(peer, err)
