@@ -192,6 +192,11 @@ func TestEtcdDownAndBack(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, err, ErrUnavailable)
 	require.Contains(t, err.Error(), srv.Endpoint())
+	// Once a read failed, uncached names fail at once instead of each waiting.
+	eventually(t, "marked down", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return r.down })
+	_, err = r.Resolve(ctx, "uncached-2")
+	require.ErrorIs(t, err, ErrUnavailable)
+	require.Contains(t, err.Error(), "did not answer the last read")
 
 	require.NoError(t, srv.Start())
 	back := time.Now()
