@@ -229,3 +229,24 @@ func TestDirectoryUnreachableAtStart(t *testing.T) {
 	defer cancel()
 	require.ErrorIs(t, e.SendNotify(sctx, "x", notify.Notify{Name: "kv", Msg: []byte("name")}), notify.ErrDirectoryUnavailable)
 }
+
+// TestDirectoryAsyncFromHandler: a handler on the reactor thread answers by server name from
+// the cache, and gets ErrNotResolved at once for a name it has not resolved.
+func TestDirectoryAsyncFromHandler(t *testing.T) {
+	srv := dirEtcd(t)
+	ctx := dirCtx(t)
+	a := dirEngine(t, srv, notify.WithServerName("a"))
+	dirEngine(t, srv, notify.WithServerName("b"))
+	var echo *notify.Engine
+	errs := make(chan error, 4)
+	echo = dirEngine(t, srv, notify.WithHandler(func(n notify.Notify) {
+		errs <- echo.SendNotifyAsync("b", notify.Notify{Name: "kv", Msg: []byte("to b")}, nil)
+		errs <- echo.SendNotifyAsync("a", notify.Notify{Name: "kv", Msg: append([]byte("echo "), n.Msg...)}, nil)
+	}))
+	_, err := echo.Resolve(ctx, "a")
+	require.NoError(t, err)
+	require.NoError(t, a.SendNotify(ctx, echo.Addr(), notify.Notify{Name: "kv", Msg: []byte("ping")}))
+	require.ErrorIs(t, <-errs, notify.ErrNotResolved)
+	require.NoError(t, <-errs)
+	recvFrom(t, ctx, a, "echo ping")
+}
