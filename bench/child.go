@@ -59,6 +59,9 @@ type childReply struct {
 // as one, and then exits; otherwise it returns at once. Call it first in main (and in
 // TestMain of tests that run two-process benchmarks).
 func ChildMain() {
+	if code, ok := directoryChild(); ok { // a sender of the directory scenario (directory.go)
+		os.Exit(code)
+	}
 	raw, ok := os.LookupEnv(childEnv)
 	if !ok {
 		return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/twosided/twosided/notify/directory"
@@ -15,7 +16,9 @@ import (
 // (WithMetadata, WithDirectory, or MC_METADATA_SERVER under FromEnv), SendNotify accepts a
 // server name or a host:port: the name is looked up first (Mooncake's getRpcMetaEntry does
 // the same, and a Mooncake server name is often itself "ip:port" with another rpc_port);
-// a string of the form host:port that is no server name is used as an address. The engine
+// a string of the form host:port that is no server name is used as an address, and so is
+// one the directory cannot look up while etcd is unreachable (after one bounded wait;
+// once a read has failed, lookups fail at once until etcd answers again). The engine
 // registers its server name (WithServerName) once its listener serves, under a lease kept
 // alive, and removes it on Close.
 //
@@ -47,11 +50,23 @@ type dirConfig struct {
 	ttl        time.Duration
 }
 
-// engineDir is the engine's directory state, set before the engine is returned.
+// engineDir is the engine's directory state. The directory is published atomically: the
+// listener already serves when it is opened, and a handler may send at once. owned and
+// registered are set before New returns and read after.
 type engineDir struct {
-	d          directory.Directory
+	p          atomic.Pointer[dirRef]
 	owned      bool   // opened by the engine: closed by it
 	registered string // the server name registered, "" if none
+}
+
+type dirRef struct{ d directory.Directory }
+
+// get is the engine's directory, nil without one.
+func (ed *engineDir) get() directory.Directory {
+	if r := ed.p.Load(); r != nil {
+		return r.d
+	}
+	return nil
 }
 
 // WithMetadata sets Mooncake's metadata connection string: "P2PHANDSHAKE" (a name is
@@ -110,21 +125,25 @@ func (e *Engine) startDirectory() error {
 		_ = e.Close(context.Background())
 		return err
 	}
+	var d directory.Directory
 	switch {
 	case dc.dir != nil:
-		e.dir.d = dc.dir
+		d = dc.dir
 	case dc.metadata != "":
 		lg := e.cfg.logger
-		d, err := directory.Open(dc.metadata, directory.Config{ClusterID: dc.clusterID, TTL: dc.ttl, Logger: &lg})
+		od, err := directory.Open(dc.metadata, directory.Config{ClusterID: dc.clusterID, TTL: dc.ttl, Logger: &lg})
 		if err != nil {
 			return fail(fmt.Errorf("%w: metadata: %v", ErrConfig, err))
 		}
-		e.dir.d, e.dir.owned = d, true
+		d, e.dir.owned = od, true
+	}
+	if d != nil {
+		e.dir.p.Store(&dirRef{d: d})
 	}
 	if dc.serverName == "" {
 		return nil
 	}
-	if _, p2p := e.dir.d.(directory.P2P); e.dir.d == nil || p2p {
+	if _, p2p := d.(directory.P2P); d == nil || p2p {
 		return fail(fmt.Errorf("%w: server_name %q: needs a metadata service (etcd://…); in P2P mode a name is host:port", ErrConfig, dc.serverName))
 	}
 	entry, err := directory.EntryFromAddr(e.name)
@@ -133,17 +152,17 @@ func (e *Engine) startDirectory() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), directory.DefaultTimeout)
 	defer cancel()
-	if err := e.dir.d.Register(ctx, dc.serverName, entry); err != nil {
-		return fail(fmt.Errorf("notify: register %q in %s: %w", dc.serverName, e.dir.d, err))
+	if err := d.Register(ctx, dc.serverName, entry); err != nil {
+		return fail(fmt.Errorf("notify: register %q in %s: %w", dc.serverName, d, err))
 	}
 	e.dir.registered = dc.serverName
-	e.cfg.logger.Info().Str("server_name", dc.serverName).Str("addr", e.name).Str("directory", e.dir.d.String()).Msg("registered")
+	e.cfg.logger.Info().Str("server_name", dc.serverName).Str("addr", e.name).Str("directory", d.String()).Msg("registered")
 	return nil
 }
 
 // stopDirectory removes the registration and closes a directory the engine opened.
 func (e *Engine) stopDirectory(ctx context.Context) error {
-	d := e.dir.d
+	d := e.dir.get()
 	if d == nil {
 		return nil
 	}
@@ -166,24 +185,24 @@ func (e *Engine) ServerName() string { return e.dir.registered }
 // host:port), waiting on the directory within ctx; the name is then cached for
 // SendNotifyAsync. Without a directory it returns peer.
 func (e *Engine) Resolve(ctx context.Context, peer string) (string, error) {
-	if e.loop.InLoop() {
-		return e.resolveCached(peer)
-	}
 	return e.resolvePeer(ctx, peer)
 }
 
-// resolvePeer is SendNotify's lookup, on the caller's goroutine; on the reactor thread it
-// uses the cache only.
+// resolvePeer is SendNotify's lookup: the cache, and on a miss the directory, waited for on
+// the caller's goroutine; on the reactor thread the cache only. A hit costs no system call.
 func (e *Engine) resolvePeer(ctx context.Context, peer string) (string, error) {
-	d := e.dir.d
+	d := e.dir.get()
 	if d == nil || peer == "" {
 		return peer, nil
 	}
-	if e.loop.InLoop() {
-		return e.resolveCached(peer)
-	}
-	addr, err := d.Resolve(ctx, peer)
+	addr, err := d.Cached(peer)
 	if err == nil {
+		return addr, nil
+	}
+	if !errors.Is(err, directory.ErrNotCached) || e.loop.InLoop() {
+		return e.resolveFailed(peer, err)
+	}
+	if addr, err = d.Resolve(ctx, peer); err == nil {
 		return addr, nil
 	}
 	return e.resolveFailed(peer, err)
@@ -191,7 +210,7 @@ func (e *Engine) resolvePeer(ctx context.Context, peer string) (string, error) {
 
 // resolveCached is SendNotifyAsync's lookup: the cache only, never a wait.
 func (e *Engine) resolveCached(peer string) (string, error) {
-	d := e.dir.d
+	d := e.dir.get()
 	if d == nil || peer == "" {
 		return peer, nil
 	}
@@ -203,10 +222,11 @@ func (e *Engine) resolveCached(peer string) (string, error) {
 }
 
 // resolveFailed turns a directory error into the send's: a host:port that is no server
-// name is an address; otherwise an error naming the peer and wrapping the right sentinel.
+// name, or that the directory could not look up (etcd unreachable), is an address;
+// otherwise an error naming the peer and wrapping the right sentinel.
 func (e *Engine) resolveFailed(peer string, err error) (string, error) {
 	missing := errors.Is(err, directory.ErrNotFound) || errors.Is(err, directory.ErrNotCached) || errors.Is(err, directory.ErrBadName)
-	if missing {
+	if missing || errors.Is(err, directory.ErrUnavailable) {
 		if _, aerr := directory.EntryFromAddr(peer); aerr == nil {
 			return peer, nil
 		}

@@ -209,3 +209,44 @@ func TestDirectoryConfig(t *testing.T) {
 	_, err = notify.FromEnv(notify.WithListenAddr("127.0.0.1:0"), notify.WithServerName("decode-7"))
 	require.ErrorIs(t, err, notify.ErrConfig)
 }
+
+// TestDirectoryUnreachableAtStart: a server name cannot be registered without etcd: New
+// says so (within the directory's timeout) and leaves nothing running.
+func TestDirectoryUnreachableAtStart(t *testing.T) {
+	srv := dirEtcd(t)
+	srv.Stop()
+	_, err := notify.New(notify.WithListenAddr("127.0.0.1:0"), notify.WithMetadata(srv.Conn()), notify.WithServerName("x"))
+	require.ErrorIs(t, err, notify.ErrDirectoryUnavailable)
+	require.Contains(t, err.Error(), srv.Endpoint())
+	// Without a name the engine starts; sends by address work (after a bounded lookup),
+	// by name fail clearly.
+	e := dirEngine(t, srv)
+	peer := dirEngine(t, srv)
+	ctx := dirCtx(t)
+	require.NoError(t, e.SendNotify(ctx, peer.Addr(), notify.Notify{Name: "kv", Msg: []byte("addr")}))
+	recvFrom(t, ctx, peer, "addr")
+	sctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, e.SendNotify(sctx, "x", notify.Notify{Name: "kv", Msg: []byte("name")}), notify.ErrDirectoryUnavailable)
+}
+
+// TestDirectoryAsyncFromHandler: a handler on the reactor thread answers by server name from
+// the cache, and gets ErrNotResolved at once for a name it has not resolved.
+func TestDirectoryAsyncFromHandler(t *testing.T) {
+	srv := dirEtcd(t)
+	ctx := dirCtx(t)
+	a := dirEngine(t, srv, notify.WithServerName("a"))
+	dirEngine(t, srv, notify.WithServerName("b"))
+	var echo *notify.Engine
+	errs := make(chan error, 4)
+	echo = dirEngine(t, srv, notify.WithHandler(func(n notify.Notify) {
+		errs <- echo.SendNotifyAsync("b", notify.Notify{Name: "kv", Msg: []byte("to b")}, nil)
+		errs <- echo.SendNotifyAsync("a", notify.Notify{Name: "kv", Msg: append([]byte("echo "), n.Msg...)}, nil)
+	}))
+	_, err := echo.Resolve(ctx, "a")
+	require.NoError(t, err)
+	require.NoError(t, a.SendNotify(ctx, echo.Addr(), notify.Notify{Name: "kv", Msg: []byte("ping")}))
+	require.ErrorIs(t, <-errs, notify.ErrNotResolved)
+	require.NoError(t, <-errs)
+	recvFrom(t, ctx, a, "echo ping")
+}

@@ -15,7 +15,7 @@ func init() {
 	register(&command{
 		Name:    "send",
 		Summary: "Send notifies to a peer and report each result and its latency.",
-		Usage:   "--peer host:port [-n count] [--name name] [--msg text | -s size] [--transport oob|rdma_twosided]",
+		Usage:   "--peer host:port|server-name [--metadata etcd://host:2379] [-n count] [--name name] [--msg text | -s size] [--transport oob|rdma_twosided]",
 		Run:     runSend,
 	})
 }
@@ -23,7 +23,7 @@ func init() {
 func runSend(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	var ef engineFlags
 	ef.define(fs, "127.0.0.1:0")
-	peer := fs.String("peer", "", "the receiving engine's host:port (required)")
+	peer := fs.String("peer", "", "the receiving engine's host:port, or its server name with --metadata (required)")
 	count := fs.Int("count", 1, "notifies to send, one after another")
 	fs.IntVar(count, "n", 1, "short for --count (perftest's -n)")
 	name := fs.String("name", "twosided", "notify name")

@@ -16,7 +16,7 @@ func init() {
 	register(&command{
 		Name:    "serve",
 		Summary: "Run a notify engine, show its address and print the notifies it receives (or count them).",
-		Usage:   "[--listen host:port] [--transport oob|rdma_twosided] [--count-only] [--expect n] [--duration d] [--metrics host:port] [--stats interval]",
+		Usage:   "[--listen host:port] [--name N --metadata etcd://host:2379] [--transport oob|rdma_twosided] [--count-only] [--expect n] [--duration d] [--metrics host:port] [--stats interval]",
 		Run:     runServe,
 	})
 }
@@ -28,6 +28,7 @@ type engineFlags struct {
 	transport string
 	busyPoll  time.Duration
 	recvCount int
+	dir       dirFlags // directory.go
 	fs        *flag.FlagSet
 }
 
@@ -37,6 +38,7 @@ func (f *engineFlags) define(fs *flag.FlagSet, listen string) {
 	fs.StringVar(&f.transport, "transport", "", "oob or rdma_twosided (default from MC_USE_RDMA_TWOSIDED, else oob)")
 	fs.DurationVar(&f.busyPoll, "busy-poll", 0, "reactor busy-poll budget, e.g. 50us (default 0: never spin)")
 	fs.IntVar(&f.recvCount, "recv-count", 0, "RECV ring depth per channel (default MC_RDMA_NOTIFY_RECV_COUNT, else 64)")
+	f.dir.define(fs)
 }
 
 func (f *engineFlags) options() []notify.Option {
@@ -50,7 +52,7 @@ func (f *engineFlags) options() []notify.Option {
 	if f.recvCount > 0 {
 		opts = append(opts, notify.WithRecvCount(f.recvCount))
 	}
-	return opts
+	return append(opts, f.dir.options()...)
 }
 
 func closeEngine(e *notify.Engine) error {
@@ -62,6 +64,7 @@ func closeEngine(e *notify.Engine) error {
 func runServe(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	var ef engineFlags
 	ef.define(fs, "127.0.0.1:12001")
+	ef.dir.defineName(fs)
 	countOnly := fs.Bool("count-only", false, "count notifies (a line per second while they arrive) instead of printing each")
 	expect := fs.Int("expect", 0, "exit after this many notifies (default 0: run until interrupted)")
 	duration := fs.Duration("duration", 0, "exit after this long (default 0: run until interrupted)")
@@ -102,6 +105,9 @@ func runServe(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 	}
 	defer closeEngine(e)
 	fmt.Fprintf(stdout, "serving on %s (transport %s)\n", e.Addr(), e.Transport())
+	if e.ServerName() != "" {
+		fmt.Fprintf(stdout, "registered as %s\n", e.ServerName())
+	}
 	stopObserve, err := of.start(e, stdout, fs.Output())
 	defer stopObserve()
 	if err != nil {

@@ -45,6 +45,9 @@ type Etcd struct {
 	ready     chan struct{} // closed once the watch first started: reads are cached from then
 	closed    bool
 	readyOnce sync.Once
+	// down: the last read of etcd failed. Resolves of uncached names then fail at once
+	// (a read goes on in the background) instead of each waiting out the timeout.
+	down bool
 }
 
 // cached is one name's resolution as of etcd revision rev: an address, or the error a
@@ -129,17 +132,23 @@ func (d *Etcd) Cached(name string) (string, error) {
 // waits for it within its own ctx. The first resolves of a new directory wait for its watch
 // to start, so that what they read is cached.
 func (d *Etcd) Resolve(ctx context.Context, name string) (string, error) {
-	if err := CheckName(name); err != nil {
-		return "", err
+	if addr, err := d.Cached(name); !errors.Is(err, ErrNotCached) {
+		return addr, err // a hit, a bad name, or closed: no timer, no wait
 	}
+	d.mu.Lock()
+	down := d.down
+	d.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
 	defer cancel()
-	select {
-	case <-d.ready:
-	case <-ctx.Done():
-		return "", fmt.Errorf("%w: %s: resolving %s: %v", ErrUnavailable, d.conn, name, ctx.Err())
-	case <-d.ctx.Done():
-		return "", ErrClosed
+	if !down {
+		select {
+		case <-d.ready:
+		case <-ctx.Done():
+			d.setDown(true)
+			return "", fmt.Errorf("%w: %s: resolving %s: %v", ErrUnavailable, d.conn, name, ctx.Err())
+		case <-d.ctx.Done():
+			return "", ErrClosed
+		}
 	}
 	d.mu.Lock()
 	if d.closed {
@@ -158,6 +167,9 @@ func (d *Etcd) Resolve(ctx context.Context, name string) (string, error) {
 		go d.fetch(name, f)
 	}
 	d.mu.Unlock()
+	if down {
+		return "", fmt.Errorf("%w: %s: resolving %s: etcd did not answer the last read (trying again)", ErrUnavailable, d.conn, name)
+	}
 	select {
 	case <-f.done:
 		return f.res.result()
@@ -188,6 +200,7 @@ func (d *Etcd) fetch(name string, f *flight) {
 		}
 	}
 	d.mu.Lock()
+	d.down = err != nil
 	if f.ev != nil && (err != nil || f.ev.rev > res.rev) {
 		res = *f.ev
 	}
@@ -198,6 +211,12 @@ func (d *Etcd) fetch(name string, f *flight) {
 	f.res = res
 	d.mu.Unlock()
 	close(f.done)
+}
+
+func (d *Etcd) setDown(v bool) {
+	d.mu.Lock()
+	d.down = v
+	d.mu.Unlock()
 }
 
 // insert caches c under name; at the bound an arbitrary other entry makes room. d.mu held.
@@ -245,6 +264,7 @@ func (d *Etcd) watchLoop() {
 		ctx, cancel := context.WithTimeout(d.ctx, d.cfg.Timeout)
 		resp, err := d.cli.Get(ctx, d.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 		cancel()
+		d.setDown(err != nil)
 		if err != nil {
 			d.cfg.Logger.Debug().Err(err).Str("directory", d.conn).Msg("directory watch: etcd unreachable")
 			if !bo.wait(d.ctx) {

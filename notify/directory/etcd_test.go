@@ -192,6 +192,11 @@ func TestEtcdDownAndBack(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, err, ErrUnavailable)
 	require.Contains(t, err.Error(), srv.Endpoint())
+	// Once a read failed, uncached names fail at once instead of each waiting.
+	eventually(t, "marked down", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return r.down })
+	_, err = r.Resolve(ctx, "uncached-2")
+	require.ErrorIs(t, err, ErrUnavailable)
+	require.Contains(t, err.Error(), "did not answer the last read")
 
 	require.NoError(t, srv.Start())
 	back := time.Now()
@@ -239,6 +244,12 @@ func TestEtcdReturnsEmpty(t *testing.T) {
 	addr, err := r.Resolve(ctx, "p")
 	require.NoError(t, err)
 	require.Equal(t, "127.0.0.1:7", addr)
+}
+
+func cacheLen(d *Etcd) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.cache)
 }
 
 // firstLease is the lease the registration of name held when it was made. (The keeper
@@ -328,9 +339,7 @@ func TestThousandNames(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, fmt.Sprintf("127.0.0.1:%d", 10000+i), addr)
 	}
-	r.mu.Lock()
-	require.Len(t, r.cache, n)
-	r.mu.Unlock()
+	require.Equal(t, n, cacheLen(r))
 	require.NoError(t, w.Close(ctx))
 	eventually(t, "all gone", func() bool {
 		for i := range n {
@@ -358,9 +367,7 @@ func TestCacheIsBounded(t *testing.T) {
 		require.Equal(t, fmt.Sprintf("h:%d", i+1), addr)
 		_, _ = r.Resolve(ctx, fmt.Sprintf("absent-%d", i))
 	}
-	r.mu.Lock()
-	require.LessOrEqual(t, len(r.cache), 10)
-	r.mu.Unlock()
+	require.LessOrEqual(t, cacheLen(r), 10)
 }
 
 func TestUnreachableDirectory(t *testing.T) {
@@ -380,4 +387,45 @@ func TestUnreachableDirectory(t *testing.T) {
 	require.ErrorIs(t, err, ErrUnavailable)
 	_, err = d.Cached("decode-7")
 	require.ErrorIs(t, err, ErrNotCached)
+}
+
+// BenchmarkResolve: a cached resolve (map lookup under a mutex) and an uncached one (one
+// etcd read from the embedded server, singleflighted, then cached).
+//
+//	go test -run '^$' -bench Resolve -benchmem ./notify/directory/
+func BenchmarkResolve(b *testing.B) {
+	dir := b.TempDir()
+	srv, err := etcdtest.New(dir)
+	require.NoError(b, err)
+	defer srv.Close()
+	w, err := Open(srv.Conn(), Config{})
+	require.NoError(b, err)
+	defer w.Close(context.Background())
+	ctx := context.Background()
+	require.NoError(b, w.Register(ctx, "decode-7", Entry{Host: "127.0.0.1", Port: 17001}))
+	rd, err := Open(srv.Conn(), Config{})
+	require.NoError(b, err)
+	defer rd.Close(context.Background())
+	r := rd.(*Etcd)
+	_, err = r.Resolve(ctx, "decode-7")
+	require.NoError(b, err)
+	b.Run("cached", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := r.Resolve(ctx, "decode-7"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("uncached", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			r.mu.Lock()
+			clear(r.cache)
+			r.mu.Unlock()
+			if _, err := r.Resolve(ctx, "decode-7"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
