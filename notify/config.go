@@ -62,6 +62,7 @@ type config struct {
 	oobIdleTimeout time.Duration
 	keepalive      time.Duration
 	peers          peerLimits
+	dir            dirConfig // directory.go
 	errs           []error
 }
 

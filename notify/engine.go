@@ -60,6 +60,7 @@ type Engine struct {
 	devName string
 
 	closed atomic.Bool
+	dir    engineDir // directory.go: peer names, the registration
 
 	// Loop-owned.
 	m        *peerMachine
@@ -101,6 +102,7 @@ func New(opts ...Option) (*Engine, error) {
 func FromEnv(opts ...Option) (*Engine, error) {
 	cfg := defaultConfig()
 	cfg.fromEnv(envLookup)
+	cfg.dirFromEnv(envLookup)
 	return newEngine(cfg, opts)
 }
 
@@ -170,6 +172,9 @@ func newEngine(cfg config, opts []Option) (*Engine, error) {
 	case <-time.After(10 * time.Second):
 		_ = e.Close(context.Background())
 		return nil, fmt.Errorf("notify: start: the reactor did not run for 10 s")
+	}
+	if err := e.startDirectory(); err != nil {
+		return nil, err
 	}
 	cfg.logger.Info().Str("addr", e.name).Str("transport", cfg.transport).Str("device", e.devName).Msg("notify engine started")
 	return e, nil
@@ -244,6 +249,10 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) (result 
 	if e.closed.Load() {
 		return sendErr(ErrClosed, peer, "", nil, false)
 	}
+	peer, err := e.resolvePeer(ctx, peer)
+	if err != nil {
+		return err
+	}
 	if err := e.validateNotify(peer, &n); err != nil {
 		return err
 	}
@@ -272,7 +281,7 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) (result 
 		}
 		return sendErr(ErrLimit, peer, "", err, false)
 	}
-	err, ok := e.spinWait(req.done)
+	err, ok = e.spinWait(req.done)
 	if !ok {
 		select {
 		case err = <-req.done:
@@ -312,10 +321,14 @@ func (e *Engine) cancelSend(req *sendReq, peer string, cause error) error {
 // async send). It never blocks, so it may be called from a WithHandler callback (to answer a
 // notify on the reactor thread). done runs on the reactor thread and must not block. The
 // engine reads n.Msg until done.
-func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) (err error) {
-	defer e.ctr.refused(&err)
+func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) (result error) {
+	defer e.ctr.refused(&result)
 	if e.closed.Load() {
 		return sendErr(ErrClosed, peer, "", nil, false)
+	}
+	peer, err := e.resolveCached(peer)
+	if err != nil {
+		return err
 	}
 	if err := e.validateNotify(peer, &n); err != nil {
 		return err
@@ -384,6 +397,7 @@ func (e *Engine) Close(ctx context.Context) error {
 		ctx = context.Background()
 	}
 	var errs []error
+	errs = append(errs, e.stopDirectory(ctx)) // first: peers stop finding this engine
 	done := make(chan struct{})
 	if err := e.loop.SubmitWait(ctx, func() { e.closeOnLoop(); close(done) }); err == nil {
 		select {

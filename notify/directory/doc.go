@@ -1,0 +1,24 @@
+// Package directory finds notify engines by server name, in the keys a Mooncake cluster uses.
+//
+// A Mooncake node reaches a peer by its server name: it reads
+// mooncake/[MC_METADATA_CLUSTER_ID/]rpc_meta/<name>, a JSON value
+// {"ip_or_host_name": …, "rpc_port": …}, and opens the handshake daemon there
+// (transfer_metadata.cpp: addRpcMetaEntry, getRpcMetaEntry, removeRpcMetaEntry). This
+// package reads and writes that same layout, so a Mooncake node resolves a twosided engine
+// by its server name and a twosided engine resolves Mooncake nodes.
+//
+// Two backends, chosen by the metadata connection string Mooncake uses (ParseConn):
+//   - P2P ("P2PHANDSHAKE"): a name is host:port; nothing runs, nothing is registered.
+//   - etcd ("etcd://h1:2379,h2:2379", or a bare "h1:2379" as Mooncake reads it): names live
+//     in etcd. A registration is put under a lease that is kept alive, so the entry of a
+//     crashed process disappears within the lease TTL (Mooncake's entries have no lease and
+//     outlive their process); Unregister revokes the lease. Resolutions are cached and the
+//     cache is kept current by one watch on the rpc_meta prefix, so a peer that restarts on a
+//     new address is seen there as soon as the watch delivers its put, and cached names keep
+//     resolving while etcd is down.
+//
+// The package owns its etcd client and the goroutines that keep the watch and the leases.
+// It knows nothing of engines, channels or the reactor: Cached never waits, Resolve waits
+// on etcd only within its context, and no call is made on a reactor thread by this package.
+// Every map fed by etcd (the cache) is bounded.
+package directory

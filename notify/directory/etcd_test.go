@@ -1,0 +1,383 @@
+package directory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/twosided/twosided/notify/directory/etcdtest"
+)
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// cachedIs reports whether d's cache resolves name to addr.
+func cachedIs(d *Etcd, name, addr string) func() bool {
+	return func() bool { a, err := d.Cached(name); return err == nil && a == addr }
+}
+
+func TestRegisterResolveMooncakeLayout(t *testing.T) {
+	srv := sharedEtcd(t)
+	cli := rawClient(t, srv)
+	ctx := ctxT(t)
+	a := open(t, srv, Config{ClusterID: "prod"})
+	b := open(t, srv, Config{ClusterID: "prod/"})
+	require.NoError(t, a.Register(ctx, "decode-7", Entry{Host: "127.0.0.1", Port: 17001}))
+
+	// The key and the value are Mooncake's, byte for byte, under a kept-alive lease.
+	resp, err := cli.Get(ctx, "mooncake/prod/rpc_meta/decode-7")
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1)
+	require.Equal(t, "{\"ip_or_host_name\":\"127.0.0.1\",\"rpc_port\":17001}\n", string(resp.Kvs[0].Value))
+	require.NotZero(t, resp.Kvs[0].Lease)
+
+	addr, err := b.Resolve(ctx, "decode-7")
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1:17001", addr)
+	eventually(t, "cached", cachedIs(b, "decode-7", "127.0.0.1:17001"))
+
+	// Another cluster id does not see it.
+	other := open(t, srv, Config{ClusterID: "staging"})
+	_, err = other.Resolve(ctx, "decode-7")
+	require.ErrorIs(t, err, ErrNotFound)
+
+	// Unregister deletes the entry, and the watch tells the resolver.
+	require.NoError(t, a.Unregister(ctx, "decode-7"))
+	resp, err = cli.Get(ctx, "mooncake/prod/rpc_meta/decode-7")
+	require.NoError(t, err)
+	require.Empty(t, resp.Kvs)
+	eventually(t, "deletion seen", func() bool { _, err := b.Cached("decode-7"); return errors.Is(err, ErrNotFound) })
+	_, err = b.Resolve(ctx, "decode-7")
+	require.ErrorIs(t, err, ErrNotFound)
+}
+
+func TestMooncakeWrittenValueResolves(t *testing.T) {
+	srv := sharedEtcd(t)
+	cli := rawClient(t, srv)
+	ctx := ctxT(t)
+	// Exactly what Mooncake's addRpcMetaEntry puts, without MC_METADATA_CLUSTER_ID.
+	_, err := cli.Put(ctx, "mooncake/rpc_meta/prefill-0", mooncakeValue)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = cli.Delete(context.Background(), "mooncake/rpc_meta/prefill-0") })
+	nd, err := Open(srv.Conn(), Config{}) // no cluster id, as the Mooncake node
+	require.NoError(t, err)
+	defer nd.Close(context.Background())
+	addr, err := nd.Resolve(ctx, "prefill-0")
+	require.NoError(t, err)
+	require.Equal(t, "10.0.0.7:12001", addr)
+}
+
+func TestUnknownThenRegistered(t *testing.T) {
+	srv := sharedEtcd(t)
+	ctx := ctxT(t)
+	r := open(t, srv, Config{})
+	_, err := r.Resolve(ctx, "later")
+	require.ErrorIs(t, err, ErrNotFound)
+	require.Contains(t, err.Error(), "rpc_meta/later")
+	// The absence is cached once the watch is up; a registration replaces it.
+	eventually(t, "watch up", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return r.watchFrom > 0 })
+	_, err = r.Resolve(ctx, "later")
+	require.ErrorIs(t, err, ErrNotFound)
+	_, err = r.Cached("later")
+	require.ErrorIs(t, err, ErrNotFound)
+	w := open(t, srv, Config{})
+	require.NoError(t, w.Register(ctx, "later", Entry{Host: "127.0.0.1", Port: 9}))
+	eventually(t, "registration seen", cachedIs(r, "later", "127.0.0.1:9"))
+}
+
+func TestBadValuesNameKeyAndField(t *testing.T) {
+	srv := sharedEtcd(t)
+	cli := rawClient(t, srv)
+	ctx := ctxT(t)
+	d := open(t, srv, Config{})
+	prefix := Prefix(t.Name())
+	cases := []struct{ name, val, field string }{
+		{"notjson", "decode-7 at 10.0.0.7", "value"},
+		{"bigport", `{"ip_or_host_name":"10.0.0.7","rpc_port":70000}`, "rpc_port"},
+		{"nohost", `{"ip_or_host_name":"","rpc_port":12001}`, "ip_or_host_name"},
+	}
+	for _, tc := range cases {
+		_, err := cli.Put(ctx, prefix+tc.name, tc.val)
+		require.NoError(t, err)
+		_, err = d.Resolve(ctx, tc.name)
+		require.ErrorIs(t, err, ErrBadValue, tc.name)
+		require.Contains(t, err.Error(), prefix+tc.name)
+		require.Contains(t, err.Error(), tc.field)
+	}
+	// A cached good name turned bad by a later put reports the bad value, and a fix is seen.
+	_, err := cli.Put(ctx, prefix+"flip", mooncakeValue)
+	require.NoError(t, err)
+	eventually(t, "watch up", func() bool { d.mu.Lock(); defer d.mu.Unlock(); return d.watchFrom > 0 })
+	_, err = d.Resolve(ctx, "flip")
+	require.NoError(t, err)
+	eventually(t, "cached", cachedIs(d, "flip", "10.0.0.7:12001"))
+	_, err = cli.Put(ctx, prefix+"flip", `{"ip_or_host_name":"10.0.0.7","rpc_port":"x"}`)
+	require.NoError(t, err)
+	eventually(t, "bad value seen", func() bool { _, err := d.Cached("flip"); return errors.Is(err, ErrBadValue) })
+	_, err = cli.Put(ctx, prefix+"flip", string(Encode(Entry{Host: "10.0.0.8", Port: 1})))
+	require.NoError(t, err)
+	eventually(t, "fix seen", cachedIs(d, "flip", "10.0.0.8:1"))
+}
+
+// TestRestartOnNewPort: a process dies without unregistering; its successor registers the
+// same name on a new port; a resolver that cached the old address follows. The time from
+// the successor's Register returning to the resolver's cache holding the new address is the
+// restart-to-new-address bound (logged).
+func TestRestartOnNewPort(t *testing.T) {
+	srv := sharedEtcd(t)
+	ctx := ctxT(t)
+	r := open(t, srv, Config{})
+	eventually(t, "watch up", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return r.watchFrom > 0 })
+	first, err := Open(srv.Conn(), Config{ClusterID: t.Name(), TTL: 30 * time.Second})
+	require.NoError(t, err)
+	require.NoError(t, first.Register(ctx, "decode-7", Entry{Host: "127.0.0.1", Port: 1001}))
+	addr, err := r.Resolve(ctx, "decode-7")
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1:1001", addr)
+	eventually(t, "cached", cachedIs(r, "decode-7", "127.0.0.1:1001"))
+	// The first process "crashes": its keeper stops, its lease (30 s) stays.
+	first.(*Etcd).cancel()
+	first.(*Etcd).wg.Wait()
+	defer first.(*Etcd).cli.Close()
+
+	var worst time.Duration
+	for i := range 5 {
+		second := open(t, srv, Config{})
+		port := 2000 + i
+		require.NoError(t, second.Register(ctx, "decode-7", Entry{Host: "127.0.0.1", Port: port}))
+		d := eventually(t, "new address", cachedIs(r, "decode-7", fmt.Sprintf("127.0.0.1:%d", port)))
+		worst = max(worst, d)
+		require.NoError(t, second.Close(ctx))
+	}
+	t.Logf("restart on a new port: resolver's cache at the new address %v after the put returned (worst of 5)", worst)
+}
+
+// TestEtcdDownAndBack: cached names keep resolving while etcd is down, an uncached name
+// fails with ErrUnavailable within the caller's deadline, and after etcd returns the
+// registration is kept alive again (the entry outlives several TTLs).
+func TestEtcdDownAndBack(t *testing.T) {
+	srv, err := etcdtest.New(t.TempDir())
+	require.NoError(t, err)
+	t.Cleanup(srv.Close)
+	ctx := ctxT(t)
+	ttl := time.Second
+	w := open(t, srv, Config{TTL: ttl})
+	r := open(t, srv, Config{})
+	require.NoError(t, w.Register(ctx, "p", Entry{Host: "127.0.0.1", Port: 7}))
+	eventually(t, "watch up", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return r.watchFrom > 0 })
+	_, err = r.Resolve(ctx, "p")
+	require.NoError(t, err)
+	eventually(t, "cached", cachedIs(r, "p", "127.0.0.1:7"))
+
+	srv.Stop()
+	// Down for longer than the TTL: the writer's lease is lost on its side.
+	down := time.Now()
+	for time.Since(down) < 3*ttl {
+		addr, err := r.Resolve(ctx, "p")
+		require.NoError(t, err)
+		require.Equal(t, "127.0.0.1:7", addr)
+		time.Sleep(100 * time.Millisecond)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = r.Resolve(sctx, "uncached")
+	cancel()
+	require.ErrorIs(t, err, ErrUnavailable)
+	require.Contains(t, err.Error(), srv.Endpoint())
+
+	require.NoError(t, srv.Start())
+	back := time.Now()
+	cli := rawClient(t, srv)
+	key := Prefix(t.Name()) + "p"
+	// Registered again under a lease that is kept alive: present with a live lease.
+	var lease clientv3.LeaseID
+	eventually(t, "registered again", func() bool {
+		resp, err := cli.Get(ctx, key)
+		if err != nil || len(resp.Kvs) == 0 || resp.Kvs[0].Lease == 0 {
+			return false
+		}
+		ttlResp, err := cli.TimeToLive(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
+		lease = clientv3.LeaseID(resp.Kvs[0].Lease)
+		return err == nil && ttlResp.TTL > 0
+	})
+	t.Logf("etcd back: entry on a live lease %v later (new lease: %v)", time.Since(back).Round(time.Millisecond), lease != firstLease(w, "p"))
+	time.Sleep(3 * ttl)
+	resp, err := cli.Get(ctx, key)
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1, "the entry must outlive its TTL once etcd is back")
+	_, err = r.Resolve(ctx, "p")
+	require.NoError(t, err)
+}
+
+// TestEtcdReturnsEmpty: etcd comes back without its data (rebuilt); the registration is
+// put again and a resolver reaches it.
+func TestEtcdReturnsEmpty(t *testing.T) {
+	srv, err := etcdtest.New(t.TempDir())
+	require.NoError(t, err)
+	t.Cleanup(srv.Close)
+	ctx := ctxT(t)
+	w := open(t, srv, Config{TTL: time.Second})
+	require.NoError(t, w.Register(ctx, "p", Entry{Host: "127.0.0.1", Port: 7}))
+	require.NoError(t, srv.Wipe())
+	require.NoError(t, srv.Start())
+	back := time.Now()
+	cli := rawClient(t, srv)
+	eventually(t, "registered again", func() bool {
+		resp, err := cli.Get(ctx, Prefix(t.Name())+"p")
+		return err == nil && len(resp.Kvs) == 1
+	})
+	t.Logf("etcd back empty: registered again %v later", time.Since(back).Round(time.Millisecond))
+	r := open(t, srv, Config{})
+	addr, err := r.Resolve(ctx, "p")
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1:7", addr)
+}
+
+// firstLease is the lease the registration of name held when it was made. (The keeper
+// replaces it; the test wants to see that.)
+func firstLease(d *Etcd, name string) clientv3.LeaseID {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.regs[name].firstLease
+}
+
+func TestLeaseRevokedRegistersAgain(t *testing.T) {
+	srv := sharedEtcd(t)
+	cli := rawClient(t, srv)
+	ctx := ctxT(t)
+	w := open(t, srv, Config{})
+	require.NoError(t, w.Register(ctx, "p", Entry{Host: "127.0.0.1", Port: 7}))
+	key := Prefix(t.Name()) + "p"
+	resp, err := cli.Get(ctx, key)
+	require.NoError(t, err)
+	_, err = cli.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
+	require.NoError(t, err)
+	eventually(t, "registered again", func() bool {
+		resp, err := cli.Get(ctx, key)
+		return err == nil && len(resp.Kvs) == 1
+	})
+}
+
+// TestNameTakenIsNotStolenBack: after losing its lease, a process does not take its name
+// back from a process that registered it since.
+func TestNameTakenIsNotStolenBack(t *testing.T) {
+	srv := sharedEtcd(t)
+	cli := rawClient(t, srv)
+	ctx := ctxT(t)
+	a := open(t, srv, Config{})
+	b := open(t, srv, Config{})
+	require.NoError(t, a.Register(ctx, "p", Entry{Host: "127.0.0.1", Port: 1}))
+	lease := firstLease(a, "p")
+	require.NoError(t, b.Register(ctx, "p", Entry{Host: "127.0.0.1", Port: 2}))
+	_, err := cli.Revoke(ctx, lease)
+	require.NoError(t, err)
+	a.mu.Lock()
+	done := a.regs["p"].done
+	a.mu.Unlock()
+	select {
+	case <-done: // a's keeper gave the name up
+	case <-ctx.Done():
+		t.Fatal("a's keeper still runs")
+	}
+	resp, err := cli.Get(ctx, Prefix(t.Name())+"p")
+	require.NoError(t, err)
+	require.Equal(t, string(Encode(Entry{Host: "127.0.0.1", Port: 2})), string(resp.Kvs[0].Value))
+}
+
+// TestLeaseExpiresAfterKill9: a registered process killed with SIGKILL leaves an entry
+// that disappears within its TTL (2 s); the resolver sees the name go.
+func TestLeaseExpiresAfterKill9(t *testing.T) {
+	srv := sharedEtcd(t)
+	ctx := ctxT(t)
+	r := open(t, srv, Config{})
+	eventually(t, "watch up", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return r.watchFrom > 0 })
+	cmd := startHelper(t, srv)
+	addr, err := r.Resolve(ctx, "victim")
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1:4242", addr)
+	eventually(t, "cached", cachedIs(r, "victim", "127.0.0.1:4242"))
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	killed := time.Now()
+	_ = cmd.Wait()
+	eventually(t, "entry gone", func() bool { _, err := r.Cached("victim"); return errors.Is(err, ErrNotFound) })
+	t.Logf("kill -9: entry gone %v after the kill (TTL 2 s)", time.Since(killed).Round(time.Millisecond))
+	_, err = r.Resolve(ctx, "victim")
+	require.ErrorIs(t, err, ErrNotFound)
+}
+
+func TestThousandNames(t *testing.T) {
+	srv := sharedEtcd(t)
+	ctx := ctxT(t)
+	w := open(t, srv, Config{TTL: 10 * time.Second})
+	r := open(t, srv, Config{})
+	const n = 1000
+	for i := range n {
+		require.NoError(t, w.Register(ctx, fmt.Sprintf("node-%04d", i), Entry{Host: "127.0.0.1", Port: 10000 + i}))
+	}
+	eventually(t, "watch up", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return r.watchFrom > 0 })
+	for i := range n {
+		addr, err := r.Resolve(ctx, fmt.Sprintf("node-%04d", i))
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprintf("127.0.0.1:%d", 10000+i), addr)
+	}
+	r.mu.Lock()
+	require.Len(t, r.cache, n)
+	r.mu.Unlock()
+	require.NoError(t, w.Close(ctx))
+	eventually(t, "all gone", func() bool {
+		for i := range n {
+			if _, err := r.Cached(fmt.Sprintf("node-%04d", i)); !errors.Is(err, ErrNotFound) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func TestCacheIsBounded(t *testing.T) {
+	srv := sharedEtcd(t)
+	cli := rawClient(t, srv)
+	ctx := ctxT(t)
+	r := open(t, srv, Config{MaxCache: 10})
+	eventually(t, "watch up", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return r.watchFrom > 0 })
+	for i := range 50 {
+		_, err := cli.Put(ctx, Prefix(t.Name())+fmt.Sprint(i), string(Encode(Entry{Host: "h", Port: i + 1})))
+		require.NoError(t, err)
+	}
+	for i := range 50 {
+		addr, err := r.Resolve(ctx, fmt.Sprint(i))
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprintf("h:%d", i+1), addr)
+		_, _ = r.Resolve(ctx, fmt.Sprintf("absent-%d", i))
+	}
+	r.mu.Lock()
+	require.LessOrEqual(t, len(r.cache), 10)
+	r.mu.Unlock()
+}
+
+func TestUnreachableDirectory(t *testing.T) {
+	// A port nothing listens on.
+	srv, err := etcdtest.New(t.TempDir())
+	require.NoError(t, err)
+	srv.Close()
+	d, err := Open(srv.Conn(), Config{Timeout: 200 * time.Millisecond})
+	require.NoError(t, err, "opening does not wait for etcd")
+	defer d.Close(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err = d.Resolve(ctx, "decode-7")
+	require.ErrorIs(t, err, ErrUnavailable)
+	require.Contains(t, err.Error(), srv.Endpoint())
+	err = d.Register(context.Background(), "me", Entry{Host: "127.0.0.1", Port: 1})
+	require.ErrorIs(t, err, ErrUnavailable)
+	_, err = d.Cached("decode-7")
+	require.ErrorIs(t, err, ErrNotCached)
+}
