@@ -321,12 +321,12 @@ func (e *Engine) cancelSend(req *sendReq, peer string, cause error) error {
 // async send). It never blocks, so it may be called from a WithHandler callback (to answer a
 // notify on the reactor thread). done runs on the reactor thread and must not block. The
 // engine reads n.Msg until done.
-func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) (result error) {
-	defer e.ctr.refused(&result)
+func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) (err error) {
+	defer e.ctr.refused(&err)
 	if e.closed.Load() {
 		return sendErr(ErrClosed, peer, "", nil, false)
 	}
-	peer, err := e.resolveCached(peer)
+	peer, err = e.resolveCached(peer)
 	if err != nil {
 		return err
 	}
