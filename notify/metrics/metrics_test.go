@@ -270,3 +270,20 @@ func TestScrapeAfterClose(t *testing.T) {
 	require.Equal(t, 1.0, s["twosided_notifies_sent_total"])
 	require.Equal(t, 1.0, s[`twosided_notifies_failed_total{reason="closed"}`])
 }
+
+// TestTwoEnginesOneRegistry: with an engine label each, two engines' collectors register
+// and gather side by side; without one they collide.
+func TestTwoEnginesOneRegistry(t *testing.T) {
+	a, b, _ := pair(t, notify.TransportOOB)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(New(a, WithConstLabels(prometheus.Labels{"engine": "a"}))))
+	require.NoError(t, reg.Register(New(b, WithConstLabels(prometheus.Labels{"engine": "b"}))))
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	series := map[string]int{}
+	for _, mf := range mfs {
+		series[mf.GetName()] = len(mf.GetMetric())
+	}
+	require.Equal(t, 2, series["twosided_peers"], "one series per engine")
+	require.Error(t, reg.Register(New(a)), "a second collector without a label collides")
+}
