@@ -160,6 +160,7 @@ func newEngine(cfg config, opts []Option) (*Engine, error) {
 	if name == "" {
 		name = advertised(node.Addr())
 	}
+	node.SetName(name) // the name our bye carries: the one peers dial
 	// The listener serves from now on; the loop learns the name (and starts answering
 	// handshakes and notifies) in order with what it serves.
 	started := make(chan struct{})

@@ -45,9 +45,10 @@ type peerMachine struct {
 	chans map[chanID]*chanEntry
 	reqs  map[reqID]*reqEntry
 
-	nextChan chanID
-	channels int // channels up or being created
-	timerAt  time.Time
+	nextChan    chanID
+	channels    int // channels up or being created
+	unconfirmed int // inbound channels their peer has not used yet
+	timerAt     time.Time
 
 	acts  []mAction
 	stats machineStats
@@ -76,6 +77,7 @@ type machineConfig struct {
 	limitBackoff    time.Duration // a peer that refused for a limit is not asked again for this long
 	gapTimeout      time.Duration // a receive gap nobody fills or fences is given up after this
 	peerIdle        time.Duration // an idle peer entry without a channel is forgotten after this
+	maxUnconfirmed  int           // inbound channels not yet used by their peer
 }
 
 func (c *machineConfig) setDefaults() {
@@ -90,6 +92,7 @@ func (c *machineConfig) setDefaults() {
 	def(&c.maxPendingSends, 64)
 	def(&c.window, 8192)
 	def(&c.idCap, 256)
+	def(&c.maxUnconfirmed, 64)
 	defd := func(v *time.Duration, d time.Duration) {
 		if *v <= 0 {
 			*v = d
@@ -161,6 +164,12 @@ type chanEntry struct {
 	dropped   bool // no longer the peer's nor counted; kept until the driver closed it
 	postNo    uint64
 	fences    []fenceRec // posted on this channel, not yet known to have arrived
+	// inbound channels are unconfirmed until the peer uses them (a frame arrives, or a send
+	// of ours completes): a handshake naming a QPN that exists nowhere makes a channel no
+	// frame ever confirms, so unconfirmed ones are capped and expire.
+	inbound   bool
+	confirmed bool
+	born      time.Time
 }
 
 // fenceRec is a fence posted on a channel after its post number after: it is known to have
@@ -216,7 +225,8 @@ type mAction struct {
 }
 
 type machineStats struct {
-	Names, Channels int
+	Names, Channels, Unconfirmed           int
+	UnconfirmedRefused, UnconfirmedExpired uint64
 	PeersRefused, NamesRefused, ChannelsRefused, AuthRefused, Superseded, Reposted, Fallbacks, GivenUp,
 	FencesSent, LegacyDelivered, OOBRefused, PeersPruned uint64
 	Duplicates uint64 // received notifies dropped as duplicates (seq or id)
@@ -428,6 +438,7 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 			p.seqs.resolve(r.seq)
 		}
 		if ce := m.chans[onCh]; ce != nil && p != nil {
+			m.confirm(ce)
 			m.confirmFences(p, ce, r.postNo)
 		}
 		m.complete(id, nil)
@@ -1019,6 +1030,9 @@ func (m *peerMachine) dropChan(ce *chanEntry, forget bool) {
 	if !ce.dropped {
 		ce.dropped = true
 		m.channels--
+		if ce.inbound && !ce.confirmed {
+			m.unconfirmed--
+		}
 		if p := ce.peer; p != nil && p.ch == ce.id {
 			p.ch = 0
 		}
@@ -1081,9 +1095,16 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 	}
 	key := peerKey{session: hs.session}
 	p := m.peers[key]
-	if p != nil && p.tokenIn[0] != 0 && !m.tokenOK(p, hs.proof) && !m.openRace(now, p, hs) {
+	proven := p != nil && m.tokenOK(p, hs.proof) // a pair we know, proving its token
+	if p != nil && p.tokenIn[0] != 0 && !proven && !m.openRace(now, p, hs) {
 		m.stats.AuthRefused++
 		return inboundReply{refuse: refuseAuth, err: fmt.Errorf("%w: ts_proof: session %x is known here and the proof does not match", ErrAuth, hs.session)}
+	}
+	if hs.ctrl && m.cfg.channels && !proven && m.unconfirmed >= m.cfg.maxUnconfirmed {
+		// A flood of handshakes whose channels nobody uses: refuse until they expire,
+		// keeping nothing; a real peer retries (or is served over OOB meanwhile).
+		m.stats.UnconfirmedRefused++
+		return inboundReply{refuse: refuseBusy, err: fmt.Errorf("%w: %d channels handshaken and not yet used by their peers", ErrBackpressure, m.unconfirmed)}
 	}
 	if p == nil {
 		if len(m.peers) >= m.cfg.maxPeers {
@@ -1144,10 +1165,31 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 	m.nextChan++
 	m.channels++
 	cand.id = m.nextChan
+	if proven {
+		cand.inbound, cand.confirmed = true, true // its peer proved the pair: a real QP
+	} else {
+		m.addUnconfirmed(now, cand)
+	}
 	m.chans[cand.id] = cand
 	rep.ch = cand.id
 	rep.epoch = epoch
 	return rep
+}
+
+func (m *peerMachine) addUnconfirmed(now time.Time, ce *chanEntry) {
+	ce.inbound, ce.born = true, now
+	m.unconfirmed++
+	m.setTimer(now.Add(m.cfg.connectTimeout))
+}
+
+// confirm marks ce used by its peer.
+func (m *peerMachine) confirm(ce *chanEntry) {
+	if ce.inbound && !ce.confirmed {
+		ce.confirmed = true
+		if !ce.dropped {
+			m.unconfirmed--
+		}
+	}
 }
 
 // learnName makes the advertised name an alias of p, taking over sends waiting on it.
@@ -1182,6 +1224,10 @@ func (m *peerMachine) inboundLegacy(now time.Time, hs inboundHS) inboundReply {
 	if !m.cfg.channels || !hs.ctrl {
 		return inboundReply{refuse: refuseNoCtrl, err: fmt.Errorf("%w: this engine has no ctrl channel", ErrNoCtrlChannel)}
 	}
+	if m.unconfirmed >= m.cfg.maxUnconfirmed {
+		m.stats.UnconfirmedRefused++
+		return inboundReply{refuse: refuseBusy, err: fmt.Errorf("%w: %d channels handshaken and not yet used by their peers", ErrBackpressure, m.unconfirmed)}
+	}
 	key := peerKey{legacy: hs.name}
 	p := m.peers[key]
 	if p == nil {
@@ -1212,6 +1258,7 @@ func (m *peerMachine) inboundLegacy(now time.Time, hs inboundHS) inboundReply {
 	m.nextChan++
 	m.channels++
 	ce := &chanEntry{id: m.nextChan, epoch: p.epoch, initiator: 0, peer: p, legacy: true}
+	m.addUnconfirmed(now, ce)
 	m.chans[ce.id] = ce
 	return inboundReply{ch: ce.id, epoch: p.epoch}
 }
@@ -1249,6 +1296,7 @@ func (m *peerMachine) chanArrival(now time.Time, ch chanID, seq uint64, nid stri
 	}
 	p := ce.peer
 	p.lastActive = now
+	m.confirm(ce)
 	n.Peer = m.peerName(p)
 	if ce.legacy || seq == 0 {
 		m.stats.LegacyDelivered++
@@ -1280,6 +1328,7 @@ func (m *peerMachine) chanFence(now time.Time, ch chanID, first, count uint64) {
 	if ce == nil || ce.peer == nil || ce.legacy {
 		return
 	}
+	m.confirm(ce)
 	m.skip(now, ce.peer, first, count)
 }
 
@@ -1400,6 +1449,18 @@ func (m *peerMachine) tick(now time.Time) {
 			later(p.lastActive.Add(m.cfg.peerIdle))
 		}
 	}
+	for _, ce := range m.chans {
+		if !ce.inbound || ce.confirmed || ce.dropped {
+			continue
+		}
+		if exp := ce.born.Add(m.cfg.connectTimeout); now.Before(exp) {
+			later(exp)
+			continue
+		}
+		m.stats.UnconfirmedExpired++
+		m.dropChan(ce, false)
+		m.emit(mAction{kind: aClose, ch: ce.id, err: fmt.Errorf("%w: the peer never used the channel its handshake made", ErrPeerDead)})
+	}
 	for id, r := range m.reqs {
 		if r.ch != 0 || r.oob {
 			continue // on its way: its path's own bound ends it
@@ -1434,6 +1495,20 @@ func (m *peerMachine) connectingTo(p *peerEntry) bool {
 		}
 	}
 	return false
+}
+
+// peerGone: the engine behind name closed (its goodbye). Its pair is forgotten when
+// nothing of it is in flight.
+func (m *peerMachine) peerGone(now time.Time, name string) {
+	ne := m.names[name]
+	if ne == nil || ne.peer == nil {
+		return
+	}
+	p := ne.peer
+	if p.ch == 0 && len(p.waiters) == 0 && p.inflight == 0 && p.win.held == 0 && p.seqs.unresolved() == 0 && !m.connectingTo(p) {
+		m.forget(p.key, p)
+		m.stats.PeersPruned++
+	}
 }
 
 // forget drops a peer entry and its names. Its sequence spaces go with it: a peer that
@@ -1476,7 +1551,7 @@ func (m *peerMachine) closeAll(err error) {
 		m.emit(mAction{kind: aClose, ch: id, err: err})
 	}
 	clear(m.chans)
-	m.channels = 0
+	m.channels, m.unconfirmed = 0, 0
 	for _, p := range m.peers {
 		p.ch, p.waiters, p.inflight = 0, nil, 0
 	}
