@@ -1358,8 +1358,9 @@ func (m *peerMachine) oobArrive(now time.Time, a oobArrival) (string, error) {
 		return "", nil
 	}
 	if a.to != 0 && a.to != m.local {
+		// The sender's pair is with this engine's predecessor: it must handshake again.
 		m.stats.OOBRefused++
-		return refuseStale, fmt.Errorf("%w: ts_to: %x is not this engine's session (it restarted)", ErrRejected, a.to)
+		return refuseAuth, fmt.Errorf("%w: ts_to: %x is not this engine's session (it restarted)", ErrAuth, a.to)
 	}
 	p := m.peers[peerKey{session: a.session}]
 	if p == nil || !m.tokenOK(p, a.token) {
@@ -1375,9 +1376,16 @@ func (m *peerMachine) oobArrive(now time.Time, a oobArrival) (string, error) {
 		return "", nil
 	}
 	a.n.Peer = m.peerName(p)
-	if m.arrive(now, p, a.seq, a.nid, a.n) == arrRefused {
+	switch m.arrive(now, p, a.seq, a.nid, a.n) {
+	case arrRefused:
 		m.stats.OOBRefused++
 		return refuseBusy, fmt.Errorf("%w: ts_seq %d is beyond the receive window", ErrBackpressure, a.seq)
+	case arrDuplicate:
+		if p.win.gaveUp(a.seq) {
+			// Its gap timed out before it came: it was not delivered, and never will be.
+			m.stats.OOBRefused++
+			return refuseStale, fmt.Errorf("%w: ts_seq %d came after its gap was given up", ErrRejected, a.seq)
+		}
 	}
 	return "", nil
 }

@@ -79,7 +79,8 @@ func (r *sendReq) onChannelDone(err error) {
 	maybe, local := false, false
 	switch {
 	case e.closing:
-		err, local = &kindError{kind: ErrClosed, cause: err}, true
+		// Posted on a channel the close tore down: it may have landed.
+		err, local, maybe = &kindError{kind: ErrClosed, cause: err}, true, true
 	case errors.Is(err, ctrlchannel.ErrTooLarge):
 		err, local = &kindError{kind: ErrTooLarge, cause: err}, true
 	case errors.Is(err, context.DeadlineExceeded):
@@ -328,7 +329,7 @@ func oobKind(err error) error {
 	case errors.Is(err, oob.ErrBusy), errors.Is(err, oob.ErrLimit):
 		kind = ErrBackpressure
 	case errors.Is(err, oob.ErrStale):
-		return &kindError{kind: ErrRejected, cause: errors.Join(errRebind, err)}
+		kind = ErrRejected // the receiver gave this seq up: not delivered
 	case errors.Is(err, oob.ErrRejected):
 		kind = ErrRejected
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, oob.ErrTimeout):
