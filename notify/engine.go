@@ -311,6 +311,11 @@ func (e *Engine) cancelSend(req *sendReq, peer string, cause error) error {
 			if w {
 				return <-req.done
 			}
+			select {
+			case err := <-req.done: // it ended on the loop meanwhile (its deadline, or done)
+				return err
+			default:
+			}
 		case <-t.C:
 		}
 	}

@@ -46,6 +46,7 @@ type peerMachine struct {
 	reqs  map[reqID]*reqEntry
 
 	nextChan    chanID
+	inflight    int // sends posted on channels and not completed, all peers
 	channels    int // channels up or being created
 	unconfirmed int // inbound channels their peer has not used yet
 	timerAt     time.Time
@@ -360,6 +361,7 @@ func (m *peerMachine) post(p *peerEntry, r *reqEntry, ce *chanEntry) {
 	ce.postNo++
 	r.postNo = ce.postNo
 	p.inflight++
+	m.inflight++
 	p.sent++
 	m.emit(mAction{kind: aPost, req: r.id, ch: ce.id, seq: r.seq, epoch: ce.epoch, deadline: r.deadline})
 }
@@ -428,6 +430,7 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 	}
 	if onCh != 0 && p != nil {
 		p.inflight--
+		m.inflight--
 		if ce := m.chans[onCh]; (ce == nil || ce.dropped) && p.oldInflight > 0 {
 			p.oldInflight--
 		}
@@ -779,7 +782,16 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 			p.awaiting = now.Add(m.cfg.connectTimeout)
 			m.setTimer(p.awaiting)
 		}
-	case res.refuse == refuseLimit || res.refuse == refuseBusy:
+	case res.refuse == refuseBusy:
+		// The peer is taking many handshakes at once (a reconnect storm, or a flood it
+		// refuses): ask again shortly; the sends wait, bounded by their deadlines.
+		closeCh(ErrBackpressure)
+		p.lastErr = sendErr(ErrBackpressure, name, "handshake", errors.New("the peer is busy with handshakes"), false)
+		if p.ch == 0 {
+			p.awaiting = now.Add(busyRetryAfter + time.Duration(m.rand()%uint64(busyRetryAfter)))
+			m.setTimer(p.awaiting)
+		}
+	case res.refuse == refuseLimit:
 		closeCh(ErrLimit)
 		p.retryAt = now.Add(m.cfg.limitBackoff)
 		p.lastErr = sendErr(ErrLimit, name, "handshake", errors.New("the peer refused: a limit"), false)
@@ -844,6 +856,10 @@ func (m *peerMachine) connectedLegacy(now time.Time, ne *nameEntry, ce *chanEntr
 	m.moveWaiters(ne, p)
 	m.flush(now, p, ne.name)
 }
+
+// busyRetryAfter is the least pause before a handshake refused "busy" is tried again (a
+// random part as long again spreads a storm's retries).
+const busyRetryAfter = 100 * time.Millisecond
 
 var errSuperseded = errors.New("notify: channel superseded by a newer one of the same pair")
 
@@ -1563,6 +1579,7 @@ func (m *peerMachine) closeAll(err error) {
 	for _, p := range m.peers {
 		p.ch, p.waiters, p.inflight = 0, nil, 0
 	}
+	m.inflight = 0
 }
 
 // peerState names p's state for Stats.

@@ -74,6 +74,9 @@ func (r *sendReq) onChannelDone(err error) {
 	if err == nil {
 		e.m.sendResult(e.loop.Now(), r.id, nil, false, false)
 		e.perform()
+		if e.m.inflight == 0 && e.cfg.keepalive == 0 && e.ka.timer != nil {
+			e.ka.stop() // nothing waits on a channel: the stall probe is not needed
+		}
 		return
 	}
 	maybe, local := false, false
@@ -155,6 +158,9 @@ func (e *Engine) do(a *mAction) {
 		}
 		r.creq.Seq, r.creq.Name, r.creq.Msg, r.creq.ID, r.creq.Deadline = a.seq, r.n.Name, r.n.Msg, r.n.ID, r.deadline
 		ch.Send(&r.creq)
+		if e.ka.timer == nil {
+			e.armKeepalive() // with keepalive off: probe while sends wait
+		}
 	case aOOB:
 		r := e.reqs[a.req]
 		if r == nil {
