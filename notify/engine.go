@@ -67,7 +67,7 @@ type Engine struct {
 	chans    map[chanID]*ctrlchannel.Channel
 	remote   map[chanID]uint32 // the peer's QPN of each connected channel
 	reqs     map[reqID]*sendReq
-	nextReq  reqID
+	reqSeq   atomic.Uint64 // numbers sends (sendReq.id), from any goroutine
 	mtimer   *reactor.Timer
 	perf     bool // performing the machine's actions
 	paused   bool

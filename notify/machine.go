@@ -463,7 +463,7 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 		m.complete(id, sendErr(kind, r.name, pathName(onCh != 0, true), err, maybe))
 		return
 	}
-	if !local && !now.After(r.deadline) {
+	if !local && !now.After(r.deadline) && !errors.Is(err, errGaveUp) {
 		if p.ch != 0 && p.ch != onCh && m.chans[p.ch].up {
 			// Its channel was replaced, or OOB failed while a channel is up: the same seq
 			// goes on the current channel. Towards a Mooncake peer it goes back in line,
@@ -496,6 +496,10 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 	m.complete(id, sendErr(kind, m.peerName(p), pathName(onCh != 0, false), err, maybe))
 	m.flush(now, p, "")
 }
+
+// errGaveUp marks a refusal that means the receiver gave the seq up (its gap timed out):
+// not delivered, and never to be sent again under that seq.
+var errGaveUp = errors.New("notify: the receiver gave this seq up")
 
 // errRebind marks a refusal that means the peer does not know the pair any more.
 var errRebind = errors.New("notify: the peer does not know this pair")
@@ -620,6 +624,13 @@ func (m *peerMachine) connectPeer(now time.Time, p *peerEntry, via string) {
 		}
 	}
 	if via == "" {
+		// No name leads to it any more (its names now reach another engine): what waits
+		// for it cannot be sent.
+		err := p.lastErr
+		if err == nil {
+			err = sendErr(ErrPeerUnreachable, m.peerName(p), "", errors.New("no name reaches this peer any more"), false)
+		}
+		m.failPeerWaiters(now, p, err)
 		return
 	}
 	ne := m.names[via]
@@ -796,7 +807,8 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 		p.retryAt = now.Add(m.cfg.limitBackoff)
 		p.lastErr = sendErr(ErrLimit, name, "handshake", errors.New("the peer refused: a limit"), false)
 		m.setTimer(p.retryAt)
-		if m.cfg.fallback {
+		if m.cfg.fallback && p.tokenOut != 0 {
+			// The peer issued us a token: it serves our notifies over OOB meanwhile.
 			p.mode = modeOOB
 			ne.retryAt = p.retryAt
 		} else {
@@ -1320,7 +1332,12 @@ func (m *peerMachine) chanArrival(now time.Time, ch chanID, seq uint64, nid stri
 		m.emit(mAction{kind: aDeliver, n: n})
 		return
 	}
-	m.arrive(now, p, seq, nid, n)
+	if m.arrive(now, p, seq, nid, n) == arrDuplicate && p.win.takeGaveUp(seq) {
+		// It came after its gap was given up, and its sender's SEND completed: it is
+		// delivered, late and out of order, rather than lost (counted: Window.Late).
+		p.received++
+		m.emit(mAction{kind: aDeliver, n: n})
+	}
 }
 
 func (m *peerMachine) arrive(now time.Time, p *peerEntry, seq uint64, nid string, n Notify) arrival {
@@ -1462,6 +1479,9 @@ func (m *peerMachine) tick(now time.Time) {
 			} else {
 				later(p.retryAt)
 			}
+		}
+		if len(p.waiters) > 0 && p.ch == 0 && p.awaiting.IsZero() && !m.connectingTo(p) {
+			m.flush(now, p, "") // nothing is on its way for them: start a path
 		}
 		if p.ch == 0 && len(p.waiters) == 0 && p.inflight == 0 && p.win.held == 0 && p.seqs.unresolved() == 0 &&
 			!m.connectingTo(p) && now.Sub(p.lastActive) >= m.cfg.peerIdle {

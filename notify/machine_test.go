@@ -187,8 +187,10 @@ func (e *simEngine) do(a mAction) {
 				switch code {
 				case "":
 					err = nil
-				case refuseAuth, refuseStale:
+				case refuseAuth:
 					err = &kindError{kind: ErrRejected, cause: errors.Join(errRebind, err)}
+				case refuseStale:
+					err = &kindError{kind: ErrRejected, cause: errors.Join(errGaveUp, err)}
 				}
 			}
 			n.post(func() { e.m.sendResult(n.now, a.req, err, false, false); e.perform() })
@@ -620,4 +622,67 @@ func TestMachineBogusHandshakeFlood(t *testing.T) {
 	late := c.send("b", "after", "")
 	n.run()
 	require.NoError(t, c.results[late], "a new peer is served once the flood expired")
+}
+
+// FuzzMachineHostileInput: handshakes, OOB notifies and fences from a hostile client, chosen
+// by the fuzzer, against an engine that also has a real peer. The machine never panics,
+// keeps its peers, names and unconfirmed channels within their caps, delivers the real
+// peer's notifies once and in order, and never delivers a forged one.
+func FuzzMachineHostileInput(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		n := newSimNet(t, 1)
+		cfg := simCfg()
+		cfg.maxPeers, cfg.maxNames, cfg.maxUnconfirmed = 8, 16, 4
+		// As the engine's defaults are (60 s gap, 30 s sends), a gap outlives every send
+		// that could fill it; a shorter one may deliver a very late seq out of order.
+		cfg.gapTimeout = 2 * time.Hour
+		a := n.add("a", 10, simCfg())
+		b := n.add("b", 20, cfg)
+		var order []reqID
+		for i := 0; i+2 < len(ops); i += 3 {
+			op, x, y := ops[i], uint64(ops[i+1]), uint64(ops[i+2])
+			switch op % 5 {
+			case 0:
+				rep := b.m.inbound(n.now, inboundHS{name: fmt.Sprint("h", x%20), session: x % 12, token: y, proof: y % 3, epoch: y % 4, ctrl: op&8 != 0})
+				if rep.ch != 0 {
+					b.m.inboundUp(n.now, rep.ch, nil)
+					b.links[rep.ch] = &simLink{local: b, id: rep.ch, dead: true}
+				}
+			case 1:
+				// Session 0 is a Mooncake engine's classic notify: unauthenticated by design
+				// (WithOOBAuthKey closes that); any other session needs its pair's token.
+				msg := "forged"
+				if x%12 == 0 {
+					msg = fmt.Sprint("legacy", i)
+				}
+				b.m.oobArrive(n.now, oobArrival{session: x % 12, token: y, seq: y, skipFrom: x, skipN: y % 5, n: Notify{Msg: []byte(msg)}})
+			case 2:
+				order = append(order, a.send("b", fmt.Sprint("real", len(order)), ""))
+			case 3:
+				for k := int(x % 8); k > 0 && n.step(); k-- {
+				}
+			case 4:
+				n.now = n.now.Add(time.Duration(x) * 100 * time.Millisecond)
+				b.m.tick(n.now)
+			}
+			b.perform()
+			if len(b.m.peers) > cfg.maxPeers || len(b.m.names) > cfg.maxNames || b.m.unconfirmed > cfg.maxUnconfirmed || b.m.unconfirmed < 0 {
+				t.Fatalf("caps broken: %d peers, %d names, %d unconfirmed", len(b.m.peers), len(b.m.names), b.m.unconfirmed)
+			}
+		}
+		n.run()
+		seen := map[string]bool{}
+		for _, g := range b.got {
+			m := string(g.Msg)
+			if m == "forged" {
+				t.Fatal("a forged notify was delivered")
+			}
+			if seen[m] {
+				t.Fatalf("%s delivered twice", m)
+			}
+			seen[m] = true
+		}
+		checkDelivery(t, a, b, order)
+	})
 }

@@ -39,13 +39,14 @@ func newSendReq(e *Engine) *sendReq {
 
 func (r *sendReq) prepare(peer string, n Notify, deadline time.Time, cb func(error)) {
 	r.peer, r.n, r.deadline, r.cb = peer, n, deadline, cb
+	// Numbered by the caller, before the loop sees it: a caller whose context ends names
+	// its send by this id (cancelSend) while the loop may be running it.
+	r.id = reqID(r.e.reqSeq.Add(1))
 }
 
 // run is the loop side of a send.
 func (r *sendReq) run() {
 	e := r.e
-	e.nextReq++
-	r.id = e.nextReq
 	if e.closing {
 		r.finish(sendErr(ErrClosed, r.peer, "", nil, false))
 		return
@@ -335,7 +336,8 @@ func oobKind(err error) error {
 	case errors.Is(err, oob.ErrBusy), errors.Is(err, oob.ErrLimit):
 		kind = ErrBackpressure
 	case errors.Is(err, oob.ErrStale):
-		kind = ErrRejected // the receiver gave this seq up: not delivered
+		// The receiver gave this seq up: not delivered, and not to be sent again.
+		return &kindError{kind: ErrRejected, cause: errors.Join(errGaveUp, err)}
 	case errors.Is(err, oob.ErrRejected):
 		kind = ErrRejected
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, oob.ErrTimeout):

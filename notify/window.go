@@ -52,6 +52,18 @@ func (w *recvWindow) noteGaveUp(seq uint64) {
 func (w *recvWindow) gaveUp(seq uint64) bool {
 	for _, s := range w.timedOut {
 		if s == seq && seq != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// takeGaveUp is gaveUp for a late arrival that is delivered: it counts it and forgets the
+// seq, so a second copy is a duplicate.
+func (w *recvWindow) takeGaveUp(seq uint64) bool {
+	for i, s := range w.timedOut {
+		if s == seq && seq != 0 {
+			w.timedOut[i] = 0
 			w.stats.Late++
 			return true
 		}

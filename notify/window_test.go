@@ -81,6 +81,9 @@ func TestWindowGapTimeout(t *testing.T) {
 	require.True(t, w.gaveUp(5))
 	require.False(t, w.gaveUp(3))
 	require.False(t, w.gaveUp(6))
+	require.True(t, w.takeGaveUp(5), "a late channel copy is taken once")
+	require.False(t, w.gaveUp(5))
+	require.Equal(t, uint64(1), w.stats.Late)
 }
 
 func TestWindowIdempotentIDs(t *testing.T) {
