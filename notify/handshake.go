@@ -108,7 +108,7 @@ func (e *Engine) finishConnect(name string, id chanID, epoch uint64, resp *oob.H
 		res.noCtrlMsg = resp.ReplyMsg
 		resp = &oob.HandshakeDesc{}
 	default:
-		res.err = err
+		res.err = oobKind(err) // unreachable, a limit, auth, a timeout: the caller's sentinel
 	}
 	if res.err == nil && resp != nil {
 		res.session, res.token, res.epoch, res.peerName = resp.Session, resp.Token, resp.Epoch, boundName(resp.PeerName)
@@ -234,6 +234,12 @@ func (h *oobHandler) HandleNotify(req *oob.NotifyRequest, reply func(error)) {
 
 // takeOOB hands an OOB notify to the machine and answers it.
 func (e *Engine) takeOOB(req *oob.NotifyRequest, reply func(error)) {
+	if sz := len(req.Name) + len(req.Msg); sz > e.cfg.maxNotifySize {
+		// Received notifies keep the send rule: a sender that ignores it is told, and its
+		// seq (if any) is given up by it, not waited for here.
+		reply(&oob.RefusedError{Code: oob.RefuseInvalid, Msg: fmt.Sprintf("name+msg is %d bytes, this engine's max_notify_size is %d", sz, e.cfg.maxNotifySize)})
+		return
+	}
 	code, err := e.m.oobArrive(e.loop.Now(), oobArrival{session: req.Session, token: req.Token, to: req.To,
 		seq: req.Seq, skipFrom: req.SkipFrom, skipN: req.SkipCount, nid: req.ID, from: boundName(req.From),
 		n: Notify{Name: req.Name, Msg: req.Msg, ID: req.ID}})

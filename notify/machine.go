@@ -46,9 +46,11 @@ type peerMachine struct {
 	reqs  map[reqID]*reqEntry
 
 	nextChan    chanID
-	inflight    int // sends posted on channels and not completed, all peers
-	channels    int // channels up or being created
-	unconfirmed int // inbound channels their peer has not used yet
+	inflight    int      // sends posted on channels and not completed, all peers
+	channels    int      // channels up or being created
+	unconfirmed int      // inbound channels their peer has not used yet
+	connects    int      // our handshakes in flight
+	connectQ    []string // names waiting for a handshake slot, in order
 	timerAt     time.Time
 
 	acts  []mAction
@@ -79,6 +81,7 @@ type machineConfig struct {
 	gapTimeout      time.Duration // a receive gap nobody fills or fences is given up after this
 	peerIdle        time.Duration // an idle peer entry without a channel is forgotten after this
 	maxUnconfirmed  int           // inbound channels not yet used by their peer
+	maxConnects     int           // our handshakes in flight at once (each holds a channel)
 }
 
 func (c *machineConfig) setDefaults() {
@@ -94,6 +97,7 @@ func (c *machineConfig) setDefaults() {
 	def(&c.window, 8192)
 	def(&c.idCap, 256)
 	def(&c.maxUnconfirmed, 64)
+	def(&c.maxConnects, 64)
 	defd := func(v *time.Duration, d time.Duration) {
 		if *v <= 0 {
 			*v = d
@@ -117,6 +121,7 @@ type nameEntry struct {
 	name       string
 	peer       *peerEntry
 	connecting bool    // our handshake via this name is in flight
+	queued     bool    // waiting in connectQ for a handshake slot
 	token      uint64  // the token we offered in that handshake
 	waiters    []reqID // sends to this name before its peer is known
 	legacyOOB  bool    // the name is a Mooncake engine without ctrl channel: seq-less OOB
@@ -230,7 +235,8 @@ type machineStats struct {
 	UnconfirmedRefused, UnconfirmedExpired uint64
 	PeersRefused, NamesRefused, ChannelsRefused, AuthRefused, Superseded, Reposted, Fallbacks, GivenUp,
 	FencesSent, LegacyDelivered, OOBRefused, PeersPruned uint64
-	Duplicates uint64 // received notifies dropped as duplicates (seq or id)
+	Duplicates     uint64 // received notifies dropped as duplicates (seq or id)
+	ConnectsQueued uint64 // handshakes that waited for a slot (maxConnects)
 }
 
 func newPeerMachine(local uint64, cfg machineConfig, rnd func() uint64) *peerMachine {
@@ -463,7 +469,9 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 		m.complete(id, sendErr(kind, r.name, pathName(onCh != 0, true), err, maybe))
 		return
 	}
-	if !local && !now.After(r.deadline) && !errors.Is(err, errGaveUp) {
+	// A refusal is the peer's answer (the notify is invalid there, or its seq was given
+	// up): final for this seq; other failures are the path's and may be retried.
+	if !local && !now.After(r.deadline) && !errors.Is(err, errGaveUp) && !errors.Is(err, ErrRejected) {
 		if p.ch != 0 && p.ch != onCh && m.chans[p.ch].up {
 			// Its channel was replaced, or OOB failed while a channel is up: the same seq
 			// goes on the current channel. Towards a Mooncake peer it goes back in line,
@@ -648,12 +656,24 @@ func (m *peerMachine) connectPeer(now time.Time, p *peerEntry, via string) {
 	m.connectName(now, ne, p)
 }
 
-// connectName starts our handshake via ne. p is the peer behind the name, when known.
+// connectName starts our handshake via ne. p is the peer behind the name, when known. At
+// most maxConnects run at once (each holds a channel with its RECVs posted): the rest wait
+// in order for a slot, bounded by their sends' deadlines.
 func (m *peerMachine) connectName(now time.Time, ne *nameEntry, p *peerEntry) {
 	if p != nil && now.Before(p.retryAt) {
 		m.failPeerWaiters(now, p, p.lastErr)
 		return
 	}
+	if m.connects >= m.cfg.maxConnects {
+		if !ne.queued {
+			ne.queued = true
+			m.connectQ = append(m.connectQ, ne.name)
+			m.stats.ConnectsQueued++
+		}
+		return
+	}
+	ne.queued = false
+	m.connects++
 	ne.connecting = true
 	act := mAction{kind: aConnect, name: ne.name}
 	if p != nil {
@@ -672,6 +692,7 @@ func (m *peerMachine) connectName(now time.Time, ne *nameEntry, p *peerEntry) {
 		if m.channels >= m.cfg.maxChannels {
 			m.stats.ChannelsRefused++
 			ne.connecting = false
+			m.connects--
 			err := sendErr(ErrLimit, ne.name, "rdma_twosided", fmt.Errorf("max_channels: %d channels open, the limit", m.cfg.maxChannels), false)
 			m.failName(now, ne, err)
 			return
@@ -682,6 +703,23 @@ func (m *peerMachine) connectName(now time.Time, ne *nameEntry, p *peerEntry) {
 		m.chans[act.ch] = &chanEntry{id: act.ch, name: ne.name, epoch: act.epoch, initiator: m.local, peer: p}
 	}
 	m.emit(act)
+}
+
+// nextConnect starts queued handshakes while slots are free.
+func (m *peerMachine) nextConnect(now time.Time) {
+	for len(m.connectQ) > 0 && m.connects < m.cfg.maxConnects {
+		name := m.connectQ[0]
+		m.connectQ = m.connectQ[1:]
+		ne := m.names[name]
+		if ne == nil || !ne.queued || ne.connecting {
+			continue
+		}
+		ne.queued = false
+		p := ne.peer
+		if len(ne.waiters) > 0 || (p != nil && len(p.waiters) > 0) {
+			m.connectName(now, ne, p)
+		}
+	}
 }
 
 // hsResult is what our handshake via a name came back with.
@@ -710,6 +748,8 @@ const (
 
 // connected is the result of our handshake via name on channel ch (0: none).
 func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsResult) {
+	m.connects--
+	defer m.nextConnect(now)
 	ne := m.names[name]
 	ce := m.chans[ch]
 	closeCh := func(why error) {
@@ -725,7 +765,12 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 	ne.connecting = false
 	if res.err != nil {
 		closeCh(res.err)
-		m.failName(now, ne, sendErr(ErrPeerUnreachable, name, "handshake", res.err, false))
+		kind := ErrPeerUnreachable
+		var ke *kindError
+		if errors.As(res.err, &ke) {
+			kind = ke.kind // a limit the peer's OOB port said, an auth failure, ...
+		}
+		m.failName(now, ne, sendErr(kind, name, "handshake", res.err, false))
 		return
 	}
 	if res.session == 0 {
@@ -1139,6 +1184,11 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 			m.stats.PeersRefused++
 			return inboundReply{refuse: refuseLimit, err: fmt.Errorf("%w: max_peers: %d peers known, the limit", ErrLimit, m.cfg.maxPeers)}
 		}
+		if hs.ctrl && m.cfg.channels && m.channels >= m.cfg.maxChannels {
+			// Refused before anything is kept for it.
+			m.stats.ChannelsRefused++
+			return inboundReply{refuse: refuseLimit, err: fmt.Errorf("%w: max_channels: %d channels open, the limit", ErrLimit, m.cfg.maxChannels)}
+		}
 		p = m.newPeer(now, key)
 		if hs.name != "" {
 			p.names = append(p.names, hs.name)
@@ -1549,7 +1599,12 @@ func (m *peerMachine) peerGone(now time.Time, name string) {
 		return
 	}
 	p := ne.peer
-	if p.ch == 0 && len(p.waiters) == 0 && p.inflight == 0 && p.win.held == 0 && p.seqs.unresolved() == 0 && !m.connectingTo(p) {
+	if ce := m.chans[p.ch]; p.ch != 0 && ce != nil {
+		// Its channel goes too (drained first: what its NIC acknowledged is delivered).
+		m.dropChan(ce, false)
+		m.emit(mAction{kind: aClose, ch: ce.id, err: fmt.Errorf("%w: %s closed", ErrPeerDead, name)})
+	}
+	if len(p.waiters) == 0 && p.inflight == 0 && p.win.held == 0 && p.seqs.unresolved() == 0 && !m.connectingTo(p) {
 		m.forget(p.key, p)
 		m.stats.PeersPruned++
 	}
@@ -1595,7 +1650,7 @@ func (m *peerMachine) closeAll(err error) {
 		m.emit(mAction{kind: aClose, ch: id, err: err})
 	}
 	clear(m.chans)
-	m.channels, m.unconfirmed = 0, 0
+	m.channels, m.unconfirmed, m.connects, m.connectQ = 0, 0, 0, nil
 	for _, p := range m.peers {
 		p.ch, p.waiters, p.inflight = 0, nil, 0
 	}

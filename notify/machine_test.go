@@ -187,8 +187,8 @@ func (e *simEngine) do(a mAction) {
 				switch code {
 				case "":
 					err = nil
-				case refuseAuth:
-					err = &kindError{kind: ErrRejected, cause: errors.Join(errRebind, err)}
+				case refuseAuth: // as the driver maps it (oobKind)
+					err = &kindError{kind: ErrAuth, cause: errors.Join(errRebind, err)}
 				case refuseStale:
 					err = &kindError{kind: ErrRejected, cause: errors.Join(errGaveUp, err)}
 				}
@@ -685,4 +685,30 @@ func FuzzMachineHostileInput(f *testing.F) {
 		}
 		checkDelivery(t, a, b, order)
 	})
+}
+
+// TestMachineConnectSlots: at most maxConnects handshakes run at once; the others wait in
+// order for a slot, and every send is delivered.
+func TestMachineConnectSlots(t *testing.T) {
+	n := newSimNet(t, 8)
+	cfg := simCfg()
+	cfg.maxConnects = 2
+	a := n.add("a", 10, cfg)
+	var peers []*simEngine
+	ids := map[string]reqID{}
+	for i := 0; i < 6; i++ {
+		name := fmt.Sprint("p", i)
+		peers = append(peers, n.add(name, uint64(100+i), simCfg()))
+		ids[name] = a.send(name, "to-"+name, "")
+	}
+	for n.step() {
+		require.LessOrEqual(t, a.m.connects, 2)
+	}
+	n.run()
+	for _, p := range peers {
+		require.NoError(t, a.results[ids[p.name]], p.name)
+		require.Len(t, p.got, 1)
+	}
+	require.Equal(t, uint64(4), a.m.stats.ConnectsQueued)
+	require.Zero(t, a.m.connects)
 }

@@ -116,6 +116,7 @@ type LimitStats struct {
 	OOBRefused                             uint64
 	PeersPruned                            uint64
 	Duplicates                             uint64 // received notifies dropped as duplicates (seq or id)
+	ConnectsQueued                         uint64 // our handshakes that waited for a slot (64 run at once)
 }
 
 func limitStatsOf(s machineStats) LimitStats {
@@ -124,7 +125,7 @@ func limitStatsOf(s machineStats) LimitStats {
 		NamesRefused: s.NamesRefused, ChannelsRefused: s.ChannelsRefused, AuthRefused: s.AuthRefused,
 		Superseded: s.Superseded, Reposted: s.Reposted, Fallbacks: s.Fallbacks, GivenUp: s.GivenUp,
 		FencesSent: s.FencesSent, LegacyDelivered: s.LegacyDelivered, OOBRefused: s.OOBRefused,
-		PeersPruned: s.PeersPruned, Duplicates: s.Duplicates}
+		PeersPruned: s.PeersPruned, Duplicates: s.Duplicates, ConnectsQueued: s.ConnectsQueued}
 }
 
 // ChannelStats are the counters of a ctrl channel (or a sum of channels).

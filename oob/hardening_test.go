@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -161,7 +162,7 @@ func TestCloseSendsBye(t *testing.T) {
 	la := newLoop(t)
 	a, err := Listen(la, Config{ListenAddr: "127.0.0.1:0", Name: "config-name"}, ha)
 	require.NoError(t, err)
-	a.SetName("node-a")
+	a.SetName("127.0.0.1:1") // a name on the bye's own host: trusted without a key
 	b := listen(t, newLoop(t), hb, Config{})
 	ctx := bg(t)
 	require.NoError(t, a.Notify(ctx, b.Addr(), &NotifyRequest{Name: "a to b"}))
@@ -177,7 +178,7 @@ func TestCloseSendsBye(t *testing.T) {
 			t.Fatal("b was not told that a closed")
 		}
 	}
-	require.Equal(t, map[string]bool{"node-a": true, aAddr: true}, got, "by the name in the bye, and by the address b dialed")
+	require.Equal(t, map[string]bool{"127.0.0.1:1": true, aAddr: true}, got, "by the name in the bye, and by the address b dialed")
 	require.EqualValues(t, 2, a.Stats().ByesSent)
 	require.EqualValues(t, 2, b.Stats().ByesReceived)
 	require.Eventually(t, func() bool { s := b.Stats(); return s.ServerConns == 0 && s.ClientConns == 0 }, waitBound, time.Millisecond)
@@ -383,4 +384,12 @@ func readFrameRaw(c net.Conn) ([]byte, error) {
 	body := make([]byte, binary.LittleEndian.Uint64(h[:8])-1)
 	_, err := io.ReadFull(c, body)
 	return body, err
+}
+
+func TestByeNameMustBeOnItsHost(t *testing.T) {
+	require.True(t, sameHost("127.0.0.1:9", netip.MustParseAddr("127.0.0.1")))
+	require.True(t, sameHost("127.0.0.1:9", netip.MustParseAddr("::ffff:127.0.0.1")))
+	require.False(t, sameHost("10.0.0.9:9", netip.MustParseAddr("127.0.0.1")), "a third party naming another engine")
+	require.False(t, sameHost("node-a:9", netip.MustParseAddr("127.0.0.1")), "a host name is not checked, so not trusted")
+	require.False(t, sameHost("no-port", netip.MustParseAddr("127.0.0.1")))
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 
 	"github.com/twosided/twosided/reactor"
 )
@@ -30,7 +32,7 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 			// only where a required key was proved.
 			n.st.byesReceived.Add(1)
 			c.close(nil)
-			if !n.auth.required || c.auth.state == authOK {
+			if (n.auth.required && c.auth.state == authOK) || sameHost(p.from, c.remote) {
 				n.peerGone(p.from)
 			}
 			return
@@ -266,4 +268,19 @@ func (c *conn) replyHandshake(seq uint64, m reqMeta, resp *HandshakeDesc, err er
 	}
 	c.sendHandshake(&d, m)
 	c.touch()
+}
+
+// sameHost reports whether the name a bye carries is on the IP the bye came from: without
+// a proved key, a bye may free state only of a name on the connection's own host, so a
+// third party cannot close another engine's channels by naming it.
+func sameHost(name string, remote netip.Addr) bool {
+	host, _, err := net.SplitHostPort(name)
+	if err != nil || !remote.IsValid() {
+		return false
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return false // a host name: not checked here, so not trusted
+	}
+	return ip.Unmap() == remote.Unmap()
 }
