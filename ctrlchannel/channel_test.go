@@ -249,7 +249,11 @@ func TestChannelBurstInOrder(t *testing.T) {
 }
 
 func TestChannelLargeNotifyFragmented(t *testing.T) {
-	a, b, _ := pair(t, extConfig(), extConfig(), 0, 2)
+	// 75 fragments take long under -race on a loaded machine: an ACK timeout of 4 ms
+	// (extConfig) retried 7 times is not enough there; 268 ms is.
+	cfg := extConfig()
+	cfg.Timeout = 16
+	a, b, _ := pair(t, cfg, cfg, 0, 2)
 	big := make([]byte, 300<<10)
 	for i := range big {
 		big[i] = byte(i*31 + i>>8)

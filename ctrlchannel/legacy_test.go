@@ -206,17 +206,20 @@ func TestMachineDropsCountedByReason(t *testing.T) {
 		inject(a, c.in)
 		require.Equal(t, c.reason, a.drops[len(a.drops)-1].Reason, "%x", c.in)
 	}
+	// A resent seq is not the channel's to drop: the engine's receive window orders and
+	// dedups across channels (a send of a replaced channel comes again on this one).
+	drops := len(a.drops)
 	inject(a, good(1))
 	inject(a, good(1))
-	require.Equal(t, DropDuplicate, a.drops[len(a.drops)-1].Reason)
+	require.Len(t, a.drops, drops)
 	st := a.m.Stats()
 	require.Equal(t, MachineStats{DroppedBadMagic: 2, DroppedDecode: 4, DroppedUnknownType: 1, DroppedExtension: 1,
-		DroppedStaleEpoch: 1, DroppedForeignSession: 1, DroppedDuplicate: 1},
+		DroppedStaleEpoch: 1, DroppedForeignSession: 1},
 		MachineStats{DroppedBadMagic: st.DroppedBadMagic, DroppedDecode: st.DroppedDecode, DroppedUnknownType: st.DroppedUnknownType,
 			DroppedExtension: st.DroppedExtension, DroppedStaleEpoch: st.DroppedStaleEpoch,
 			DroppedForeignSession: st.DroppedForeignSession, DroppedDuplicate: st.DroppedDuplicate})
-	require.Equal(t, uint64(11), st.Dropped())
-	require.Equal(t, []uint64{1}, seqs(a.got))
+	require.Equal(t, uint64(10), st.Dropped())
+	require.Equal(t, []uint64{1, 1}, seqs(a.got))
 	require.NoError(t, a.closed)
 	require.Len(t, a.posted, 4)
 }

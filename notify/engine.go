@@ -160,6 +160,7 @@ func newEngine(cfg config, opts []Option) (*Engine, error) {
 	if name == "" {
 		name = advertised(node.Addr())
 	}
+	node.SetName(name) // the name our bye carries: the one peers dial
 	// The listener serves from now on; the loop learns the name (and starts answering
 	// handshakes and notifies) in order with what it serves.
 	started := make(chan struct{})
@@ -309,6 +310,11 @@ func (e *Engine) cancelSend(req *sendReq, peer string, cause error) error {
 		case w := <-withdrawn:
 			if w {
 				return <-req.done
+			}
+			select {
+			case err := <-req.done: // it ended on the loop meanwhile (its deadline, or done)
+				return err
+			default:
 			}
 		case <-t.C:
 		}

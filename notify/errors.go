@@ -25,7 +25,8 @@ var (
 	ErrBackpressure    = errors.New("notify: backpressure")
 	ErrRejected        = errors.New("notify: rejected by peer")
 	ErrAuth            = errors.New("notify: authentication failed")
-	// ErrPeerDead: keepalives, RC retries or the peer's own goodbye found the peer gone.
+	// ErrPeerDead: the peer stopped answering: its channel returned no credit for the
+	// keepalive's bound, or a channel it handshook was never used.
 	ErrPeerDead = errors.New("notify: peer dead")
 	// ErrMaybeDelivered marks an error whose notify may have been delivered (a deadline
 	// that passed while the notify was on the wire, a connection that broke before the

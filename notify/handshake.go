@@ -300,3 +300,17 @@ func (h *oobHandler) HandleHandshake(req *oob.HandshakeDesc, reply func(*oob.Han
 	e.fillChannelDesc(resp, ch)
 	reply(resp, nil)
 }
+
+// HandlePeerGone: a twosided peer said goodbye on OOB (it closed). A pair with nothing in
+// flight and no channel is forgotten at once; a channel learns of the close by its own
+// SESSION_CLOSE.
+func (h *oobHandler) HandlePeerGone(addr string) {
+	e := (*Engine)(h)
+	if e.closing {
+		return
+	}
+	e.m.peerGone(e.loop.Now(), boundName(addr))
+	e.perform()
+}
+
+var _ oob.PeerGoneHandler = (*oobHandler)(nil)

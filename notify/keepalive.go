@@ -56,12 +56,48 @@ func (s *starveState) round(now time.Time, noCredit uint64, interval time.Durati
 	return now.Sub(s.since) >= max(starveDeadAfter, 3*interval)
 }
 
-// armKeepalive starts the keepalive timer if it is on and not running. Loop-only.
+// stallProbe is the keepalive period while keepalive is off but sends wait on a channel:
+// a channel whose peer closed its QP (its side failed while the link was down) returns no
+// credit and, with nothing in flight, no completion error either; probing finds it.
+const stallProbe = time.Second
+
+func (e *Engine) keepaliveInterval() time.Duration {
+	if e.cfg.keepalive > 0 {
+		return e.cfg.keepalive
+	}
+	return stallProbe
+}
+
+// probed reports whether channel id is probed this round: every channel with keepalive on,
+// else only channels with sends waiting on them.
+func (e *Engine) probed(id chanID) bool {
+	if e.cfg.keepalive > 0 {
+		return true
+	}
+	ce := e.m.chans[id]
+	return ce != nil && ce.peer != nil && ce.peer.ch == id && ce.peer.inflight > 0
+}
+
+// armKeepalive starts the keepalive timer if it is not running and a channel needs it: any
+// channel with keepalive on; with it off, a channel with sends waiting. An idle engine
+// arms nothing. Loop-only.
 func (e *Engine) armKeepalive() {
-	if e.cfg.keepalive == 0 || e.ka.timer != nil || e.closing || len(e.chans) == 0 {
+	if e.ka.timer != nil || e.closing || len(e.chans) == 0 {
 		return
 	}
-	var t timerHandle = e.loop.AfterFunc(e.cfg.keepalive, e.keepaliveRound)
+	if e.cfg.keepalive == 0 {
+		need := false
+		for id := range e.chans {
+			if e.probed(id) {
+				need = true
+				break
+			}
+		}
+		if !need {
+			return
+		}
+	}
+	var t timerHandle = e.loop.AfterFunc(e.keepaliveInterval(), e.keepaliveRound)
 	e.ka.timer = &t
 }
 
@@ -71,7 +107,8 @@ func (e *Engine) keepaliveRound() {
 		return
 	}
 	now := e.loop.Now()
-	late := !e.ka.last.IsZero() && now.Sub(e.ka.last) > 2*e.cfg.keepalive
+	interval := e.keepaliveInterval()
+	late := !e.ka.last.IsZero() && now.Sub(e.ka.last) > 2*interval
 	e.ka.last = now
 	if e.ka.starved == nil {
 		e.ka.starved = make(map[chanID]*starveState)
@@ -82,6 +119,10 @@ func (e *Engine) keepaliveRound() {
 		}
 	}
 	for id, ch := range e.chans {
+		if !e.probed(id) {
+			delete(e.ka.starved, id)
+			continue
+		}
 		ch.Keepalive()
 		if e.chans[id] == nil { // a synchronous failure closed it
 			continue
@@ -91,7 +132,7 @@ func (e *Engine) keepaliveRound() {
 			st = &starveState{}
 			e.ka.starved[id] = st
 		}
-		if st.round(now, ch.Stats().KeepalivesNoCredit, e.cfg.keepalive, late) {
+		if st.round(now, ch.Stats().KeepalivesNoCredit, interval, late) {
 			ch.Close(fmt.Errorf("%w: no credit returned for %v: %w", ErrPeerDead, now.Sub(st.since), ctrlchannel.ErrPeerError))
 		}
 	}

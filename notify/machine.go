@@ -45,9 +45,11 @@ type peerMachine struct {
 	chans map[chanID]*chanEntry
 	reqs  map[reqID]*reqEntry
 
-	nextChan chanID
-	channels int // channels up or being created
-	timerAt  time.Time
+	nextChan    chanID
+	inflight    int // sends posted on channels and not completed, all peers
+	channels    int // channels up or being created
+	unconfirmed int // inbound channels their peer has not used yet
+	timerAt     time.Time
 
 	acts  []mAction
 	stats machineStats
@@ -76,6 +78,7 @@ type machineConfig struct {
 	limitBackoff    time.Duration // a peer that refused for a limit is not asked again for this long
 	gapTimeout      time.Duration // a receive gap nobody fills or fences is given up after this
 	peerIdle        time.Duration // an idle peer entry without a channel is forgotten after this
+	maxUnconfirmed  int           // inbound channels not yet used by their peer
 }
 
 func (c *machineConfig) setDefaults() {
@@ -90,6 +93,7 @@ func (c *machineConfig) setDefaults() {
 	def(&c.maxPendingSends, 64)
 	def(&c.window, 8192)
 	def(&c.idCap, 256)
+	def(&c.maxUnconfirmed, 64)
 	defd := func(v *time.Duration, d time.Duration) {
 		if *v <= 0 {
 			*v = d
@@ -161,6 +165,12 @@ type chanEntry struct {
 	dropped   bool // no longer the peer's nor counted; kept until the driver closed it
 	postNo    uint64
 	fences    []fenceRec // posted on this channel, not yet known to have arrived
+	// inbound channels are unconfirmed until the peer uses them (a frame arrives, or a send
+	// of ours completes): a handshake naming a QPN that exists nowhere makes a channel no
+	// frame ever confirms, so unconfirmed ones are capped and expire.
+	inbound   bool
+	confirmed bool
+	born      time.Time
 }
 
 // fenceRec is a fence posted on a channel after its post number after: it is known to have
@@ -216,7 +226,8 @@ type mAction struct {
 }
 
 type machineStats struct {
-	Names, Channels int
+	Names, Channels, Unconfirmed           int
+	UnconfirmedRefused, UnconfirmedExpired uint64
 	PeersRefused, NamesRefused, ChannelsRefused, AuthRefused, Superseded, Reposted, Fallbacks, GivenUp,
 	FencesSent, LegacyDelivered, OOBRefused, PeersPruned uint64
 	Duplicates uint64 // received notifies dropped as duplicates (seq or id)
@@ -350,6 +361,7 @@ func (m *peerMachine) post(p *peerEntry, r *reqEntry, ce *chanEntry) {
 	ce.postNo++
 	r.postNo = ce.postNo
 	p.inflight++
+	m.inflight++
 	p.sent++
 	m.emit(mAction{kind: aPost, req: r.id, ch: ce.id, seq: r.seq, epoch: ce.epoch, deadline: r.deadline})
 }
@@ -418,6 +430,7 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 	}
 	if onCh != 0 && p != nil {
 		p.inflight--
+		m.inflight--
 		if ce := m.chans[onCh]; (ce == nil || ce.dropped) && p.oldInflight > 0 {
 			p.oldInflight--
 		}
@@ -428,6 +441,7 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 			p.seqs.resolve(r.seq)
 		}
 		if ce := m.chans[onCh]; ce != nil && p != nil {
+			m.confirm(ce)
 			m.confirmFences(p, ce, r.postNo)
 		}
 		m.complete(id, nil)
@@ -768,7 +782,16 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 			p.awaiting = now.Add(m.cfg.connectTimeout)
 			m.setTimer(p.awaiting)
 		}
-	case res.refuse == refuseLimit || res.refuse == refuseBusy:
+	case res.refuse == refuseBusy:
+		// The peer is taking many handshakes at once (a reconnect storm, or a flood it
+		// refuses): ask again shortly; the sends wait, bounded by their deadlines.
+		closeCh(ErrBackpressure)
+		p.lastErr = sendErr(ErrBackpressure, name, "handshake", errors.New("the peer is busy with handshakes"), false)
+		if p.ch == 0 {
+			p.awaiting = now.Add(busyRetryAfter + time.Duration(m.rand()%uint64(busyRetryAfter)))
+			m.setTimer(p.awaiting)
+		}
+	case res.refuse == refuseLimit:
 		closeCh(ErrLimit)
 		p.retryAt = now.Add(m.cfg.limitBackoff)
 		p.lastErr = sendErr(ErrLimit, name, "handshake", errors.New("the peer refused: a limit"), false)
@@ -833,6 +856,10 @@ func (m *peerMachine) connectedLegacy(now time.Time, ne *nameEntry, ce *chanEntr
 	m.moveWaiters(ne, p)
 	m.flush(now, p, ne.name)
 }
+
+// busyRetryAfter is the least pause before a handshake refused "busy" is tried again (a
+// random part as long again spreads a storm's retries).
+const busyRetryAfter = 100 * time.Millisecond
 
 var errSuperseded = errors.New("notify: channel superseded by a newer one of the same pair")
 
@@ -1019,6 +1046,9 @@ func (m *peerMachine) dropChan(ce *chanEntry, forget bool) {
 	if !ce.dropped {
 		ce.dropped = true
 		m.channels--
+		if ce.inbound && !ce.confirmed {
+			m.unconfirmed--
+		}
 		if p := ce.peer; p != nil && p.ch == ce.id {
 			p.ch = 0
 		}
@@ -1081,9 +1111,16 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 	}
 	key := peerKey{session: hs.session}
 	p := m.peers[key]
-	if p != nil && p.tokenIn[0] != 0 && !m.tokenOK(p, hs.proof) && !m.openRace(now, p, hs) {
+	proven := p != nil && m.tokenOK(p, hs.proof) // a pair we know, proving its token
+	if p != nil && p.tokenIn[0] != 0 && !proven && !m.openRace(now, p, hs) {
 		m.stats.AuthRefused++
 		return inboundReply{refuse: refuseAuth, err: fmt.Errorf("%w: ts_proof: session %x is known here and the proof does not match", ErrAuth, hs.session)}
+	}
+	if hs.ctrl && m.cfg.channels && !proven && m.unconfirmed >= m.cfg.maxUnconfirmed {
+		// A flood of handshakes whose channels nobody uses: refuse until they expire,
+		// keeping nothing; a real peer retries (or is served over OOB meanwhile).
+		m.stats.UnconfirmedRefused++
+		return inboundReply{refuse: refuseBusy, err: fmt.Errorf("%w: %d channels handshaken and not yet used by their peers", ErrBackpressure, m.unconfirmed)}
 	}
 	if p == nil {
 		if len(m.peers) >= m.cfg.maxPeers {
@@ -1144,10 +1181,31 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 	m.nextChan++
 	m.channels++
 	cand.id = m.nextChan
+	if proven {
+		cand.inbound, cand.confirmed = true, true // its peer proved the pair: a real QP
+	} else {
+		m.addUnconfirmed(now, cand)
+	}
 	m.chans[cand.id] = cand
 	rep.ch = cand.id
 	rep.epoch = epoch
 	return rep
+}
+
+func (m *peerMachine) addUnconfirmed(now time.Time, ce *chanEntry) {
+	ce.inbound, ce.born = true, now
+	m.unconfirmed++
+	m.setTimer(now.Add(m.cfg.connectTimeout))
+}
+
+// confirm marks ce used by its peer.
+func (m *peerMachine) confirm(ce *chanEntry) {
+	if ce.inbound && !ce.confirmed {
+		ce.confirmed = true
+		if !ce.dropped {
+			m.unconfirmed--
+		}
+	}
 }
 
 // learnName makes the advertised name an alias of p, taking over sends waiting on it.
@@ -1182,6 +1240,10 @@ func (m *peerMachine) inboundLegacy(now time.Time, hs inboundHS) inboundReply {
 	if !m.cfg.channels || !hs.ctrl {
 		return inboundReply{refuse: refuseNoCtrl, err: fmt.Errorf("%w: this engine has no ctrl channel", ErrNoCtrlChannel)}
 	}
+	if m.unconfirmed >= m.cfg.maxUnconfirmed {
+		m.stats.UnconfirmedRefused++
+		return inboundReply{refuse: refuseBusy, err: fmt.Errorf("%w: %d channels handshaken and not yet used by their peers", ErrBackpressure, m.unconfirmed)}
+	}
 	key := peerKey{legacy: hs.name}
 	p := m.peers[key]
 	if p == nil {
@@ -1212,6 +1274,7 @@ func (m *peerMachine) inboundLegacy(now time.Time, hs inboundHS) inboundReply {
 	m.nextChan++
 	m.channels++
 	ce := &chanEntry{id: m.nextChan, epoch: p.epoch, initiator: 0, peer: p, legacy: true}
+	m.addUnconfirmed(now, ce)
 	m.chans[ce.id] = ce
 	return inboundReply{ch: ce.id, epoch: p.epoch}
 }
@@ -1249,6 +1312,7 @@ func (m *peerMachine) chanArrival(now time.Time, ch chanID, seq uint64, nid stri
 	}
 	p := ce.peer
 	p.lastActive = now
+	m.confirm(ce)
 	n.Peer = m.peerName(p)
 	if ce.legacy || seq == 0 {
 		m.stats.LegacyDelivered++
@@ -1280,6 +1344,7 @@ func (m *peerMachine) chanFence(now time.Time, ch chanID, first, count uint64) {
 	if ce == nil || ce.peer == nil || ce.legacy {
 		return
 	}
+	m.confirm(ce)
 	m.skip(now, ce.peer, first, count)
 }
 
@@ -1309,8 +1374,9 @@ func (m *peerMachine) oobArrive(now time.Time, a oobArrival) (string, error) {
 		return "", nil
 	}
 	if a.to != 0 && a.to != m.local {
+		// The sender's pair is with this engine's predecessor: it must handshake again.
 		m.stats.OOBRefused++
-		return refuseStale, fmt.Errorf("%w: ts_to: %x is not this engine's session (it restarted)", ErrRejected, a.to)
+		return refuseAuth, fmt.Errorf("%w: ts_to: %x is not this engine's session (it restarted)", ErrAuth, a.to)
 	}
 	p := m.peers[peerKey{session: a.session}]
 	if p == nil || !m.tokenOK(p, a.token) {
@@ -1326,9 +1392,16 @@ func (m *peerMachine) oobArrive(now time.Time, a oobArrival) (string, error) {
 		return "", nil
 	}
 	a.n.Peer = m.peerName(p)
-	if m.arrive(now, p, a.seq, a.nid, a.n) == arrRefused {
+	switch m.arrive(now, p, a.seq, a.nid, a.n) {
+	case arrRefused:
 		m.stats.OOBRefused++
 		return refuseBusy, fmt.Errorf("%w: ts_seq %d is beyond the receive window", ErrBackpressure, a.seq)
+	case arrDuplicate:
+		if p.win.gaveUp(a.seq) {
+			// Its gap timed out before it came: it was not delivered, and never will be.
+			m.stats.OOBRefused++
+			return refuseStale, fmt.Errorf("%w: ts_seq %d came after its gap was given up", ErrRejected, a.seq)
+		}
 	}
 	return "", nil
 }
@@ -1400,6 +1473,18 @@ func (m *peerMachine) tick(now time.Time) {
 			later(p.lastActive.Add(m.cfg.peerIdle))
 		}
 	}
+	for _, ce := range m.chans {
+		if !ce.inbound || ce.confirmed || ce.dropped {
+			continue
+		}
+		if exp := ce.born.Add(m.cfg.connectTimeout); now.Before(exp) {
+			later(exp)
+			continue
+		}
+		m.stats.UnconfirmedExpired++
+		m.dropChan(ce, false)
+		m.emit(mAction{kind: aClose, ch: ce.id, err: fmt.Errorf("%w: the peer never used the channel its handshake made", ErrPeerDead)})
+	}
 	for id, r := range m.reqs {
 		if r.ch != 0 || r.oob {
 			continue // on its way: its path's own bound ends it
@@ -1434,6 +1519,20 @@ func (m *peerMachine) connectingTo(p *peerEntry) bool {
 		}
 	}
 	return false
+}
+
+// peerGone: the engine behind name closed (its goodbye). Its pair is forgotten when
+// nothing of it is in flight.
+func (m *peerMachine) peerGone(now time.Time, name string) {
+	ne := m.names[name]
+	if ne == nil || ne.peer == nil {
+		return
+	}
+	p := ne.peer
+	if p.ch == 0 && len(p.waiters) == 0 && p.inflight == 0 && p.win.held == 0 && p.seqs.unresolved() == 0 && !m.connectingTo(p) {
+		m.forget(p.key, p)
+		m.stats.PeersPruned++
+	}
 }
 
 // forget drops a peer entry and its names. Its sequence spaces go with it: a peer that
@@ -1476,10 +1575,11 @@ func (m *peerMachine) closeAll(err error) {
 		m.emit(mAction{kind: aClose, ch: id, err: err})
 	}
 	clear(m.chans)
-	m.channels = 0
+	m.channels, m.unconfirmed = 0, 0
 	for _, p := range m.peers {
 		p.ch, p.waiters, p.inflight = 0, nil, 0
 	}
+	m.inflight = 0
 }
 
 // peerState names p's state for Stats.

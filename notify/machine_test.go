@@ -567,7 +567,8 @@ func TestMachineCancel(t *testing.T) {
 	a.perform()
 	require.ErrorIs(t, a.results[id], ErrTimeout)
 	require.NotErrorIs(t, a.results[id], ErrMaybeDelivered)
-	n.run()
+	for n.step() {
+	}
 	id2 := a.send("b", "p", "")
 	require.False(t, a.m.cancel(id2, errors.New("ctx done")), "posted: cannot be withdrawn")
 	n.run()
@@ -578,4 +579,45 @@ func TestMachineCancel(t *testing.T) {
 		}
 		return
 	}())
+}
+
+// TestMachineBogusHandshakeFlood: 1 100 handshakes from invented sessions naming channels
+// nobody will use. At most maxUnconfirmed are accepted at a time (the rest are refused
+// "busy" and leave no peer entry); the accepted ones expire after the connect timeout, and
+// a real peer is served afterwards, while a peer that proves its pair is never refused.
+func TestMachineBogusHandshakeFlood(t *testing.T) {
+	n := newSimNet(t, 6)
+	a := n.add("a", 10, simCfg())
+	b := n.add("b", 20, simCfg())
+	first := a.send("b", "before", "")
+	n.run()
+	require.NoError(t, a.results[first])
+	busy := 0
+	for s := uint64(1000); s < 2100; s++ {
+		rep := b.m.inbound(n.now, inboundHS{name: "bogus", session: s, token: s, ctrl: true, epoch: 1})
+		if rep.refuse == refuseBusy {
+			busy++
+			continue
+		}
+		require.NotZero(t, rep.ch)
+		b.m.inboundUp(n.now, rep.ch, nil)
+		b.links[rep.ch] = &simLink{local: b, id: rep.ch, dead: true} // its QPN exists nowhere
+	}
+	b.perform()
+	require.Equal(t, 1100-b.m.cfg.maxUnconfirmed, busy)
+	require.Equal(t, b.m.cfg.maxUnconfirmed, b.m.unconfirmed)
+	require.LessOrEqual(t, len(b.m.peers), b.m.cfg.maxUnconfirmed+1, "refused handshakes leave nothing")
+	// The known pair proves its token: served during the flood.
+	during := a.send("b", "during", "")
+	pa := a.m.peers[peerKey{session: 20}]
+	a.m.connectName(n.now, a.m.names["b"], pa) // a reconnect while flooded
+	a.perform()
+	n.run() // time passes: the bogus channels expire
+	require.NoError(t, a.results[during])
+	require.Zero(t, b.m.unconfirmed)
+	require.Equal(t, uint64(b.m.cfg.maxUnconfirmed), b.m.stats.UnconfirmedExpired)
+	c := n.add("c", 30, simCfg())
+	late := c.send("b", "after", "")
+	n.run()
+	require.NoError(t, c.results[late], "a new peer is served once the flood expired")
 }

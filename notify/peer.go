@@ -74,12 +74,16 @@ func (r *sendReq) onChannelDone(err error) {
 	if err == nil {
 		e.m.sendResult(e.loop.Now(), r.id, nil, false, false)
 		e.perform()
+		if e.m.inflight == 0 && e.cfg.keepalive == 0 && e.ka.timer != nil {
+			e.ka.stop() // nothing waits on a channel: the stall probe is not needed
+		}
 		return
 	}
 	maybe, local := false, false
 	switch {
 	case e.closing:
-		err, local = &kindError{kind: ErrClosed, cause: err}, true
+		// Posted on a channel the close tore down: it may have landed.
+		err, local, maybe = &kindError{kind: ErrClosed, cause: err}, true, true
 	case errors.Is(err, ctrlchannel.ErrTooLarge):
 		err, local = &kindError{kind: ErrTooLarge, cause: err}, true
 	case errors.Is(err, context.DeadlineExceeded):
@@ -154,6 +158,9 @@ func (e *Engine) do(a *mAction) {
 		}
 		r.creq.Seq, r.creq.Name, r.creq.Msg, r.creq.ID, r.creq.Deadline = a.seq, r.n.Name, r.n.Msg, r.n.ID, r.deadline
 		ch.Send(&r.creq)
+		if e.ka.timer == nil {
+			e.armKeepalive() // with keepalive off: probe while sends wait
+		}
 	case aOOB:
 		r := e.reqs[a.req]
 		if r == nil {
@@ -328,7 +335,7 @@ func oobKind(err error) error {
 	case errors.Is(err, oob.ErrBusy), errors.Is(err, oob.ErrLimit):
 		kind = ErrBackpressure
 	case errors.Is(err, oob.ErrStale):
-		return &kindError{kind: ErrRejected, cause: errors.Join(errRebind, err)}
+		kind = ErrRejected // the receiver gave this seq up: not delivered
 	case errors.Is(err, oob.ErrRejected):
 		kind = ErrRejected
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, oob.ErrTimeout):

@@ -99,23 +99,28 @@ func windowStatsOf(s windowStats) WindowStats {
 // LimitStats are the peer machine's counters.
 type LimitStats struct {
 	Names, Channels int // now: peer names known; channels up or being created
-	PeersRefused    uint64
-	NamesRefused    uint64
-	ChannelsRefused uint64
-	AuthRefused     uint64
-	Superseded      uint64 // channels that lost to a newer one of the same pair
-	Reposted        uint64 // sends reposted on a replacing channel
-	Fallbacks       uint64 // sends retried over OOB after their channel failed or was unavailable
-	GivenUp         uint64
-	FencesSent      uint64
-	LegacyDelivered uint64
-	OOBRefused      uint64
-	PeersPruned     uint64
-	Duplicates      uint64 // received notifies dropped as duplicates (seq or id)
+	Unconfirmed     int // now: inbound channels their peer has not used yet
+	// inbound handshakes refused while Unconfirmed was at its cap, and unconfirmed
+	// channels closed after the connect timeout (a handshake naming a QPN nobody owns)
+	UnconfirmedRefused, UnconfirmedExpired uint64
+	PeersRefused                           uint64
+	NamesRefused                           uint64
+	ChannelsRefused                        uint64
+	AuthRefused                            uint64
+	Superseded                             uint64 // channels that lost to a newer one of the same pair
+	Reposted                               uint64 // sends reposted on a replacing channel
+	Fallbacks                              uint64 // sends retried over OOB after their channel failed or was unavailable
+	GivenUp                                uint64
+	FencesSent                             uint64
+	LegacyDelivered                        uint64
+	OOBRefused                             uint64
+	PeersPruned                            uint64
+	Duplicates                             uint64 // received notifies dropped as duplicates (seq or id)
 }
 
 func limitStatsOf(s machineStats) LimitStats {
-	return LimitStats{Names: s.Names, Channels: s.Channels, PeersRefused: s.PeersRefused,
+	return LimitStats{Names: s.Names, Channels: s.Channels, Unconfirmed: s.Unconfirmed,
+		UnconfirmedRefused: s.UnconfirmedRefused, UnconfirmedExpired: s.UnconfirmedExpired, PeersRefused: s.PeersRefused,
 		NamesRefused: s.NamesRefused, ChannelsRefused: s.ChannelsRefused, AuthRefused: s.AuthRefused,
 		Superseded: s.Superseded, Reposted: s.Reposted, Fallbacks: s.Fallbacks, GivenUp: s.GivenUp,
 		FencesSent: s.FencesSent, LegacyDelivered: s.LegacyDelivered, OOBRefused: s.OOBRefused,
@@ -248,6 +253,18 @@ type OOBStats struct {
 	AuthFailed        uint64 // server connections refused: wrong or missing proof
 	HandshakeLimited  uint64 // handshakes refused: too many pending
 	PendingHandshakes int64  // now: handshakes not answered yet
+
+	HandshakeLimitedByAddr uint64 // handshakes refused: too many pending from one IP
+	ShakingAddrs           int64  // now: remote IPs with a handshake pending
+	Peers                  int64  // now: peer addresses with OOB client state
+	PeersEvicted           uint64 // OOB peer entries dropped to make room
+	PeersLimited           uint64 // requests refused: OOB peer entries at their cap
+	TooLarge               uint64 // requests refused before sending: encoded frame over the peer's limit
+	SendBufferFull         uint64 // requests refused before sending: a connection's buffer would overflow
+	OldProtocol            uint64 // Mooncake requests without a type byte served
+	ByesSent               uint64 // byes sent by Close
+	ByesReceived           uint64 // byes received: a peer closed gracefully
+	BusyRefused            uint64 // notifies answered busy: a connection's open requests at their cap
 }
 
 func oobStatsOf(s oob.Stats) OOBStats {
@@ -258,6 +275,10 @@ func oobStatsOf(s oob.Stats) OOBStats {
 		ClassicSent: s.ClassicSent, PersistentSent: s.PersistentSent, BadFrames: s.BadFrames,
 		IdleCuts: s.IdleCuts, Overflows: s.Overflows, AuthOK: s.AuthOK, AuthFailed: s.AuthFailed,
 		HandshakeLimited: s.HandshakeLimited, PendingHandshakes: s.PendingHandshakes,
+		HandshakeLimitedByAddr: s.HandshakeLimitedByAddr, ShakingAddrs: s.ShakingAddrs, Peers: s.Peers,
+		PeersEvicted: s.PeersEvicted, PeersLimited: s.PeersLimited, TooLarge: s.TooLarge,
+		SendBufferFull: s.SendBufferFull, OldProtocol: s.OldProtocol, ByesSent: s.ByesSent,
+		ByesReceived: s.ByesReceived, BusyRefused: s.BusyRefused,
 	}
 }
 
@@ -299,7 +320,7 @@ func (e *Engine) Stats() Stats {
 // loopStats is the loop-owned part of Stats. Loop-only.
 func (e *Engine) loopStats() Stats {
 	ms := e.m.stats
-	ms.Names, ms.Channels = len(e.m.names), e.m.channels
+	ms.Names, ms.Channels, ms.Unconfirmed = len(e.m.names), e.m.channels, e.m.unconfirmed
 	s := Stats{Paused: e.paused, HeldOOB: len(e.heldOOB), OOBBusy: e.oobBusy, PeerCount: len(e.m.peers),
 		Limits: limitStatsOf(ms), Channels: e.ctr.closedChannels}
 	for _, ch := range e.chans {

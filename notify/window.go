@@ -31,6 +31,32 @@ type recvWindow struct {
 	idCap  int
 
 	stats windowStats
+
+	// timedOut remembers the last seqs whose gap timed out, so a late OOB copy of one is
+	// refused (not delivered) rather than taken for a duplicate (delivered). Bounded ring.
+	timedOut    []uint64
+	timedOutPos int
+}
+
+const timedOutCap = 256
+
+func (w *recvWindow) noteGaveUp(seq uint64) {
+	if w.timedOut == nil {
+		w.timedOut = make([]uint64, timedOutCap)
+	}
+	w.timedOut[w.timedOutPos] = seq
+	w.timedOutPos = (w.timedOutPos + 1) % timedOutCap
+}
+
+// gaveUp reports whether seq's gap timed out here (among the last timedOutCap such seqs).
+func (w *recvWindow) gaveUp(seq uint64) bool {
+	for _, s := range w.timedOut {
+		if s == seq && seq != 0 {
+			w.stats.Late++
+			return true
+		}
+	}
+	return false
 }
 
 type winSlot struct {
@@ -190,6 +216,7 @@ func (w *recvWindow) gapDeadline(timeout time.Duration) time.Time {
 func (w *recvWindow) expire(now time.Time, timeout time.Duration, deliver func(Notify)) {
 	for w.held > 0 && !w.gapSince.IsZero() && !now.Before(w.gapSince.Add(timeout)) {
 		for w.slot(w.next).state == slotEmpty {
+			w.noteGaveUp(w.next)
 			w.next++
 			w.stats.GapsTimedOut++
 		}

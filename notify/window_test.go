@@ -76,6 +76,11 @@ func TestWindowGapTimeout(t *testing.T) {
 	require.Equal(t, uint64(4), w.stats.GapsTimedOut) // 1, 2, then 4 and 5
 	require.Zero(t, w.held)
 	require.True(t, w.gapDeadline(time.Minute).IsZero())
+	// A late copy of a timed-out seq is told apart from a duplicate of a delivered one.
+	require.True(t, w.gaveUp(1))
+	require.True(t, w.gaveUp(5))
+	require.False(t, w.gaveUp(3))
+	require.False(t, w.gaveUp(6))
 }
 
 func TestWindowIdempotentIDs(t *testing.T) {

@@ -84,6 +84,10 @@ func (l *ledger) tally(t *testing.T, what string, delivered []string) (acked, go
 	return
 }
 
+// stallAfterAsync: no async send of these tests takes this long unless it hangs (each
+// completes within its 30 s deadline, and these tests' paths recover in seconds).
+var stallAfterAsync = 45 * time.Second
+
 // asyncBurst sends n notifies named prefix0..prefixN-1 to peer with SendNotifyAsync, at
 // most window in flight, and waits for every result.
 func asyncBurst(t *testing.T, e *notify.Engine, peer, prefix string, n, window int, l *ledger, between func(i int)) {
@@ -96,9 +100,10 @@ func asyncBurst(t *testing.T, e *notify.Engine, peer, prefix string, n, window i
 		}
 		select {
 		case sem <- struct{}{}:
-		case <-time.After(45 * time.Second):
+		case <-time.After(stallAfterAsync):
 			// Every async send completes within its 30 s deadline: this is a hang.
-			t.Fatalf("send %d: no completion for 45 s; engine stats: %+v", i, e.Stats().Peers)
+			st := e.Stats()
+			t.Fatalf("send %d: no completion for 45 s; engine peers: %+v; limits: %+v", i, st.Peers, st.Limits)
 		}
 		msg := prefix + strconv.Itoa(i)
 		l.submit(msg)
