@@ -602,7 +602,7 @@ func TestAttackSendersGone(t *testing.T) {
 		t.Logf("%d closed cleanly: %d of their channels still up after %v; channels up now %d; fds %+d",
 			closers, othersUp(), time.Since(t0).Round(time.Millisecond), rcv.Stats().ChannelsUp, openFDs(t)-fd0)
 		if !ok {
-			t.Skipf("finding: %d of %d channels of cleanly closed peers still up 10 s after their Close (keepalive off): the goodbye (SESSION_CLOSE) does not bring the receiver's channel down", othersUp(), closers)
+			t.Skipf("finding: %d of %d channels of cleanly closed peers still up 10 s after their Close (keepalive off): no SESSION_CLOSE arrives: notify.Engine.closeOnLoop calls Drain (QP to ERR) before Bye, so the goodbye is never sent", othersUp(), closers)
 		}
 	})
 	t.Run("Killed", func(t *testing.T) {
@@ -623,7 +623,7 @@ func TestAttackSendersGone(t *testing.T) {
 		ok := waitUntil(10*time.Second, func() bool { return othersUp() <= base })
 		t.Logf("%d killed -9: %d of their channels still up after %v", procs*perProc, othersUp()-base, time.Since(t0).Round(time.Millisecond))
 		if !ok {
-			t.Skipf("finding: %d of %d channels of killed senders still up 10 s after kill -9 (keepalive off): the end of the soft provider's TCP connection does not bring the channel down", othersUp()-base, procs*perProc)
+			t.Skipf("finding: %d of %d channels of killed senders still up 10 s after kill -9 (keepalive off): nothing reaches an idle channel when the soft provider's TCP connection ends (no error completion, no async event)", othersUp()-base, procs*perProc)
 		}
 	})
 	served(t, ctx, good, rcv, "good", 5, 20)
