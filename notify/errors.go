@@ -3,6 +3,7 @@ package notify
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Errors returned by the engine; test with errors.Is. Every error a caller sees wraps one
@@ -49,7 +50,7 @@ func (e *sendError) Error() string {
 		s += " (" + e.path + ")"
 	}
 	if e.cause != nil && e.cause != e.kind {
-		s += ": " + e.cause.Error()
+		s += ": " + withoutPeer(e.cause.Error(), e.peer)
 	}
 	if e.maybe {
 		s += " [outcome unknown: the notify may have been delivered]"
@@ -66,6 +67,15 @@ func (e *sendError) Unwrap() []error {
 		errs = append(errs, e.cause)
 	}
 	return errs
+}
+
+// withoutPeer drops "peer: " from a cause's text (lower layers name the address they
+// failed on that way), so the message names the peer once.
+func withoutPeer(cause, peer string) string {
+	if peer == "" {
+		return cause
+	}
+	return strings.ReplaceAll(cause, peer+": ", "")
 }
 
 // sendErr wraps cause as a send error of kind. A cause that is already a send error keeps

@@ -34,6 +34,9 @@ func TestMain(m *testing.M) {
 	if tr := os.Getenv(peerEnv); tr != "" {
 		os.Exit(runPeer(tr))
 	}
+	if n := os.Getenv(sendersEnv); n != "" {
+		os.Exit(runSenders(n))
+	}
 	goleak.VerifyTestMain(m)
 }
 
