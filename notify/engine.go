@@ -81,6 +81,7 @@ type Engine struct {
 
 	rq        recvQueue
 	legacyOOB serialQueues // OOB sends to Mooncake peers, in order per peer
+	byes      chan struct{} // Close: closed when the last channel's goodbye completed
 
 	reqPool sync.Pool
 
@@ -404,6 +405,19 @@ func (e *Engine) Close(ctx context.Context) error {
 	}
 	var errs []error
 	errs = append(errs, e.stopDirectory(ctx)) // first: peers stop finding this engine
+	// Goodbyes first: each channel sends SESSION_CLOSE after what is queued on it and
+	// closes when it completed (so its peer frees the channel at once), reaping what
+	// arrives meanwhile; bounded by ctx and byeWait. What is left is drained and closed.
+	byes := make(chan struct{})
+	if err := e.loop.Submit(func() { e.sayGoodbye(byes) }); err == nil {
+		t := time.NewTimer(byeWait)
+		select {
+		case <-byes:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
 	done := make(chan struct{})
 	if err := e.loop.SubmitWait(ctx, func() { e.closeOnLoop(); close(done) }); err == nil {
 		select {
@@ -423,15 +437,33 @@ func (e *Engine) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// byeWait bounds how long Close waits for its channels' goodbyes to complete.
+const byeWait = 1500 * time.Millisecond
+
+// sayGoodbye starts Close: new work is refused, every channel says goodbye; byes is closed
+// once no channel is left. Loop-only.
+func (e *Engine) sayGoodbye(byes chan struct{}) {
+	e.closing = true
+	if len(e.chans) == 0 {
+		close(byes)
+		return
+	}
+	e.byes = byes
+	for _, ch := range e.chans {
+		ch.Bye()
+	}
+}
+
 func (e *Engine) closeOnLoop() {
 	e.closing = true
-	// Channels first: drained (what the peer saw acknowledged is delivered), then closed
-	// with a goodbye so the peer frees its side at once.
+	// Channels whose goodbye did not complete: drained (what the peer saw acknowledged is
+	// delivered), then closed.
 	for id, ch := range e.chans {
 		ch.Drain()
-		ch.Bye()
+		ch.Close(ErrClosed)
 		delete(e.chans, id)
 	}
+	e.byes = nil
 	e.m.closeAll(sendErr(ErrClosed, e.name, "", nil, false))
 	e.perform()
 	for _, h := range e.heldOOB {

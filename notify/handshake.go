@@ -108,7 +108,12 @@ func (e *Engine) finishConnect(name string, id chanID, epoch uint64, resp *oob.H
 		res.noCtrlMsg = resp.ReplyMsg
 		resp = &oob.HandshakeDesc{}
 	default:
-		res.err = oobKind(err) // unreachable, a limit, auth, a timeout: the caller's sentinel
+		// A limit the peer's port said, or an auth failure, keeps its sentinel; anything
+		// else (refused, timed out, broken) is an unreachable peer.
+		res.err = oobKind(err)
+		if k := res.err.(*kindError); k.kind != ErrLimit && k.kind != ErrAuth && k.kind != ErrBackpressure {
+			k.kind = ErrPeerUnreachable
+		}
 	}
 	if res.err == nil && resp != nil {
 		res.session, res.token, res.epoch, res.peerName = resp.Session, resp.Token, resp.Epoch, boundName(resp.PeerName)
@@ -144,7 +149,7 @@ func (e *Engine) connectChannel(id chanID, ch *ctrlchannel.Channel, d *oob.Hands
 // boundName keeps a peer-given name within the length a name may have.
 func boundName(s string) string {
 	if len(s) > oob.MaxFromLen {
-		return s[:oob.MaxFromLen]
+		return strings.Clone(s[:oob.MaxFromLen]) // not a view that keeps a huge request alive
 	}
 	return s
 }

@@ -1184,11 +1184,6 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 			m.stats.PeersRefused++
 			return inboundReply{refuse: refuseLimit, err: fmt.Errorf("%w: max_peers: %d peers known, the limit", ErrLimit, m.cfg.maxPeers)}
 		}
-		if hs.ctrl && m.cfg.channels && m.channels >= m.cfg.maxChannels {
-			// Refused before anything is kept for it.
-			m.stats.ChannelsRefused++
-			return inboundReply{refuse: refuseLimit, err: fmt.Errorf("%w: max_channels: %d channels open, the limit", ErrLimit, m.cfg.maxChannels)}
-		}
 		p = m.newPeer(now, key)
 		if hs.name != "" {
 			p.names = append(p.names, hs.name)

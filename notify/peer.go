@@ -122,6 +122,10 @@ func (c *chanEvents) OnClosed(err error) {
 	e.ctr.channelClosed(e.chans[c.id])
 	delete(e.chans, c.id)
 	delete(e.remote, c.id)
+	if e.byes != nil && len(e.chans) == 0 {
+		close(e.byes) // Close: every goodbye completed
+		e.byes = nil
+	}
 	e.cfg.logger.Debug().Uint64("chan", uint64(c.id)).Err(err).Msg("ctrl channel closed")
 	e.m.chanClosed(e.loop.Now(), c.id, err)
 	e.perform()
