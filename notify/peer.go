@@ -79,7 +79,6 @@ func (r *sendReq) finish(err error) {
 		r.e.ctr.sendResult(r.start, err) // SendNotify counts its own return
 		cb := r.cb
 		r.cb = nil
-		r.n = Notify{}
 		r.e.reqPool.Put(r)
 		cb(err)
 		return
