@@ -2,9 +2,13 @@ package notify
 
 import (
 	"context"
+	"errors"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 // BenchmarkSendNotify: sequential notifies between two engines in one process, delivered
@@ -89,4 +93,176 @@ func BenchmarkSendNotifyAsync(b *testing.B) {
 		b.Fatalf("%d sends failed", failed.Load())
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "notifies/s")
+}
+
+// allocPair is two engines in one process: send notifies recv, whose handler signals got.
+func allocPair(t *testing.T, transport string) (send, recv *Engine, got chan struct{}) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	got = make(chan struct{}, 1)
+	recv, err := New(WithTransport(transport), WithHandler(func(Notify) { got <- struct{}{} }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = recv.Close(ctx) })
+	send, err = New(WithTransport(transport))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = send.Close(ctx) })
+	// Connected, warm: the channel exists and the pools are full.
+	for i := 0; i < 50; i++ {
+		if err := send.SendNotify(ctx, recv.Addr(), Notify{Name: "warm", Msg: make([]byte, 64)}); err != nil {
+			t.Fatal(err)
+		}
+		<-got
+	}
+	return send, recv, got
+}
+
+// Allocations of one notify's whole hot path in one process: SendNotifyAsync on the
+// caller, the sender's loop (post, completion, callback) and the receiver's loop (progress,
+// delivery to the handler). Both engines live in this process, so AllocsPerRun (which
+// counts every goroutine's allocations) sees both sides.
+func TestSendNotifyAsyncAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates on its own")
+	}
+	for _, tr := range []string{TransportRDMATwoSided, TransportOOB} {
+		t.Run(tr, func(t *testing.T) {
+			send, recv, got := allocPair(t, tr)
+			n := Notify{Name: "alloc", Msg: make([]byte, 64)}
+			peer := recv.Addr()
+			completed := make(chan error, 1)
+			done := func(err error) { completed <- err }
+			allocs := testing.AllocsPerRun(500, func() {
+				if err := send.SendNotifyAsync(peer, n, done); err != nil {
+					panic(err)
+				}
+				<-got
+				if err := <-completed; err != nil {
+					panic(err)
+				}
+			})
+			t.Logf("%s: %.2f allocations per notify (send + delivery)", tr, allocs)
+			if tr == TransportRDMATwoSided && allocs > maxHotPathAllocs {
+				t.Fatalf("%.2f allocations per notify, at most %d", allocs, maxHotPathAllocs)
+			}
+		})
+	}
+}
+
+// maxHotPathAllocs bounds what one rdma_twosided notify still allocates, sender and
+// receiver together (go test -memprofile, bench/RESULTS.md): the peer machine's action
+// slice, handed out afresh by each ready() (3: post, completion, arrival), its reqEntry per
+// send (1), its per-peer waiters slice (0.5), and the receiver's copy of the message into
+// the delivered Notify (1, ctrlchannel). The caller's side and the hand-offs allocate
+// nothing (TestSendNotifyAsyncCallAllocs).
+const maxHotPathAllocs = 6
+
+// SendNotifyAsync itself allocates nothing: measured while the sender's loop is held, so
+// that no loop work runs during the calls; then the loop is released and every send
+// completes.
+func TestSendNotifyAsyncCallAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates on its own")
+	}
+	send, recv, got := allocPair(t, TransportRDMATwoSided)
+	n := Notify{Name: "alloc", Msg: make([]byte, 64)}
+	peer := recv.Addr()
+	const runs = 100
+	completed := make(chan error, runs+1)
+	done := func(err error) { completed <- err }
+	// held runs f while the sender's loop is held, then lets the held sends complete.
+	held := func(sends int, f func()) {
+		stopped, release := make(chan struct{}), make(chan struct{})
+		if err := send.loop.Submit(func() { close(stopped); <-release }); err != nil {
+			t.Fatal(err)
+		}
+		<-stopped
+		f()
+		close(release)
+		for i := 0; i < sends; i++ {
+			if err := <-completed; err != nil {
+				t.Fatal(err)
+			}
+			<-got
+		}
+	}
+	// First fill the pool with as many reqs as the measure holds in flight.
+	held(runs+1, func() {
+		for i := 0; i < runs+1; i++ {
+			if err := send.SendNotifyAsync(peer, n, done); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	var allocs float64
+	held(runs+1, func() { // AllocsPerRun calls once more to warm up
+		allocs = testing.AllocsPerRun(runs, func() {
+			if err := send.SendNotifyAsync(peer, n, done); err != nil {
+				panic(err)
+			}
+		})
+	})
+	t.Logf("SendNotifyAsync: %.2f allocations per call", allocs)
+	if allocs != 0 {
+		t.Fatalf("SendNotifyAsync allocated %.2f times per call", allocs)
+	}
+}
+
+func openFDs(t *testing.T) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd")
+	}
+	return len(ents)
+}
+
+// SendNotify's Waiters (one eventfd each) are pooled by the engine and released by Close,
+// with concurrent callers and a cancelled one among them.
+func TestSendNotifyWaitersReleased(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	before := openFDs(t)
+	func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		recv, err := New(WithTransport(TransportRDMATwoSided), WithHandler(func(Notify) {}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		send, err := New(WithTransport(TransportRDMATwoSided))
+		if err != nil {
+			t.Fatal(err)
+		}
+		errs := make(chan error, 4)
+		for g := 0; g < 4; g++ {
+			go func() {
+				var err error
+				for i := 0; i < 20 && err == nil; i++ {
+					err = send.SendNotify(ctx, recv.Addr(), Notify{Name: "w", Msg: []byte("x")})
+				}
+				errs <- err
+			}()
+		}
+		for g := 0; g < 4; g++ {
+			if err := <-errs; err != nil {
+				t.Error(err)
+			}
+		}
+		gone, cancelGone := context.WithCancel(ctx)
+		cancelGone()
+		if err := send.SendNotify(gone, recv.Addr(), Notify{Name: "w"}); !errors.Is(err, ErrTimeout) {
+			t.Errorf("cancelled send: %v, want ErrTimeout", err)
+		}
+		if send.waitReqs.free == nil {
+			t.Error("no SendNotify req came back to the pool")
+		}
+		_ = send.Close(ctx)
+		_ = recv.Close(ctx)
+	}()
+	if after := openFDs(t); after != before {
+		t.Fatalf("%d fds open before the engines, %d after Close", before, after)
+	}
 }

@@ -285,7 +285,8 @@ func WithDeviceFilters(names ...string) Option {
 // WithMTU caps the path MTU in bytes (as MC_MTU); the channel uses min of both sides.
 func WithMTU(bytes int) Option { return func(c *config) { c.mtu = bytes } }
 
-// WithBusyPoll lets the reactor spin up to d before sleeping in epoll (default 0: never).
+// WithBusyPoll spins up to d before sleeping (default 0: never): a SendNotify caller on its
+// completion, and the reactor while none of its callers spins, before epoll_wait.
 func WithBusyPoll(d time.Duration) Option { return func(c *config) { c.busyPoll = d } }
 
 // WithLogger sets the engine's logger (default: nothing is logged).

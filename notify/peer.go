@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twosided/twosided/ctrlchannel"
@@ -16,22 +17,38 @@ import (
 
 // sendReq is one SendNotify or SendNotifyAsync on its way through the loop. Pooled: the
 // closures it hands to the loop and the channel are bound once, so a send allocates
-// nothing of its own.
+// nothing of its own. A SendNotify's req carries the Waiter its caller sleeps on; those
+// come from the engine's waitReqs (their eventfds are released by Close), the others from
+// reqPool.
 type sendReq struct {
 	e        *Engine
 	id       reqID
 	peer     string
 	n        Notify
 	deadline time.Time
-	start    time.Time // SendNotifyAsync: when it was called
-	done     chan error
-	cb       func(error) // SendNotifyAsync: called instead of a send on done
+	start    time.Time   // SendNotifyAsync: when it was called
+	cb       func(error) // SendNotifyAsync: called with the result
 	runFn    func()
 	creq     ctrlchannel.SendReq
+
+	// SendNotify's hand-off: finish stores err, then moves state to reqDone; it signals w
+	// only when the caller sleeps on it (reqSleeping), and never once the caller left
+	// (reqAbandoned: finish recycles the req instead).
+	w     *reactor.Waiter
+	err   error
+	state atomic.Uint32
 }
 
+// SendNotify's hand-off states.
+const (
+	reqSpinning  uint32 = iota // the caller has not slept yet: no signal needed
+	reqSleeping                // the caller waits on w: finish signals it
+	reqDone                    // err is set
+	reqAbandoned               // the caller returned without the result: finish recycles
+)
+
 func newSendReq(e *Engine) *sendReq {
-	r := &sendReq{e: e, done: make(chan error, 1)}
+	r := &sendReq{e: e}
 	r.runFn = r.run
 	r.creq.Done = r.onChannelDone
 	return r
@@ -56,7 +73,8 @@ func (r *sendReq) run() {
 	e.perform()
 }
 
-// finish hands the result to the caller.
+// finish hands the result to the caller: SendNotifyAsync's callback, or the SendNotify
+// caller through state (and w's eventfd when it sleeps).
 func (r *sendReq) finish(err error) {
 	if r.cb != nil {
 		r.e.ctr.sendResult(r.start, err) // SendNotify counts its own return
@@ -66,7 +84,71 @@ func (r *sendReq) finish(err error) {
 		cb(err)
 		return
 	}
-	r.done <- err
+	r.err = err
+	w := r.w
+	if r.state.CompareAndSwap(reqSpinning, reqDone) {
+		return // the caller sees it spinning (or when it tries to sleep): no wake-up
+	}
+	if r.state.CompareAndSwap(reqSleeping, reqDone) {
+		w.Signal() // the caller consumes it before it lets r go
+		return
+	}
+	r.e.waitReqs.put(r) // abandoned
+}
+
+// waitReqPool holds SendNotify's reqs with their Waiters. Unlike a sync.Pool it never drops
+// one behind Close's back: Close releases every eventfd, and a req returned after Close is
+// released on its return.
+type waitReqPool struct {
+	mu     sync.Mutex
+	free   []*sendReq
+	closed bool
+}
+
+// maxFreeWaitReqs bounds the free list: one per caller waiting at once, beyond which a
+// returned req releases its eventfd.
+const maxFreeWaitReqs = 64
+
+func (p *waitReqPool) get(e *Engine) (*sendReq, error) {
+	p.mu.Lock()
+	if n := len(p.free); n > 0 {
+		r := p.free[n-1]
+		p.free[n-1] = nil
+		p.free = p.free[:n-1]
+		p.mu.Unlock()
+		return r, nil
+	}
+	p.mu.Unlock()
+	w, err := reactor.NewWaiter()
+	if err != nil {
+		return nil, err
+	}
+	r := newSendReq(e)
+	r.w = w
+	return r, nil
+}
+
+func (p *waitReqPool) put(r *sendReq) {
+	r.n, r.err = Notify{}, nil
+	p.mu.Lock()
+	if p.closed || len(p.free) >= maxFreeWaitReqs {
+		p.mu.Unlock()
+		_ = r.w.Close()
+		return
+	}
+	p.free = append(p.free, r)
+	p.mu.Unlock()
+}
+
+// close releases the free reqs' eventfds; reqs still out release theirs when put back.
+func (p *waitReqPool) close() {
+	p.mu.Lock()
+	free := p.free
+	p.free, p.closed = nil, true
+	p.mu.Unlock()
+	for _, r := range free {
+		_ = r.w.Close()
+	}
 }
 
 // onChannelDone is the channel's completion of this send.

@@ -20,3 +20,21 @@ func TestBusyCountsWork(t *testing.T) {
 	require.NoError(t, l.Stop(context.Background()))
 	require.GreaterOrEqual(t, l.Stats().Busy, work)
 }
+
+// TestHoldSpin: a busy-polling loop blocks instead of spinning while a caller holds its
+// spin, and spins again after the release.
+func TestHoldSpin(t *testing.T) {
+	l := newLoop(t, WithBusyPoll(time.Hour))
+	l.HoldSpin()
+	onLoop(t, l, func() {})
+	// Held: the loop goes to sleep in epoll_wait despite its hour of budget.
+	require.Eventually(t, func() bool { return l.state.Load() == asleep }, waitBound, time.Millisecond)
+	polls := l.Stats().BusyPolls
+	onLoop(t, l, func() {})
+	require.Eventually(t, func() bool { return l.state.Load() == asleep }, waitBound, time.Millisecond)
+	require.Equal(t, polls, l.Stats().BusyPolls, "the loop spun while held")
+	l.ReleaseSpin()
+	onLoop(t, l, func() {})
+	require.Eventually(t, func() bool { return l.Stats().BusyPolls > polls+100 }, waitBound, time.Millisecond)
+	require.Equal(t, awake, l.state.Load(), "the released loop slept within its budget")
+}

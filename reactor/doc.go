@@ -44,7 +44,12 @@
 // completion costs no channel event; they are armed (and polled once more) right before the
 // loop blocks. Each empty round yields the CPU (sched_yield): on a small machine a spin that
 // starves the threads it serves (the caller, a peer process) is slower than sleeping. The
-// default, 0, never spins.
+// default, 0, never spins. HoldSpin (any goroutine) makes the loop block instead of spinning
+// until ReleaseSpin: a caller that spins on its own completion holds it, so that a process
+// spins in one place.
+//
+// Waiter. A goroutine off the loop that waits for the loop's answer can wait in poll(2) on
+// a Waiter's eventfd: the loop signals it with one write and readies no goroutine.
 //
 // Why not gnet. gnet.Engine runs its own epoll and cannot host foreign fds (completion
 // channels). gnet's pkg/netpoll Poller.Polling blocks without a timeout (no timers without an

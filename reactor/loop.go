@@ -136,6 +136,7 @@ type Loop struct {
 	tid     atomic.Int64 // the loop's OS thread id; 0 before start and after exit
 	now     atomic.Int64 // ns since base, read once per iteration
 	waiters atomic.Int32 // SubmitWait callers waiting for room
+	holds   atomic.Int32 // HoldSpin callers: while > 0 the loop blocks instead of spinning
 	roomMu  sync.Mutex
 	room    chan struct{} // closed by the loop when it frees room and waiters > 0
 	st      counters
@@ -378,6 +379,9 @@ func timeoutMillis(d int64) int {
 func (l *Loop) spin() (int, bool) {
 	deadline := l.mono() + int64(l.cfg.busyPoll)
 	for {
+		if l.holds.Load() > 0 {
+			return 0, false // a caller of this loop spins instead: one spinner per process
+		}
 		l.st.busyPolls.Add(1)
 		if n, err := unix.EpollWait(l.epfd, l.events, 0); err == nil && n > 0 {
 			return n, true
@@ -404,6 +408,14 @@ func (l *Loop) spin() (int, bool) {
 		_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 	}
 }
+
+// HoldSpin makes a busy-polling loop block in epoll_wait instead of spinning until the
+// matching ReleaseSpin: for a caller that spins on its own completion, so that the process
+// spins in one place. Safe from any goroutine; allocation-free.
+func (l *Loop) HoldSpin() { l.holds.Add(1) }
+
+// ReleaseSpin ends a HoldSpin.
+func (l *Loop) ReleaseSpin() { l.holds.Add(-1) }
 
 func (l *Loop) dispatch(n int) {
 	for i := 0; i < n; i++ {

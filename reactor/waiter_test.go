@@ -46,11 +46,29 @@ func TestWaiterCancel(t *testing.T) {
 	case <-time.After(waitBound):
 		t.Fatal("Wait did not see the cancellation")
 	}
-	w.Signal()
-	w.Reset()
+	// The cancellation's kick is not a signal: the next Wait waits for its own.
 	short, cancel2 := context.WithTimeout(context.Background(), 2*time.Millisecond)
 	defer cancel2()
-	require.ErrorIs(t, w.Wait(short), context.DeadlineExceeded, "Reset dropped the pending signal")
+	require.ErrorIs(t, w.Wait(short), context.DeadlineExceeded, "a kick was taken for a signal")
+	w.Signal()
+	w.Reset()
+	short3, cancel3 := context.WithTimeout(context.Background(), 2*time.Millisecond)
+	defer cancel3()
+	require.ErrorIs(t, w.Wait(short3), context.DeadlineExceeded, "Reset dropped the pending signal")
+}
+
+// A signal that arrives with a kick still completes the Wait.
+func TestWaiterSignalWithKick(t *testing.T) {
+	w, err := NewWaiter()
+	require.NoError(t, err)
+	defer func() { require.NoError(t, w.Close()) }()
+	w.kick()
+	w.Signal()
+	require.NoError(t, w.Wait(context.Background()))
+	w.kick()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, w.Wait(ctx), context.DeadlineExceeded, "a kick alone completed the Wait")
 }
 
 func TestWaiterAllocs(t *testing.T) {
