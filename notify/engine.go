@@ -324,11 +324,6 @@ func (e *Engine) cancelSend(req *sendReq, peer string, cause error) error {
 				e.waitReqs.put(req)
 				return err
 			}
-			select {
-			case err := <-req.done: // it ended on the loop meanwhile (its deadline, or done)
-				return err
-			default:
-			}
 		case <-t.C:
 		}
 	}
