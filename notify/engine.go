@@ -81,7 +81,7 @@ type Engine struct {
 	tokenRnd func() uint64
 
 	rq        recvQueue
-	legacyOOB serialQueues // OOB sends to Mooncake peers, in order per peer
+	legacyOOB serialQueues  // OOB sends to Mooncake peers, in order per peer
 	byes      chan struct{} // Close: closed when the last channel's goodbye completed
 
 	reqPool  sync.Pool   // SendNotifyAsync
