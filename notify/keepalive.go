@@ -5,24 +5,23 @@ import (
 	"time"
 
 	"github.com/twosided/twosided/ctrlchannel"
+	"github.com/twosided/twosided/reactor"
 )
 
 // keepalive probes idle channels each interval (WithKeepalive) so a dead peer is found
 // without traffic: RC retry exhaustion on the probe's SEND closes the channel. The timer
 // runs only while channels exist, so an engine without channels never wakes. Loop-only.
 type keepalive struct {
-	timer   *timerHandle
+	timer   *reactor.Timer // made once, then Reset: arming allocates nothing
+	armed   bool
 	last    time.Time               // when the previous round ran
 	starved map[chanID]*starveState // channels at their credit reserve
 }
 
-// timerHandle is the part of a reactor timer the keepalive uses.
-type timerHandle interface{ Stop() bool }
-
 func (k *keepalive) stop() {
-	if k.timer != nil {
-		(*k.timer).Stop()
-		k.timer = nil
+	if k.armed {
+		k.timer.Stop()
+		k.armed = false
 	}
 }
 
@@ -82,7 +81,7 @@ func (e *Engine) probed(id chanID) bool {
 // channel with keepalive on; with it off, a channel with sends waiting. An idle engine
 // arms nothing. Loop-only.
 func (e *Engine) armKeepalive() {
-	if e.ka.timer != nil || e.closing || len(e.chans) == 0 {
+	if e.ka.armed || e.closing || len(e.chans) == 0 {
 		return
 	}
 	if e.cfg.keepalive == 0 {
@@ -97,12 +96,16 @@ func (e *Engine) armKeepalive() {
 			return
 		}
 	}
-	var t timerHandle = e.loop.AfterFunc(e.keepaliveInterval(), e.keepaliveRound)
-	e.ka.timer = &t
+	if e.ka.timer == nil {
+		e.ka.timer = e.loop.AfterFunc(e.keepaliveInterval(), e.keepaliveRound)
+	} else {
+		e.ka.timer.Reset(e.keepaliveInterval())
+	}
+	e.ka.armed = true
 }
 
 func (e *Engine) keepaliveRound() {
-	e.ka.timer = nil
+	e.ka.armed = false
 	if e.closing {
 		return
 	}

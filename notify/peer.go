@@ -157,7 +157,7 @@ func (r *sendReq) onChannelDone(err error) {
 	if err == nil {
 		e.m.sendResult(e.loop.Now(), r.id, nil, false, false)
 		e.perform()
-		if e.m.inflight == 0 && e.cfg.keepalive == 0 && e.ka.timer != nil {
+		if e.m.inflight == 0 && e.cfg.keepalive == 0 && e.ka.armed {
 			e.ka.stop() // nothing waits on a channel: the stall probe is not needed
 		}
 		return
@@ -245,7 +245,7 @@ func (e *Engine) do(a *mAction) {
 		}
 		r.creq.Seq, r.creq.Name, r.creq.Msg, r.creq.ID, r.creq.Deadline = a.seq, r.n.Name, r.n.Msg, r.n.ID, r.deadline
 		ch.Send(&r.creq)
-		if e.ka.timer == nil {
+		if !e.ka.armed {
 			e.armKeepalive() // with keepalive off: probe while sends wait
 		}
 	case aOOB:
@@ -419,8 +419,10 @@ func oobKind(err error) error {
 		return &kindError{kind: ErrAuth, cause: errors.Join(errRebind, err)}
 	case errors.Is(err, oob.ErrAuth):
 		kind = ErrAuth
-	case errors.Is(err, oob.ErrBusy), errors.Is(err, oob.ErrLimit):
+	case errors.Is(err, oob.ErrBusy):
 		kind = ErrBackpressure
+	case errors.Is(err, oob.ErrLimit):
+		kind = ErrLimit // the peer's MaxConns, or a cap of ours on OOB peers
 	case errors.Is(err, oob.ErrStale):
 		// The receiver gave this seq up: not delivered, and not to be sent again.
 		return &kindError{kind: ErrRejected, cause: errors.Join(errGaveUp, err)}
