@@ -35,21 +35,29 @@ func (e *Engine) onQueueRoom() {
 		if !e.paused || e.closing {
 			return
 		}
+		// Held OOB notifies first, in order; one that fills the queue again pauses it again
+		// (deliver), and the rest wait for the next room.
 		e.paused = false
 		held := e.heldOOB
 		e.heldOOB = nil
 		for i := range held {
 			if e.paused {
-				// Full again: the rest wait for the next room.
 				e.heldOOB = append(e.heldOOB, held[i:]...)
 				return
 			}
 			e.takeOOB(&held[i].req, held[i].reply)
 		}
-		if !e.paused && e.rq.len() < e.rq.capacity {
-			for _, ch := range e.chans {
-				ch.SetPaused(false)
-			}
+		if e.paused {
+			return
+		}
+		if e.rq.stillFull() {
+			// Filled meanwhile (a closing channel handed over what it held): stay paused;
+			// the next room comes when the consumer drains it (armed under the queue's lock).
+			e.paused = true
+			return
+		}
+		for _, ch := range e.chans {
+			ch.SetPaused(false)
 		}
 	})
 }
@@ -76,6 +84,18 @@ func (q *recvQueue) init(capacity int, room func()) {
 	q.wake = make(chan struct{}, 1)
 	q.done = make(chan struct{})
 	q.room = room
+}
+
+// stillFull reports whether the queue is at capacity, and if so arms the next room signal
+// (under the lock, so a consumer's pops cannot slip between the check and the arming).
+func (q *recvQueue) stillFull() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.n >= q.capacity {
+		q.wantRoom.Store(true)
+		return true
+	}
+	return false
 }
 
 func (q *recvQueue) len() int {

@@ -476,7 +476,7 @@ func (e *Engine) closeOnLoop() {
 	// Channels whose goodbye did not complete: drained (what the peer saw acknowledged is
 	// delivered), then closed.
 	for id, ch := range e.chans {
-		ch.Drain()
+		e.drainForClose(ch)
 		ch.Close(ErrClosed)
 		delete(e.chans, id)
 	}

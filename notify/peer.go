@@ -270,7 +270,7 @@ func (e *Engine) do(a *mAction) {
 		r.finish(a.err)
 	case aClose:
 		if ch := e.chans[a.ch]; ch != nil {
-			ch.Drain() // what its NIC acknowledged is delivered first
+			e.drainForClose(ch)
 			ch.Close(a.err)
 		}
 	case aFence:
@@ -294,6 +294,17 @@ func (e *Engine) do(a *mAction) {
 		} else {
 			e.mtimer.Reset(d)
 		}
+	}
+}
+
+// drainForClose delivers everything the channel's peer saw acknowledged before it goes:
+// the QP stops acknowledging and its CQ is reaped, and what a paused channel holds (frames
+// reaped while the receive queue was full) is handed over too — the queue overshoots its
+// bound by at most that channel's window rather than lose acknowledged notifies.
+func (e *Engine) drainForClose(ch *ctrlchannel.Channel) {
+	ch.Drain()
+	if e.paused {
+		ch.SetPaused(false)
 	}
 }
 

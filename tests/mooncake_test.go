@@ -345,6 +345,10 @@ func TestMooncakeQueueFullReceiver(t *testing.T) {
 		require.Eventually(t, func() bool { return e.Stats().Paused }, stallAfter, time.Millisecond, "the receive queue filled")
 		got := collect(e, n)
 		ctrl := <-sent
+		if len(got) < n {
+			st := e.Stats()
+			t.Logf("receiver when short: paused=%v queued=%d heldOOB=%d peers=%+v", st.Paused, st.Queued, st.HeldOOB, st.Peers)
+		}
 		tally(t, "Mooncake -> full twosided", ctrl, msgsOf(got), "m", 1, n)
 	})
 	t.Run("mooncake-full", func(t *testing.T) {
