@@ -196,6 +196,7 @@ type reqEntry struct {
 	nid      string
 	deadline time.Time
 	postNo   uint64
+	maybe    bool // an earlier attempt may have been delivered
 }
 
 type mActKind uint8
@@ -442,6 +443,10 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 		}
 	}
 	r.ch, r.oob = 0, false
+	if err != nil && maybe {
+		r.maybe = true
+	}
+	maybe = maybe || r.maybe
 	if err == nil {
 		if p != nil && !r.legacy && r.seq != 0 {
 			p.seqs.resolve(r.seq)
@@ -486,10 +491,11 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 			m.post(p, r, m.chans[p.ch])
 			return
 		}
-		if errors.Is(err, errRebind) && m.rebind(now, p, r) {
+		if errors.Is(err, errRebind) && !r.maybe && m.rebind(now, p, r) {
 			// The peer no longer knows this pair (it restarted, or forgot us): handshake
 			// again and send the notify in the new pair. It was refused, so it was not
-			// delivered.
+			// delivered — unless an earlier attempt may have landed at the engine that
+			// went away: then the caller learns "unknown" rather than risk a duplicate.
 			return
 		}
 		if onCh != 0 && m.cfg.fallback && (p.tokenOut != 0 || p.key.legacy != "") {
