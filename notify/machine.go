@@ -54,6 +54,7 @@ type peerMachine struct {
 	timerAt     time.Time
 
 	acts  []mAction
+	spare []mAction // the other buffer of ready
 	stats machineStats
 }
 
@@ -250,9 +251,14 @@ func newPeerMachine(local uint64, cfg machineConfig, rnd func() uint64) *peerMac
 }
 
 // ready returns the actions queued since the last call; the slice is reused.
+// ready returns the actions queued since the last call. Two buffers take turns: the one
+// returned is written again only after the next call, when its caller is done with it
+// (so queuing actions allocates nothing once both have grown). Not re-entrant: the
+// driver performs one batch at a time (Engine.perform).
 func (m *peerMachine) ready() []mAction {
 	a := m.acts
-	m.acts = m.acts[:0:0]
+	clear(m.spare) // handed out last time and done with: drop what it references
+	m.acts, m.spare = m.spare[:0], a
 	return a
 }
 
@@ -471,7 +477,7 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 		kind = ke.kind
 	}
 	if p == nil || r.legacy {
-		m.complete(id, sendErr(kind, r.name, pathName(onCh != 0, true), err, maybe))
+		m.complete(id, sendErr(kind, r.name, pathName(onCh != 0), err, maybe))
 		return
 	}
 	// A refusal is the peer's answer (the notify is invalid there, or its seq was given
@@ -506,8 +512,8 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 	// Given up: the receiver is told, so it never waits for this seq.
 	m.stats.GivenUp++
 	p.seqs.giveUp(r.seq)
-	m.fence(now, p)
-	m.complete(id, sendErr(kind, m.peerName(p), pathName(onCh != 0, false), err, maybe))
+	m.fence(p)
+	m.complete(id, sendErr(kind, m.peerName(p), pathName(onCh != 0), err, maybe))
 	m.flush(now, p, "")
 }
 
@@ -558,12 +564,9 @@ type kindError struct {
 func (k *kindError) Error() string   { return k.cause.Error() }
 func (k *kindError) Unwrap() []error { return []error{k.kind, k.cause} }
 
-func pathName(channel, legacy bool) string {
-	switch {
-	case channel:
+func pathName(channel bool) string {
+	if channel {
 		return "rdma_twosided"
-	case legacy:
-		return "oob"
 	}
 	return "oob"
 }
@@ -571,7 +574,7 @@ func pathName(channel, legacy bool) string {
 // fence posts p's given-up ranges on its channel, or over OOB. A range counts as resolved
 // only once the peer has it: on a channel when a later send completes, over OOB when the
 // peer answers (fenceResult); a range whose fence may be lost is posted again.
-func (m *peerMachine) fence(now time.Time, p *peerEntry) {
+func (m *peerMachine) fence(p *peerEntry) {
 	if len(p.seqs.fences) == 0 {
 		return
 	}
@@ -591,7 +594,6 @@ func (m *peerMachine) fence(now time.Time, p *peerEntry) {
 		}
 		m.emit(a)
 	}
-	_ = now
 }
 
 // confirmFences resolves the fences posted on ce before the send numbered postNo, which
@@ -621,7 +623,7 @@ func (m *peerMachine) fenceResult(now time.Time, session, first, count uint64, e
 	}
 	p.seqs.refence(seqRange{first, count})
 	if p.ch != 0 {
-		m.fence(now, p)
+		m.fence(p)
 	}
 }
 
@@ -1065,7 +1067,7 @@ func (m *peerMachine) failPeerWaiters(now time.Time, p *peerEntry, err error) {
 		}
 		m.complete(id, err)
 	}
-	m.fence(now, p)
+	m.fence(p)
 }
 
 // ---- channels ----
@@ -1099,7 +1101,7 @@ func (m *peerMachine) adopt(now time.Time, p *peerEntry, ce *chanEntry) {
 	p.retryAt = time.Time{}
 	p.lastErr = nil
 	p.lastActive = now
-	m.fence(now, p)
+	m.fence(p)
 }
 
 // dropChan takes ce out of service. A channel that carried traffic stays known (forget
@@ -1138,7 +1140,7 @@ func (m *peerMachine) chanClosed(now time.Time, ch chanID, err error) {
 	p := ce.peer
 	m.dropChan(ce, true)
 	if p != nil {
-		m.fence(now, p)
+		m.fence(p)
 	}
 	if p != nil && p.ch == 0 {
 		p.lastErr = err
