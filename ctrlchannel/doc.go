@@ -101,7 +101,12 @@
 // with OnNotify. SESSION_CLOSE (type 6, no payload) is Bye's last frame: the receiver
 // delivers everything before it (after its receive queue frees up, if paused) and
 // closes with ErrPeerClosed; the sender closes once the frame completed, or after
-// Config.ByeTimeout.
+// Config.ByeTimeout. Between peers that negotiated Extensions its header seq is the
+// number of frames the sender of the SESSION_CLOSE received on the channel before it
+// (0 towards a legacy peer): the receiver completes its own sends up to that count as
+// sent, since they landed even when their (unsignaled) completions were not reaped yet,
+// and fails only the rest with ErrPeerClosed. Without it, a notify delivered just before
+// its peer's goodbye was reported to its caller as of unknown outcome.
 //
 // # Dropped frames
 //

@@ -192,6 +192,7 @@ type MachineStats struct {
 	Backpressured, Expired, TooLarge, Failed            uint64
 	KeepalivesSent, KeepalivesReceived                  uint64
 	KeepalivesNoCredit                                  uint64 // Keepalive found the channel idle but no credit it may spend on a keepalive
+	ByeAcked                                            uint64 // sends completed by the count in the peer's SESSION_CLOSE, not by their WC
 	CreditAvail                                         uint64 // credit to send now (grant mode)
 	Pending, Held, InFlight                             int
 
@@ -716,8 +717,18 @@ func (m *Machine) SendWC(wrid uint64) {
 	if m.state == stateClosed || wrid <= m.completed || wrid > m.posted {
 		return
 	}
+	if m.completeThrough(wrid) {
+		m.Close(errBye)
+		return
+	}
+	m.trySend()
+}
+
+// completeThrough completes the posted sends up to and including n (RC completes in
+// order); it reports whether our SESSION_CLOSE was among them.
+func (m *Machine) completeThrough(n uint64) bool {
 	bye := false
-	for i := m.completed + 1; i <= wrid; i++ {
+	for i := m.completed + 1; i <= n; i++ {
 		s := &m.ring[(i-1)%uint64(len(m.ring))]
 		if s.req != nil && s.last {
 			m.stats.NotifiesSent++
@@ -726,12 +737,8 @@ func (m *Machine) SendWC(wrid uint64) {
 		bye = bye || s.bye
 		*s = sendSlot{}
 	}
-	m.completed = wrid
-	if bye {
-		m.Close(errBye)
-		return
-	}
-	m.trySend()
+	m.completed = max(m.completed, n)
+	return bye
 }
 
 // RecvWC is a successful RECV completion of buffer slot holding data (ByteLen bytes).
@@ -850,6 +857,13 @@ func (m *Machine) frame(slot int, h *Header, p []byte) {
 		m.hold(slot, Action{Kind: ActFence, Session: h.Session, Epoch: h.Epoch, Seq: f.First, Count: f.Count})
 	case TypeSessionClose:
 		err := fmt.Errorf("%w: SESSION_CLOSE from session %#x", ErrPeerClosed, h.Session)
+		if m.ext && h.Seq > m.completed {
+			// Its seq counts the frames the peer received from us before it: those sends
+			// landed, whether or not their (possibly unsignaled) completions were reaped
+			// yet. The rest fail with err below and are the caller's to resend.
+			m.stats.ByeAcked += min(h.Seq, m.posted) - m.completed
+			m.completeThrough(min(h.Seq, m.posted))
+		}
 		if m.paused {
 			// Held notifies are delivered first, when the receiver takes them.
 			m.held = append(m.held, heldFrame{slot: slot, act: Action{Kind: ActClose, Err: err}})
@@ -1138,7 +1152,11 @@ func (m *Machine) postFence(r *SendReq) {
 
 func (m *Machine) postBye() {
 	slot := int(m.posted % uint64(len(m.ring)))
-	h := m.header(TypeSessionClose, 0)
+	var seq uint64
+	if m.ext {
+		seq = m.recvCount // the frames received from the peer before this one (see RecvWC)
+	}
+	h := m.header(TypeSessionClose, seq)
 	_ = EncodeHeader(m.slotBuf(slot), &h)
 	m.ring[slot] = sendSlot{bye: true}
 	m.emitSend(slot, HeaderLen, TypeSessionClose)

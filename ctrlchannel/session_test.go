@@ -170,3 +170,73 @@ func TestMachineFenceQueuedBeforeLegacyConnect(t *testing.T) {
 	require.NoError(t, a.done[r])
 	require.Zero(t, a.m.Stats().FencesSent)
 }
+
+// landQuiet moves from's oldest frame into to's oldest posted RECV, as land does, but
+// gives from no completion: the ACK has not come back (or the send was unsignaled and
+// nothing later was reaped).
+func (nw *network) landQuiet(from, to *node) {
+	nw.t().Helper()
+	require.NotEmpty(nw.t(), from.wire)
+	require.NotEmpty(nw.t(), to.posted)
+	f := from.wire[0]
+	from.wire = from.wire[1:]
+	slot := to.posted[0]
+	to.posted = to.posted[1:]
+	delete(to.isPosted, slot)
+	n := copy(to.recvBufs[slot], f.data)
+	to.m.RecvWC(t0, slot, to.recvBufs[slot][:n])
+	to.apply()
+}
+
+func (nw *network) t() testing.TB { return nw.a.t }
+
+// TestMachineByeAcknowledges: the peer's SESSION_CLOSE counts the frames it received
+// first; the sends among them complete as sent though no completion was reaped for
+// them, and only those the peer never got fail with ErrPeerClosed.
+func TestMachineByeAcknowledges(t *testing.T) {
+	for _, landed := range []int{0, 1, 2, 3} {
+		t.Run(fmt.Sprintf("landed=%d", landed), func(t *testing.T) {
+			nw := connect(t, extParams(8), extParams(8))
+			var reqs []*SendReq
+			for i := 1; i <= 3; i++ {
+				reqs = append(reqs, nw.a.submit(uint64(i), "n", fmt.Sprintf("m%d", i)))
+			}
+			for i := 0; i < landed; i++ {
+				nw.landQuiet(nw.a, nw.b)
+			}
+			require.Empty(t, nw.a.done, "no completion was reaped")
+			nw.b.m.Bye(t0, t0.Add(time.Second))
+			nw.b.apply()
+			bye := nw.b.wire[len(nw.b.wire)-1]
+			require.Equal(t, TypeSessionClose, bye.typ)
+			for len(nw.b.wire) > 0 {
+				nw.landQuiet(nw.b, nw.a)
+			}
+			require.ErrorIs(t, nw.a.closed, ErrPeerClosed)
+			require.Len(t, nw.b.got, landed)
+			for i, r := range reqs {
+				if i < landed {
+					require.NoError(t, nw.a.done[r], "seq %d reached the peer before its goodbye", r.Seq)
+				} else {
+					require.ErrorIs(t, nw.a.done[r], ErrPeerClosed, "seq %d never reached the peer", r.Seq)
+				}
+			}
+			require.Equal(t, uint64(landed), nw.a.m.Stats().ByeAcked)
+		})
+	}
+}
+
+// TestMachineByeCountNotTrustedFromLegacy: a legacy peer's SESSION_CLOSE seq means
+// nothing here (Mooncake's seqs are its own), so it completes no send.
+func TestMachineByeCountNotTrustedFromLegacy(t *testing.T) {
+	a := legacyNode(t, extParams(4), 8)
+	r := a.submit(1, "n", "a")
+	h := Header{Type: TypeSessionClose, Seq: 5}
+	buf := a.recvBufs[a.posted[0]]
+	require.NoError(t, EncodeHeader(buf, &h))
+	a.m.RecvWC(t0, a.posted[0], buf[:HeaderLen])
+	a.apply()
+	require.ErrorIs(t, a.closed, ErrPeerClosed)
+	require.ErrorIs(t, a.done[r], ErrPeerClosed)
+	require.Zero(t, a.m.Stats().ByeAcked)
+}

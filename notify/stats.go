@@ -139,6 +139,7 @@ type ChannelStats struct {
 	Backpressured, Expired, TooLarge, Failed            uint64 // sends the channel refused or failed
 	KeepalivesSent, KeepalivesReceived                  uint64
 	KeepalivesNoCredit                                  uint64
+	ByeAcked                                            uint64 // sends completed by the count in the peer's goodbye
 
 	// Received frames dropped, by reason; the channel stays up.
 	DroppedBadMagic, DroppedDecode, DroppedUnknownType, DroppedStaleEpoch uint64
@@ -167,8 +168,8 @@ func channelStatsOf(s ctrlchannel.ChannelStats) ChannelStats {
 		Ignored: m.Ignored, CreditWaits: m.CreditWaits, CreditOverruns: m.CreditOverruns,
 		Backpressured: m.Backpressured, Expired: m.Expired, TooLarge: m.TooLarge, Failed: m.Failed,
 		KeepalivesSent: m.KeepalivesSent, KeepalivesReceived: m.KeepalivesReceived,
-		KeepalivesNoCredit: m.KeepalivesNoCredit,
-		DroppedBadMagic:    m.DroppedBadMagic, DroppedDecode: m.DroppedDecode,
+		KeepalivesNoCredit: m.KeepalivesNoCredit, ByeAcked: m.ByeAcked,
+		DroppedBadMagic: m.DroppedBadMagic, DroppedDecode: m.DroppedDecode,
 		DroppedUnknownType: m.DroppedUnknownType, DroppedStaleEpoch: m.DroppedStaleEpoch,
 		DroppedForeignSession: m.DroppedForeignSession, DroppedDuplicate: m.DroppedDuplicate,
 		DroppedExtension: m.DroppedExtension, DroppedFragment: m.DroppedFragment,
@@ -187,7 +188,7 @@ func (s *ChannelStats) add(o ChannelStats, open bool) {
 		{&s.Ignored, &o.Ignored}, {&s.CreditWaits, &o.CreditWaits}, {&s.CreditOverruns, &o.CreditOverruns},
 		{&s.Backpressured, &o.Backpressured}, {&s.Expired, &o.Expired}, {&s.TooLarge, &o.TooLarge}, {&s.Failed, &o.Failed},
 		{&s.KeepalivesSent, &o.KeepalivesSent}, {&s.KeepalivesReceived, &o.KeepalivesReceived},
-		{&s.KeepalivesNoCredit, &o.KeepalivesNoCredit},
+		{&s.KeepalivesNoCredit, &o.KeepalivesNoCredit}, {&s.ByeAcked, &o.ByeAcked},
 		{&s.DroppedBadMagic, &o.DroppedBadMagic}, {&s.DroppedDecode, &o.DroppedDecode},
 		{&s.DroppedUnknownType, &o.DroppedUnknownType}, {&s.DroppedStaleEpoch, &o.DroppedStaleEpoch},
 		{&s.DroppedForeignSession, &o.DroppedForeignSession}, {&s.DroppedDuplicate, &o.DroppedDuplicate},
