@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/twosided/twosided/ctrlchannel"
-	"github.com/twosided/twosided/ibv"
 	"github.com/twosided/twosided/ibv/soft"
 	"github.com/twosided/twosided/oob"
 	"github.com/twosided/twosided/reactor"
@@ -364,10 +363,6 @@ func (e *Engine) deviceRNRNaks() uint64 {
 	n, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 	return n
 }
-
-// DeviceContext is the open device of the rdma_twosided transport (nil for oob), for
-// diagnostics such as a provider's counters. The engine owns it: never post on it or close it.
-func (e *Engine) DeviceContext() ibv.Context { return e.dev }
 
 // ReactorStats are the reactor's counters (epoll wake-ups, events, submissions, busy time),
 // read without waking it.

@@ -17,7 +17,7 @@ import (
 
 func counters(t *testing.T, e *notify.Engine) soft.Counters {
 	t.Helper()
-	c, err := soft.DeviceCounters(e.DeviceContext())
+	c, err := soft.Default().Counters(e.Stats().Device)
 	require.NoError(t, err)
 	return c
 }

@@ -589,4 +589,7 @@ func (c *conn) closeFd() {
 	c.delayQ = nil
 	c.mu.Unlock()
 	c.d.forget(c)
+	if c.remote != (ibv.GID{}) {
+		c.d.checkRemote(c.remote)
+	}
 }

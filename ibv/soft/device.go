@@ -22,6 +22,7 @@ type counters struct {
 	forgedDropped, unknownQPDropped, stateDropped  atomic.Uint64
 	cutDropped, dupPackets, connsDialed            atomic.Uint64
 	connsAccepted, dialFailures, cqOverruns        atomic.Uint64
+	pathsLost                                      atomic.Uint64
 }
 
 // Counters is a snapshot of a soft device's statistics.
@@ -44,6 +45,7 @@ type Counters struct {
 	ConnsAccepted            uint64
 	DialFailures             uint64
 	CQOverruns               uint64
+	PathsLost                uint64 // idle QPs failed because their remote device went away (see qp.pathLost)
 }
 
 func (c *counters) snapshot() Counters {
@@ -57,7 +59,7 @@ func (c *counters) snapshot() Counters {
 		UnknownQPDropped: c.unknownQPDropped.Load(), StateDropped: c.stateDropped.Load(),
 		CutDropped: c.cutDropped.Load(), DupPackets: c.dupPackets.Load(),
 		ConnsDialed: c.connsDialed.Load(), ConnsAccepted: c.connsAccepted.Load(),
-		DialFailures: c.dialFailures.Load(), CQOverruns: c.cqOverruns.Load(),
+		DialFailures: c.dialFailures.Load(), CQOverruns: c.cqOverruns.Load(), PathsLost: c.pathsLost.Load(),
 	}
 }
 
@@ -94,6 +96,7 @@ type device struct {
 	refs     int
 	dead     bool
 	portDown bool
+	probing  map[ibv.GID]bool  // remote devices being checked after a connection to them ended (checkRemote)
 	conns    map[ibv.GID]*conn // the connection used to send to each remote device
 	all      map[*conn]struct{}
 	qpMu     sync.RWMutex
@@ -347,6 +350,72 @@ func (d *device) registerInbound(c *conn) {
 		}
 	}
 	d.mu.Unlock()
+}
+
+// checkRemote runs when a connection to gid ended (its reader closed it). It dials gid once,
+// in the background: a refused or failed dial means nothing listens there any more — the
+// remote device is gone, as a killed process's is — and every QP connected to it is told
+// (pathLost). A dial that succeeds means the remote is alive and the end was the
+// connection's alone; packets find a new one as usual. One check per gid at a time.
+func (d *device) checkRemote(gid ibv.GID) {
+	d.mu.Lock()
+	if d.dead || d.probing[gid] {
+		d.mu.Unlock()
+		return
+	}
+	if d.probing == nil {
+		d.probing = make(map[ibv.GID]bool)
+	}
+	d.probing[gid] = true // bounded: one entry per remote device this one had a connection to
+	d.wg.Add(1)
+	d.mu.Unlock()
+	go func() {
+		defer d.wg.Done()
+		gone := d.probeGone(gid)
+		d.mu.Lock()
+		delete(d.probing, gid)
+		dead := d.dead
+		d.mu.Unlock()
+		if !gone || dead {
+			return
+		}
+		d.qpMu.Lock()
+		qps := make([]*qp, 0, 8)
+		for _, q := range d.qps {
+			qps = append(qps, q)
+		}
+		d.qpMu.Unlock()
+		for _, q := range qps {
+			q.pathLost(gid)
+		}
+	}()
+}
+
+// probeDelays are when probeGone dials, after the end of the connection: a process being
+// killed closes its sockets one by one, and its listener may still complete a handshake
+// (in the kernel) just after the connection ended; a dial a moment later is refused.
+var probeDelays = [...]time.Duration{0, 200 * time.Millisecond, time.Second}
+
+// probeGone reports whether the remote device of gid refused (or failed) a dial at any of
+// probeDelays; false once the device here is dying.
+func (d *device) probeGone(gid ibv.GID) bool {
+	prev := time.Duration(0)
+	for _, at := range probeDelays {
+		if at > prev {
+			pfd := [1]unix.PollFd{{Fd: int32(d.stopfd), Events: unix.POLLIN}}
+			if n, _ := unix.Poll(pfd[:], int((at-prev)/time.Millisecond)); n > 0 {
+				return false // the device is being killed or closed
+			}
+			prev = at
+		}
+		probe := &conn{d: d, fd: -1, rfd: -1, remote: gid}
+		fd, err := probe.connect()
+		if err != nil {
+			return true
+		}
+		unix.Close(fd) // the remote's accept sees an end before any HELLO and lets it go
+	}
+	return false
 }
 
 func (d *device) forget(c *conn) {

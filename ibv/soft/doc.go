@@ -62,10 +62,21 @@
 // packet after 2 ms of silence wakes the backstop beside the consumer once. rnr_retry 7
 // retries without limit, as IB specifies (testRNRRetryForever).
 //
+// A remote device that is gone. When a connection ends from the far side, the device dials
+// the remote again (at once, after 200 ms and after 1 s, since a killed process's listener
+// may outlive its connection by a moment); a refused dial means the remote device is gone.
+// Every QP connected to it that has no SEND in flight then fails like an exhausted retry
+// once its retry budget (timeout × (retry_cnt+1), at least 1 s) passed with no packet from
+// the peer: its RECVs (and SENDs posted meanwhile) complete with WR_FLUSH_ERR and it enters
+// ERR; Counters.PathsLost counts them. A QP with a SEND in flight keeps the hardware rule
+// (RETRY_EXC_ERR from its ACK timer). Hardware would tell an idle QP nothing: the end of the
+// TCP connection stands for the link going down, so a killed peer is reclaimed in ~1–2.5 s
+// without traffic or keepalives.
+//
 // # Fault hooks
 //
-// CutLink/CutPath/DelayLink/RestoreLink, KillDevice, SetPortState, InjectWC and
-// DeviceCounters let tests break what a NIC or a network would break.
+// CutLink/CutPath/DelayLink/RestoreLink, KillDevice, SetPortState, InjectWC,
+// DeviceCounters and Provider.Counters let tests break what a NIC or a network would break.
 //
 // # GID encoding
 //

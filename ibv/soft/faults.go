@@ -34,6 +34,15 @@ func DeviceCounters(ctx ibv.Context) (Counters, error) {
 	return x.d.ctr.snapshot(), nil
 }
 
+// Counters reads the statistics of an open device by name (e.g. an engine's Stats().Device).
+func (p *Provider) Counters(name string) (Counters, error) {
+	d, err := p.lookup(name)
+	if err != nil {
+		return Counters{}, err
+	}
+	return d.ctr.snapshot(), nil
+}
+
 // SetPortState takes an open device's port DOWN (it drops every packet, and its contexts get
 // EventPortErr) or back to ACTIVE (EventPortActive).
 func (p *Provider) SetPortState(name string, up bool) error {

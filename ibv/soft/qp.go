@@ -71,6 +71,10 @@ type qp struct {
 	ackTimer                                 *time.Timer
 	rnrWait                                  bool
 	rnrTimer                                 *time.Timer
+	rxFromPeer                               uint64 // packets accepted from the connected peer
+	pathMark                                 uint64 // rxFromPeer when the path was found lost
+	pathArmed                                bool
+	pathTimer                                *time.Timer
 	pumpAfter                                *conn // a pipe to pump once mu is released
 	posting                                  bool  // PostSend runs: the consumer's doorbell may wait for Flush
 
@@ -128,6 +132,8 @@ func newQP(p *pd, a ibv.QPInitAttr) (*qp, error) {
 	}
 	q.ackTimer = time.AfterFunc(time.Hour, q.onAckTimer)
 	q.ackTimer.Stop()
+	q.pathTimer = time.AfterFunc(time.Hour, q.onPathTimer)
+	q.pathTimer.Stop()
 	q.rnrTimer = time.AfterFunc(time.Hour, q.onRNRTimer)
 	q.rnrTimer.Stop()
 
@@ -345,6 +351,8 @@ func (q *qp) resetLocked() {
 func (q *qp) stopTimersLocked() {
 	q.ackTimer.Stop()
 	q.ackArmed = false
+	q.pathTimer.Stop()
+	q.pathArmed = false
 	q.rnrTimer.Stop()
 	q.rnrWait = false
 }
@@ -661,7 +669,46 @@ func (q *qp) fromPeerLocked(c *conn, h *header) bool {
 		q.d.ctr.forgedDropped.Add(1)
 		return false
 	}
+	q.rxFromPeer++
 	return true
+}
+
+// minPathWait is the least time an idle QP waits, after its remote device was found gone,
+// before it fails.
+const minPathWait = time.Second
+
+// pathLost tells a QP that the remote device gid is gone: its connection ended and a new
+// one was refused (see device.checkRemote). Hardware learns this only when it sends and
+// the retries run out; an idle QP would never learn it. Here the end of the TCP connection
+// is the link going down: a QP connected to gid and idle (no SEND in flight: those have the
+// ACK timer) fails like an exhausted retry, once its retry budget (at least minPathWait)
+// passed with no packet from the peer. Its RECVs and any SEND posted meanwhile complete with
+// WR_FLUSH_ERR and it enters ERR.
+func (q *qp) pathLost(gid ibv.GID) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.destroyed || q.pathArmed || (q.state != ibv.QPSRTR && q.state != ibv.QPSRTS) || q.remoteGID() != gid {
+		return
+	}
+	wait := time.Duration(q.ackNanos) * time.Duration(int(q.attr.RetryCnt)+1)
+	q.pathMark = q.rxFromPeer
+	q.pathArmed = true
+	q.pathTimer.Reset(max(wait, minPathWait))
+}
+
+func (q *qp) onPathTimer() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.pathArmed {
+		return
+	}
+	q.pathArmed = false
+	if q.destroyed || (q.state != ibv.QPSRTR && q.state != ibv.QPSRTS) || q.rxFromPeer != q.pathMark ||
+		q.sqAck != q.sqSent || q.rnrWait {
+		return // the peer spoke since, or a SEND is in flight and its ACK timer decides
+	}
+	q.d.ctr.pathsLost.Add(1)
+	q.enterErrLocked(0, 0, false)
 }
 
 func (q *qp) setRespLocked(op, synd uint8, psn uint32, rx *rxBatch) {

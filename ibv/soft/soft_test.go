@@ -295,3 +295,35 @@ func TestDuplicateNotPlacedTwice(t *testing.T) {
 		require.Equal(t, ibv.WCSuccess, pollOne(t, A.scq).Status)
 	}
 }
+
+// TestIdleQPFailsWhenPeerDeviceGone: over TCP, a remote device that dies (its process
+// killed: listener and connections closed) fails the idle QPs connected to it — their
+// RECVs flush and they enter ERR — where hardware would notice only at the next SEND. A
+// SEND posted right after the death still meets the retry rule (RETRY_EXC_ERR, not a
+// flush): conformance's RetryExceededDeadPeer, run over TCP, holds that.
+func TestIdleQPFailsWhenPeerDeviceGone(t *testing.T) {
+	p := soft.New(soft.WithDevices(2), soft.WithInProcess(false))
+	A, B := pairEnds(t, p, 16)
+	for i := 0; i < 2; i++ {
+		_, err := A.qp.PostRecv(&ibv.RecvWR{WRID: uint64(10 + i), SGList: []ibv.SGE{A.sge(4096+64*i, 64)}})
+		require.NoError(t, err)
+		_, err = B.qp.PostRecv(&ibv.RecvWR{WRID: uint64(i), SGList: []ibv.SGE{B.sge(4096+64*i, 64)}})
+		require.NoError(t, err)
+	}
+	_, err := A.qp.PostSend(&ibv.SendWR{WRID: 1, Opcode: ibv.WRSend, SendFlags: ibv.SendSignaled, SGList: []ibv.SGE{A.sge(0, 8)}})
+	require.NoError(t, err)
+	require.Equal(t, ibv.WCSuccess, pollOne(t, A.scq).Status, "the connection is up")
+	require.Equal(t, uint64(0), pollOne(t, B.rcq).WRID)
+	require.NoError(t, p.KillDevice("soft1"))
+	// Bounded by the path wait (1 s at least) plus the probe dial; pollOne allows 5 s.
+	for i := 0; i < 2; i++ {
+		wc := pollOne(t, A.rcq)
+		require.Equal(t, ibv.WCWRFlushErr, wc.Status, "%s", wc.Status)
+		require.Equal(t, uint64(10+i), wc.WRID)
+	}
+	require.Equal(t, ibv.QPSErr, A.qp.State())
+	c, err := soft.DeviceCounters(A.ctx)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), c.PathsLost)
+	require.Zero(t, c.RetryExceeded, "no SEND was in flight")
+}
