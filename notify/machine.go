@@ -1,6 +1,9 @@
 package notify
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -36,9 +39,10 @@ import (
 // from a handshake reply to someone else is useless. A handshake that claims a session the
 // engine already knows must prove the token it was given (ts_proof).
 type peerMachine struct {
-	local uint64
-	cfg   machineConfig
-	rand  func() uint64
+	local     uint64
+	cfg       machineConfig
+	rand      func() uint64
+	cookieKey [16]byte // keys cookie
 
 	names map[string]*nameEntry
 	peers map[peerKey]*peerEntry
@@ -243,14 +247,31 @@ type machineStats struct {
 
 func newPeerMachine(local uint64, cfg machineConfig, rnd func() uint64) *peerMachine {
 	cfg.setDefaults()
-	return &peerMachine{
+	m := &peerMachine{
 		local: local, cfg: cfg, rand: rnd,
 		names: make(map[string]*nameEntry), peers: make(map[peerKey]*peerEntry),
 		chans: make(map[chanID]*chanEntry), reqs: make(map[reqID]*reqEntry),
 	}
+	binary.LittleEndian.PutUint64(m.cookieKey[:8], rnd())
+	binary.LittleEndian.PutUint64(m.cookieKey[8:], rnd())
+	return m
 }
 
-// ready returns the actions queued since the last call; the slice is reused.
+// cookie is the token issued to a session that was refused a channel for max_channels
+// and is kept nowhere: a keyed hash of the session and the name it gave, as a SYN cookie.
+// Its first OOB notify (which names the sender the same way) proves both (oobArrive) and
+// only then makes the peer entry, so refused handshakes leave nothing behind and a real
+// peer is still served over OOB, under the name it handshook with.
+func (m *peerMachine) cookie(session uint64, name string) uint64 {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], session)
+	h := hmac.New(sha256.New, m.cookieKey[:])
+	h.Write(b[:])
+	h.Write([]byte(name))
+	t := binary.LittleEndian.Uint64(h.Sum(nil))
+	return max(t, 1)
+}
+
 // ready returns the actions queued since the last call. Two buffers take turns: the one
 // returned is written again only after the next call, when its caller is done with it
 // (so queuing actions allocates nothing once both have grown). Not re-entrant: the
@@ -1192,6 +1213,13 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 			m.stats.PeersRefused++
 			return inboundReply{refuse: refuseLimit, err: fmt.Errorf("%w: max_peers: %d peers known, the limit", ErrLimit, m.cfg.maxPeers)}
 		}
+		if hs.ctrl && m.cfg.channels && m.channels >= m.cfg.maxChannels {
+			// Refused, and nothing kept: the token is a cookie; a peer that uses it over OOB
+			// gets its entry then (oobArrive).
+			m.stats.ChannelsRefused++
+			return inboundReply{refuse: refuseLimit, token: m.cookie(hs.session, hs.name),
+				err: fmt.Errorf("%w: max_channels: %d channels open, the limit", ErrLimit, m.cfg.maxChannels)}
+		}
 		p = m.newPeer(now, key)
 		if hs.name != "" {
 			p.names = append(p.names, hs.name)
@@ -1449,6 +1477,21 @@ func (m *peerMachine) oobArrive(now time.Time, a oobArrival) (string, error) {
 		return refuseAuth, fmt.Errorf("%w: ts_to: %x is not this engine's session (it restarted)", ErrAuth, a.to)
 	}
 	p := m.peers[peerKey{session: a.session}]
+	if p == nil && a.token != 0 && a.token == m.cookie(a.session, a.from) {
+		// A session refused a channel for max_channels, now served over OOB (see inbound).
+		if len(m.peers) >= m.cfg.maxPeers {
+			m.stats.OOBRefused++
+			m.stats.PeersRefused++
+			return refuseLimit, fmt.Errorf("%w: max_peers: %d peers known, the limit", ErrLimit, m.cfg.maxPeers)
+		}
+		p = m.newPeer(now, peerKey{session: a.session})
+		p.mode = modeOOB
+		m.addTokenIn(p, a.token)
+		if a.from != "" {
+			p.names = append(p.names, a.from)
+			m.learnName(now, p, a.from)
+		}
+	}
 	if p == nil || !m.tokenOK(p, a.token) {
 		m.stats.OOBRefused++
 		m.stats.AuthRefused++

@@ -712,3 +712,51 @@ func TestMachineConnectSlots(t *testing.T) {
 	require.Equal(t, uint64(4), a.m.stats.ConnectsQueued)
 	require.Zero(t, a.m.connects)
 }
+
+// TestMachineChannelLimitKeepsNothing: a handshake refused for max_channels leaves no peer
+// entry; its token is a cookie bound to the session and the name given. The first OOB
+// notify that carries it (under that name) makes the entry; a wrong name or token does not.
+// End to end, a peer over the limit is served over OOB, in order, under its own name.
+func TestMachineChannelLimitKeepsNothing(t *testing.T) {
+	n := newSimNet(t, 5)
+	cfg := simCfg()
+	cfg.maxChannels = 1
+	a := n.add("a", 10, simCfg())
+	b := n.add("b", 20, cfg)
+	c := n.add("c", 30, simCfg())
+	var order []reqID
+	for i := 0; i < 3; i++ {
+		order = append(order, a.send("b", strconv.Itoa(i), ""))
+	}
+	n.run()
+	require.Equal(t, 3, checkDelivery(t, a, b, order))
+	peers := len(b.m.peers)
+	rep := b.m.inbound(n.now, inboundHS{name: "x", session: 77, token: 5, ctrl: true})
+	require.Equal(t, refuseLimit, rep.refuse)
+	require.ErrorIs(t, rep.err, ErrLimit)
+	require.NotZero(t, rep.token)
+	require.Len(t, b.m.peers, peers, "a refused handshake keeps nothing")
+	for _, bad := range []oobArrival{
+		{session: 77, token: rep.token, from: "y", seq: 1},     // another name
+		{session: 78, token: rep.token, from: "x", seq: 1},     // another session
+		{session: 77, token: rep.token ^ 1, from: "x", seq: 1}, // another token
+	} {
+		code, err := b.m.oobArrive(n.now, bad)
+		require.Equal(t, refuseAuth, code)
+		require.ErrorIs(t, err, ErrAuth)
+		require.Len(t, b.m.peers, peers)
+	}
+	code, err := b.m.oobArrive(n.now, oobArrival{session: 77, token: rep.token, from: "x", seq: 1, n: Notify{Msg: []byte("cookie")}})
+	require.Empty(t, code, "%v", err)
+	require.Len(t, b.m.peers, peers+1)
+	b.perform()
+	require.Equal(t, "x", b.got[len(b.got)-1].Peer)
+
+	order = order[:0]
+	for i := 0; i < 5; i++ {
+		order = append(order, c.send("b", "c"+strconv.Itoa(i), ""))
+	}
+	n.run()
+	require.Equal(t, 5, checkDelivery(t, c, b, order), "served over OOB")
+	require.Equal(t, "c", b.got[len(b.got)-1].Peer)
+}
