@@ -172,7 +172,8 @@ type Channel struct {
 	cc      ibv.CompChannel
 	cq      ibv.CQ
 	qp      ibv.QP
-	sendBuf []byte
+	pd      ibv.PD
+	sendBuf []byte // allocated and registered by Connect (allocRings)
 	recvBuf []byte
 	sendMR  ibv.MR
 	recvMR  ibv.MR
@@ -266,15 +267,10 @@ func (c *Channel) create(dev ibv.Context, pd ibv.PD) error {
 		ibv.AttrState|ibv.AttrPKeyIndex|ibv.AttrPort|ibv.AttrAccessFlags); err != nil {
 		return fmt.Errorf("ctrlchannel: qp %d to INIT: %w", c.qp.QPNum(), err)
 	}
-	c.sendBuf = make([]byte, slots*cfg.BufSize)
-	c.recvBuf = make([]byte, cfg.RecvCount*cfg.BufSize)
-	if c.sendMR, err = pd.RegMR(c.sendBuf, ibv.AccessLocalWrite); err != nil {
-		return fmt.Errorf("ctrlchannel: register send ring: %w", err)
-	}
-	if c.recvMR, err = pd.RegMR(c.recvBuf, ibv.AccessLocalWrite); err != nil {
-		return fmt.Errorf("ctrlchannel: register receive ring: %w", err)
-	}
-	c.m, err = NewMachine(Params{RecvCount: cfg.RecvCount, BufSize: cfg.BufSize, SendSlots: slots, SendRing: c.sendBuf,
+	// The rings and their MRs wait for Connect: a channel whose peer never answers the
+	// handshake holds only its QP and CQ (the rings are ~0.5 MiB at the defaults).
+	c.pd = pd
+	c.m, err = NewMachine(Params{RecvCount: cfg.RecvCount, BufSize: cfg.BufSize, SendSlots: slots,
 		MaxPendingSends: cfg.MaxPendingSends, MaxNotifySize: cfg.MaxNotifySize, Extensions: cfg.Extensions,
 		DisableCredits: cfg.DisableCredits})
 	if err != nil {
@@ -293,6 +289,37 @@ func (c *Channel) create(dev ibv.Context, pd ibv.PD) error {
 	}
 	if c.watch, err = c.loop.WatchCQ(c.cq, c); err != nil {
 		return fmt.Errorf("ctrlchannel: watch cq: %w", err)
+	}
+	return nil
+}
+
+// allocRings allocates and registers the send and receive rings and posts every RECV
+// (the QP is in INIT: RECVs may be posted before RTR, so none is missing when the peer's
+// first frame comes).
+func (c *Channel) allocRings() error {
+	if c.recvMR != nil {
+		return nil
+	}
+	var err error
+	c.sendBuf = make([]byte, c.cfg.MaxPendingSends*c.cfg.BufSize)
+	c.recvBuf = make([]byte, c.cfg.RecvCount*c.cfg.BufSize)
+	if c.sendMR, err = c.pd.RegMR(c.sendBuf, ibv.AccessLocalWrite); err != nil {
+		return fmt.Errorf("ctrlchannel: register send ring: %w", err)
+	}
+	if err := c.m.SetSendRing(c.sendBuf); err != nil {
+		return err
+	}
+	recvMR, err := c.pd.RegMR(c.recvBuf, ibv.AccessLocalWrite)
+	if err != nil {
+		return fmt.Errorf("ctrlchannel: register receive ring: %w", err)
+	}
+	c.recvMR = recvMR
+	for i := 0; i < c.cfg.RecvCount; i++ {
+		c.perform(&Action{Kind: ActPostRecv, Slot: i})
+	}
+	c.flushRecvs()
+	if c.closed || c.m.Closed() {
+		return fmt.Errorf("%w: post recv", ErrPeerError)
 	}
 	return nil
 }
@@ -363,6 +390,9 @@ func (c *Channel) Connect(peer PeerInfo, localSession, peerSession, epoch uint64
 		return fmt.Errorf("%w: PeerInfo.MTU %d: not an IB MTU", ErrConfig, peer.MTU)
 	case peer.GID.IsZero() && peer.LID == 0:
 		return fmt.Errorf("%w: PeerInfo: neither GID nor LID set", ErrConfig)
+	}
+	if err := c.allocRings(); err != nil {
+		return err
 	}
 	c.pathMTU = c.mtu
 	if peer.MTU != 0 {
@@ -584,8 +614,8 @@ func (c *Channel) run() {
 func (c *Channel) perform(a *Action) {
 	switch a.Kind {
 	case ActPostRecv:
-		if c.closed {
-			return
+		if c.closed || c.recvMR == nil {
+			return // before Connect: allocRings posts every slot
 		}
 		off := uint64(a.Slot * c.cfg.BufSize)
 		c.rsge[c.nrwr] = ibv.SGE{Addr: c.recvMR.Addr() + off, Length: uint32(c.cfg.BufSize), LKey: c.recvMR.LKey()}

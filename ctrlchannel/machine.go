@@ -328,19 +328,32 @@ func NewMachine(p Params) (*Machine, error) {
 		ring:     make([]sendSlot, p.SendSlots),
 		queue:    make([]*SendReq, 2*p.MaxPendingSends+1), // notifies, as many fences, a goodbye
 		free:     make([]freeSlot, 0, p.RecvCount),
-		held:     make([]heldFrame, 0, p.RecvCount),
 		lastPost: -1,
 		reasm:    Reassembler{Max: p.MaxNotifySize},
 	}
-	n := 2*p.RecvCount + 16
-	m.bufs[0] = make([]Action, 0, n)
-	m.bufs[1] = make([]Action, 0, n)
+	// held (only while paused) and the action buffers grow to what traffic needs, once;
+	// a channel that never carries much (or never connects) stays small.
+	m.bufs[0] = make([]Action, 0, p.RecvCount+16)
+	m.bufs[1] = make([]Action, 0, 16)
 	m.acts = m.bufs[0]
 	for i := 0; i < p.RecvCount; i++ {
 		m.acts = append(m.acts, Action{Kind: ActPostRecv, Slot: i})
 	}
 	m.recvPosted = uint64(p.RecvCount)
 	return m, nil
+}
+
+// SetSendRing gives the machine its send ring when Params.SendRing was nil (a driver that
+// allocates its rings only once the peer answered). Before Connected.
+func (m *Machine) SetSendRing(b []byte) error {
+	switch {
+	case m.state != stateInit:
+		return fmt.Errorf("%w: SetSendRing: channel is not new", ErrConfig)
+	case len(b) < m.p.SendSlots*m.p.BufSize:
+		return fmt.Errorf("%w: SendRing %d bytes: want %d (SendSlots×BufSize)", ErrConfig, len(b), m.p.SendSlots*m.p.BufSize)
+	}
+	m.p.SendRing = b
+	return nil
 }
 
 func (p *Params) check() error {
@@ -354,7 +367,7 @@ func (p *Params) check() error {
 		return bad("BufSize", p.BufSize, fmt.Sprintf("want at least %d", HeaderLen+FragmentHeaderLen+8))
 	case p.SendSlots < 1:
 		return bad("SendSlots", p.SendSlots, "want at least 1")
-	case len(p.SendRing) < p.SendSlots*p.BufSize:
+	case p.SendRing != nil && len(p.SendRing) < p.SendSlots*p.BufSize:
 		return bad("SendRing", len(p.SendRing), fmt.Sprintf("want %d bytes (SendSlots×BufSize)", p.SendSlots*p.BufSize))
 	case p.MaxPendingSends < 1:
 		return bad("MaxPendingSends", p.MaxPendingSends, "want at least 1")
@@ -397,6 +410,9 @@ func (m *Machine) Closed() bool { return m.state == stateClosed }
 func (m *Machine) Connected(now time.Time, pp PeerParams) error {
 	if m.state != stateInit {
 		return fmt.Errorf("%w: Connected: channel is not new", ErrConfig)
+	}
+	if len(m.p.SendRing) < m.p.SendSlots*m.p.BufSize {
+		return fmt.Errorf("%w: Connected: SendRing %d bytes: want %d (SendSlots×BufSize; see SetSendRing)", ErrConfig, len(m.p.SendRing), m.p.SendSlots*m.p.BufSize)
 	}
 	if pp.Epoch == 0 {
 		return fmt.Errorf("%w: PeerParams.Epoch: %w", ErrConfig, ErrBadEpoch)

@@ -240,3 +240,18 @@ func TestMachineByeCountNotTrustedFromLegacy(t *testing.T) {
 	require.ErrorIs(t, a.done[r], ErrPeerClosed)
 	require.Zero(t, a.m.Stats().ByeAcked)
 }
+
+// TestMachineSendRingLater: a machine made without its send ring (the driver allocates
+// rings once the peer answered) refuses Connected until SetSendRing gave one of the
+// right size, and SetSendRing is refused once connected.
+func TestMachineSendRingLater(t *testing.T) {
+	p := Params{RecvCount: 8, BufSize: 256, SendSlots: 4, MaxPendingSends: 16, Extensions: true}
+	m, err := NewMachine(p)
+	require.NoError(t, err)
+	pp := PeerParams{LocalSession: 1, PeerSession: 2, Epoch: 1, RQDepth: 8, Extensions: true}
+	require.ErrorIs(t, m.Connected(t0, pp), ErrConfig)
+	require.ErrorIs(t, m.SetSendRing(make([]byte, 4*256-1)), ErrConfig)
+	require.NoError(t, m.SetSendRing(make([]byte, 4*256)))
+	require.NoError(t, m.Connected(t0, pp))
+	require.ErrorIs(t, m.SetSendRing(make([]byte, 4*256)), ErrConfig)
+}
