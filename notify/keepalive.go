@@ -96,12 +96,48 @@ func (e *Engine) armKeepalive() {
 			return
 		}
 	}
+	d := untilNextStep(time.Now(), e.keepaliveInterval()/2)
 	if e.ka.timer == nil {
-		e.ka.timer = e.loop.AfterFunc(e.keepaliveInterval(), e.keepaliveRound)
+		e.ka.timer = e.loop.AfterFunc(d, e.keepaliveRound)
 	} else {
-		e.ka.timer.Reset(e.keepaliveInterval())
+		e.ka.timer.Reset(d)
 	}
 	e.ka.armed = true
+}
+
+// Keepalive rounds run on a wall-clock grid of half-intervals, the same for every engine,
+// and each channel is probed at one of the two half-steps of its interval: the side with
+// the lower session at the even step, the other at the odd one. So the two ends of a
+// channel never both probe it (the later one heard the earlier one's frame and skips), and
+// the probes of all of an engine's peers, whatever their number, arrive together with its
+// own round: an idle hub wakes about once per interval, not once per peer
+// (BenchmarkIdlePeers). Clocks that disagree by a few milliseconds only spread a burst.
+
+// untilNextStep is the time from now to the next multiple of step on the wall clock.
+func untilNextStep(now time.Time, step time.Duration) time.Duration {
+	if step <= 0 {
+		return time.Millisecond
+	}
+	d := step - time.Duration(now.UnixNano()%int64(step))
+	return max(d, time.Millisecond)
+}
+
+// stepParity is which half-step of the grid the wall-clock time now falls on (0 or 1).
+func stepParity(now time.Time, step time.Duration) int {
+	if step <= 0 {
+		return 0
+	}
+	// Rounded to the nearest step: a timer fires a little after its grid point.
+	return int(((now.UnixNano() + int64(step)/2) / int64(step)) % 2)
+}
+
+// keepaliveParity is the half-step at which this engine probes channel id: 0 when its
+// session is the lower of the pair's.
+func (e *Engine) keepaliveParity(id chanID) int {
+	if ce := e.m.chans[id]; ce != nil && ce.peer != nil && e.session < ce.peer.key.session {
+		return 0
+	}
+	return 1
 }
 
 func (e *Engine) keepaliveRound() {
@@ -111,8 +147,9 @@ func (e *Engine) keepaliveRound() {
 	}
 	now := e.loop.Now()
 	interval := e.keepaliveInterval()
-	late := !e.ka.last.IsZero() && now.Sub(e.ka.last) > 2*interval
+	late := !e.ka.last.IsZero() && now.Sub(e.ka.last) > interval // two half-steps
 	e.ka.last = now
+	parity := stepParity(time.Now(), interval/2)
 	if e.ka.starved == nil {
 		e.ka.starved = make(map[chanID]*starveState)
 	}
@@ -125,6 +162,9 @@ func (e *Engine) keepaliveRound() {
 		if !e.probed(id) {
 			delete(e.ka.starved, id)
 			continue
+		}
+		if e.keepaliveParity(id) != parity {
+			continue // its half-step is the other one
 		}
 		ch.Keepalive()
 		if e.chans[id] == nil { // a synchronous failure closed it

@@ -27,3 +27,23 @@ func TestDeadPeerKeepalive(t *testing.T) {
 	require.NotEmpty(t, st.LastError)
 	t.Logf("dead peer declared after %v (keepalive 100ms, Mooncake QP timers): %s", time.Since(killed).Round(time.Millisecond), st.LastError)
 }
+
+// TestKeepaliveOneEndProbes: of the two ends of an idle channel, only the one with the
+// lower session probes it; the other hears those probes and sends none of its own (at most
+// one, at its first round, before it heard anything).
+func TestKeepaliveOneEndProbes(t *testing.T) {
+	a := newEngine(t, notify.TransportRDMATwoSided, notify.WithKeepalive(200*time.Millisecond))
+	b := newEngine(t, notify.TransportRDMATwoSided, notify.WithKeepalive(200*time.Millisecond))
+	ctx := ctxFor(t, 30*time.Second)
+	require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "hello"}))
+	lo, hi := a, b
+	if a.Stats().Session > b.Stats().Session {
+		lo, hi = b, a
+	}
+	require.Eventually(t, func() bool { return lo.Stats().Channels.KeepalivesSent >= 5 }, 20*time.Second, 10*time.Millisecond,
+		"the lower session's end does not probe")
+	sent := hi.Stats().Channels.KeepalivesSent
+	require.LessOrEqual(t, sent, uint64(1), "the higher session's end probes too")
+	require.Equal(t, "up", peerStats(t, a, b.Addr()).State)
+	t.Logf("keepalives sent: lower session %d, higher %d", lo.Stats().Channels.KeepalivesSent, sent)
+}

@@ -69,8 +69,9 @@ var (
 	BusyPoll           = Limit{Name: "busy_poll", Default: 0, Min: 0, Max: int64(time.Second), Unit: Duration}
 	AuthKeyLen         = Limit{Name: "auth_key", Default: 0, Min: 16, Max: 1024, Unit: Bytes, Special: []Special{{0, "off"}}}
 	MaxChannels        = Limit{Name: "max_channels", Default: 1024, Min: 1, Max: 1 << 20}
-	// Keepalive of ctrl channels; 0 = off.
-	Keepalive = Limit{Name: "keepalive", Default: 0, Min: int64(time.Millisecond), Max: int64(time.Hour), Unit: Duration, Special: []Special{{0, "off"}}}
+	// Keepalive of ctrl channels; 0 = off. On by default: on hardware an idle channel whose
+	// peer died learns it only by sending (notify.WithKeepalive, BenchmarkIdlePeers).
+	Keepalive = Limit{Name: "keepalive", Default: int64(5 * time.Second), Min: int64(time.Millisecond), Max: int64(time.Hour), Unit: Duration, Special: []Special{{0, "off"}}}
 
 	// OOB channel.
 	OOBMaxConns             = Limit{Name: "max_conns", Default: 4096, Min: 1, Max: 1 << 20}
