@@ -42,7 +42,8 @@ type peerMachine struct {
 	local     uint64
 	cfg       machineConfig
 	rand      func() uint64
-	cookieKey [16]byte // keys cookie
+	cookieKey [16]byte          // keys cookie
+	offered   map[uint64]string // tokens of our handshakes in flight -> the name (offer)
 
 	names map[string]*nameEntry
 	peers map[peerKey]*peerEntry
@@ -138,6 +139,7 @@ type nameEntry struct {
 type peerEntry struct {
 	key      peerKey
 	names    []string // aliases; names[0] is the name the peer advertised, if any
+	adv      string   // the name the peer gave in its last handshake: Notify.Peer when names is empty (a rebind took them)
 	mode     peerMode
 	ch       chanID // current channel, 0: none
 	epoch    uint64 // highest epoch seen for the pair
@@ -717,10 +719,12 @@ func (m *peerMachine) connectName(now time.Time, ne *nameEntry, p *peerEntry) {
 		act.token = m.rand()
 	}
 	ne.token = act.token
+	m.offer(ne)
 	if m.cfg.channels && (p == nil || p.mode == modeChannel) {
 		if m.channels >= m.cfg.maxChannels {
 			m.stats.ChannelsRefused++
 			ne.connecting = false
+			m.withdraw(ne)
 			m.connects--
 			err := sendErr(ErrLimit, ne.name, "rdma_twosided", fmt.Errorf("max_channels: %d channels open, the limit", m.cfg.maxChannels), false)
 			m.failName(now, ne, err)
@@ -732,6 +736,22 @@ func (m *peerMachine) connectName(now time.Time, ne *nameEntry, p *peerEntry) {
 		m.chans[act.ch] = &chanEntry{id: act.ch, name: ne.name, epoch: act.epoch, initiator: m.local, peer: p}
 	}
 	m.emit(act)
+}
+
+// offer records the token ne's handshake carries while it is in flight (withdraw ends
+// it): the peer may use it before its reply reaches us (a simultaneous open, see
+// oobArrive). Bounded by the handshakes in flight (maxConnects).
+func (m *peerMachine) offer(ne *nameEntry) {
+	if m.offered == nil {
+		m.offered = make(map[uint64]string)
+	}
+	m.offered[ne.token] = ne.name
+}
+
+func (m *peerMachine) withdraw(ne *nameEntry) {
+	if m.offered[ne.token] == ne.name {
+		delete(m.offered, ne.token)
+	}
 }
 
 // nextConnect starts queued handshakes while slots are free.
@@ -792,6 +812,7 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 		return
 	}
 	ne.connecting = false
+	m.withdraw(ne)
 	if res.err != nil {
 		closeCh(res.err)
 		kind := ErrPeerUnreachable
@@ -907,6 +928,7 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 	}
 	m.moveWaiters(ne, p)
 	m.flush(now, p, name)
+	m.fence(p) // seqs given up while the pair had no path (a rebind) now have one
 }
 
 func (m *peerMachine) connectedLegacy(now time.Time, ne *nameEntry, ce *chanEntry, res hsResult, closeCh func(error)) {
@@ -935,6 +957,7 @@ func (m *peerMachine) connectedLegacy(now time.Time, ne *nameEntry, ce *chanEntr
 		}
 		p = m.newPeer(now, key)
 		p.names = append(p.names, ne.name)
+		p.adv = ne.name
 	}
 	ne.peer = p
 	ce.peer, ce.legacy = p, true
@@ -973,6 +996,9 @@ func (m *peerMachine) bind(now time.Time, ne *nameEntry, session uint64, adverti
 		if advertised != "" {
 			p.names = append(p.names, advertised)
 		}
+	}
+	if advertised != "" {
+		p.adv = advertised
 	}
 	if old := ne.peer; old != nil && old != p {
 		// The name now reaches another engine (it restarted on the same address): what
@@ -1227,6 +1253,10 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 	}
 	p.lastActive = now
 	p.tokenOut = hs.token
+	if hs.name != "" {
+		p.adv = hs.name
+	}
+	m.fence(p) // seqs given up while the pair had no path (a rebind) now have one
 	if p.tokenIn[0] == 0 {
 		m.addTokenIn(p, m.rand())
 	}
@@ -1350,6 +1380,7 @@ func (m *peerMachine) inboundLegacy(now time.Time, hs inboundHS) inboundReply {
 		}
 		p = m.newPeer(now, key)
 		p.names = append(p.names, hs.name)
+		p.adv = hs.name
 		if ne := m.names[hs.name]; ne == nil && len(m.names) < m.cfg.maxNames {
 			m.names[hs.name] = &nameEntry{name: hs.name, peer: p, lastUsed: now}
 		} else if ne != nil && ne.peer == nil {
@@ -1489,8 +1520,23 @@ func (m *peerMachine) oobArrive(now time.Time, a oobArrival) (string, error) {
 		m.addTokenIn(p, a.token)
 		if a.from != "" {
 			p.names = append(p.names, a.from)
+			p.adv = a.from
 			m.learnName(now, p, a.from)
 		}
+	}
+	if name, ok := m.offered[a.token]; ok && a.token != 0 && (p == nil || !m.tokenOK(p, a.token)) {
+		// The token of our own handshake to name, still in flight: the sender answered
+		// it (nobody else has seen the token) and sends before its reply reached us.
+		if p == nil {
+			if len(m.peers) >= m.cfg.maxPeers {
+				m.stats.OOBRefused++
+				m.stats.PeersRefused++
+				return refuseLimit, fmt.Errorf("%w: max_peers: %d peers known, the limit", ErrLimit, m.cfg.maxPeers)
+			}
+			p = m.newPeer(now, peerKey{session: a.session})
+		}
+		m.addTokenIn(p, a.token)
+		m.learnName(now, p, name)
 	}
 	if p == nil || !m.tokenOK(p, a.token) {
 		m.stats.OOBRefused++
@@ -1672,6 +1718,9 @@ func (m *peerMachine) forget(key peerKey, p *peerEntry) {
 func (m *peerMachine) peerName(p *peerEntry) string {
 	if len(p.names) > 0 {
 		return p.names[0]
+	}
+	if p.adv != "" {
+		return p.adv
 	}
 	if p.key.legacy != "" {
 		return p.key.legacy

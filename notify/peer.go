@@ -3,6 +3,7 @@ package notify
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -319,16 +320,58 @@ func (e *Engine) onMachineTimer() {
 // busyRetry bounds the pause before an OOB notify the peer answered "busy" is sent again.
 const busyRetry = 50 * time.Millisecond
 
-// sendOOB sends req over OOB on a goroutine (OOB calls block; the loop never does) and
-// reports the result on the loop. A peer whose queue is full answers "busy": the notify is
-// sent again until the deadline.
+// sendOOB sends req over OOB and reports the result on the loop. A twosided peer at a
+// literal address is sent to from the loop itself (oob.Node.NotifyOnLoop: no submission,
+// no goroutine); a Mooncake peer's notifies go one after another on a goroutine, and a
+// peer named by host name on a goroutine of its own (resolving blocks). A peer whose
+// queue is full answers "busy": the notify is sent again until the deadline.
 func (e *Engine) sendOOB(peer string, req oob.NotifyRequest, deadline time.Time, report func(err error, maybe, local bool)) {
 	if req.Session == 0 {
 		// A Mooncake peer has no seqs to reorder by: its notifies go one after another.
 		e.legacyOOB.push(peer, func() { e.doOOB(peer, req, deadline, report) })
 		return
 	}
-	go e.doOOB(peer, req, deadline, report)
+	e.sendOOBOnLoop(peer, req, deadline, time.Millisecond, report)
+}
+
+// sendOOBOnLoop is sendOOB's loop path; pause is the wait before the next try after a
+// "busy". Loop-only.
+func (e *Engine) sendOOBOnLoop(peer string, req oob.NotifyRequest, deadline time.Time, pause time.Duration, report func(err error, maybe, local bool)) {
+	r := &req // one allocation: it lives until done
+	done := func(err error) {
+		if e.closing {
+			return // closeOnLoop failed every send
+		}
+		if errors.Is(err, oob.ErrBusy) {
+			if left := deadline.Sub(e.loop.Now()); left > pause {
+				e.loop.AfterFunc(pause, func() {
+					if !e.closing {
+						e.sendOOBOnLoop(peer, *r, deadline, min(2*pause, busyRetry), report)
+					}
+				})
+				return
+			}
+			err = errors.Join(err, context.DeadlineExceeded)
+		}
+		maybe, local := oobOutcome(err)
+		if err != nil {
+			err = oobKind(err)
+		}
+		report(err, maybe, local)
+		e.perform() // inside a perform already (a result at once) it only returns
+	}
+	err := e.node.NotifyOnLoop(peer, r, deadline.Sub(e.loop.Now()), done)
+	switch {
+	case err == nil:
+	case errors.Is(err, oob.ErrBadRequest) && !errors.Is(err, oob.ErrTooLarge):
+		if _, perr := netip.ParseAddrPort(peer); perr != nil {
+			go e.doOOB(peer, req, deadline, report) // a host name: resolved off the loop
+			return
+		}
+		done(err)
+	default:
+		done(err)
+	}
 }
 
 func (e *Engine) doOOB(peer string, req oob.NotifyRequest, deadline time.Time, report func(err error, maybe, local bool)) {

@@ -78,6 +78,13 @@ type call struct {
 	startFn   func()
 	cancelFn  func()
 	timer     *time.Timer
+
+	// NotifyOnLoop: the result goes to cb on the loop instead of done; lt bounds the wait.
+	// Such a call is never pooled (connection code may still look at it after finish).
+	cb    func(error)
+	lt    *reactor.Timer
+	sync  bool // start runs inside NotifyOnLoop: a result now is returned, not called back
+	local bool // lt is the caller's deadline (not RequestTimeout)
 }
 
 var callPool = sync.Pool{New: func() any {
@@ -111,6 +118,58 @@ func putCall(c *call) {
 // a Mooncake peer gets one connection per notify. nil means the peer replied success.
 func (n *Node) Notify(ctx context.Context, peer string, req *NotifyRequest) error {
 	return n.notify(ctx, peer, req, false)
+}
+
+// NotifyOnLoop sends req to peer as Notify does, from the loop goroutine and without
+// waiting: done is called on the loop exactly once with the result, unless NotifyOnLoop
+// returns an error itself (then done is never called). It saves the submission and the
+// hand-offs of a waiting goroutine. peer must be a literal ip:port (resolving a host name
+// would block the loop: such a peer gets ErrBadRequest, and Notify serves it). The reply
+// is awaited at most timeout, and never past RequestTimeout; a timeout error wraps
+// context.DeadlineExceeded when timeout was the shorter (the caller's deadline). req (and
+// its Msg) must stay unchanged until done is called.
+func (n *Node) NotifyOnLoop(peer string, req *NotifyRequest, timeout time.Duration, done func(error)) error {
+	switch {
+	case !n.loop.InLoop():
+		return fmt.Errorf("%w: notify %s: NotifyOnLoop off the loop goroutine", ErrBadRequest, peer)
+	case req == nil || done == nil:
+		return fmt.Errorf("%w: notify %s: req and done must not be nil", ErrBadRequest, peer)
+	case n.closed.Load():
+		return fmt.Errorf("%s %s: %w", TypeNotify, peer, ErrClosed)
+	}
+	if err := checkNotify(req); err != nil {
+		return err
+	}
+	ap, err := netip.ParseAddrPort(peer)
+	if err != nil {
+		return fmt.Errorf("%w: notify %s: not a literal ip:port (NotifyOnLoop resolves no names)", ErrBadRequest, peer)
+	}
+	c := &call{n: n, typ: TypeNotify, peer: peer, ap: ap, nreq: *req, cb: done}
+	d := n.cfg.RequestTimeout
+	if timeout <= 0 {
+		return fmt.Errorf("%s %s: %w: %w", TypeNotify, peer, ErrTimeout, context.DeadlineExceeded)
+	}
+	if timeout < d {
+		d, c.local = timeout, true
+	}
+	c.sync = true
+	c.start()
+	c.sync = false
+	if c.finished {
+		return c.err
+	}
+	c.lt = n.loop.AfterFunc(d, func() {
+		if c.finished {
+			return
+		}
+		c.cancel() // out of the connection's queue or pending set; finished
+		err := fmt.Errorf("%s %s: %w: no reply within RequestTimeout %v", c.typ, c.peer, ErrTimeout, d)
+		if c.local {
+			err = fmt.Errorf("%s %s: %w: %w", c.typ, c.peer, ErrTimeout, context.DeadlineExceeded)
+		}
+		c.cb(err)
+	})
+	return nil
 }
 
 // NotifyClassic sends req on a connection of its own, as Mooncake does.
@@ -241,6 +300,20 @@ func (c *call) finish(err error, resp *HandshakeDesc) {
 	c.finished = true
 	c.conn = nil
 	c.err, c.resp = err, resp
+	if c.cb != nil {
+		if c.sync {
+			return // NotifyOnLoop returns it
+		}
+		if c.lt != nil {
+			c.lt.Stop()
+		}
+		// Not from inside the connection code that finished it (a callback may send again,
+		// or close): later in this loop turn, with no wake-up.
+		if c.n.loop.Submit(func() { c.cb(err) }) != nil {
+			c.cb(err)
+		}
+		return
+	}
 	c.done <- struct{}{}
 }
 

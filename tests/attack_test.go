@@ -85,7 +85,9 @@ func TestAttackBogusHandshakes(t *testing.T) {
 		attacks, accepted.Load(), refused.Load(), failed.Load(), st.Limits.Channels, st.ChannelsUp, st.Limits.Unconfirmed, st.PeerCount,
 		st.Limits.Names, st.Limits.UnconfirmedRefused, float64(int64(heap1)-int64(heap0))/mib, fd1-fd0)
 	require.Zero(t, failed.Load(), "every bogus handshake gets a reply")
-	require.LessOrEqual(t, accepted.Load(), int64(ghostCap), "bogus channels beyond the unconfirmed cap")
+	// At most ghostCap at a time: on a slow machine (-race, strace) the first ones may
+	// expire (connect timeout 2 s) before the flood ends, and their places are taken again.
+	require.LessOrEqual(t, accepted.Load(), int64(ghostCap)+int64(st.Limits.UnconfirmedExpired), "bogus channels beyond the unconfirmed cap")
 	require.LessOrEqual(t, st.Limits.Channels, ghostCap+1)
 	require.LessOrEqual(t, fd1-fd0, 4*ghostCap, "fds per bogus channel")
 	require.Less(t, int64(heap1)-int64(heap0), int64(64*mib), "heap kept by bogus handshakes")
