@@ -1715,6 +1715,15 @@ func (m *peerMachine) forget(key peerKey, p *peerEntry) {
 
 // peerName is how p is named in notifies and errors: the name it advertised, else the
 // first name it was reached by.
+// statsName names p in Stats: an alias, else its session; a peer whose names went to
+// another engine (it restarted on the same address) is not shown under that address.
+func (m *peerMachine) statsName(p *peerEntry) string {
+	if len(p.names) > 0 || p.key.legacy != "" {
+		return m.peerName(p)
+	}
+	return fmt.Sprintf("session-%x", p.key.session)
+}
+
 func (m *peerMachine) peerName(p *peerEntry) string {
 	if len(p.names) > 0 {
 		return p.names[0]

@@ -329,7 +329,7 @@ func (e *Engine) loopStats() Stats {
 	}
 	s.Peers = make([]PeerStats, 0, len(e.m.peers))
 	for _, p := range e.m.peers {
-		st := PeerStats{Peer: e.m.peerName(p), Session: p.key.session, Names: append([]string(nil), p.names...),
+		st := PeerStats{Peer: e.m.statsName(p), Session: p.key.session, Names: append([]string(nil), p.names...),
 			State: e.m.peerState(p), Epoch: p.epoch, Sent: p.sent, Received: p.received, Duplicates: p.dups,
 			Held: p.win.held, Window: windowStatsOf(p.win.stats)}
 		if p.lastErr != nil {

@@ -129,7 +129,7 @@ func TestAttackRefusedHugeNames(t *testing.T) {
 	heap0 := heapAfterGC()
 	huge := strings.Repeat("n", 900<<10)
 	var refused, failed atomic.Int64
-	var sample atomic.Value
+	var sample, firstFail atomic.Value
 	flood(attacks, 4, func(i int) {
 		session := uint64(0)
 		if i%2 == 1 {
@@ -139,6 +139,7 @@ func TestAttackRefusedHugeNames(t *testing.T) {
 		switch {
 		case err != nil:
 			failed.Add(1)
+			firstFail.CompareAndSwap(nil, fmt.Sprintf("handshake %d: %v", i, err))
 		case !strings.Contains(reply, `"notify_qp_num"`):
 			refused.Add(1)
 			sample.Store(reply)
@@ -149,7 +150,7 @@ func TestAttackRefusedHugeNames(t *testing.T) {
 	grown := int64(heapAfterGC()) - int64(heap0)
 	t.Logf("%d handshakes with 900 KB names: %d refused, %d failed; peers %d → %d, names %d → %d; heap %+.1f MiB after GC",
 		attacks, refused.Load(), failed.Load(), before.PeerCount, st.PeerCount, before.Limits.Names, st.Limits.Names, float64(grown)/mib)
-	require.Zero(t, failed.Load())
+	require.Zero(t, failed.Load(), "first: %v", firstFail.Load())
 	require.Equal(t, int64(attacks), refused.Load(), "MaxChannels 1 is taken: every handshake is refused")
 	require.Less(t, grown, int64(16*mib), "memory kept by refused handshakes")
 	served(t, ctx, good, srv, "good", 10, 20)
