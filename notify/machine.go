@@ -1524,9 +1524,12 @@ func (m *peerMachine) oobArrive(now time.Time, a oobArrival) (string, error) {
 			m.learnName(now, p, a.from)
 		}
 	}
-	if name, ok := m.offered[a.token]; ok && a.token != 0 && (p == nil || !m.tokenOK(p, a.token)) {
+	if name, ok := m.offered[a.token]; ok && a.token != 0 && (p == nil || !m.tokenOK(p, a.token)) &&
+		(p == nil || p.adv == name || slices.Contains(p.names, name)) {
 		// The token of our own handshake to name, still in flight: the sender answered
-		// it (nobody else has seen the token) and sends before its reply reached us.
+		// it (nobody else has seen the token) and sends before its reply reached us. It
+		// opens only a session we do not know yet or the one that name already leads to:
+		// the engine at name cannot use it to speak for another peer's session.
 		if p == nil {
 			if len(m.peers) >= m.cfg.maxPeers {
 				m.stats.OOBRefused++
@@ -1713,8 +1716,6 @@ func (m *peerMachine) forget(key peerKey, p *peerEntry) {
 	delete(m.peers, key)
 }
 
-// peerName is how p is named in notifies and errors: the name it advertised, else the
-// first name it was reached by.
 // statsName names p in Stats: an alias, else its session; a peer whose names went to
 // another engine (it restarted on the same address) is not shown under that address.
 func (m *peerMachine) statsName(p *peerEntry) string {
@@ -1724,6 +1725,8 @@ func (m *peerMachine) statsName(p *peerEntry) string {
 	return fmt.Sprintf("session-%x", p.key.session)
 }
 
+// peerName is how p is named in notifies and errors: the name it advertised, else the
+// first name it was reached by, else the name of its last handshake.
 func (m *peerMachine) peerName(p *peerEntry) string {
 	if len(p.names) > 0 {
 		return p.names[0]

@@ -790,3 +790,36 @@ func TestMachineOOBSimultaneousOpen(t *testing.T) {
 	}
 	t.Logf("auth refusals across 300 schedules: %d", rebinds)
 }
+
+// TestMachineOfferedTokenNotForAnotherSession: the token of a handshake still in flight
+// opens only a session the engine does not know yet or the one its name already leads to;
+// the engine at that name cannot use it to inject into another peer's pair.
+func TestMachineOfferedTokenNotForAnotherSession(t *testing.T) {
+	n := newSimNet(t, 9)
+	a := n.add("a", 10, simCfg())
+	n.add("b", 20, simCfg())
+	c := n.add("c", 30, simCfg())
+	order := []reqID{a.send("c", "c0", "")}
+	n.run()
+	require.Equal(t, 1, checkDelivery(t, a, c, order))
+	a.send("b", "b0", "") // a's handshake to b is now in flight: its token is offered
+	require.Len(t, a.m.offered, 1)
+	var tok uint64
+	for k := range a.m.offered {
+		tok = k
+	}
+	code, err := a.m.oobArrive(n.now, oobArrival{session: 30, token: tok, to: 10, seq: 2, from: "b",
+		n: Notify{Msg: []byte("forged")}})
+	require.Equal(t, refuseAuth, code)
+	require.ErrorIs(t, err, ErrAuth)
+	a.perform()
+	for _, g := range a.got {
+		require.NotEqual(t, "forged", string(g.Msg))
+	}
+	// From the session that answers it, the token is good at once.
+	code, err = a.m.oobArrive(n.now, oobArrival{session: 20, token: tok, to: 10, seq: 1, from: "b",
+		n: Notify{Msg: []byte("early")}})
+	require.Empty(t, code, "%v", err)
+	n.run()
+	require.Equal(t, "early", string(a.got[len(a.got)-1].Msg))
+}
