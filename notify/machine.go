@@ -44,6 +44,8 @@ type peerMachine struct {
 	rand      func() uint64
 	cookieKey [16]byte          // keys cookie
 	offered   map[uint64]string // tokens of our handshakes in flight -> the name (offer)
+	doneReqs  []*reqEntry       // completed since the last ready (recycleReqs)
+	freeReqs  []*reqEntry
 
 	names map[string]*nameEntry
 	peers map[peerKey]*peerEntry
@@ -279,6 +281,7 @@ func (m *peerMachine) cookie(session uint64, name string) uint64 {
 // (so queuing actions allocates nothing once both have grown). Not re-entrant: the
 // driver performs one batch at a time (Engine.perform).
 func (m *peerMachine) ready() []mAction {
+	m.recycleReqs()
 	a := m.acts
 	clear(m.spare) // handed out last time and done with: drop what it references
 	m.acts, m.spare = m.spare[:0], a
@@ -288,8 +291,38 @@ func (m *peerMachine) ready() []mAction {
 func (m *peerMachine) emit(a mAction) { m.acts = append(m.acts, a) }
 
 func (m *peerMachine) complete(id reqID, err error) {
+	if r := m.reqs[id]; r != nil {
+		m.doneReqs = append(m.doneReqs, r) // reused once the driver is done with this batch (ready)
+	}
 	delete(m.reqs, id)
 	m.emit(mAction{kind: aComplete, req: id, err: err})
+}
+
+// maxFreeReqs bounds the reqEntry free list.
+const maxFreeReqs = 1024
+
+// newReq is a cleared reqEntry, from the free list when it has one.
+func (m *peerMachine) newReq() *reqEntry {
+	if n := len(m.freeReqs); n > 0 {
+		r := m.freeReqs[n-1]
+		m.freeReqs[n-1] = nil
+		m.freeReqs = m.freeReqs[:n-1]
+		return r
+	}
+	return &reqEntry{}
+}
+
+// recycleReqs moves the entries completed before this call to the free list. Only between
+// two events: a machine method may still hold an entry it just completed.
+func (m *peerMachine) recycleReqs() {
+	for i, r := range m.doneReqs {
+		m.doneReqs[i] = nil
+		if len(m.freeReqs) < maxFreeReqs {
+			*r = reqEntry{}
+			m.freeReqs = append(m.freeReqs, r)
+		}
+	}
+	m.doneReqs = m.doneReqs[:0]
 }
 
 // ---- sends ----
@@ -309,7 +342,8 @@ func (m *peerMachine) send(now time.Time, id reqID, name, nid string, deadline t
 		m.names[name] = ne
 	}
 	ne.lastUsed = now
-	r := &reqEntry{id: id, name: name, nid: nid, deadline: deadline}
+	r := m.newReq()
+	r.id, r.name, r.nid, r.deadline = id, name, nid, deadline
 	m.reqs[id] = r
 	m.setTimer(deadline) // a send that waits past its deadline is withdrawn
 	if ne.legacyOOB && now.Before(ne.retryAt) {
@@ -385,10 +419,11 @@ func (m *peerMachine) flush(now time.Time, p *peerEntry, via string) {
 
 func (m *peerMachine) popWaiter(p *peerEntry) reqID {
 	id := p.waiters[0]
-	p.waiters = p.waiters[1:]
-	if len(p.waiters) == 0 {
-		p.waiters = nil
+	if len(p.waiters) == 1 {
+		p.waiters = p.waiters[:0] // keeps its array: the next send appends without allocating
+		return id
 	}
+	p.waiters = p.waiters[1:]
 	return id
 }
 
