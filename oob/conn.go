@@ -345,7 +345,10 @@ func (c *conn) close(cause error) {
 		c.tm.Stop()
 		c.tmArmed = false
 	}
-	if err := n.loop.Close(c.fd); err != nil {
+	if err := n.loop.Close(c.fd); errors.Is(err, reactor.ErrNotRegistered) {
+		// Never registered (or already removed): the fd is still ours to close. Any other
+		// error came from Remove's epoll_ctl or from close itself, after which the number
+		// may already belong to someone else: closing it again could close their fd.
 		_ = unix.Close(c.fd)
 	}
 	c.out.Done()

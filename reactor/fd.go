@@ -1,6 +1,7 @@
 package reactor
 
 import (
+	"errors"
 	"fmt"
 
 	"golang.org/x/sys/unix"
@@ -74,13 +75,17 @@ func (l *Loop) Remove(fd int) error {
 	return nil
 }
 
-// Close is Remove followed by closing fd. Loop only.
+// Close is Remove followed by closing fd. Loop only. A registered fd is closed even when
+// epoll_ctl fails to remove it (closing takes it out of the set anyway), so after any error
+// but ErrNotInLoop and ErrNotRegistered the fd is gone: the caller must not close it again
+// (its number may already be someone else's).
 func (l *Loop) Close(fd int) error {
-	if err := l.Remove(fd); err != nil {
+	err := l.Remove(fd)
+	if errors.Is(err, ErrNotInLoop) || errors.Is(err, ErrNotRegistered) {
 		return err
 	}
-	if err := unix.Close(fd); err != nil {
-		return fmt.Errorf("reactor: close fd %d: %w", fd, err)
+	if cerr := unix.Close(fd); cerr != nil {
+		return errors.Join(err, fmt.Errorf("reactor: close fd %d: %w", fd, cerr))
 	}
-	return nil
+	return err
 }

@@ -426,3 +426,27 @@ func TestNow(t *testing.T) {
 	require.False(t, b.Before(a))
 	require.False(t, l.Now().Before(b))
 }
+
+// TestCloseUnregisteredLeavesFd: Close of an fd the loop does not hold answers
+// ErrNotRegistered and leaves the fd open (the caller still owns it); a registered fd is
+// gone after Close whatever it answers, so the caller never closes a number twice.
+func TestCloseUnregisteredLeavesFd(t *testing.T) {
+	l := newLoop(t)
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	a, b := fds[0], fds[1]
+	defer closeFd(b)
+	var cerr error
+	onLoop(t, l, func() { cerr = l.Close(a) })
+	require.ErrorIs(t, cerr, ErrNotRegistered)
+	_, err = unix.FcntlInt(uintptr(a), unix.F_GETFD, 0)
+	require.NoError(t, err, "Close of an unregistered fd closed it")
+	var addErr error
+	onLoop(t, l, func() {
+		addErr = l.Add(a, Readable, func(Events) {})
+		cerr = l.Close(a)
+	})
+	require.NoError(t, addErr)
+	require.NoError(t, cerr)
+	requireEOF(t, b)
+}
