@@ -780,6 +780,14 @@ func (m *peerMachine) offer(ne *nameEntry) {
 	if m.offered == nil {
 		m.offered = make(map[uint64]string)
 	}
+	if len(m.offered) >= 2*m.cfg.maxConnects {
+		// Entries whose handshake ended without a withdraw (its name went meanwhile).
+		for tok, name := range m.offered {
+			if x := m.names[name]; x == nil || !x.connecting || x.token != tok {
+				delete(m.offered, tok)
+			}
+		}
+	}
 	m.offered[ne.token] = ne.name
 }
 
@@ -843,6 +851,11 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 		}
 	}
 	if ne == nil {
+		for tok, n := range m.offered { // its name entry went while the handshake was out
+			if n == name {
+				delete(m.offered, tok)
+			}
+		}
 		closeCh(ErrClosed)
 		return
 	}
