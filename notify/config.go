@@ -331,10 +331,11 @@ func WithOOBIdleTimeout(d time.Duration) Option { return func(c *config) { c.oob
 
 // WithKeepalive sends a keepalive ctrl frame on every idle channel each interval d
 // (default 5 s), so a vanished peer is declared dead within about 2·d plus the QP's retry
-// time (~0.5 s with Mooncake's QP attributes) even without traffic. Only one end of a
-// channel probes it, and every engine's rounds fall on the same wall-clock grid, so an idle
-// engine wakes about twice per interval however many peers it has (BenchmarkIdlePeers:
-// 100 idle peers at the default cost the hub ~0.4 wake-ups/s). 0 sends none: an idle
+// time (~0.5 s with Mooncake's QP attributes) even without traffic. The two ends of a
+// channel probe at opposite half-steps of a wall-clock grid shared by every engine, so one
+// probe per interval crosses a channel and an idle engine's wake-ups follow the interval,
+// not its number of peers (BenchmarkIdlePeers: 100 idle peers at the default cost the hub
+// ~2.2 wake-ups/s). 0 sends none: an idle
 // engine then never wakes, and on hardware a peer that died while idle is found only when
 // a notify is next sent to it.
 func WithKeepalive(d time.Duration) Option { return func(c *config) { c.keepalive = d } }

@@ -108,9 +108,10 @@ func (e *Engine) armKeepalive() {
 // Keepalive rounds run on a wall-clock grid of half-intervals, the same for every engine,
 // and each channel is probed at one of the two half-steps of its interval: the side with
 // the lower session at the even step, the other at the odd one. So the two ends of a
-// channel never both probe it (the later one heard the earlier one's frame and skips), and
-// the probes of all of an engine's peers, whatever their number, arrive together with its
-// own round: an idle hub wakes about once per interval, not once per peer
+// channel do not both probe it (each hears the other's frame before its own round and
+// skips; normally the lower session's end probes, and a late round can hand the task to the
+// other end), and the probes of all of an engine's peers, whatever their number, arrive in
+// two bursts per interval: an idle hub wakes a few times per interval, not once per peer
 // (BenchmarkIdlePeers). Clocks that disagree by a few milliseconds only spread a burst.
 
 // untilNextStep is the time from now to the next multiple of step on the wall clock.
