@@ -142,7 +142,8 @@
 //
 // One RC QP per peer with one CQ for both queues, on its own completion channel watched by
 // the reactor (reactor.WatchCQ: reap, Repost, arm). The send ring and the receive ring are
-// one registered MR each, BufSize bytes a slot; the send ring has MaxPendingSends slots
+// one registered MR each, BufSize bytes a slot, made by Connect (a channel whose peer never
+// answers its handshake holds only its QP and CQ); the send ring has MaxPendingSends slots
 // and is the send queue's depth. Frames up to MaxInline bytes go inline. SENDs are
 // signaled every SendSlots/4 and the newest posted SEND is always signaled, so every SEND
 // is covered by a completion; a send slot (and its send-queue slot) is free only once a
