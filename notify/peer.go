@@ -339,10 +339,9 @@ func (e *Engine) sendOOB(peer string, req oob.NotifyRequest, deadline time.Time,
 func (e *Engine) sendOOBOnLoop(peer string, req oob.NotifyRequest, deadline time.Time, pause time.Duration, report func(err error, maybe, local bool)) {
 	r := &req // one allocation: it lives until done
 	done := func(err error) {
-		if e.closing {
-			return // closeOnLoop failed every send
-		}
-		if errors.Is(err, oob.ErrBusy) {
+		// While closing too: a notify the peer answered during the goodbyes is reported as
+		// it went (after closeOnLoop failed every send, the machine no longer knows it).
+		if errors.Is(err, oob.ErrBusy) && !e.closing {
 			if left := deadline.Sub(e.loop.Now()); left > pause {
 				e.loop.AfterFunc(pause, func() {
 					if !e.closing {
@@ -399,10 +398,7 @@ func (e *Engine) doOOB(peer string, req oob.NotifyRequest, deadline time.Time, r
 			err = oobKind(err)
 		}
 		_ = e.loop.Submit(func() {
-			if e.closing {
-				return
-			}
-			report(err, maybe, local)
+			report(err, maybe, local) // while closing too (see sendOOBOnLoop)
 			e.perform()
 		})
 	}
