@@ -1797,8 +1797,16 @@ func (m *peerMachine) closeAll(err error) {
 			m.emit(mAction{kind: aDeliver, n: d})
 		})
 	}
-	for id := range m.reqs {
-		m.emit(mAction{kind: aComplete, req: id, err: err})
+	var unknown error // for a send on its way (posted, or written over OOB) or one whose earlier try may have landed
+	for id, r := range m.reqs {
+		e := err
+		if r.ch != 0 || r.oob || r.maybe {
+			if unknown == nil {
+				unknown = sendErr(ErrClosed, "", "", err, true)
+			}
+			e = unknown
+		}
+		m.emit(mAction{kind: aComplete, req: id, err: e})
 	}
 	clear(m.reqs)
 	for id := range m.chans {

@@ -823,3 +823,28 @@ func TestMachineOfferedTokenNotForAnotherSession(t *testing.T) {
 	n.run()
 	require.Equal(t, "early", string(a.got[len(a.got)-1].Msg))
 }
+
+// TestMachineCloseAllUnknownForInFlight: closing the engine fails every send, but only a
+// send that never left is "not delivered"; one posted on a channel (or written over OOB)
+// may have landed, and its error says so (ErrMaybeDelivered).
+func TestMachineCloseAllUnknownForInFlight(t *testing.T) {
+	for _, oobOnly := range []bool{false, true} {
+		cfg := simCfg()
+		cfg.channels = !oobOnly
+		n := newSimNet(t, 11)
+		a := n.add("a", 10, cfg)
+		n.add("b", 20, cfg)
+		warm := a.send("b", "warm", "")
+		for n.step() { // no idle time passes: the pair stays known
+		}
+		require.NoError(t, a.results[warm])
+		onWay := a.send("b", "on its way", "") // posted (or sent over OOB); the network has not moved
+		waiting := a.send("nobody", "waits for a handshake", "")
+		a.m.closeAll(sendErr(ErrClosed, "a", "", nil, false))
+		a.perform()
+		require.ErrorIs(t, a.results[onWay], ErrClosed, "oobOnly %v", oobOnly)
+		require.ErrorIs(t, a.results[onWay], ErrMaybeDelivered, "oobOnly %v", oobOnly)
+		require.ErrorIs(t, a.results[waiting], ErrClosed)
+		require.NotErrorIs(t, a.results[waiting], ErrMaybeDelivered)
+	}
+}
