@@ -317,9 +317,11 @@ func (c *Channel) allocRings() error {
 	for i := 0; i < c.cfg.RecvCount; i++ {
 		c.perform(&Action{Kind: ActPostRecv, Slot: i})
 	}
-	c.flushRecvs()
+	if err := c.flushRecvs(); err != nil {
+		return err
+	}
 	if c.closed || c.m.Closed() {
-		return fmt.Errorf("%w: post recv", ErrPeerError)
+		return fmt.Errorf("ctrlchannel: connect: %w", ErrClosed)
 	}
 	return nil
 }
@@ -598,7 +600,7 @@ func (c *Channel) run() {
 		for i := range acts {
 			c.perform(&acts[i])
 		}
-		c.flushRecvs()
+		_ = c.flushRecvs() // a failure closes the machine, which reports it
 		c.flushSends()
 	}
 	c.running = false
@@ -622,7 +624,7 @@ func (c *Channel) perform(a *Action) {
 		c.rwr[c.nrwr].WRID = recvWRIDBit | uint64(a.Slot)
 		c.nrwr++
 		if c.nrwr == len(c.rwr) {
-			c.flushRecvs()
+			_ = c.flushRecvs() // a failure closes the machine, which reports it
 		}
 	case ActPostSend:
 		if c.closed {
@@ -696,9 +698,9 @@ func (c *Channel) intern(b []byte) string {
 	return s
 }
 
-func (c *Channel) flushRecvs() {
+func (c *Channel) flushRecvs() error {
 	if c.nrwr == 0 {
-		return
+		return nil
 	}
 	for i := 0; i < c.nrwr; i++ {
 		c.rwr[i].Next = nil
@@ -709,8 +711,11 @@ func (c *Channel) flushRecvs() {
 	c.nrwr = 0
 	if _, err := c.qp.PostRecv(&c.rwr[0]); err != nil {
 		c.postErrors++
-		c.m.Close(fmt.Errorf("%w: post recv: %w", ErrPeerError, err))
+		err = fmt.Errorf("%w: post recv: %w", ErrPeerError, err)
+		c.m.Close(err)
+		return err
 	}
+	return nil
 }
 
 func (c *Channel) flushSends() {

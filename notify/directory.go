@@ -191,25 +191,15 @@ func (e *Engine) Resolve(ctx context.Context, peer string) (string, error) {
 // resolvePeer is SendNotify's lookup: the cache, and on a miss the directory, waited for on
 // the caller's goroutine; on the reactor thread the cache only. A hit costs no system call.
 func (e *Engine) resolvePeer(ctx context.Context, peer string) (string, error) {
-	d := e.dir.get()
-	if d == nil || peer == "" {
-		return peer, nil
-	}
-	addr, err := d.Cached(peer)
-	if err == nil {
-		return addr, nil
-	}
-	if !errors.Is(err, directory.ErrNotCached) || e.loop.InLoop() {
-		return e.resolveFailed(peer, err)
-	}
-	if addr, err = d.Resolve(ctx, peer); err == nil {
-		return addr, nil
-	}
-	return e.resolveFailed(peer, err)
+	return e.resolve(ctx, peer, !e.loop.InLoop())
 }
 
 // resolveCached is SendNotifyAsync's lookup: the cache only, never a wait.
-func (e *Engine) resolveCached(peer string) (string, error) {
+func (e *Engine) resolveCached(peer string) (string, error) { return e.resolve(context.Background(), peer, false) }
+
+// resolve looks peer up in the directory's cache and, on a miss with wait, in the
+// directory itself within ctx.
+func (e *Engine) resolve(ctx context.Context, peer string, wait bool) (string, error) {
 	d := e.dir.get()
 	if d == nil || peer == "" {
 		return peer, nil
@@ -217,6 +207,11 @@ func (e *Engine) resolveCached(peer string) (string, error) {
 	addr, err := d.Cached(peer)
 	if err == nil {
 		return addr, nil
+	}
+	if wait && errors.Is(err, directory.ErrNotCached) {
+		if addr, err = d.Resolve(ctx, peer); err == nil {
+			return addr, nil
+		}
 	}
 	return e.resolveFailed(peer, err)
 }

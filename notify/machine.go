@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash"
 	"slices"
 	"time"
 )
@@ -39,13 +40,14 @@ import (
 // from a handshake reply to someone else is useless. A handshake that claims a session the
 // engine already knows must prove the token it was given (ts_proof).
 type peerMachine struct {
-	local     uint64
-	cfg       machineConfig
-	rand      func() uint64
-	cookieKey [16]byte          // keys cookie
-	offered   map[uint64]string // tokens of our handshakes in flight -> the name (offer)
-	doneReqs  []*reqEntry       // completed since the last ready (recycleReqs)
-	freeReqs  []*reqEntry
+	local    uint64
+	cfg      machineConfig
+	rand     func() uint64
+	mac      hash.Hash // HMAC-SHA256 under a per-engine key (cookie)
+	macSum   [sha256.Size]byte
+	offered  map[uint64]string // tokens of our handshakes in flight -> the name (offer)
+	doneReqs []*reqEntry       // completed since the last ready (recycleReqs)
+	freeReqs []*reqEntry
 
 	names map[string]*nameEntry
 	peers map[peerKey]*peerEntry
@@ -256,8 +258,10 @@ func newPeerMachine(local uint64, cfg machineConfig, rnd func() uint64) *peerMac
 		names: make(map[string]*nameEntry), peers: make(map[peerKey]*peerEntry),
 		chans: make(map[chanID]*chanEntry), reqs: make(map[reqID]*reqEntry),
 	}
-	binary.LittleEndian.PutUint64(m.cookieKey[:8], rnd())
-	binary.LittleEndian.PutUint64(m.cookieKey[8:], rnd())
+	var key [16]byte
+	binary.LittleEndian.PutUint64(key[:8], rnd())
+	binary.LittleEndian.PutUint64(key[8:], rnd())
+	m.mac = hmac.New(sha256.New, key[:]) // made once: a cookie check allocates nothing
 	return m
 }
 
@@ -269,10 +273,10 @@ func newPeerMachine(local uint64, cfg machineConfig, rnd func() uint64) *peerMac
 func (m *peerMachine) cookie(session uint64, name string) uint64 {
 	var b [8]byte
 	binary.LittleEndian.PutUint64(b[:], session)
-	h := hmac.New(sha256.New, m.cookieKey[:])
-	h.Write(b[:])
-	h.Write([]byte(name))
-	t := binary.LittleEndian.Uint64(h.Sum(nil))
+	m.mac.Reset()
+	m.mac.Write(b[:])
+	m.mac.Write([]byte(name))
+	t := binary.LittleEndian.Uint64(m.mac.Sum(m.macSum[:0]))
 	return max(t, 1)
 }
 
@@ -781,14 +785,19 @@ func (m *peerMachine) offer(ne *nameEntry) {
 		m.offered = make(map[uint64]string)
 	}
 	if len(m.offered) >= 2*m.cfg.maxConnects {
-		// Entries whose handshake ended without a withdraw (its name went meanwhile).
-		for tok, name := range m.offered {
-			if x := m.names[name]; x == nil || !x.connecting || x.token != tok {
-				delete(m.offered, tok)
-			}
-		}
+		m.pruneOffered()
 	}
 	m.offered[ne.token] = ne.name
+}
+
+// pruneOffered drops the tokens of handshakes that ended without a withdraw (their name
+// entry went meanwhile).
+func (m *peerMachine) pruneOffered() {
+	for tok, name := range m.offered {
+		if x := m.names[name]; x == nil || !x.connecting || x.token != tok {
+			delete(m.offered, tok)
+		}
+	}
 }
 
 func (m *peerMachine) withdraw(ne *nameEntry) {
@@ -851,11 +860,7 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 		}
 	}
 	if ne == nil {
-		for tok, n := range m.offered { // its name entry went while the handshake was out
-			if n == name {
-				delete(m.offered, tok)
-			}
-		}
+		m.pruneOffered() // its name entry went while the handshake was out
 		closeCh(ErrClosed)
 		return
 	}
@@ -1556,38 +1561,12 @@ func (m *peerMachine) oobArrive(now time.Time, a oobArrival) (string, error) {
 		return refuseAuth, fmt.Errorf("%w: ts_to: %x is not this engine's session (it restarted)", ErrAuth, a.to)
 	}
 	p := m.peers[peerKey{session: a.session}]
-	if p == nil && a.token != 0 && a.token == m.cookie(a.session, a.from) {
-		// A session refused a channel for max_channels, now served over OOB (see inbound).
-		if len(m.peers) >= m.cfg.maxPeers {
-			m.stats.OOBRefused++
-			m.stats.PeersRefused++
-			return refuseLimit, fmt.Errorf("%w: max_peers: %d peers known, the limit", ErrLimit, m.cfg.maxPeers)
+	if p == nil || !m.tokenOK(p, a.token) {
+		var code string
+		var err error
+		if p, code, err = m.provenByToken(now, p, &a); code != "" {
+			return code, err
 		}
-		p = m.newPeer(now, peerKey{session: a.session})
-		p.mode = modeOOB
-		m.addTokenIn(p, a.token)
-		if a.from != "" {
-			p.names = append(p.names, a.from)
-			p.adv = a.from
-			m.learnName(now, p, a.from)
-		}
-	}
-	if name, ok := m.offered[a.token]; ok && a.token != 0 && (p == nil || !m.tokenOK(p, a.token)) &&
-		(p == nil || p.adv == name || slices.Contains(p.names, name)) {
-		// The token of our own handshake to name, still in flight: the sender answered
-		// it (nobody else has seen the token) and sends before its reply reached us. It
-		// opens only a session we do not know yet or the one that name already leads to:
-		// the engine at name cannot use it to speak for another peer's session.
-		if p == nil {
-			if len(m.peers) >= m.cfg.maxPeers {
-				m.stats.OOBRefused++
-				m.stats.PeersRefused++
-				return refuseLimit, fmt.Errorf("%w: max_peers: %d peers known, the limit", ErrLimit, m.cfg.maxPeers)
-			}
-			p = m.newPeer(now, peerKey{session: a.session})
-		}
-		m.addTokenIn(p, a.token)
-		m.learnName(now, p, name)
 	}
 	if p == nil || !m.tokenOK(p, a.token) {
 		m.stats.OOBRefused++
@@ -1614,6 +1593,46 @@ func (m *peerMachine) oobArrive(now time.Time, a oobArrival) (string, error) {
 		}
 	}
 	return "", nil
+}
+
+// provenByToken applies the two proofs an OOB notify's token can carry for a pair this
+// engine does not hold, or not with that token: the cookie of a max_channels refusal
+// (inbound), or the token of our own handshake still in flight (offer: the sender answered
+// it, nobody else has seen it, and it sends before its reply reached us). The latter opens
+// only a session we do not know yet or the one its name already leads to, so the engine at
+// that name cannot speak for another peer's session. It returns p, or the entry it made;
+// a non-empty code refuses the notify (max_peers).
+func (m *peerMachine) provenByToken(now time.Time, p *peerEntry, a *oobArrival) (*peerEntry, string, error) {
+	if a.token == 0 {
+		return p, "", nil
+	}
+	cookie := p == nil && a.token == m.cookie(a.session, a.from)
+	name, offered := m.offered[a.token]
+	offered = offered && (p == nil || p.adv == name || slices.Contains(p.names, name))
+	if !cookie && !offered {
+		return p, "", nil
+	}
+	if p == nil {
+		if len(m.peers) >= m.cfg.maxPeers {
+			m.stats.OOBRefused++
+			m.stats.PeersRefused++
+			return nil, refuseLimit, fmt.Errorf("%w: max_peers: %d peers known, the limit", ErrLimit, m.cfg.maxPeers)
+		}
+		p = m.newPeer(now, peerKey{session: a.session})
+	}
+	m.addTokenIn(p, a.token)
+	if cookie {
+		// Refused a channel: served over OOB, under the name it handshook with.
+		p.mode = modeOOB
+		if name = a.from; name != "" {
+			p.names = append(p.names, name)
+			p.adv = name
+		}
+	}
+	if name != "" {
+		m.learnName(now, p, name)
+	}
+	return p, "", nil
 }
 
 // ---- time ----

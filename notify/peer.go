@@ -337,7 +337,6 @@ func (e *Engine) sendOOB(peer string, req oob.NotifyRequest, deadline time.Time,
 // sendOOBOnLoop is sendOOB's loop path; pause is the wait before the next try after a
 // "busy". Loop-only.
 func (e *Engine) sendOOBOnLoop(peer string, req oob.NotifyRequest, deadline time.Time, pause time.Duration, report func(err error, maybe, local bool)) {
-	r := &req // one allocation: it lives until done
 	done := func(err error) {
 		// While closing too: a notify the peer answered during the goodbyes is reported as
 		// it went (after closeOnLoop failed every send, the machine no longer knows it).
@@ -345,7 +344,7 @@ func (e *Engine) sendOOBOnLoop(peer string, req oob.NotifyRequest, deadline time
 			if left := deadline.Sub(e.loop.Now()); left > pause {
 				e.loop.AfterFunc(pause, func() {
 					if !e.closing {
-						e.sendOOBOnLoop(peer, *r, deadline, min(2*pause, busyRetry), report)
+						e.sendOOBOnLoop(peer, req, deadline, min(2*pause, busyRetry), report)
 					}
 				})
 				return
@@ -359,7 +358,7 @@ func (e *Engine) sendOOBOnLoop(peer string, req oob.NotifyRequest, deadline time
 		report(err, maybe, local)
 		e.perform() // inside a perform already (a result at once) it only returns
 	}
-	err := e.node.NotifyOnLoop(peer, r, deadline.Sub(e.loop.Now()), done)
+	err := e.node.NotifyOnLoop(peer, &req, deadline.Sub(e.loop.Now()), done)
 	switch {
 	case err == nil:
 	case errors.Is(err, oob.ErrBadRequest) && !errors.Is(err, oob.ErrTooLarge):

@@ -144,11 +144,11 @@ func (n *Node) NotifyOnLoop(peer string, req *NotifyRequest, timeout time.Durati
 	if err != nil {
 		return fmt.Errorf("%w: notify %s: not a literal ip:port (NotifyOnLoop resolves no names)", ErrBadRequest, peer)
 	}
-	c := &call{n: n, typ: TypeNotify, peer: peer, ap: ap, nreq: *req, cb: done}
-	d := n.cfg.RequestTimeout
 	if timeout <= 0 {
 		return fmt.Errorf("%s %s: %w: %w", TypeNotify, peer, ErrTimeout, context.DeadlineExceeded)
 	}
+	c := &call{n: n, typ: TypeNotify, peer: peer, ap: ap, nreq: *req, cb: done}
+	d := n.cfg.RequestTimeout
 	if timeout < d {
 		d, c.local = timeout, true
 	}
