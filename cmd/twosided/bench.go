@@ -106,11 +106,6 @@ func runBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "unexpected arguments: %q\n", fs.Args())
-		fs.Usage()
-		return errUsage
-	}
 	cfg.Scenarios, cfg.Transports, cfg.Sizes = scenarios, transports, sizes
 	cfg.ChildArgs = []string{"bench"}
 	if isTerminal(os.Stderr) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
-	"fmt"
 	"io"
 	"os"
 
@@ -33,11 +32,6 @@ func runBenchDirectory(ctx context.Context, fs *flag.FlagSet, args []string, std
 	jsonPath := fs.String("json", "", "write the figures to this file")
 	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "unexpected arguments: %q\n", fs.Args())
-		fs.Usage()
-		return errUsage
 	}
 	cfg.ChildArgs = []string{"bench-directory"}
 	rep, err := bench.RunDirectory(ctx, cfg, stdout)

@@ -27,11 +27,6 @@ func runDevices(_ context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "unexpected arguments: %q\n", fs.Args())
-		fs.Usage()
-		return errUsage
-	}
 	rep, err := listDevices(ibv.Providers(), *provider)
 	if err != nil {
 		return err

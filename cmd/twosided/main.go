@@ -109,12 +109,18 @@ func newFlagSet(c *command, out io.Writer) *flag.FlagSet {
 
 // parseFlags is fs.Parse that turns a parse failure into errUsage (fs printed why) and
 // keeps flag.ErrHelp for --help.
+// parseFlags parses a command's flags; no command takes positional arguments.
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
 		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "unexpected arguments: %q\n", fs.Args())
+		fs.Usage()
+		return errUsage
 	}
 	return nil
 }

@@ -73,11 +73,6 @@ func runServe(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "unexpected arguments: %q\n", fs.Args())
-		fs.Usage()
-		return errUsage
-	}
 	if *expect < 0 {
 		fmt.Fprintf(fs.Output(), "--expect %d: must not be negative\n", *expect)
 		return errUsage

@@ -87,6 +87,7 @@ func TestSendRejectsBadFlags(t *testing.T) {
 		{"no peer", nil, "--peer: required"},
 		{"zero count", []string{"--peer", "127.0.0.1:1", "-n", "0"}, "--count 0"},
 		{"negative size", []string{"--peer", "127.0.0.1:1", "--size", "-1"}, "--size -1"},
+		{"stray argument", []string{"--peer", "127.0.0.1:1", "extra"}, `unexpected arguments: ["extra"]`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
