@@ -195,7 +195,9 @@ func (e *Engine) resolvePeer(ctx context.Context, peer string) (string, error) {
 }
 
 // resolveCached is SendNotifyAsync's lookup: the cache only, never a wait.
-func (e *Engine) resolveCached(peer string) (string, error) { return e.resolve(context.Background(), peer, false) }
+func (e *Engine) resolveCached(peer string) (string, error) {
+	return e.resolve(context.Background(), peer, false)
+}
 
 // resolve looks peer up in the directory's cache and, on a miss with wait, in the
 // directory itself within ctx.
