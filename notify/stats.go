@@ -286,17 +286,12 @@ func oobStatsOf(s oob.Stats) OOBStats {
 // Stats returns a snapshot; it waits at most a second for the reactor (the per-peer,
 // machine and channel figures are missing when it does not answer in time).
 func (e *Engine) Stats() Stats {
-	c := &e.ctr
-	s := Stats{
-		Name: e.name, Transport: e.cfg.transport, Device: e.devName, Session: e.session,
-		Queued: e.rq.len(), QueueCapacity: e.cfg.recvQueue,
-		Sent: c.sent.Load(), Delivered: c.delivered.Load(),
-		Failed:      make(map[string]uint64, len(failureReasons)),
-		SendLatency: c.sendLatency.snapshot(), DeliverLatency: c.deliverLatency.snapshot(),
-	}
-	for i, r := range failureReasons {
-		s.Failed[r] = c.failed[i].Load()
-	}
+	s := Stats{Name: e.name, Transport: e.cfg.transport, Device: e.devName, Session: e.session,
+		QueueCapacity: e.cfg.recvQueue}
+	// The engine's counters are read on the loop, with the rest, where the loop is
+	// running: they move on the loop, so the snapshot is of one moment (a Delivered read
+	// before the loop's part would lag behind the FramesReceived of the same snapshot).
+	e.counters(&s)
 	if e.loop == nil {
 		return s
 	}
@@ -311,11 +306,25 @@ func (e *Engine) Stats() Stats {
 	}
 	select {
 	case ls := <-done:
+		s.Queued, s.Sent, s.Delivered, s.Failed = ls.Queued, ls.Sent, ls.Delivered, ls.Failed
+		s.SendLatency, s.DeliverLatency = ls.SendLatency, ls.DeliverLatency
 		s.Peers, s.Paused, s.HeldOOB, s.OOBBusy = ls.Peers, ls.Paused, ls.HeldOOB, ls.OOBBusy
 		s.ChannelsUp, s.PeerCount, s.Limits, s.Channels = ls.ChannelsUp, ls.PeerCount, ls.Limits, ls.Channels
 	case <-ctx.Done():
 	}
 	return s
+}
+
+// counters fills s with the engine's atomic counters: sends, deliveries, failures, the
+// latency histograms and the receive queue's depth.
+func (e *Engine) counters(s *Stats) {
+	c := &e.ctr
+	s.Queued, s.Sent, s.Delivered = e.rq.len(), c.sent.Load(), c.delivered.Load()
+	s.Failed = make(map[string]uint64, len(failureReasons))
+	for i, r := range failureReasons {
+		s.Failed[r] = c.failed[i].Load()
+	}
+	s.SendLatency, s.DeliverLatency = c.sendLatency.snapshot(), c.deliverLatency.snapshot()
 }
 
 // loopStats is the loop-owned part of Stats. Loop-only.
@@ -324,6 +333,7 @@ func (e *Engine) loopStats() Stats {
 	ms.Names, ms.Channels, ms.Unconfirmed = len(e.m.names), e.m.channels, e.m.unconfirmed
 	s := Stats{Paused: e.paused, HeldOOB: len(e.heldOOB), OOBBusy: e.oobBusy, PeerCount: len(e.m.peers),
 		Limits: limitStatsOf(ms), Channels: e.ctr.closedChannels}
+	e.counters(&s)
 	for _, ch := range e.chans {
 		s.Channels.add(channelStatsOf(ch.Stats()), true)
 	}

@@ -15,11 +15,11 @@ import (
 func TestIdleNoWakeups(t *testing.T) {
 	for _, tr := range transports {
 		t.Run(tr, func(t *testing.T) {
-			hub := newEngine(t, tr, notify.WithHandler(func(notify.Notify) {}))
+			hub := newEngine(t, tr, notify.WithKeepalive(0), notify.WithHandler(func(notify.Notify) {}))
 			ctx := ctxFor(t, 30*time.Second)
 			engines := []*notify.Engine{hub}
 			for i := 0; i < 100; i++ {
-				e := newEngine(t, tr, notify.WithRecvCount(8))
+				e := newEngine(t, tr, notify.WithKeepalive(0), notify.WithRecvCount(8))
 				require.NoError(t, e.SendNotify(ctx, hub.Addr(), notify.Notify{Name: "hi", Msg: []byte(fmt.Sprint(i))}))
 				engines = append(engines, e)
 			}

@@ -79,13 +79,16 @@ func TestServeMetrics(t *testing.T) {
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 		return string(body)
 	}
-	text := scrape()
-	require.Contains(t, text, "\ntwosided_notifies_delivered_total 7\n")
-	// send closed its engine: its goodbye frees the channel and the peer here at once.
+	// A send succeeds when the peer's NIC acknowledged it (RC): the serving loop may not
+	// have reaped the last completions yet when send returns, so the scrape waits for them.
+	// send closed its engine: its goodbye frees the channel and the peer here.
+	var text string
 	require.Eventually(t, func() bool {
 		text = scrape()
-		return strings.Contains(text, "\ntwosided_channels_up 0\n") && strings.Contains(text, "\ntwosided_peers 0\n")
-	}, 10*time.Second, 20*time.Millisecond, "the closed sender's channel is still up")
+		return strings.Contains(text, "\ntwosided_notifies_delivered_total 7\n") &&
+			strings.Contains(text, "\ntwosided_channels_up 0\n") && strings.Contains(text, "\ntwosided_peers 0\n")
+	}, 10*time.Second, 20*time.Millisecond, "want 7 delivered, the closed sender's channel and peer gone")
+	require.Contains(t, text, "\ntwosided_notify_duplicates_dropped_total 0\n")
 	require.Contains(t, text, "\ntwosided_peers_pruned_total 1\n")
 	for _, name := range []string{"twosided_notifies_sent_total", "twosided_notifies_failed_total{reason=\"timeout\"}",
 		"twosided_notify_fallbacks_total", "twosided_notify_duplicates_dropped_total", "twosided_frames_dropped_total",
