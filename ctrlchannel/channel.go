@@ -196,6 +196,7 @@ type Channel struct {
 	rsge  []ibv.SGE
 	nrwr  int
 	names map[string]string
+	slab  msgSlab        // copies of delivered messages
 	drops zerolog.Logger // dropped frames, rate-limited
 
 	wcErrors, rnrExceeded, postErrors uint64
@@ -649,8 +650,8 @@ func (c *Channel) perform(a *Action) {
 		d := Delivery{Session: a.Session, Epoch: a.Epoch, Seq: a.Seq, Name: c.intern(a.Name)}
 		if a.Owned {
 			d.Msg = a.Msg
-		} else if len(a.Msg) > 0 {
-			d.Msg = append([]byte(nil), a.Msg...)
+		} else {
+			d.Msg = c.slab.copyOf(a.Msg)
 		}
 		if len(a.ID) > 0 {
 			d.ID = string(a.ID)

@@ -38,6 +38,11 @@ import (
 // optional: a caller-chosen idempotency id (at most 255 bytes); the receiver drops a notify
 // whose ID it delivered among the last ids of that sender, so a send whose outcome was
 // unknown (ErrMaybeDelivered) can be retried safely with the same ID.
+//
+// A received Msg belongs to the application. Messages of up to 1 KiB that came over a
+// ctrl channel share 16 KiB chunks (capacity clipped to the message, so an append
+// reallocates): keeping one such Msg keeps its chunk's 16 KiB alive; copy a small message
+// that is kept long among many that are not.
 type Notify struct {
 	Peer, Name string
 	Msg        []byte
