@@ -19,8 +19,9 @@ import (
 // ~1.8 thread parks and ~1.6 sysmon wake-ups per notify). The eventfd write wakes the
 // waiting thread directly and readies nothing.
 //
-// Cancellation. Wait registers context.AfterFunc on its context: when the context ends, a
-// "kick" (a different value added to the same eventfd) ends the poll at once. A kick is never
+// Cancellation. A Wait that lasts past waitUnwatchedMs registers context.AfterFunc on its
+// context: when the context ends, a "kick" (a different value added to the same eventfd)
+// ends the poll at once; before that, an ended context is seen within waitUnwatchedMs. A kick is never
 // taken for a Signal, and a late kick of an earlier Wait only costs the next Wait one more
 // turn round its loop.
 //
@@ -31,6 +32,10 @@ type Waiter struct {
 	mu     sync.Mutex // kick against Close: a kick never writes to a closed (reused) fd
 	closed bool
 }
+
+// waitUnwatchedMs is how long a Wait polls before it watches its context: the bound on
+// how late it sees a context that ends in that time.
+const waitUnwatchedMs = 1
 
 // The eventfd counter holds signals in its low bits and kicks above them.
 const (
@@ -72,14 +77,24 @@ func (w *Waiter) kick() {
 // or ctx's error, wrapped, when ctx ends first. A Signal that races with the end of ctx stays
 // pending: Reset clears it before reuse (or a Wait takes it).
 func (w *Waiter) Wait(ctx context.Context) error {
+	pfd := [1]unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}}
 	if ctx.Done() != nil {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("reactor: wait: %w", err)
+		}
+		// Most waits end within microseconds: they wait unwatched for up to
+		// waitUnwatchedMs, then look at ctx, and only a longer wait registers for its end
+		// (context.AfterFunc costs two allocations and the context's lock).
+		_, _ = unix.Poll(pfd[:], waitUnwatchedMs)
+		if w.take() {
+			return nil
+		}
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("reactor: wait: %w", err)
 		}
 		stop := context.AfterFunc(ctx, w.kick)
 		defer stop()
 	}
-	pfd := [1]unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}}
 	for {
 		pfd[0].Revents = 0
 		_, _ = unix.Poll(pfd[:], -1)

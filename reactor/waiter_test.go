@@ -85,4 +85,34 @@ func TestWaiterAllocs(t *testing.T) {
 			panic(err)
 		}
 	}))
+	// A context that can end costs nothing either while the wait is short.
+	dctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	require.Zero(t, testing.AllocsPerRun(200, func() {
+		w.Signal()
+		if err := w.Wait(dctx); err != nil {
+			panic(err)
+		}
+	}))
+}
+
+// A context that ends after the unwatched poll (the Wait registered for its end) still ends
+// the Wait, and a signal after that is taken by the next Wait.
+func TestWaiterCancelLate(t *testing.T) {
+	w, err := NewWaiter()
+	require.NoError(t, err)
+	defer func() { require.NoError(t, w.Close()) }()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Wait(ctx) }()
+	time.Sleep(20 * waitUnwatchedMs * time.Millisecond) // lets the Wait reach its watched poll
+	cancel()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(waitBound):
+		t.Fatal("Wait did not see the cancellation")
+	}
+	w.Signal()
+	require.NoError(t, w.Wait(context.Background()))
 }
