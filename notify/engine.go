@@ -89,8 +89,9 @@ type Engine struct {
 	legacyOOB serialQueues  // OOB sends to Mooncake peers, in order per peer
 	byes      chan struct{} // Close: closed when the last channel's goodbye completed
 
-	reqPool  sync.Pool   // SendNotifyAsync
-	waitReqs waitReqPool // SendNotify
+	reqPool  sync.Pool        // SendNotifyAsync
+	waitReqs waitReqPool      // SendNotify
+	spinGate reactor.SpinGate // whether SendNotify callers' busy-poll spins pay (WithBusyPoll)
 
 	ctr engineCounters
 }
@@ -387,8 +388,12 @@ func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) (err e
 // 66 µs and 288 µs, both (before) 79 µs and 417 µs; in one process the caller alone lost
 // (68 µs per call: both loops asleep), so the loop of an engine without a spinning caller
 // keeps spinning. Each empty round yields the CPU, as the loop's spin does.
+//
+// A spin that runs out of budget costs a CPU for nothing: callers spin only while at least
+// half their recent spins saw the completion in time (reactor.SpinGate), so a round trip
+// longer than the budget falls back to event mode instead of slowing it down.
 func (e *Engine) spinWait(req *sendReq) {
-	if e.cfg.busyPoll <= 0 {
+	if e.cfg.busyPoll <= 0 || !e.spinGate.Allow() {
 		return
 	}
 	e.loop.HoldSpin()
@@ -397,6 +402,7 @@ func (e *Engine) spinWait(req *sendReq) {
 	for req.state.Load() == reqSpinning && time.Now().Before(deadline) {
 		_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 	}
+	e.spinGate.Record(req.state.Load() != reqSpinning)
 }
 
 // Recv returns the next received notify, waiting with ctx.

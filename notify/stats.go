@@ -212,6 +212,7 @@ type ReactorStats struct {
 	Wakeups         uint64        // returns from a blocking epoll_wait
 	Interrupts      uint64        // epoll_waits cut short by a signal
 	BusyPolls       uint64        // busy-poll rounds (WithBusyPoll)
+	SpinsSkipped    uint64        // busy-poll phases skipped: recent spins ran out of budget (reactor.SpinGate)
 	FdEvents        uint64        // socket events handled
 	CQEvents        uint64        // completion-channel events
 	WCs             uint64        // work completions handled
@@ -226,7 +227,7 @@ type ReactorStats struct {
 
 func reactorStatsOf(s reactor.Stats) ReactorStats {
 	return ReactorStats{
-		Iterations: s.Iterations, Wakeups: s.Wakeups, Interrupts: s.Interrupts, BusyPolls: s.BusyPolls,
+		Iterations: s.Iterations, Wakeups: s.Wakeups, Interrupts: s.Interrupts, BusyPolls: s.BusyPolls, SpinsSkipped: s.SpinsSkipped,
 		FdEvents: s.FdEvents, CQEvents: s.CQEvents, WCs: s.WCs, TimerEvents: s.TimerEvents,
 		SubmitEvents: s.SubmitEvents, Submissions: s.Submissions, QueueFull: s.QueueFull,
 		SlowCallbacks: s.SlowCallbacks, LongestCallback: s.LongestCallback, Busy: s.Busy,

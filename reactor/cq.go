@@ -228,9 +228,16 @@ func (l *Loop) drainChannel(cw *chanWatch) {
 		}
 	}
 	for _, w := range cw.cqs {
-		if w.events > 0 {
+		switch {
+		case w.events > 0:
 			w.cq.AckEvents(w.events)
 			w.events = 0
+			l.queueKick(w)
+		case w.needArm && !w.closed:
+			// Busy poll: this CQ is not armed, so it raised no event, yet the channel's
+			// readiness may be its completions (a provider that makes progress in
+			// GetEvent, as ibv/soft does): it is polled in this turn, not a spin round
+			// (and a sched_yield) later.
 			l.queueKick(w)
 		}
 	}

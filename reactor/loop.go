@@ -93,6 +93,7 @@ type Stats struct {
 	Wakeups         uint64        // returns from a blocking epoll_wait (events or timeout)
 	Interrupts      uint64        // blocking epoll_waits cut short by a signal (EINTR)
 	BusyPolls       uint64        // busy-poll rounds (0 unless WithBusyPoll)
+	SpinsSkipped    uint64        // busy-poll phases the SpinGate skipped: recent spins ran out of budget
 	FdEvents        uint64        // events handed to Add handlers
 	CQEvents        uint64        // completion-channel events got with GetEvent
 	WCs             uint64        // work completions handed to CQHandlers
@@ -107,6 +108,7 @@ type Stats struct {
 
 type counters struct {
 	iterations, wakeups, interrupts, busyPolls      atomic.Uint64
+	spinSkips                                       atomic.Uint64
 	fdEvents, cqEvents, wcs, timerEvents            atomic.Uint64
 	submitEvents, submissions, queueFull, slowCalls atomic.Uint64
 	longest, busy                                   atomic.Int64
@@ -129,17 +131,18 @@ type Loop struct {
 	done chan struct{}
 
 	// Shared with other goroutines.
-	q       *ring
-	state   atomic.Int32 // awake or asleep: whether a producer must write the eventfd
-	mu      sync.RWMutex // Submit holds it shared; Stop and the loop's final barrier exclusively
-	stopped atomic.Bool
-	tid     atomic.Int64 // the loop's OS thread id; 0 before start and after exit
-	now     atomic.Int64 // ns since base, read once per iteration
-	waiters atomic.Int32 // SubmitWait callers waiting for room
-	holds   atomic.Int32 // HoldSpin callers: while > 0 the loop blocks instead of spinning
-	roomMu  sync.Mutex
-	room    chan struct{} // closed by the loop when it frees room and waiters > 0
-	st      counters
+	q        *ring
+	state    atomic.Int32 // awake or asleep: whether a producer must write the eventfd
+	mu       sync.RWMutex // Submit holds it shared; Stop and the loop's final barrier exclusively
+	stopped  atomic.Bool
+	tid      atomic.Int64 // the loop's OS thread id; 0 before start and after exit
+	now      atomic.Int64 // ns since base, read once per iteration
+	waiters  atomic.Int32 // SubmitWait callers waiting for room
+	holds    atomic.Int32 // HoldSpin callers: while > 0 the loop blocks instead of spinning
+	spinGate SpinGate     // whether the loop's busy-poll phases pay (loop-only use)
+	roomMu   sync.Mutex
+	room     chan struct{} // closed by the loop when it frees room and waiters > 0
+	st       counters
 
 	// Loop only.
 	fds      map[int]*fdEntry
@@ -250,6 +253,7 @@ func (l *Loop) Stats() Stats {
 		Wakeups:         l.st.wakeups.Load(),
 		Interrupts:      l.st.interrupts.Load(),
 		BusyPolls:       l.st.busyPolls.Load(),
+		SpinsSkipped:    l.st.spinSkips.Load(),
 		FdEvents:        l.st.fdEvents.Load(),
 		CQEvents:        l.st.cqEvents.Load(),
 		WCs:             l.st.wcs.Load(),
@@ -317,8 +321,20 @@ func (l *Loop) run() {
 // wait returns how many epoll events are ready in l.events (possibly 0).
 func (l *Loop) wait() int {
 	if l.cfg.busyPoll > 0 {
-		if n, work := l.spin(); work {
-			return n
+		// A caller of this loop that spins holds it (one spinner per process); the gate
+		// skips spinning while recent spins ran out of budget (SpinGate).
+		if l.holds.Load() == 0 {
+			if l.spinGate.Allow() {
+				n, work, held := l.spin()
+				if !held {
+					l.spinGate.Record(work)
+				}
+				if work {
+					return n
+				}
+			} else {
+				l.st.spinSkips.Add(1)
+			}
 		}
 		l.armDeferred()
 	}
@@ -375,33 +391,33 @@ func timeoutMillis(d int64) int {
 }
 
 // spin is the busy-poll phase: it returns (n, true) as soon as there is work, (0, false)
-// when the budget ran out with none.
-func (l *Loop) spin() (int, bool) {
+// when the budget ran out with none; held: a caller of this loop started spinning instead.
+func (l *Loop) spin() (n int, work, held bool) {
 	deadline := l.mono() + int64(l.cfg.busyPoll)
 	for {
 		if l.holds.Load() > 0 {
-			return 0, false // a caller of this loop spins instead: one spinner per process
+			return 0, false, true // a caller of this loop spins instead: one spinner per process
 		}
 		l.st.busyPolls.Add(1)
 		if n, err := unix.EpollWait(l.epfd, l.events, 0); err == nil && n > 0 {
-			return n, true
+			return n, true, false
 		}
 		if l.q.ready() || len(l.kicks) > 0 || l.stopped.Load() {
-			return 0, true
+			return 0, true, false
 		}
 		now := l.mono()
 		if len(l.timers) > 0 && l.timers[0].when <= now {
-			return 0, true
+			return 0, true, false
 		}
 		gen := l.watchGen
 		for i := 0; i < len(l.watches) && gen == l.watchGen; i++ {
 			l.cbStart = now
 			if l.watches[i].spinPoll() {
-				return 0, true
+				return 0, true, false
 			}
 		}
 		if now >= deadline {
-			return 0, false
+			return 0, false, false
 		}
 		// Give the CPU to any other runnable thread (the caller this loop serves, a peer
 		// process on a small machine): a spin that starves them is slower than sleeping.
