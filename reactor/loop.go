@@ -235,10 +235,15 @@ func (l *Loop) mono() int64 { return int64(time.Since(l.base)) }
 func (l *Loop) Now() time.Time { return l.base.Add(time.Duration(l.now.Load())) }
 
 // InLoop reports whether the caller runs on the loop goroutine. The loop's OS thread is
-// locked to it and runs no other goroutine, so the thread id identifies it.
+// locked to it and runs no other goroutine, so the thread id identifies it. While the loop
+// sleeps in epoll_wait its thread runs nothing, so a caller then is another thread: the
+// answer costs no gettid (a SendNotify usually comes while its loop sleeps).
 func (l *Loop) InLoop() bool {
 	tid := l.tid.Load()
-	return tid != 0 && int64(unix.Gettid()) == tid
+	if tid == 0 || l.state.Load() == asleep {
+		return false
+	}
+	return int64(unix.Gettid()) == tid
 }
 
 // OnLoop is the loop-only assertion: InLoop in race builds (every test run), true without

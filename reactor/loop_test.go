@@ -450,3 +450,31 @@ func TestCloseUnregisteredLeavesFd(t *testing.T) {
 	require.NoError(t, cerr)
 	requireEOF(t, b)
 }
+
+// TestInLoopAsleepAndAwake: InLoop answers false off the loop whether the loop sleeps (no
+// gettid then) or runs a callback (it must look), and true on the loop, in a callback and
+// in a timer.
+func TestInLoopAsleepAndAwake(t *testing.T) {
+	l := newLoop(t)
+	require.Eventually(t, func() bool { return l.state.Load() == asleep }, waitBound, time.Millisecond)
+	require.False(t, l.InLoop(), "asleep")
+	running, release := make(chan struct{}), make(chan struct{})
+	var onLoopAnswer atomic.Bool
+	require.NoError(t, l.Submit(func() {
+		onLoopAnswer.Store(l.InLoop())
+		close(running)
+		<-release
+	}))
+	recv(t, running)
+	require.False(t, l.InLoop(), "while the loop runs a callback")
+	close(release)
+	require.True(t, onLoopAnswer.Load(), "in a callback")
+	fired := make(chan bool, 1)
+	onLoop(t, l, func() { l.AfterFunc(time.Millisecond, func() { fired <- l.InLoop() }) })
+	select {
+	case v := <-fired:
+		require.True(t, v, "in a timer")
+	case <-time.After(waitBound):
+		t.Fatal("the timer did not fire")
+	}
+}
