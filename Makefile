@@ -1,7 +1,8 @@
 # twosided build and check targets. `make test` is what CI runs (.ci/run) on a clean clone.
 #
-#   make test        vet, gofmt check, unit tests with -race, short fuzzing, then the cgo
-#                    verbs provider (build tag rdma): vet and tests
+#   make test        vet, gofmt check, unit tests with -race, the allocation tests without
+#                    it (the race detector allocates, so they skip under -race), short
+#                    fuzzing, then the cgo verbs provider (build tag rdma): vet and tests
 #   make build       build every package (go build ./cmd/twosided for the binary)
 #   make fuzz        every Fuzz target in the tree for FUZZTIME each (default 200000x)
 #   make fuzz-short  every Fuzz target for FUZZTIME_SHORT each (default 10000x)
@@ -23,9 +24,9 @@ FUZZTIME_SHORT ?= 10000x
 BENCHTIME      ?= 1s
 VERBS_H        ?= /usr/include/infiniband/verbs.h
 
-.PHONY: test build vet fmt-check unit fuzz fuzz-short bench rdma rdma-deps
+.PHONY: test build vet fmt-check unit allocs fuzz fuzz-short bench rdma rdma-deps
 
-test: vet fmt-check unit fuzz-short rdma
+test: vet fmt-check unit allocs fuzz-short rdma
 
 build:
 	$(GO) build $(PKGS)
@@ -39,6 +40,11 @@ fmt-check:
 
 unit:
 	$(GO) test -race $(PKGS)
+
+# allocs runs the allocation tests (testing.AllocsPerRun) without the race detector, whose
+# instrumentation allocates: under -race they skip.
+allocs:
+	$(GO) test -count=1 -run 'Allocs' $(PKGS)
 
 # run-fuzz runs every Fuzz target of $(PKGS) for $(1) each. Targets are found with
 # `go test -list '^Fuzz'`, which prints a package's target names and then its "ok" line.

@@ -108,8 +108,8 @@ func runBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 	}
 	cfg.Scenarios, cfg.Transports, cfg.Sizes = scenarios, transports, sizes
 	cfg.ChildArgs = []string{"bench"}
-	if isTerminal(os.Stderr) {
-		cfg.Progress = os.Stderr
+	if w := fs.Output(); isTerminalWriter(w) {
+		cfg.Progress = w // a status line while the suite runs (bench shows it after 2 s)
 	}
 	rep, err := bench.Run(ctx, cfg, stdout)
 	if err != nil {

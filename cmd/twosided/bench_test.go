@@ -5,11 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"encoding/xml"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/creack/pty"
 	"github.com/stretchr/testify/require"
 )
 
@@ -89,4 +91,31 @@ func TestBenchHelp(t *testing.T) {
 	var out, errOut bytes.Buffer
 	require.Equal(t, 0, run(context.Background(), []string{"bench", "--help"}, &out, &errOut))
 	require.True(t, strings.Contains(errOut.String(), "-busy-poll") || strings.Contains(out.String(), "-busy-poll"))
+}
+
+// TestBenchProgress: bench draws its status line on a terminal stderr once a run lasts past
+// 2 s, and never on stdout; a stderr that is not a terminal gets nothing.
+func TestBenchProgress(t *testing.T) {
+	ptmx, tty, err := pty.Open()
+	if err != nil {
+		t.Skipf("no pseudo-terminal here to stand for a terminal stderr: %v", err)
+	}
+	defer ptmx.Close()
+	screen := make(chan string, 1)
+	go func() {
+		b, _ := io.ReadAll(ptmx) // until tty closes (EIO)
+		screen <- string(b)
+	}()
+	args := []string{"bench", "--procs", "1", "--transport", "oob", "--scenario", "idle", "--peers", "1", "-D", "3s"}
+	var out bytes.Buffer
+	require.Equal(t, 0, run(context.Background(), args, &out, tty))
+	require.NoError(t, tty.Close())
+	drawn := <-screen
+	require.Contains(t, drawn, "bench [1/1] idle oob")
+	require.NotContains(t, out.String(), "bench [1/1]", "the status line went to stdout")
+	require.Contains(t, out.String(), "idle: 1 peers connected")
+
+	var out2, errOut bytes.Buffer
+	require.Equal(t, 0, run(context.Background(), args, &out2, &errOut))
+	require.Empty(t, errOut.String(), "a status line on a stderr that is not a terminal")
 }
