@@ -299,6 +299,10 @@ func TestContractStopContinue(t *testing.T) {
 	rcv.stop()
 	acked, _, _, _ := l.tally(t, "receiver stopped and continued", rcv.received())
 	require.Greater(t, acked, 2000)
+	// The mixed order was exercised: some sends went over OOB after their channel failed.
+	st := a.Stats()
+	t.Logf("sender: %d fallbacks over OOB", st.Limits.Fallbacks)
+	require.NotZero(t, st.Limits.Fallbacks, "no send fell back over OOB: the channel/OOB order was not exercised")
 }
 
 // TestContractStallingReceiverKeepalive: the receiver's reactor stalls 700 ms every 1000
