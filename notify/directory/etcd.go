@@ -343,29 +343,38 @@ func (d *Etcd) Register(ctx context.Context, name string, e Entry) error {
 		return fmt.Errorf("%w: %s: %v", ErrBadValue, name, err)
 	}
 	r := &registration{name: name, key: d.prefix + name, value: Encode(e), done: make(chan struct{})}
+	// Set before r is seen in d.regs: an Unregister or Close that races with this Register
+	// cancels it and waits for done, which the keeper (or a failed publish) closes.
+	r.ctx, r.cancel = context.WithCancel(d.ctx)
 	d.mu.Lock()
 	switch {
 	case d.closed:
 		d.mu.Unlock()
+		r.cancel()
 		return ErrClosed
 	case d.regs[name] != nil:
 		d.mu.Unlock()
+		r.cancel()
 		return fmt.Errorf("%w: %s: already registered by this directory", ErrBadName, name)
 	}
 	d.regs[name] = r
+	d.wg.Add(1) // the keeper's, or this call's until its publish failed
 	d.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
 	lease, err := d.publish(ctx, r, 0, true)
 	cancel()
 	if err != nil {
 		d.mu.Lock()
-		delete(d.regs, name)
+		if d.regs[name] == r {
+			delete(d.regs, name)
+		}
 		d.mu.Unlock()
+		r.cancel()
+		close(r.done)
+		d.wg.Done()
 		return err
 	}
-	r.lease, r.firstLease = lease, lease
-	r.ctx, r.cancel = context.WithCancel(d.ctx)
-	d.wg.Add(1)
+	r.lease, r.firstLease = lease, lease // before the keeper starts: its done orders them before Unregister's reads
 	go d.keep(r)
 	return nil
 }
@@ -484,6 +493,9 @@ func (d *Etcd) Unregister(ctx context.Context, name string) error {
 	}
 	r.cancel()
 	<-r.done
+	if r.lease == 0 {
+		return nil // its Register failed to publish (and said so)
+	}
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
 	defer cancel()
 	if _, err := d.cli.Revoke(ctx, r.lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -428,4 +429,48 @@ func BenchmarkResolve(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestRegisterRacesUnregister: an Unregister (or Close) that comes while Register is still
+// publishing neither panics nor hangs, and leaves the name unregistered once both return.
+func TestRegisterRacesUnregister(t *testing.T) {
+	srv := sharedEtcd(t)
+	cli := rawClient(t, srv)
+	ctx := ctxT(t)
+	d := open(t, srv, Config{})
+	key := Prefix(t.Name()) + "p"
+	for i := 0; i < 20; i++ {
+		regErr := make(chan error, 1)
+		go func() { regErr <- d.Register(ctx, "p", Entry{Host: "127.0.0.1", Port: 7}) }()
+		var unErr error
+		for { // until the Register is seen (it may still be publishing)
+			if unErr = d.Unregister(ctx, "p"); !errors.Is(unErr, ErrNotFound) {
+				break
+			}
+			runtime.Gosched()
+		}
+		require.NoError(t, unErr, "round %d", i)
+		require.NoError(t, <-regErr, "round %d", i)
+		resp, err := cli.Get(ctx, key)
+		require.NoError(t, err)
+		require.Empty(t, resp.Kvs, "round %d: the name outlived its Unregister", i)
+	}
+	// Close racing with a Register in flight.
+	d2 := open(t, srv, Config{})
+	regErr := make(chan error, 1)
+	go func() { regErr <- d2.Register(ctx, "q", Entry{Host: "127.0.0.1", Port: 8}) }()
+	for {
+		d2.mu.Lock()
+		seen := d2.regs["q"] != nil
+		d2.mu.Unlock()
+		if seen {
+			break
+		}
+		runtime.Gosched()
+	}
+	require.NoError(t, d2.Close(ctx))
+	require.NoError(t, <-regErr)
+	resp, err := cli.Get(ctx, Prefix(t.Name())+"q")
+	require.NoError(t, err)
+	require.Empty(t, resp.Kvs, "the name outlived Close")
 }
