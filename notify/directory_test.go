@@ -250,3 +250,28 @@ func TestDirectoryAsyncFromHandler(t *testing.T) {
 	require.NoError(t, <-errs)
 	recvFrom(t, ctx, a, "echo ping")
 }
+
+// TestDirectoryCloseRemovesName: an engine's Close removes its name from etcd at once (not
+// at its lease's expiry): the key is gone when Close returns, and a new sender's lookup is
+// ErrPeerUnknown.
+func TestDirectoryCloseRemovesName(t *testing.T) {
+	srv := dirEtcd(t)
+	ctx := dirCtx(t)
+	a, err := notify.New(notify.WithListenAddr("127.0.0.1:0"), notify.WithMetadata(srv.Conn()),
+		notify.WithMetadataClusterID(t.Name()), notify.WithDirectoryTTL(time.Hour), notify.WithServerName("leaving"))
+	require.NoError(t, err)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint()}, Logger: zap.NewNop()})
+	require.NoError(t, err)
+	defer cli.Close()
+	key := "mooncake/" + t.Name() + "/rpc_meta/leaving"
+	resp, err := cli.Get(ctx, key)
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1, "registered while serving")
+	require.NoError(t, a.Close(ctx))
+	resp, err = cli.Get(ctx, key)
+	require.NoError(t, err)
+	require.Empty(t, resp.Kvs, "the name outlived Close (its lease is an hour)")
+	b := dirEngine(t, srv)
+	err = b.SendNotify(ctx, "leaving", notify.Notify{Name: "kv", Msg: []byte("x")})
+	require.ErrorIs(t, err, notify.ErrPeerUnknown)
+}
