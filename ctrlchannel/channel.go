@@ -545,7 +545,15 @@ func (c *Channel) HandleWC(wcs []ibv.WC) {
 			if wc.Status == ibv.WCRNRRetryExcErr {
 				c.rnrExceeded++
 			}
-			c.m.FailWC(wc.Err())
+			err := wc.Err()
+			if wc.Status == ibv.WCLocLenErr && wc.WRID&recvWRIDBit != 0 {
+				// The peer sent a frame longer than our RECV buffer. A peer that does not
+				// announce its buffer (Mooncake) uses its own MC_RDMA_NOTIFY_BUFFER_SIZE,
+				// as two Mooncake engines do: the sizes must agree, or the QP dies.
+				err = fmt.Errorf("%w: a frame longer than this side's %d-byte RECV buffer: the peer's buffer size is larger; set the same MC_RDMA_NOTIFY_BUFFER_SIZE (buffer_size) on both sides", err, c.cfg.BufSize)
+				c.cfg.Logger.Warn().Err(err).Uint32("qp", c.qpn).Msg("ctrlchannel: receive buffer too small for the peer's frame")
+			}
+			c.m.FailWC(err)
 			continue
 		}
 		if wc.WRID&recvWRIDBit != 0 {

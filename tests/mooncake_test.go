@@ -407,3 +407,62 @@ func TestMooncakeMainOOBOnly(t *testing.T) {
 	_, oob := mcSend(t, mc, e.Addr(), "mc", "m", 1, n)
 	tally(t, "Mooncake main -> twosided", oob, msgsOf(collect(e, n)), "m", 1, n)
 }
+
+// TestMooncakeLargerBuffer (finding 9): Mooncake announces neither its buffer size nor its
+// MTU, and twosided receives into its own MC_RDMA_NOTIFY_BUFFER_SIZE buffers, as two
+// Mooncake engines do. A Mooncake engine configured with a larger buffer that sends a
+// frame longer than twosided's kills the QP (a local length error here, a remote invalid
+// request at Mooncake, whose SEND fails rather than completing), exactly as between two
+// Mooncake engines of different sizes. twosided says why (the peer's last error names
+// MC_RDMA_NOTIFY_BUFFER_SIZE; counted under WCErrors), keeps serving, and Mooncake's next
+// notify arrives on a new channel. With the same size on both sides the frame passes.
+func TestMooncakeLargerBuffer(t *testing.T) {
+	big := strings.Repeat("b", 5000)
+	t.Run("mismatch", func(t *testing.T) {
+		e := rdmaEngine(t)
+		mc := newMooncakePeer(t, mcPR3440)
+		mc.bufSize = 8192 // MC_RDMA_NOTIFY_BUFFER_SIZE=8192 on the Mooncake side only
+		viaCtrl, err := mc.sendNotifyByName(e.Addr(), "n", "before")
+		require.NoError(t, err)
+		require.True(t, viaCtrl)
+		require.Equal(t, "before", string(collect(e, 1)[0].Msg))
+		mc.mu.Lock()
+		first := mc.ch
+		mc.mu.Unlock()
+		viaCtrl, err = mc.sendNotifyByName(e.Addr(), "n", big)
+		require.NoError(t, err)
+		require.True(t, viaCtrl, "Mooncake queues it on its channel")
+		var lastErr string
+		require.Eventually(t, func() bool {
+			st := e.Stats()
+			for _, p := range st.Peers {
+				if strings.Contains(p.LastError, "MC_RDMA_NOTIFY_BUFFER_SIZE") {
+					lastErr = p.LastError
+				}
+			}
+			return lastErr != "" && st.Channels.WCErrors > 0
+		}, stallAfter, time.Millisecond, "no channel failure naming the buffer size")
+		t.Logf("twosided: %s", lastErr)
+		// Mooncake saw its SEND fail: the big frame was never acknowledged to it.
+		require.Eventually(t, func() bool { return !first.isConnected() }, stallAfter, time.Millisecond)
+		require.Equal(t, uint64(1), first.ackedSends(), "Mooncake's SEND of the big frame completed")
+		// twosided still serves this Mooncake engine: its next notify comes through.
+		viaCtrl, err = mc.sendNotifyByName(e.Addr(), "n", "after")
+		require.NoError(t, err)
+		got := collect(e, 1)
+		require.Len(t, got, 1)
+		require.Equal(t, "after", string(got[0].Msg), "via ctrl channel: %v", viaCtrl)
+	})
+	t.Run("same size", func(t *testing.T) {
+		e := rdmaEngine(t, notify.WithBufferSize(8192))
+		mc := newMooncakePeer(t, mcPR3440)
+		mc.bufSize = 8192
+		viaCtrl, err := mc.sendNotifyByName(e.Addr(), "n", big)
+		require.NoError(t, err)
+		require.True(t, viaCtrl)
+		got := collect(e, 1)
+		require.Len(t, got, 1)
+		require.True(t, big == string(got[0].Msg), "whole")
+		require.Eventually(t, func() bool { return mc.acked() == 1 }, stallAfter, time.Millisecond, "Mooncake's SEND did not complete")
+	})
+}

@@ -1,0 +1,596 @@
+package tests
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/twosided/twosided/ibv/soft"
+	"github.com/twosided/twosided/notify"
+)
+
+// More of the delivery contract: (1) a send whose context ends while the notify is on its
+// way says "maybe delivered" (or "not delivered"), and a caller that retries with the same
+// Notify.ID until success gets it delivered exactly once; a retry after a success is
+// dropped as a duplicate. (2) Backpressure rejections consume no seqs: after 70 000 of them
+// the receiver's window holds nothing, no seq was skipped, and traffic flows as before.
+
+// moreRec records, in order, what an engine delivered (Recv or a handler).
+type moreRec struct {
+	mu  sync.Mutex
+	got []notify.Notify
+}
+
+func (r *moreRec) add(n notify.Notify) {
+	n.Msg = append([]byte(nil), n.Msg...)
+	r.mu.Lock()
+	r.got = append(r.got, n)
+	r.mu.Unlock()
+}
+
+func (r *moreRec) len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.got)
+}
+
+func (r *moreRec) snapshot() []notify.Notify {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]notify.Notify(nil), r.got...)
+}
+
+// recvInto records what e receives until the test ends.
+func recvInto(t *testing.T, e *notify.Engine) *moreRec {
+	r := &moreRec{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			n, err := e.Recv(ctx)
+			if err != nil {
+				return
+			}
+			r.add(n)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return r
+}
+
+// waitLen waits, within ctx, until r holds at least n notifies.
+func (r *moreRec) waitLen(t *testing.T, ctx context.Context, n int) {
+	t.Helper()
+	for r.len() < n {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("only %d of %d notifies delivered before the deadline", r.len(), n)
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// waitMsg waits, within ctx, until a notify whose Msg is msg was delivered.
+func (r *moreRec) waitMsg(t *testing.T, ctx context.Context, msg string) {
+	t.Helper()
+	for {
+		for _, n := range r.snapshot() {
+			if string(n.Msg) == msg {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%q never delivered", msg)
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// moreAttempt is one try of a notify and what SendNotify said.
+type moreAttempt struct {
+	msg string
+	err error
+}
+
+// sendUntilDelivered sends n (its Msg tagged with the attempt number, its ID kept) with a
+// short deadline while the path is held, then releases the path and retries with the same
+// ID until SendNotify returns nil. Each error must say "maybe delivered" or "not
+// delivered" (ErrTimeout without ErrMaybeDelivered); firstMustFail: the held path cannot
+// have delivered the first try in time.
+func sendUntilDelivered(t *testing.T, a *notify.Engine, peer string, base notify.Notify, heldTries int, release func()) []moreAttempt {
+	t.Helper()
+	var tries []moreAttempt
+	try := func(k int, d time.Duration) error {
+		n := base
+		n.Msg = []byte(fmt.Sprintf("%s#try%d", base.Msg, k))
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		err := a.SendNotify(ctx, peer, n)
+		tries = append(tries, moreAttempt{msg: string(n.Msg), err: err})
+		if err != nil {
+			t.Logf("try %d: %v (maybe delivered: %v)", k, err, errors.Is(err, notify.ErrMaybeDelivered))
+			require.True(t, errors.Is(err, notify.ErrMaybeDelivered) || errors.Is(err, notify.ErrTimeout),
+				"try %d: the error says neither 'maybe delivered' nor 'not delivered (timeout)': %v", k, err)
+		}
+		return err
+	}
+	k := 0
+	for ; k < heldTries; k++ {
+		require.Error(t, try(k, 150*time.Millisecond), "try %d on a held path succeeded: the test did not hold the path", k)
+	}
+	release()
+	outer := time.Now().Add(30 * time.Second)
+	for ; ; k++ {
+		require.True(t, time.Now().Before(outer), "no try succeeded within 30 s after the path was released")
+		if try(k, 5*time.Second) == nil {
+			break
+		}
+	}
+	return tries
+}
+
+// checkOnce asserts that among delivered (Msg and, where known, ID of every delivered
+// notify from the sender) the notify base was delivered exactly once: one delivery with its
+// ID, one delivery of any of its tries' contents, none of a try that said "not delivered";
+// and that fence came after it.
+func checkOnce(t *testing.T, what string, base notify.Notify, tries []moreAttempt, delivered []notify.Notify, withIDs bool, fence string) {
+	t.Helper()
+	byMsg := map[string]int{}
+	pos := map[string]int{}
+	byID := 0
+	for i, n := range delivered {
+		byMsg[string(n.Msg)]++
+		if _, ok := pos[string(n.Msg)]; !ok {
+			pos[string(n.Msg)] = i
+		}
+		if withIDs && n.ID == base.ID {
+			byID++
+		}
+	}
+	total, first := 0, -1
+	for k, tr := range tries {
+		c := byMsg[tr.msg]
+		require.LessOrEqual(t, c, 1, "%s: try %d (%s) delivered %d times", what, k, tr.msg, c)
+		if tr.err != nil && !errors.Is(tr.err, notify.ErrMaybeDelivered) {
+			require.Zero(t, c, "%s: try %d said 'not delivered' (%v) yet was delivered", what, k, tr.err)
+		}
+		if c > 0 {
+			total += c
+			first = pos[tr.msg]
+		}
+	}
+	acked := 0
+	for _, tr := range tries {
+		if tr.err == nil {
+			acked++
+		}
+	}
+	t.Logf("%s: %d tries, %d acknowledged, %d delivered by content, %d by id", what, len(tries), acked, total, byID)
+	require.Equal(t, 1, total, "%s: the notify (id %q) acknowledged once after retries was delivered %d times by content", what, base.ID, total)
+	if withIDs {
+		require.Equal(t, 1, byID, "%s: id %q delivered %d times", what, base.ID, byID)
+	}
+	fp, ok := pos[fence]
+	require.True(t, ok, "%s: the fence %q was acknowledged but not delivered", what, fence)
+	require.Equal(t, 1, byMsg[fence], "%s: the fence delivered twice", what)
+	require.Less(t, first, fp, "%s: the retried notify was delivered after a later one (out of order)", what)
+}
+
+// warmUp sends n notifies with their own ids and requires each acknowledged.
+func warmUp(t *testing.T, ctx context.Context, a *notify.Engine, peer string, n int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		require.NoError(t, a.SendNotify(ctx, peer, notify.Notify{Name: "warm", Msg: []byte("warm-" + strconv.Itoa(i)), ID: "warm-" + strconv.Itoa(i)}))
+	}
+}
+
+// TestContractRetrySameIDOnTheWay: the first send of a notify is posted to a live peer but
+// not acknowledged when its 150 ms context ends (the soft link delays every packet 400 ms;
+// the link is cut; the receiver's reactor is held by a blocking handler; the receiver
+// process is stopped). SendNotify must say "maybe delivered" or "not delivered"; the
+// caller retries with the same Notify.ID until one succeeds; the receiver delivers that
+// notify exactly once (by id and by content), before a later notify.
+func TestContractRetrySameIDOnTheWay(t *testing.T) {
+	t.Run("rdma_twosided/delayed-link", func(t *testing.T) {
+		a := newEngine(t, notify.TransportRDMATwoSided, twoSidedOn("soft0")...)
+		b := newEngine(t, notify.TransportRDMATwoSided, twoSidedOn("soft1")...)
+		rec := recvInto(t, b)
+		ctx := ctxFor(t, 60*time.Second)
+		warmUp(t, ctx, a, b.Addr(), 10)
+		t.Cleanup(func() { _ = soft.Default().RestoreLink("soft0", "soft1") })
+		require.NoError(t, soft.Default().DelayLink("soft0", "soft1", 400*time.Millisecond))
+		base := notify.Notify{Name: "r", Msg: []byte("delayed"), ID: "id-delayed"}
+		tries := sendUntilDelivered(t, a, b.Addr(), base, 2, func() {})
+		require.True(t, errors.Is(tries[0].err, notify.ErrMaybeDelivered), "a send posted on a delayed link, not acknowledged when its context ended, must be 'maybe delivered': %v", tries[0].err)
+		require.NoError(t, soft.Default().RestoreLink("soft0", "soft1"))
+		require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "r", Msg: []byte("fence"), ID: "id-fence"}))
+		rec.waitMsg(t, ctx, "fence")
+		checkOnce(t, "delayed link", base, tries, rec.snapshot()[10:], true, "fence")
+		ps := peerStats(t, b, a.Addr())
+		t.Logf("receiver window: %+v", ps.Window)
+		require.Zero(t, ps.Held)
+	})
+	t.Run("rdma_twosided/cut-link", func(t *testing.T) {
+		a := newEngine(t, notify.TransportRDMATwoSided, twoSidedOn("soft0")...)
+		b := newEngine(t, notify.TransportRDMATwoSided, twoSidedOn("soft1")...)
+		rec := recvInto(t, b)
+		ctx := ctxFor(t, 60*time.Second)
+		warmUp(t, ctx, a, b.Addr(), 10)
+		t.Cleanup(func() { _ = soft.Default().RestoreLink("soft0", "soft1") })
+		require.NoError(t, soft.Default().CutLink("soft0", "soft1"))
+		base := notify.Notify{Name: "r", Msg: []byte("cut"), ID: "id-cut"}
+		tries := sendUntilDelivered(t, a, b.Addr(), base, 3, func() {
+			require.NoError(t, soft.Default().RestoreLink("soft0", "soft1"))
+		})
+		require.True(t, errors.Is(tries[0].err, notify.ErrMaybeDelivered), "a send posted on a cut link must be 'maybe delivered': %v", tries[0].err)
+		require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "r", Msg: []byte("fence"), ID: "id-fence"}))
+		rec.waitMsg(t, ctx, "fence")
+		checkOnce(t, "cut link", base, tries, rec.snapshot()[10:], true, "fence")
+		ps := peerStats(t, b, a.Addr())
+		t.Logf("receiver window: %+v; sender limits: %+v", ps.Window, a.Stats().Limits)
+	})
+	for _, tr := range transports {
+		t.Run(tr+"/blocked-handler", func(t *testing.T) {
+			gate := make(chan struct{})
+			var once sync.Once
+			open := func() { once.Do(func() { close(gate) }) }
+			t.Cleanup(open)
+			rec := &moreRec{}
+			b := newEngine(t, tr, notify.WithHandler(func(n notify.Notify) {
+				if string(n.Msg) == "block" {
+					<-gate // the receiver's reactor is held
+					return
+				}
+				rec.add(n)
+			}))
+			a := newEngine(t, tr, notify.WithMaxPendingSends(4096))
+			c := newEngine(t, tr)
+			ctx := ctxFor(t, 60*time.Second)
+			warmUp(t, ctx, a, b.Addr(), 10)
+			require.NoError(t, c.SendNotify(ctx, b.Addr(), notify.Notify{Name: "w", Msg: []byte("c-warm")}))
+			rec.waitLen(t, ctx, 11)
+			blocked := make(chan error, 1)
+			require.NoError(t, c.SendNotifyAsync(b.Addr(), notify.Notify{Name: "b", Msg: []byte("block")}, func(err error) { blocked <- err }))
+			// While b's reactor is held, a's channel still takes sends until its credits
+			// run out: fill it (each fill acknowledged or queued) so the next send waits.
+			fills := &moreLedger{}
+			if tr == notify.TransportRDMATwoSided {
+				for i := 0; ; i++ {
+					require.Less(t, i, 2048, "b's reactor is held, yet a's sends keep completing")
+					msg := "fill-" + strconv.Itoa(i)
+					ok := make(chan struct{})
+					fills.submit(msg)
+					require.NoError(t, a.SendNotifyAsync(b.Addr(), notify.Notify{Name: "f", Msg: []byte(msg), ID: msg}, func(err error) {
+						fills.done(msg, err)
+						close(ok)
+					}))
+					select {
+					case <-ok:
+						continue
+					case <-time.After(300 * time.Millisecond):
+					}
+					break
+				}
+				t.Logf("%d fills before a's sends stopped completing", len(fills.order))
+			}
+			base := notify.Notify{Name: "r", Msg: []byte("held"), ID: "id-held"}
+			tries := sendUntilDelivered(t, a, b.Addr(), base, 2, open)
+			require.NoError(t, <-blocked)
+			require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "r", Msg: []byte("fence"), ID: "id-fence"}))
+			rec.waitMsg(t, ctx, "fence")
+			got := rec.snapshot()
+			var fromA []notify.Notify
+			for _, n := range got {
+				if n.Peer == a.Addr() {
+					fromA = append(fromA, n)
+				}
+			}
+			require.GreaterOrEqual(t, len(fromA), 10)
+			var rest []notify.Notify
+			for _, n := range fromA[10:] {
+				if !strings.HasPrefix(string(n.Msg), "fill-") {
+					rest = append(rest, n)
+				}
+			}
+			checkOnce(t, "blocked handler", base, tries, rest, true, "fence")
+			fills.check(t, "fills", fromA[10:])
+		})
+	}
+	for _, tr := range transports {
+		// The receiver is slow: its receive queue (4) is full and nobody consumes, so its
+		// channel returns no credit and its OOB notifies are held, then answered "busy";
+		// 64 pipelined sends are queued before the tries.
+		t.Run(tr+"/full-queue", func(t *testing.T) {
+			a := newEngine(t, tr, notify.WithMaxPendingSends(4096))
+			b := newEngine(t, tr, notify.WithRecvQueue(4))
+			ctx := ctxFor(t, 60*time.Second)
+			fills := &moreLedger{}
+			for i := 0; i < 64; i++ {
+				msg := "fill-" + strconv.Itoa(i)
+				fills.submit(msg)
+				require.NoError(t, a.SendNotifyAsync(b.Addr(), notify.Notify{Name: "f", Msg: []byte(msg), ID: msg}, func(err error) { fills.done(msg, err) }))
+			}
+			require.Eventually(t, func() bool { return b.Stats().Paused }, 20*time.Second, 5*time.Millisecond)
+			var rec *moreRec
+			base := notify.Notify{Name: "r", Msg: []byte("slow"), ID: "id-slow"}
+			tries := sendUntilDelivered(t, a, b.Addr(), base, 3, func() { rec = recvInto(t, b) })
+			require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "r", Msg: []byte("fence"), ID: "id-fence"}))
+			rec.waitMsg(t, ctx, "fence")
+			got := rec.snapshot()
+			var rest []notify.Notify
+			for _, n := range got {
+				if !strings.HasPrefix(string(n.Msg), "fill-") {
+					rest = append(rest, n)
+				}
+			}
+			checkOnce(t, "full queue", base, tries, rest, true, "fence")
+			acked, _ := fills.check(t, "fills", got)
+			require.Equal(t, 64, acked)
+			ps := peerStats(t, b, a.Addr())
+			t.Logf("receiver window: %+v; busy answers %d", ps.Window, b.Stats().OOBBusy)
+		})
+	}
+	for _, tr := range transports {
+		t.Run(tr+"/stopped-process", func(t *testing.T) {
+			rcv := startPeerProc(t, tr, peerModeEnv+"=record")
+			a := newEngine(t, tr)
+			ctx := ctxFor(t, 60*time.Second)
+			warmUp(t, ctx, a, rcv.addr, 10)
+			require.NoError(t, rcv.cmd.Process.Signal(syscall.SIGSTOP))
+			t.Cleanup(func() { _ = rcv.cmd.Process.Signal(syscall.SIGCONT) })
+			base := notify.Notify{Name: "r", Msg: []byte("stopped"), ID: "id-stopped"}
+			tries := sendUntilDelivered(t, a, rcv.addr, base, 2, func() {
+				require.NoError(t, rcv.cmd.Process.Signal(syscall.SIGCONT))
+			})
+			require.True(t, errors.Is(tries[0].err, notify.ErrMaybeDelivered), "a send to a stopped live peer over an open path must be 'maybe delivered': %v", tries[0].err)
+			require.NoError(t, a.SendNotify(ctx, rcv.addr, notify.Notify{Name: "r", Msg: []byte("fence"), ID: "id-fence"}))
+			rcv.stop()
+			var got []notify.Notify
+			for _, m := range rcv.received() {
+				got = append(got, notify.Notify{Msg: []byte(m)})
+			}
+			require.GreaterOrEqual(t, len(got), 10)
+			checkOnce(t, "stopped process", base, tries, got[10:], false, "fence")
+		})
+	}
+	for _, tr := range transports {
+		t.Run(tr+"/after-success", func(t *testing.T) {
+			a, b := newEngine(t, tr), newEngine(t, tr)
+			rec := recvInto(t, b)
+			ctx := ctxFor(t, 30*time.Second)
+			base := notify.Notify{Name: "r", Msg: []byte("once"), ID: "id-once"}
+			var tries []moreAttempt
+			for k := 0; k < 3; k++ {
+				n := base
+				n.Msg = []byte(fmt.Sprintf("once#try%d", k))
+				err := a.SendNotify(ctx, b.Addr(), n)
+				require.NoError(t, err, "try %d: a retry of a delivered id is acknowledged (and dropped by the receiver)", k)
+				tries = append(tries, moreAttempt{msg: string(n.Msg), err: err})
+			}
+			require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "r", Msg: []byte("fence"), ID: "id-fence"}))
+			rec.waitMsg(t, ctx, "fence")
+			got := rec.snapshot()
+			checkOnce(t, "retry after success", base, tries, got, true, "fence")
+			require.Equal(t, "once#try0", string(got[0].Msg), "the first try is the one delivered")
+			ps := peerStats(t, b, a.Addr())
+			t.Logf("receiver window: %+v", ps.Window)
+			require.Equal(t, uint64(2), ps.Window.DuplicateIDs, "the two retries were dropped as duplicate ids")
+		})
+	}
+}
+
+// moreLedger records async sends in submission order and their results.
+type moreLedger struct {
+	mu    sync.Mutex
+	order []string
+	res   map[string]error
+}
+
+func (l *moreLedger) submit(msg string) {
+	l.mu.Lock()
+	l.order = append(l.order, msg)
+	l.mu.Unlock()
+}
+
+func (l *moreLedger) done(msg string, err error) {
+	l.mu.Lock()
+	if l.res == nil {
+		l.res = map[string]error{}
+	}
+	l.res[msg] = err
+	l.mu.Unlock()
+}
+
+// check: every acknowledged notify delivered exactly once, none refused (an error without
+// ErrMaybeDelivered) delivered, the delivered ones in submission order. Delivered notifies
+// not in the ledger are ignored. It returns the counts.
+func (l *moreLedger) check(t *testing.T, what string, delivered []notify.Notify) (acked, rejected int) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	idx := make(map[string]int, len(l.order))
+	for i, m := range l.order {
+		idx[m] = i
+	}
+	count := make(map[string]int, len(l.order))
+	last, outOfOrder, dups := -1, 0, 0
+	for _, n := range delivered {
+		i, ok := idx[string(n.Msg)]
+		if !ok {
+			continue
+		}
+		if count[string(n.Msg)]++; count[string(n.Msg)] > 1 {
+			dups++
+			continue
+		}
+		if i < last {
+			outOfOrder++
+		}
+		last = max(last, i)
+	}
+	lost, refusedDelivered, unfinished := 0, 0, 0
+	for _, m := range l.order {
+		err, fin := l.res[m]
+		switch {
+		case !fin:
+			unfinished++
+		case err == nil:
+			acked++
+			if count[m] == 0 {
+				lost++
+			}
+		case !errors.Is(err, notify.ErrMaybeDelivered):
+			rejected++
+			if count[m] > 0 {
+				refusedDelivered++
+			}
+		}
+	}
+	t.Logf("%s: %d sent, %d acknowledged, %d refused, %d acknowledged not delivered, %d duplicates, %d out of order, %d refused yet delivered",
+		what, len(l.order), acked, rejected, lost, dups, outOfOrder, refusedDelivered)
+	require.Zero(t, unfinished, "%s: sends without a result", what)
+	require.Zero(t, lost, "%s: acknowledged but never delivered", what)
+	require.Zero(t, dups, "%s: delivered twice", what)
+	require.Zero(t, outOfOrder, "%s: delivered out of order", what)
+	require.Zero(t, refusedDelivered, "%s: refused yet delivered", what)
+	return acked, rejected
+}
+
+// TestContractBackpressureThroughput: warm-up, then a pipelined phase of count notifies
+// (window 32, under MaxPendingSends 64) whose delivered/s is measured at the receiver;
+// then SendNotifyAsync in a tight loop until at least 70 000 sends were refused with
+// ErrBackpressure (the issue's bug: each refusal drew a seq, and 65 536 entries above the
+// oldest gap made every delivery scan a map); then the same measured phase again. Every
+// accepted notify is delivered exactly once and in order, no refused one is delivered, the
+// receiver's window holds nothing and skipped and timed-out gaps are 0. Both rates are
+// logged, not asserted.
+func TestContractBackpressureThroughput(t *testing.T) {
+	for _, c := range []struct {
+		tr    string
+		count int
+	}{{notify.TransportRDMATwoSided, 20000}, {notify.TransportOOB, 5000}} {
+		t.Run(c.tr, func(t *testing.T) {
+			a := newEngine(t, c.tr, notify.WithMaxPendingSends(64))
+			b := newEngine(t, c.tr)
+			rec := recvInto(t, b)
+			ctx := ctxFor(t, 120*time.Second)
+			l := &moreLedger{}
+			var wg sync.WaitGroup
+			seq := 0
+			var bpCount atomic.Int64 // sends refused with ErrBackpressure, returned or through done
+			send := func(prefix string) error {
+				msg := prefix + strconv.Itoa(seq)
+				seq++
+				l.submit(msg)
+				wg.Add(1)
+				err := a.SendNotifyAsync(b.Addr(), notify.Notify{Name: "bp", Msg: []byte(msg)}, func(err error) {
+					if errors.Is(err, notify.ErrBackpressure) {
+						bpCount.Add(1)
+					}
+					l.done(msg, err)
+					wg.Done()
+				})
+				if err != nil {
+					if errors.Is(err, notify.ErrBackpressure) {
+						bpCount.Add(1)
+					}
+					l.done(msg, err)
+					wg.Done()
+				}
+				return err
+			}
+			// phase sends n notifies with at most window in flight, and returns the
+			// receiver's delivered/s over them (from the first send to the n-th delivery).
+			phase := func(prefix string, n, window int) float64 {
+				sem := make(chan struct{}, window)
+				base := rec.len()
+				start := time.Now()
+				for i := 0; i < n; i++ {
+					select {
+					case sem <- struct{}{}:
+					case <-ctx.Done():
+						t.Fatalf("%s: send %d: no completion before the deadline", prefix, i)
+					}
+					msg := prefix + strconv.Itoa(seq)
+					seq++
+					l.submit(msg)
+					wg.Add(1)
+					err := a.SendNotifyAsync(b.Addr(), notify.Notify{Name: "bp", Msg: []byte(msg)}, func(err error) {
+						l.done(msg, err)
+						<-sem
+						wg.Done()
+					})
+					if err != nil {
+						l.done(msg, err)
+						<-sem
+						wg.Done()
+					}
+				}
+				rec.waitLen(t, ctx, base+n)
+				return float64(n) / time.Since(start).Seconds()
+			}
+			phase("warm-", 2000, 32)
+			before := phase("before-", c.count, 32)
+
+			refused, sent := 0, 0 // refused: returned by SendNotifyAsync itself
+			for bpCount.Load() < 70000 {
+				require.Less(t, sent, 2_000_000, "no backpressure: %d sends, %d refused", sent, bpCount.Load())
+				sent++
+				if err := send("flood-"); err != nil {
+					require.ErrorIs(t, err, notify.ErrBackpressure)
+					refused++
+				}
+			}
+			done := make(chan struct{})
+			go func() { wg.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-ctx.Done():
+				t.Fatal("flood sends without a result before the deadline")
+			}
+			// Refusals that came back through done (the peer's queue was full) count too.
+			l.mu.Lock()
+			bp := 0
+			for _, err := range l.res {
+				if errors.Is(err, notify.ErrBackpressure) {
+					bp++
+					require.NotErrorIs(t, err, notify.ErrMaybeDelivered)
+				}
+			}
+			l.mu.Unlock()
+
+			after := phase("after-", c.count, 32)
+			require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "bp", Msg: []byte("last")}))
+			rec.waitMsg(t, ctx, "last")
+			got := rec.snapshot()
+			acked, rejected := l.check(t, c.tr+" backpressure", got)
+			require.Equal(t, len(got)-1, acked, "delivered notifies that were not acknowledged")
+			require.GreaterOrEqual(t, bp, 70000, "fewer than 70 000 sends refused with ErrBackpressure")
+			require.Equal(t, bp, rejected, "sends failed with an error other than ErrBackpressure")
+
+			ps := peerStats(t, b, a.Addr())
+			st := a.Stats()
+			t.Logf("%s: %d notifies: %.0f delivered/s before %d backpressure refusals (%d returned by SendNotifyAsync, %d through done), %.0f delivered/s after",
+				c.tr, c.count, before, bp, refused, bp-refused, after)
+			t.Logf("receiver window: %+v, held now %d; sender limits: given up %d, fences %d", ps.Window, ps.Held, st.Limits.GivenUp, st.Limits.FencesSent)
+			require.Zero(t, ps.Held, "the receiver's window holds notifies")
+			require.Zero(t, ps.Window.Held, "a notify waited for a missing seq")
+			require.Zero(t, ps.Window.Skipped, "refused sends drew seqs the sender then gave up")
+			require.Zero(t, ps.Window.GapsTimedOut, "a gap timed out")
+			require.Zero(t, ps.Window.Duplicates)
+			require.Equal(t, uint64(acked), ps.Window.Delivered, "the window delivered other than the acknowledged notifies")
+			require.Zero(t, st.Limits.FencesSent, "the sender gave up seqs")
+		})
+	}
+}
