@@ -359,12 +359,16 @@ func TestMooncakeQueueFullReceiver(t *testing.T) {
 		mc.collect(1)
 		mc.setHold(true)
 		acked := make(chan int, 1)
-		go func() { acked <- tsSend(t, e, mc.name, "ts", "t", 1, n, 64) }()
+		go func() {
+			defer close(acked) // tsSend's t.Fatalf ends this goroutine: the test then fails, not hangs
+			acked <- tsSend(t, e, mc.name, "ts", "t", 1, n, 64)
+		}()
 		// Mooncake's worker stops reposting: after its 64 RECVs twosided meets RNR.
 		rnr := counters(t, e).RNRNaksSent
 		require.Eventually(t, func() bool { return counters(t, e).RNRNaksSent > rnr }, stallAfter, time.Millisecond)
 		mc.setHold(false)
-		a := <-acked
+		a, sent := <-acked
+		require.True(t, sent, "the twosided sender stalled (its error is above)")
 		recv := mc.collect(1 + n)[1:]
 		tally(t, "twosided -> full Mooncake", a, mcMsgs(recv), "t", 1, n)
 	})
