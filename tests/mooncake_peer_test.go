@@ -73,6 +73,10 @@ const (
 	mcPR3440 mcMode = iota
 	mcMain
 	mcRefuse
+	// mcAbandon is PR #3440 whose connectQp fails after twosided's handshake reply (as it
+	// did on twosided's old 8×4 GID text: "invalid peer GID"): Mooncake drops its channel
+	// and sends over OOB, while twosided has adopted a channel nobody serves (half-open).
+	mcAbandon
 )
 
 type mcNotify struct {
@@ -312,6 +316,9 @@ func (p *mooncakePeer) connectActive(peerAddr string) (*mcChannel, error) {
 		c.limit(peer.NotifyRQDepth)
 		err = c.connectQP(peer.LocalGID, peer.LocalLID, *peer.NotifyQPNum)
 	}
+	if err == nil && p.mode == mcAbandon {
+		err = errors.New("invalid peer GID (abandoned after the handshake reply)")
+	}
 	if err != nil {
 		c.disconnect()
 		return nil, err
@@ -368,7 +375,7 @@ func (p *mooncakePeer) reconnect() {
 // sendNotifyByName: the ctrl channel (0 = queued), else OOB. It reports whether the notify
 // was queued on the ctrl channel.
 func (p *mooncakePeer) sendNotifyByName(peerAddr, name, msg string) (ctrl bool, err error) {
-	if p.mode == mcPR3440 {
+	if p.mode == mcPR3440 || p.mode == mcAbandon {
 		if c := p.ensureChannel(peerAddr); c != nil {
 			if c.sendNotify(name, msg) == nil {
 				return true, nil

@@ -470,3 +470,28 @@ func TestMooncakeLargerBuffer(t *testing.T) {
 		require.Eventually(t, func() bool { return mc.acked() == 1 }, stallAfter, time.Millisecond, "Mooncake's SEND did not complete")
 	})
 }
+
+// TestMooncakeAbandonedChannel (finding 1, the half-open case): Mooncake, the active side,
+// abandons the channel after twosided's handshake reply and sends over OOB; twosided has a
+// channel to it that nobody serves. Nothing is lost either way: Mooncake's notifies arrive
+// over OOB, and twosided's sends to it, failing on that channel, go over OOB and then on a
+// channel twosided opens itself, each once and in order.
+func TestMooncakeAbandonedChannel(t *testing.T) {
+	e := rdmaEngine(t)
+	mc := newMooncakePeer(t, mcAbandon)
+	ctrl, oob := mcSend(t, mc, e.Addr(), "mc", "m", 1, 5)
+	require.Zero(t, ctrl, "Mooncake abandoned its channel")
+	tally(t, "Mooncake (abandoning) -> twosided", oob, msgsOf(collect(e, 5)), "m", 1, 5)
+	acked := tsSend(t, e, mc.name, "ts", "t", 1, 20, 1)
+	recv := mc.collect(20)
+	tally(t, "twosided -> abandoning Mooncake", acked, mcMsgs(recv), "t", 1, 20)
+	viaOOB := 0
+	for _, r := range recv {
+		if r.oob {
+			viaOOB++
+		}
+	}
+	// The half-open channel fails twosided's first SEND; then twosided handshakes as the
+	// active side, which Mooncake accepts (its passive path is not the broken one).
+	t.Logf("twosided -> Mooncake: %d over OOB, %d on a channel twosided opened", viaOOB, len(recv)-viaOOB)
+}
