@@ -1510,6 +1510,7 @@ func (m *peerMachine) arrive(now time.Time, p *peerEntry, seq uint64, nid string
 		p.received++
 		m.emit(mAction{kind: aDeliver, n: d})
 	})
+	m.heldDups(p)
 	switch res {
 	case arrDuplicate:
 		p.dups++
@@ -1518,6 +1519,15 @@ func (m *peerMachine) arrive(now time.Time, p *peerEntry, seq uint64, nid string
 		m.setTimer(p.win.gapDeadline(m.cfg.gapTimeout))
 	}
 	return res
+}
+
+// heldDups counts, as duplicates, the held notifies p's window dropped at release because
+// another copy with the same id went first.
+func (m *peerMachine) heldDups(p *peerEntry) {
+	if d := p.win.takeHeldDupIDs(); d > 0 {
+		p.dups += d
+		m.stats.Duplicates += d
+	}
 }
 
 // chanFence: the peer gave up [first, first+count) (a FENCE on channel ch).
@@ -1535,6 +1545,7 @@ func (m *peerMachine) skip(now time.Time, p *peerEntry, first, count uint64) {
 		p.received++
 		m.emit(mAction{kind: aDeliver, n: d})
 	})
+	m.heldDups(p)
 }
 
 // oobArrival is a notify (or a fence) that came over OOB.
@@ -1665,6 +1676,7 @@ func (m *peerMachine) tick(now time.Time) {
 				p.received++
 				m.emit(mAction{kind: aDeliver, n: d})
 			})
+			m.heldDups(p)
 			later(p.win.gapDeadline(m.cfg.gapTimeout))
 		}
 		if !p.awaiting.IsZero() {
@@ -1815,6 +1827,7 @@ func (m *peerMachine) closeAll(err error) {
 			p.received++
 			m.emit(mAction{kind: aDeliver, n: d})
 		})
+		m.heldDups(p)
 	}
 	var unknown error // for a send on its way (posted, or written over OOB) or one whose earlier try may have landed
 	for id, r := range m.reqs {

@@ -16,7 +16,8 @@ import "time"
 //
 // Idempotency ids: a notify that carries an id is dropped when the same id was delivered
 // among the last idCap ids of this window, so a caller may retry after an error that
-// leaves the outcome unknown.
+// leaves the outcome unknown. The check is made when a notify is delivered, so of two
+// copies held behind one gap only the first is.
 type recvWindow struct {
 	next  uint64
 	size  uint64
@@ -31,6 +32,9 @@ type recvWindow struct {
 	idCap  int
 
 	stats windowStats
+	// heldDupIDs counts held notifies dropped at release as duplicates by id, until the
+	// machine takes the count (takeHeldDupIDs) into its own duplicate counters.
+	heldDupIDs uint64
 
 	// timedOut remembers the last seqs whose gap timed out, so a late OOB copy of one is
 	// refused (not delivered) rather than taken for a duplicate (delivered). Bounded ring.
@@ -198,7 +202,14 @@ func (w *recvWindow) release(now time.Time, deliver func(Notify)) {
 			return
 		}
 		if s.state == slotHeld {
-			w.emit(s.n, s.id, deliver)
+			if s.id != "" && w.seenID(s.id) {
+				// Another copy of this notify (a caller's retry under a new seq) was held
+				// too, behind the same gap, and went first: this one is a duplicate.
+				w.stats.DuplicateIDs++
+				w.heldDupIDs++
+			} else {
+				w.emit(s.n, s.id, deliver)
+			}
 		}
 		*s = winSlot{}
 		w.held--
@@ -234,6 +245,14 @@ func (w *recvWindow) expire(now time.Time, timeout time.Duration, deliver func(N
 		}
 		w.release(now, deliver)
 	}
+}
+
+// takeHeldDupIDs returns and clears the count of held notifies dropped at release as
+// duplicates by id.
+func (w *recvWindow) takeHeldDupIDs() uint64 {
+	n := w.heldDupIDs
+	w.heldDupIDs = 0
+	return n
 }
 
 func (w *recvWindow) seenID(id string) bool {
