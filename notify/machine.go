@@ -47,6 +47,7 @@ type peerMachine struct {
 	macSum   [sha256.Size]byte
 	offered  map[uint64]string // tokens of our handshakes in flight -> the name (offer)
 	doneReqs []*reqEntry       // completed since the last ready (recycleReqs)
+	unheld   []string          // names whose last straggler was answered (releaseStragglers)
 	freeReqs []*reqEntry
 
 	names map[string]*nameEntry
@@ -138,6 +139,11 @@ type nameEntry struct {
 	retryAt    time.Time
 	retryErr   error // what sends get until retryAt (nil: serve them over OOB)
 	lastUsed   time.Time
+	// stragglers counts sends via this name still on their way to the pair it led to
+	// before a rebind. Their refusals come back in any order and are sent again in the
+	// new pair: until all are answered, the name's waiters stay here (not moved to the
+	// new peer), so the new seqs are drawn in send order.
+	stragglers int
 }
 
 type peerEntry struct {
@@ -208,6 +214,9 @@ type reqEntry struct {
 	deadline time.Time
 	postNo   uint64
 	maybe    bool // an earlier attempt may have been delivered
+	// straggler: on its way to a pair its name no longer leads to (the peer restarted);
+	// the name's new sends wait until it is answered (nameEntry.stragglers).
+	straggler bool
 }
 
 type mActKind uint8
@@ -296,6 +305,7 @@ func (m *peerMachine) emit(a mAction) { m.acts = append(m.acts, a) }
 
 func (m *peerMachine) complete(id reqID, err error) {
 	if r := m.reqs[id]; r != nil {
+		m.unstraggle(r)
 		m.doneReqs = append(m.doneReqs, r) // reused once the driver is done with this batch (ready)
 	}
 	delete(m.reqs, id)
@@ -355,7 +365,7 @@ func (m *peerMachine) send(now time.Time, id reqID, name, nid string, deadline t
 		m.emit(mAction{kind: aOOB, req: id, name: name, legacy: true, deadline: deadline})
 		return
 	}
-	if p := ne.peer; p != nil && len(ne.waiters) == 0 {
+	if p := ne.peer; p != nil && len(ne.waiters) == 0 && ne.stragglers == 0 {
 		m.enqueue(now, p, r, name)
 		return
 	}
@@ -369,7 +379,7 @@ func (m *peerMachine) send(now time.Time, id reqID, name, nid string, deadline t
 		return
 	}
 	ne.waiters = append(ne.waiters, id)
-	if !ne.connecting {
+	if !ne.connecting && ne.stragglers == 0 {
 		m.connectName(now, ne, nil)
 	}
 }
@@ -490,6 +500,45 @@ func (m *peerMachine) cancel(id reqID, err error) bool {
 	return true
 }
 
+// unstraggle: r, a straggler, is answered (completed, or refused and sent again in the
+// new pair); the last one of its name releases the name's waiters (releaseStragglers).
+func (m *peerMachine) unstraggle(r *reqEntry) {
+	if !r.straggler {
+		return
+	}
+	r.straggler = false
+	if ne := m.names[r.name]; ne != nil && ne.stragglers > 0 {
+		ne.stragglers--
+		if ne.stragglers == 0 {
+			m.unheld = append(m.unheld, ne.name)
+		}
+	}
+}
+
+// releaseStragglers sends on what waited behind the stragglers of a name that has none
+// left: to the new peer when the name leads to one, else through a new handshake.
+func (m *peerMachine) releaseStragglers(now time.Time) {
+	for len(m.unheld) > 0 {
+		name := m.unheld[0]
+		m.unheld = m.unheld[1:]
+		ne := m.names[name]
+		if ne == nil || ne.stragglers > 0 || len(ne.waiters) == 0 {
+			continue
+		}
+		switch {
+		case ne.peer != nil:
+			p := ne.peer
+			m.moveWaiters(ne, p)
+			m.flush(now, p, name)
+		case !ne.connecting:
+			m.connectName(now, ne, nil)
+		}
+	}
+	if len(m.unheld) == 0 {
+		m.unheld = m.unheld[:0]
+	}
+}
+
 // sendResult is the outcome of a post (ch != 0) or an OOB send of req. maybe says whether
 // a failed attempt may have reached the peer; local says the failure is ours (a deadline,
 // a size), not the path's, so no other path is tried.
@@ -498,6 +547,7 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 	if r == nil {
 		return
 	}
+	defer m.releaseStragglers(now)
 	p := r.peer
 	onCh := r.ch
 	if r.oob && r.legacy && p != nil && p.oldInflight > 0 {
@@ -597,6 +647,7 @@ func (m *peerMachine) rebind(now time.Time, p *peerEntry, r *reqEntry) bool {
 		p.seqs.giveUp(r.seq)
 		r.seq = 0
 	}
+	m.unstraggle(r)
 	if ne.peer == p {
 		m.unalias(p, r.name)
 		ne.peer = nil
@@ -608,10 +659,26 @@ func (m *peerMachine) rebind(now time.Time, p *peerEntry, r *reqEntry) bool {
 		}
 		p.waiters = slices.DeleteFunc(p.waiters, func(id reqID) bool { w := m.reqs[id]; return w == nil || w.peer == nil })
 		p.tokenOut = 0
+		// The name's other sends on their way to p are refused too, in any order: the
+		// name's waiters wait for their answers, so that all go again in send order.
+		for _, w := range m.reqs {
+			if w != r && w.peer == p && w.name == r.name && (w.oob || w.ch != 0) && !w.straggler {
+				w.straggler = true
+				ne.stragglers++
+			}
+		}
 	}
 	r.peer = nil
-	ne.waiters = append(ne.waiters, r.id)
-	if !ne.connecting {
+	i, _ := slices.BinarySearch(ne.waiters, r.id) // in send order (ids grow with each send)
+	ne.waiters = slices.Insert(ne.waiters, i, r.id)
+	if ne.stragglers > 0 {
+		return true // releaseStragglers moves them on once the last straggler is answered
+	}
+	switch {
+	case ne.peer != nil: // rebound meanwhile: the new pair takes it
+		m.unheld = append(m.unheld, ne.name)
+		m.releaseStragglers(now)
+	case !ne.connecting:
 		m.connectName(now, ne, nil)
 	}
 	return true
@@ -1026,11 +1093,18 @@ const busyRetryAfter = 100 * time.Millisecond
 var errSuperseded = errors.New("notify: channel superseded by a newer one of the same pair")
 
 func (m *peerMachine) moveWaiters(ne *nameEntry, p *peerEntry) {
+	if ne.stragglers > 0 {
+		return // releaseStragglers moves them once the stragglers are answered
+	}
+	sorted := slices.IsSorted(p.waiters)
 	for _, id := range ne.waiters {
 		if r := m.reqs[id]; r != nil {
 			r.peer = p
 			p.waiters = append(p.waiters, id)
 		}
+	}
+	if sorted {
+		slices.Sort(p.waiters) // send order across the name's and the peer's waiters
 	}
 	ne.waiters = nil
 }
@@ -1066,8 +1140,34 @@ func (m *peerMachine) bind(now time.Time, ne *nameEntry, session uint64, adverti
 		old.waiters = nil
 	}
 	ne.peer = p
+	m.markStragglers(ne, p)
 	m.alias(p, ne.name)
 	return p, nil
+}
+
+// markStragglers: ne now leads to p. Its sends still on their way to another pair (the
+// engine that was there before) are stragglers: refused by p's engine in any order, they
+// are sent again in the new pair; the name's other sends wait for them in ne.waiters, so
+// that the new seqs are drawn in send order (releaseStragglers).
+func (m *peerMachine) markStragglers(ne *nameEntry, p *peerEntry) {
+	for _, r := range m.reqs {
+		if r.name == ne.name && r.peer != nil && r.peer != p && !r.legacy && (r.oob || r.ch != 0) && !r.straggler {
+			r.straggler = true
+			ne.stragglers++
+		}
+	}
+	if ne.stragglers == 0 {
+		return
+	}
+	// Sends of the name already queued on p wait too.
+	for _, id := range p.waiters {
+		if r := m.reqs[id]; r != nil && r.name == ne.name {
+			r.peer = nil
+			ne.waiters = append(ne.waiters, id)
+		}
+	}
+	p.waiters = slices.DeleteFunc(p.waiters, func(id reqID) bool { r := m.reqs[id]; return r == nil || r.peer == nil })
+	slices.Sort(ne.waiters)
 }
 
 const maxAliases = 8
@@ -1728,6 +1828,12 @@ func (m *peerMachine) tick(now time.Time) {
 		m.stats.UnconfirmedExpired++
 		m.dropChan(ce, false)
 		m.emit(mAction{kind: aClose, ch: ce.id, err: fmt.Errorf("%w: the peer never used the channel its handshake made", ErrPeerDead)})
+		if p := ce.peer; p != nil && p.ch == 0 {
+			// Its peer was visited above while the channel still stood: its idle prune
+			// is due from now on (else an entry the initiator forgot outlives it, and
+			// that initiator's next handshakes are refused for want of a proof).
+			later(p.lastActive.Add(m.cfg.peerIdle))
+		}
 	}
 	for id, r := range m.reqs {
 		if r.ch != 0 || r.oob {
@@ -1740,10 +1846,11 @@ func (m *peerMachine) tick(now time.Time) {
 		later(r.deadline)
 	}
 	for _, ne := range m.names {
-		if ne.peer == nil && !ne.connecting && len(ne.waiters) == 0 && (ne.retryAt.IsZero() || !now.Before(ne.retryAt)) {
+		if ne.peer == nil && !ne.connecting && len(ne.waiters) == 0 && ne.stragglers == 0 && (ne.retryAt.IsZero() || !now.Before(ne.retryAt)) {
 			delete(m.names, ne.name)
 		}
 	}
+	m.releaseStragglers(now)
 	m.setTimer(next)
 }
 

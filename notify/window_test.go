@@ -106,7 +106,7 @@ func TestWindowIdempotentIDs(t *testing.T) {
 // TestWindowHeldCopiesOfOneID: two copies of one notify (the same id under two seqs: a
 // retry sent while the first try was still on its way) both held behind a gap are
 // delivered once when the gap fills; the second counts as a duplicate id. Found by
-// TestFindingRetrySameIDDeliveredTwice (tests/), where slow OOB receivers delivered up
+// TestContractRetrySameIDHeldCopies (tests/), where slow OOB receivers delivered up
 // to 832 of 1000 ids twice.
 func TestWindowHeldCopiesOfOneID(t *testing.T) {
 	w := newRecvWindow(16, 8)
