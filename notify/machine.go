@@ -534,9 +534,7 @@ func (m *peerMachine) releaseStragglers(now time.Time) {
 			m.connectName(now, ne, nil)
 		}
 	}
-	if len(m.unheld) == 0 {
-		m.unheld = m.unheld[:0]
-	}
+	m.unheld = nil
 }
 
 // sendResult is the outcome of a post (ch != 0) or an OOB send of req. maybe says whether
