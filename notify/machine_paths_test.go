@@ -492,33 +492,7 @@ func (rs *restartSim) step() bool {
 
 // run is simNet.run with the sweep after each event, and with timers due before until
 // only (zero: all).
-func (rs *restartSim) run(until time.Time) {
-	n := rs.simNet
-	for rounds := 0; rounds < 200; rounds++ {
-		for rs.step() {
-		}
-		var next time.Time
-		for _, e := range n.engines {
-			if !e.timerAt.IsZero() && (next.IsZero() || e.timerAt.Before(next)) {
-				next = e.timerAt
-			}
-		}
-		if next.IsZero() || (!until.IsZero() && next.After(until)) {
-			return
-		}
-		if next.After(n.now) {
-			n.now = next
-		}
-		for _, e := range n.engines {
-			if !e.timerAt.IsZero() && !e.timerAt.After(n.now) {
-				e.timerAt = time.Time{}
-				e.m.tick(n.now)
-				e.perform()
-			}
-		}
-		rs.sweep()
-	}
-}
+func (rs *restartSim) run(until time.Time) { rs.simNet.runWith(until, rs.sweep) }
 
 // checkAcrossRestart: every send of from (in order) completed; one acknowledged was
 // delivered exactly once, at one of the incarnations; one that failed without "maybe" was

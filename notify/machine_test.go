@@ -97,9 +97,20 @@ func (n *simNet) step() bool {
 }
 
 // run steps until quiet, then lets time pass for the machines' timers.
-func (n *simNet) run() {
+func (n *simNet) run() { n.runWith(time.Time{}, nil) }
+
+// runWith is run with timers due before until only (zero: all), and after called after
+// each event and each round of timers (nil: nothing).
+func (n *simNet) runWith(until time.Time, after func()) {
+	step := func() bool {
+		ok := n.step()
+		if after != nil {
+			after()
+		}
+		return ok
+	}
 	for rounds := 0; rounds < 200; rounds++ {
-		for n.step() {
+		for step() {
 		}
 		var next time.Time
 		for _, e := range n.engines {
@@ -107,7 +118,7 @@ func (n *simNet) run() {
 				next = e.timerAt
 			}
 		}
-		if next.IsZero() {
+		if next.IsZero() || (!until.IsZero() && next.After(until)) {
 			return
 		}
 		if next.After(n.now) {
@@ -119,6 +130,9 @@ func (n *simNet) run() {
 				e.m.tick(n.now)
 				e.perform()
 			}
+		}
+		if after != nil {
+			after()
 		}
 	}
 }
