@@ -50,7 +50,10 @@ func (r *moreRec) snapshot() []notify.Notify {
 }
 
 // recvInto records what e receives until the test ends.
-func recvInto(t *testing.T, e *notify.Engine) *moreRec {
+func recvInto(t *testing.T, e *notify.Engine) *moreRec { return recvIntoPacing(t, e, 0) }
+
+// recvIntoPacing is recvInto for an application that takes pace per notify.
+func recvIntoPacing(t *testing.T, e *notify.Engine, pace time.Duration) *moreRec {
 	r := &moreRec{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -62,6 +65,9 @@ func recvInto(t *testing.T, e *notify.Engine) *moreRec {
 				return
 			}
 			r.add(n)
+			if pace > 0 {
+				time.Sleep(pace)
+			}
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done })
@@ -612,22 +618,7 @@ func TestContractBackpressureThroughput(t *testing.T) {
 // OOB (seen under -race). notify's TestWindowHeldCopiesOfOneID is the unit form.
 func TestContractRetrySameIDHeldCopies(t *testing.T) {
 	slowConsumer := func(t *testing.T, e *notify.Engine) *moreRec {
-		r := &moreRec{}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			for {
-				n, err := e.Recv(ctx)
-				if err != nil {
-					return
-				}
-				r.add(n)
-				time.Sleep(time.Millisecond) // a slow application
-			}
-		}()
-		t.Cleanup(func() { cancel(); <-done })
-		return r
+		return recvIntoPacing(t, e, time.Millisecond) // a slow application
 	}
 	// verdict counts, by id, the acknowledged and delivered, and the tries that said "not
 	// delivered" yet were delivered (by content).

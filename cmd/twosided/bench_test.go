@@ -5,13 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"encoding/xml"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/creack/pty"
 	"github.com/stretchr/testify/require"
 )
 
@@ -96,16 +94,7 @@ func TestBenchHelp(t *testing.T) {
 // TestBenchProgress: bench draws its status line on a terminal stderr once a run lasts past
 // 2 s, and never on stdout; a stderr that is not a terminal gets nothing.
 func TestBenchProgress(t *testing.T) {
-	ptmx, tty, err := pty.Open()
-	if err != nil {
-		t.Skipf("no pseudo-terminal here to stand for a terminal stderr: %v", err)
-	}
-	defer ptmx.Close()
-	screen := make(chan string, 1)
-	go func() {
-		b, _ := io.ReadAll(ptmx) // until tty closes (EIO)
-		screen <- string(b)
-	}()
+	tty, screen := openScreen(t)
 	args := []string{"bench", "--procs", "1", "--transport", "oob", "--scenario", "idle", "--peers", "1", "-D", "3s"}
 	var out bytes.Buffer
 	require.Equal(t, 0, run(context.Background(), args, &out, tty))

@@ -6,6 +6,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -189,6 +190,23 @@ func TestServeRejectsBadObserveFlags(t *testing.T) {
 	require.Equal(t, 0, <-code)
 }
 
+// openScreen is a pseudo-terminal to stand for a terminal stderr: write to tty, close it,
+// then screen gives all that was drawn. Skips where there is none.
+func openScreen(t *testing.T) (tty *os.File, screen <-chan string) {
+	t.Helper()
+	ptmx, tty, err := pty.Open()
+	if err != nil {
+		t.Skipf("no pseudo-terminal here to stand for a terminal stderr: %v", err)
+	}
+	t.Cleanup(func() { _ = ptmx.Close() })
+	c := make(chan string, 1)
+	go func() {
+		b, _ := io.ReadAll(ptmx) // until tty closes (EIO)
+		c <- string(b)
+	}()
+	return tty, c
+}
+
 // TestSendProgress: send -n draws a bar on a terminal stderr and writes nothing to a stderr
 // that is not one; stdout has the same lines either way.
 func TestSendProgress(t *testing.T) {
@@ -196,16 +214,7 @@ func TestSendProgress(t *testing.T) {
 	defer cancel()
 	addr, served := startServe(t, ctx, "--count-only", "--expect", "40")
 
-	ptmx, tty, err := pty.Open()
-	if err != nil {
-		t.Skipf("no pseudo-terminal here to stand for a terminal stderr: %v", err)
-	}
-	defer ptmx.Close()
-	screen := make(chan string, 1)
-	go func() {
-		b, _ := io.ReadAll(ptmx) // until tty closes (EIO)
-		screen <- string(b)
-	}()
+	tty, screen := openScreen(t)
 	var out bytes.Buffer
 	require.Equal(t, 0, run(ctx, []string{"send", "--peer", addr, "-n", "20", "--quiet"}, &out, tty))
 	require.NoError(t, tty.Close())
