@@ -248,18 +248,19 @@ func TestContractRetrySameIDOnTheWay(t *testing.T) {
 	})
 	for _, tr := range transports {
 		t.Run(tr+"/blocked-handler", func(t *testing.T) {
-			gate := make(chan struct{})
+			gate, entered := make(chan struct{}), make(chan struct{})
 			var once sync.Once
 			open := func() { once.Do(func() { close(gate) }) }
-			t.Cleanup(open)
 			rec := &moreRec{}
 			b := newEngine(t, tr, notify.WithHandler(func(n notify.Notify) {
 				if string(n.Msg) == "block" {
+					close(entered)
 					<-gate // the receiver's reactor is held
 					return
 				}
 				rec.add(n)
 			}))
+			t.Cleanup(open) // after b's: cleanups run last first, so b's reactor is let go before b closes
 			a := newEngine(t, tr, notify.WithMaxPendingSends(4096))
 			c := newEngine(t, tr)
 			ctx := ctxFor(t, 60*time.Second)
@@ -268,6 +269,11 @@ func TestContractRetrySameIDOnTheWay(t *testing.T) {
 			rec.waitLen(t, ctx, 11)
 			blocked := make(chan error, 1)
 			require.NoError(t, c.SendNotifyAsync(b.Addr(), notify.Notify{Name: "b", Msg: []byte("block")}, func(err error) { blocked <- err }))
+			select { // b's reactor is held from here on
+			case <-entered:
+			case <-ctx.Done():
+				t.Fatal("the blocking notify never reached b's handler")
+			}
 			// While b's reactor is held, a's channel still takes sends until its credits
 			// run out: fill it (each fill acknowledged or queued) so the next send waits.
 			fills := &moreLedger{}
