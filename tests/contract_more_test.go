@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -361,6 +362,7 @@ func TestContractRetrySameIDOnTheWay(t *testing.T) {
 			warmUp(t, ctx, a, rcv.addr, 10)
 			require.NoError(t, rcv.cmd.Process.Signal(syscall.SIGSTOP))
 			t.Cleanup(func() { _ = rcv.cmd.Process.Signal(syscall.SIGCONT) })
+			waitStopped(t, rcv.cmd.Process.Pid) // kill(2) returns before the process has stopped
 			base := notify.Notify{Name: "r", Msg: []byte("stopped"), ID: "id-stopped"}
 			tries := sendUntilDelivered(t, a, rcv.addr, base, 2, func() {
 				require.NoError(t, rcv.cmd.Process.Signal(syscall.SIGCONT))
@@ -741,4 +743,18 @@ func TestContractRetrySameIDHeldCopies(t *testing.T) {
 				fmt.Sprintf("receiver window %+v, %d busy answers", ps.Window, b.Stats().OOBBusy))
 		})
 	}
+}
+
+// waitStopped waits until process pid is in the stopped state (T in /proc/pid/stat).
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	path := fmt.Sprintf("/proc/%d/stat", pid)
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return false
+		}
+		i := strings.LastIndexByte(string(b), ')') // the command name may hold spaces
+		return i > 0 && i+2 < len(b) && b[i+2] == 'T'
+	}, 10*time.Second, time.Millisecond, "process %d did not stop", pid)
 }
