@@ -331,11 +331,15 @@ func (e *Engine) sendOOB(peer string, req oob.NotifyRequest, deadline time.Time,
 		e.legacyOOB.push(peer, func() { e.doOOB(peer, req, deadline, report) })
 		return
 	}
+	if _, err := netip.ParseAddrPort(peer); err != nil {
+		go e.doOOB(peer, req, deadline, report) // a host name: resolved off the loop
+		return
+	}
 	e.sendOOBOnLoop(peer, req, deadline, time.Millisecond, report)
 }
 
-// sendOOBOnLoop is sendOOB's loop path; pause is the wait before the next try after a
-// "busy". Loop-only.
+// sendOOBOnLoop is sendOOB's loop path, for a peer at a literal address; pause is the wait
+// before the next try after a "busy". Loop-only.
 func (e *Engine) sendOOBOnLoop(peer string, req oob.NotifyRequest, deadline time.Time, pause time.Duration, report func(err error, maybe, local bool)) {
 	done := func(err error) {
 		// While closing too: a notify the peer answered during the goodbyes is reported as
@@ -358,16 +362,7 @@ func (e *Engine) sendOOBOnLoop(peer string, req oob.NotifyRequest, deadline time
 		report(err, maybe, local)
 		e.perform() // inside a perform already (a result at once) it only returns
 	}
-	err := e.node.NotifyOnLoop(peer, &req, deadline.Sub(e.loop.Now()), done)
-	switch {
-	case err == nil:
-	case errors.Is(err, oob.ErrBadRequest) && !errors.Is(err, oob.ErrTooLarge):
-		if _, perr := netip.ParseAddrPort(peer); perr != nil {
-			go e.doOOB(peer, req, deadline, report) // a host name: resolved off the loop
-			return
-		}
-		done(err)
-	default:
+	if err := e.node.NotifyOnLoop(peer, &req, deadline.Sub(e.loop.Now()), done); err != nil {
 		done(err)
 	}
 }

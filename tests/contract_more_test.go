@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -209,13 +210,18 @@ func warmUp(t *testing.T, ctx context.Context, a *notify.Engine, peer string, n 
 // caller retries with the same Notify.ID until one succeeds; the receiver delivers that
 // notify exactly once (by id and by content), before a later notify.
 func TestContractRetrySameIDOnTheWay(t *testing.T) {
-	t.Run("rdma_twosided/delayed-link", func(t *testing.T) {
-		a := newEngine(t, notify.TransportRDMATwoSided, twoSidedOn("soft0")...)
-		b := newEngine(t, notify.TransportRDMATwoSided, twoSidedOn("soft1")...)
-		rec := recvInto(t, b)
-		ctx := ctxFor(t, 60*time.Second)
+	// linked is a warmed-up rdma_twosided pair on soft0 -> soft1, the link restored at the end.
+	linked := func(t *testing.T) (a, b *notify.Engine, rec *moreRec, ctx context.Context) {
+		a = newEngine(t, notify.TransportRDMATwoSided, twoSidedOn("soft0")...)
+		b = newEngine(t, notify.TransportRDMATwoSided, twoSidedOn("soft1")...)
+		rec = recvInto(t, b)
+		ctx = ctxFor(t, 60*time.Second)
 		warmUp(t, ctx, a, b.Addr(), 10)
 		t.Cleanup(func() { _ = soft.Default().RestoreLink("soft0", "soft1") })
+		return a, b, rec, ctx
+	}
+	t.Run("rdma_twosided/delayed-link", func(t *testing.T) {
+		a, b, rec, ctx := linked(t)
 		require.NoError(t, soft.Default().DelayLink("soft0", "soft1", 400*time.Millisecond))
 		base := notify.Notify{Name: "r", Msg: []byte("delayed"), ID: "id-delayed"}
 		tries := sendUntilDelivered(t, a, b.Addr(), base, 2, func() {})
@@ -229,12 +235,7 @@ func TestContractRetrySameIDOnTheWay(t *testing.T) {
 		require.Zero(t, ps.Held)
 	})
 	t.Run("rdma_twosided/cut-link", func(t *testing.T) {
-		a := newEngine(t, notify.TransportRDMATwoSided, twoSidedOn("soft0")...)
-		b := newEngine(t, notify.TransportRDMATwoSided, twoSidedOn("soft1")...)
-		rec := recvInto(t, b)
-		ctx := ctxFor(t, 60*time.Second)
-		warmUp(t, ctx, a, b.Addr(), 10)
-		t.Cleanup(func() { _ = soft.Default().RestoreLink("soft0", "soft1") })
+		a, b, rec, ctx := linked(t)
 		require.NoError(t, soft.Default().CutLink("soft0", "soft1"))
 		base := notify.Notify{Name: "r", Msg: []byte("cut"), ID: "id-cut"}
 		tries := sendUntilDelivered(t, a, b.Addr(), base, 3, func() {
@@ -757,4 +758,25 @@ func waitStopped(t *testing.T, pid int) {
 		i := strings.LastIndexByte(string(b), ')') // the command name may hold spaces
 		return i > 0 && i+2 < len(b) && b[i+2] == 'T'
 	}, 10*time.Second, time.Millisecond, "process %d did not stop", pid)
+}
+
+// TestOOBByHostName: an oob engine addressed by host name ("localhost:P") is sent to off
+// the reactor (the name is resolved on a goroutine); its notifies arrive once and in order.
+func TestOOBByHostName(t *testing.T) {
+	a := newEngine(t, notify.TransportOOB)
+	b := newEngine(t, notify.TransportOOB)
+	rec := recvInto(t, b)
+	ctx := ctxFor(t, 30*time.Second)
+	_, port, err := net.SplitHostPort(b.Addr())
+	require.NoError(t, err)
+	const n = 20
+	for i := 0; i < n; i++ {
+		require.NoError(t, a.SendNotify(ctx, net.JoinHostPort("localhost", port), notify.Notify{Name: "h", Msg: []byte("h-" + strconv.Itoa(i))}))
+	}
+	rec.waitLen(t, ctx, n)
+	got := rec.snapshot()
+	require.Len(t, got, n)
+	for i, g := range got {
+		require.Equal(t, "h-"+strconv.Itoa(i), string(g.Msg))
+	}
 }
