@@ -657,14 +657,9 @@ func (m *peerMachine) rebind(now time.Time, p *peerEntry, r *reqEntry) bool {
 		}
 		p.waiters = slices.DeleteFunc(p.waiters, func(id reqID) bool { w := m.reqs[id]; return w == nil || w.peer == nil })
 		p.tokenOut = 0
-		// The name's other sends on their way to p are refused too, in any order: the
-		// name's waiters wait for their answers, so that all go again in send order.
-		for _, w := range m.reqs {
-			if w != r && w.peer == p && w.name == r.name && (w.oob || w.ch != 0) && !w.straggler {
-				w.straggler = true
-				ne.stragglers++
-			}
-		}
+		// The name's other sends on their way to p are refused too, in any order.
+		r.peer = nil
+		m.markStragglers(ne, nil)
 	}
 	r.peer = nil
 	i, _ := slices.BinarySearch(ne.waiters, r.id) // in send order (ids grow with each send)
@@ -1143,10 +1138,10 @@ func (m *peerMachine) bind(now time.Time, ne *nameEntry, session uint64, adverti
 	return p, nil
 }
 
-// markStragglers: ne now leads to p. Its sends still on their way to another pair (the
-// engine that was there before) are stragglers: refused by p's engine in any order, they
-// are sent again in the new pair; the name's other sends wait for them in ne.waiters, so
-// that the new seqs are drawn in send order (releaseStragglers).
+// markStragglers: ne now leads to p (nil: to no peer, a rebind). Its sends still on their
+// way to another pair (the engine that was there before) are stragglers: refused by the new
+// engine in any order, they are sent again in the new pair; the name's other sends wait for
+// them in ne.waiters, so that the new seqs are drawn in send order (releaseStragglers).
 func (m *peerMachine) markStragglers(ne *nameEntry, p *peerEntry) {
 	for _, r := range m.reqs {
 		if r.name == ne.name && r.peer != nil && r.peer != p && !r.legacy && (r.oob || r.ch != 0) && !r.straggler {
@@ -1154,7 +1149,7 @@ func (m *peerMachine) markStragglers(ne *nameEntry, p *peerEntry) {
 			ne.stragglers++
 		}
 	}
-	if ne.stragglers == 0 {
+	if ne.stragglers == 0 || p == nil {
 		return
 	}
 	// Sends of the name already queued on p wait too.

@@ -289,11 +289,11 @@ func oobStatsOf(s oob.Stats) OOBStats {
 func (e *Engine) Stats() Stats {
 	s := Stats{Name: e.name, Transport: e.cfg.transport, Device: e.devName, Session: e.session,
 		QueueCapacity: e.cfg.recvQueue}
-	// The engine's counters are read on the loop, with the rest, where the loop is
-	// running: they move on the loop, so the snapshot is of one moment (a Delivered read
-	// before the loop's part would lag behind the FramesReceived of the same snapshot).
-	e.counters(&s)
+	// The engine's counters are read on the loop, with the rest, where the loop answers:
+	// they move on the loop, so the snapshot is of one moment (a Delivered read before the
+	// loop's part would lag behind the FramesReceived of the same snapshot).
 	if e.loop == nil {
+		e.counters(&s)
 		return s
 	}
 	s.Reactor = reactorStatsOf(e.loop.Stats())
@@ -303,6 +303,7 @@ func (e *Engine) Stats() Stats {
 	defer cancel()
 	done := make(chan Stats, 1)
 	if err := e.loop.SubmitWait(ctx, func() { done <- e.loopStats() }); err != nil {
+		e.counters(&s) // the loop stopped: its counters no longer move
 		return s
 	}
 	select {
@@ -312,6 +313,7 @@ func (e *Engine) Stats() Stats {
 		s.Peers, s.Paused, s.HeldOOB, s.OOBBusy = ls.Peers, ls.Paused, ls.HeldOOB, ls.OOBBusy
 		s.ChannelsUp, s.PeerCount, s.Limits, s.Channels = ls.ChannelsUp, ls.PeerCount, ls.Limits, ls.Channels
 	case <-ctx.Done():
+		e.counters(&s) // the loop did not answer in time: the counters as they are
 	}
 	return s
 }
