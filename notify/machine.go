@@ -89,6 +89,7 @@ type machineConfig struct {
 	connectTimeout  time.Duration
 	noCtrlRetry     time.Duration // a peer without a ctrl channel is served over OOB for this long
 	limitBackoff    time.Duration // a peer that refused for a limit is not asked again for this long
+	fenceRetry      time.Duration // first wait before an OOB fence the peer refused is sent again; doubles up to limitBackoff
 	gapTimeout      time.Duration // a receive gap nobody fills or fences is given up after this
 	peerIdle        time.Duration // an idle peer entry without a channel is forgotten after this
 	maxUnconfirmed  int           // inbound channels not yet used by their peer
@@ -117,6 +118,7 @@ func (c *machineConfig) setDefaults() {
 	defd(&c.connectTimeout, 10*time.Second)
 	defd(&c.noCtrlRetry, 30*time.Second)
 	defd(&c.limitBackoff, 5*time.Second)
+	defd(&c.fenceRetry, 50*time.Millisecond)
 	defd(&c.gapTimeout, 60*time.Second)
 	defd(&c.peerIdle, 10*time.Minute)
 }
@@ -172,6 +174,11 @@ type peerEntry struct {
 	bornActive bool      // made by the reply to our own handshake
 	retryAt    time.Time // connect backoff after a limit refusal
 	lastErr    error
+	// fenceAt: an OOB fence was refused; no fence goes over OOB before then (tick sends
+	// them), so a refusing peer sees one try per fenceWait, not a storm. A channel, or a
+	// new token from a handshake, carries them at once.
+	fenceAt   time.Time
+	fenceWait time.Duration
 
 	sent, received, dups uint64
 }
@@ -255,7 +262,7 @@ type machineStats struct {
 	Names, Channels, Unconfirmed           int
 	UnconfirmedRefused, UnconfirmedExpired uint64
 	PeersRefused, NamesRefused, ChannelsRefused, AuthRefused, Superseded, Reposted, Fallbacks, GivenUp,
-	FencesSent, LegacyDelivered, OOBRefused, PeersPruned uint64
+	FencesSent, FencesDropped, LegacyDelivered, OOBRefused, PeersPruned uint64
 	Duplicates     uint64 // received notifies dropped as duplicates (seq or id)
 	ConnectsQueued uint64 // handshakes that waited for a slot (maxConnects)
 }
@@ -703,8 +710,8 @@ func (m *peerMachine) fence(p *peerEntry) {
 	var ce *chanEntry
 	if p.ch != 0 && m.chans[p.ch].up {
 		ce = m.chans[p.ch]
-	} else if p.tokenOut == 0 {
-		return // no path now: the next channel or handshake carries them
+	} else if p.tokenOut == 0 || !p.fenceAt.IsZero() {
+		return // no path now (or backing off): the next channel, handshake or tick carries them
 	}
 	for _, r := range p.seqs.takeFences() {
 		m.stats.FencesSent++
@@ -741,11 +748,31 @@ func (m *peerMachine) fenceResult(now time.Time, session, first, count uint64, e
 	}
 	if err == nil {
 		p.seqs.fenced(seqRange{first, count})
+		p.fenceWait = 0
 		return
 	}
 	p.seqs.refence(seqRange{first, count})
-	if p.ch != 0 {
-		m.fence(p)
+	if errors.Is(err, errRebind) || now.Sub(p.lastActive) >= m.cfg.gapTimeout {
+		// The peer does not know this pair any more (it restarted, or forgot us), or has
+		// not answered for a gap timeout, by which its window gave these seqs up itself:
+		// nobody waits for them. Resolved, so the entry can be pruned.
+		for _, r := range p.seqs.takeFences() {
+			p.seqs.fenced(r)
+			m.stats.FencesDropped++
+		}
+		p.fenceAt, p.fenceWait = time.Time{}, 0
+		return
+	}
+	if p.ch != 0 && m.chans[p.ch] != nil && m.chans[p.ch].up {
+		m.fence(p) // on the channel
+		return
+	}
+	// Refused over OOB (busy, a token the peer no longer knows, unreachable): sending it
+	// again at once would be refused again, as fast as the peer answers.
+	p.fenceWait = min(max(2*p.fenceWait, m.cfg.fenceRetry), max(m.cfg.limitBackoff, m.cfg.fenceRetry))
+	if p.fenceAt.IsZero() {
+		p.fenceAt = now.Add(p.fenceWait)
+		m.setTimer(p.fenceAt)
 	}
 }
 
@@ -982,6 +1009,7 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 		return
 	}
 	p.tokenOut = res.token
+	p.fenceAt = time.Time{} // a new token: refused fences may pass now
 	m.addTokenIn(p, ne.token)
 	p.epoch = max(p.epoch, res.epoch)
 	switch {
@@ -1399,6 +1427,7 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 	}
 	p.lastActive = now
 	p.tokenOut = hs.token
+	p.fenceAt = time.Time{} // a new token: refused fences may pass now
 	if hs.name != "" {
 		p.adv = hs.name
 	}
@@ -1785,6 +1814,14 @@ func (m *peerMachine) tick(now time.Time) {
 				}
 			} else {
 				later(p.awaiting)
+			}
+		}
+		if !p.fenceAt.IsZero() {
+			if !now.Before(p.fenceAt) {
+				p.fenceAt = time.Time{}
+				m.fence(p)
+			} else {
+				later(p.fenceAt)
 			}
 		}
 		if !p.retryAt.IsZero() {

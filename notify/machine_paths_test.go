@@ -779,3 +779,74 @@ func TestMachineIdlePairNotLockedOut(t *testing.T) {
 	}
 	require.Equal(t, 3, checkDelivery(t, a, b, order))
 }
+
+// TestMachineRefusedFenceBacksOff: a fence the peer refuses over OOB (busy, unreachable)
+// is sent again after a wait that doubles from fenceRetry up to limitBackoff, one try per
+// wait: never at once, which made a refusing peer and its sender trade fences as fast as
+// they could answer (found by FuzzMachineHostileInput). A peer that no longer knows the
+// pair, or one silent for a gap timeout, has nobody waiting for the seqs: the fence is
+// dropped, counted, and the seqs resolved.
+func TestMachineRefusedFenceBacksOff(t *testing.T) {
+	for _, end := range []string{"forgotten", "silent"} {
+		t.Run(end, func(t *testing.T) {
+			now := time.Unix(1000, 0)
+			tok := uint64(100)
+			cfg := simCfg()
+			cfg.channels = false
+			cfg.gapTimeout = 2 * time.Minute
+			m := newPeerMachine(10, cfg, func() uint64 { tok++; return tok })
+			kinds := func(k mActKind) (out []mAction) {
+				for _, a := range m.ready() {
+					if a.kind == k {
+						out = append(out, a)
+					}
+				}
+				return out
+			}
+			m.send(now, 1, "b", "", now.Add(time.Hour))
+			require.Len(t, kinds(aConnect), 1)
+			m.connected(now, "b", 0, hsResult{session: 20, token: 7, peerName: "b"})
+			require.Len(t, kinds(aOOB), 1)
+			m.sendResult(now, 1, errors.New("timed out"), false, true) // given up: fenced
+			f := kinds(aFence)
+			require.Len(t, f, 1)
+			require.Equal(t, [2]uint64{1, 1}, [2]uint64{f[0].first, f[0].count})
+			p := m.peers[peerKey{session: 20}]
+			require.NotNil(t, p)
+
+			busy := &kindError{kind: ErrBackpressure, cause: errors.New("busy")}
+			start := now
+			wait := cfg.fenceRetry
+			if wait == 0 {
+				wait = 50 * time.Millisecond // the default
+			}
+			var waits []time.Duration
+			for now.Sub(start) < time.Minute {
+				m.fenceResult(now, 20, 1, 1, busy)
+				require.Empty(t, kinds(aFence), "a refused fence is not sent again at once")
+				m.tick(now.Add(p.fenceWait - time.Millisecond))
+				require.Empty(t, kinds(aFence), "nor before its wait")
+				waits = append(waits, p.fenceWait)
+				now = now.Add(p.fenceWait)
+				m.tick(now)
+				require.Len(t, kinds(aFence), 1, "one try per wait")
+			}
+			require.Equal(t, wait, waits[0])
+			for i := 1; i < len(waits); i++ {
+				require.Equal(t, min(2*waits[i-1], 5*time.Second), waits[i], "the wait doubles up to limitBackoff")
+			}
+			require.Equal(t, uint64(1), p.seqs.unresolved())
+			switch end {
+			case "forgotten":
+				m.fenceResult(now, 20, 1, 1, &kindError{kind: ErrAuth, cause: errors.Join(errRebind, errors.New("unknown token"))})
+			case "silent":
+				now = p.lastActive.Add(cfg.gapTimeout)
+				m.fenceResult(now, 20, 1, 1, busy)
+			}
+			require.Zero(t, p.seqs.unresolved(), "nobody waits for the seq: resolved")
+			require.Equal(t, uint64(1), m.stats.FencesDropped)
+			m.tick(now.Add(time.Minute))
+			require.Empty(t, kinds(aFence))
+		})
+	}
+}

@@ -96,6 +96,10 @@ func (n *simNet) step() bool {
 	return true
 }
 
+// maxRoundEvents bounds the events of one round of runWith (the largest test posts a few
+// hundred thousand).
+const maxRoundEvents = 5_000_000
+
 // run steps until quiet, then lets time pass for the machines' timers.
 func (n *simNet) run() { n.runWith(time.Time{}, nil) }
 
@@ -110,7 +114,12 @@ func (n *simNet) runWith(until time.Time, after func()) {
 		return ok
 	}
 	for rounds := 0; rounds < 200; rounds++ {
-		for step() {
+		// Every machine exchange ends: a round that never goes quiet is a livelock (two
+		// engines trading the same refusal), reported as one instead of a hang.
+		for steps := 0; step(); steps++ {
+			if steps == maxRoundEvents {
+				n.t.Fatalf("no quiet after %d events with no timer due: a livelock", steps)
+			}
 		}
 		var next time.Time
 		for _, e := range n.engines {
@@ -182,9 +191,7 @@ func (e *simEngine) do(a mAction) {
 		n.post(func() {
 			code, err := to.m.oobArrive(n.now, oobArrival{session: e.m.local, token: a.token, to: a.session, skipFrom: a.first, skipN: a.count})
 			to.perform()
-			if code == "" {
-				err = nil
-			}
+			err = simOOBErr(code, err)
 			n.post(func() { e.m.fenceResult(n.now, a.session, a.first, a.count, err); e.perform() })
 		})
 	case aOOB:
@@ -198,14 +205,7 @@ func (e *simEngine) do(a mAction) {
 				code, err = to.m.oobArrive(n.now, oobArrival{session: e.m.local, token: a.token, to: a.session, seq: a.seq,
 					nid: e.nids[a.req], from: e.name, n: Notify{Msg: []byte(msg)}})
 				to.perform()
-				switch code {
-				case "":
-					err = nil
-				case refuseAuth: // as the driver maps it (oobKind)
-					err = &kindError{kind: ErrAuth, cause: errors.Join(errRebind, err)}
-				case refuseStale:
-					err = &kindError{kind: ErrRejected, cause: errors.Join(errGaveUp, err)}
-				}
+				err = simOOBErr(code, err)
 			}
 			n.post(func() { e.m.sendResult(n.now, a.req, err, false, false); e.perform() })
 		})
@@ -223,6 +223,19 @@ func (e *simEngine) do(a mAction) {
 			e.timerAt = a.at
 		}
 	}
+}
+
+// simOOBErr is an OOB answer as the driver maps it (oobKind): nil when accepted.
+func simOOBErr(code string, err error) error {
+	switch code {
+	case "":
+		return nil
+	case refuseAuth:
+		return &kindError{kind: ErrAuth, cause: errors.Join(errRebind, err)}
+	case refuseStale:
+		return &kindError{kind: ErrRejected, cause: errors.Join(errGaveUp, err)}
+	}
+	return err
 }
 
 func (e *simEngine) enqueueFrame(l *simLink, f simFrame) {
@@ -315,13 +328,16 @@ func (n *simNet) handshake(from *simEngine, a mAction) {
 			ll := &simLink{local: from, id: a.ch, remote: rl}
 			rl.remote = ll
 			from.links[a.ch] = ll
-			if to.closedCh[rl.id] {
-				ll.dead = true
-			}
+			ll.dead = to.closedCh[rl.id]
 			res.ctrl = true
 		}
 		from.m.connected(n.now, a.name, a.ch, res)
 		from.perform()
+		if ll := from.links[a.ch]; ll != nil && ll.dead && !from.closedCh[a.ch] {
+			// The peer closed its end before our reply arrived: our QP errors on its
+			// first send (retry exceeded), and the channel closes, as a hardware QP does.
+			from.closeLink(a.ch)
+		}
 	})
 }
 
