@@ -196,7 +196,7 @@ type Channel struct {
 	rsge  []ibv.SGE
 	nrwr  int
 	names map[string]string
-	slab  msgSlab        // copies of delivered messages
+	slab  reactor.Slab   // copies of delivered messages
 	drops zerolog.Logger // dropped frames, rate-limited
 
 	wcErrors, rnrExceeded, postErrors uint64
@@ -659,7 +659,7 @@ func (c *Channel) perform(a *Action) {
 		if a.Owned {
 			d.Msg = a.Msg
 		} else {
-			d.Msg = c.slab.copyOf(a.Msg)
+			d.Msg = c.slab.Copy(a.Msg)
 		}
 		if len(a.ID) > 0 {
 			d.ID = string(a.ID)

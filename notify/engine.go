@@ -39,8 +39,8 @@ import (
 // whose ID it delivered among the last ids of that sender, so a send whose outcome was
 // unknown (ErrMaybeDelivered) can be retried safely with the same ID.
 //
-// A received Msg belongs to the application. Messages of up to 1 KiB that came over a
-// ctrl channel share 16 KiB chunks (capacity clipped to the message, so an append
+// A received Msg belongs to the application. Messages of up to 1 KiB (over a ctrl channel
+// or OOB) share 16 KiB chunks (capacity clipped to the message, so an append
 // reallocates): keeping one such Msg keeps its chunk's 16 KiB alive; copy a small message
 // that is kept long among many that are not.
 type Notify struct {
@@ -87,6 +87,7 @@ type Engine struct {
 
 	rq        recvQueue
 	legacyOOB serialQueues  // OOB sends to Mooncake peers, in order per peer
+	freeOOB   []*oobSend    // loop-only: OOB sends from the loop, to reuse
 	byes      chan struct{} // Close: closed when the last channel's goodbye completed
 
 	reqPool  sync.Pool        // SendNotifyAsync
@@ -98,7 +99,7 @@ type Engine struct {
 
 type heldNotify struct {
 	req   oob.NotifyRequest
-	reply func(error)
+	reply oob.NotifyReply
 }
 
 // New creates an engine from defaults and options (the environment is not read).
@@ -495,7 +496,7 @@ func (e *Engine) closeOnLoop() {
 	e.m.closeAll(sendErr(ErrClosed, e.name, "", nil, false))
 	e.perform()
 	for _, h := range e.heldOOB {
-		h.reply(&oob.RefusedError{Code: oob.RefuseClosed, Msg: "engine closing"})
+		h.reply.Send(&oob.RefusedError{Code: oob.RefuseClosed, Msg: "engine closing"})
 	}
 	e.heldOOB = nil
 	if e.mtimer != nil {

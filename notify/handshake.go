@@ -219,16 +219,16 @@ type oobHandler Engine
 // past it a sender is answered "busy" and sends again (nothing is lost).
 const maxHeldOOB = 64
 
-func (h *oobHandler) HandleNotify(req *oob.NotifyRequest, reply func(error)) {
+func (h *oobHandler) HandleNotify(req *oob.NotifyRequest, reply oob.NotifyReply) {
 	e := (*Engine)(h)
 	if e.closing || !e.started {
-		reply(&oob.RefusedError{Code: oob.RefuseClosed, Msg: "engine closing"})
+		reply.Send(&oob.RefusedError{Code: oob.RefuseClosed, Msg: "engine closing"})
 		return
 	}
 	if e.paused || len(e.heldOOB) > 0 {
 		if len(e.heldOOB) >= maxHeldOOB {
 			e.oobBusy++
-			reply(&oob.RefusedError{Code: oob.RefuseBusy, Msg: "receive queue full"})
+			reply.Send(&oob.RefusedError{Code: oob.RefuseBusy, Msg: "receive queue full"})
 			return
 		}
 		e.heldOOB = append(e.heldOOB, heldNotify{req: *req, reply: reply})
@@ -238,11 +238,11 @@ func (h *oobHandler) HandleNotify(req *oob.NotifyRequest, reply func(error)) {
 }
 
 // takeOOB hands an OOB notify to the machine and answers it.
-func (e *Engine) takeOOB(req *oob.NotifyRequest, reply func(error)) {
+func (e *Engine) takeOOB(req *oob.NotifyRequest, reply oob.NotifyReply) {
 	if sz := len(req.Name) + len(req.Msg); sz > e.cfg.maxNotifySize {
 		// Received notifies keep the send rule: a sender that ignores it is told, and its
 		// seq (if any) is given up by it, not waited for here.
-		reply(&oob.RefusedError{Code: oob.RefuseInvalid, Msg: fmt.Sprintf("name+msg is %d bytes, this engine's max_notify_size is %d", sz, e.cfg.maxNotifySize)})
+		reply.Send(&oob.RefusedError{Code: oob.RefuseInvalid, Msg: fmt.Sprintf("name+msg is %d bytes, this engine's max_notify_size is %d", sz, e.cfg.maxNotifySize)})
 		return
 	}
 	code, err := e.m.oobArrive(e.loop.Now(), oobArrival{session: req.Session, token: req.Token, to: req.To,
@@ -250,10 +250,10 @@ func (e *Engine) takeOOB(req *oob.NotifyRequest, reply func(error)) {
 		n: Notify{Name: req.Name, Msg: req.Msg, ID: req.ID}})
 	e.perform()
 	if code != "" {
-		reply(&oob.RefusedError{Code: code, Msg: err.Error()})
+		reply.Send(&oob.RefusedError{Code: code, Msg: err.Error()})
 		return
 	}
-	reply(nil)
+	reply.Send(nil)
 }
 
 func (h *oobHandler) HandleHandshake(req *oob.HandshakeDesc, reply func(*oob.HandshakeDesc, error)) {

@@ -258,10 +258,7 @@ func (e *Engine) do(a *mAction) {
 		if !a.legacy {
 			req.Session, req.Seq, req.Token, req.To, req.ID = e.session, a.seq, a.token, a.session, r.n.ID
 		}
-		id := a.req
-		e.sendOOB(a.name, req, a.deadline, func(err error, maybe, local bool) {
-			e.m.sendResult(e.loop.Now(), id, err, maybe, local)
-		})
+		e.sendOOB(a.name, req, a.deadline, oobTarget{req: a.req})
 	case aComplete:
 		r := e.reqs[a.req]
 		if r == nil {
@@ -282,10 +279,8 @@ func (e *Engine) do(a *mAction) {
 		}
 		req := oob.NotifyRequest{From: e.name, Session: e.session, Token: a.token, To: a.session,
 			SkipFrom: a.first, SkipCount: a.count}
-		session, first, count := a.session, a.first, a.count
-		e.sendOOB(a.name, req, e.loop.Now().Add(defaultSendTimeout), func(err error, _, _ bool) {
-			e.m.fenceResult(e.loop.Now(), session, first, count, err)
-		})
+		e.sendOOB(a.name, req, e.loop.Now().Add(defaultSendTimeout),
+			oobTarget{fence: true, session: a.session, first: a.first, count: a.count})
 	case aDeliver:
 		e.deliver(a.n)
 	case aTimer:
@@ -320,54 +315,118 @@ func (e *Engine) onMachineTimer() {
 // busyRetry bounds the pause before an OOB notify the peer answered "busy" is sent again.
 const busyRetry = 50 * time.Millisecond
 
-// sendOOB sends req over OOB and reports the result on the loop. A twosided peer at a
-// literal address is sent to from the loop itself (oob.Node.NotifyOnLoop: no submission,
-// no goroutine); a Mooncake peer's notifies go one after another on a goroutine, and a
-// peer named by host name on a goroutine of its own (resolving blocks). A peer whose
-// queue is full answers "busy": the notify is sent again until the deadline.
-func (e *Engine) sendOOB(peer string, req oob.NotifyRequest, deadline time.Time, report func(err error, maybe, local bool)) {
+// oobTarget says what an OOB send's result is for: a notify's request, or a fence.
+type oobTarget struct {
+	req                   reqID
+	fence                 bool
+	session, first, count uint64
+}
+
+// report hands an OOB send's result to the machine. Loop-only.
+func (e *Engine) report(t oobTarget, err error, maybe, local bool) {
+	if t.fence {
+		e.m.fenceResult(e.loop.Now(), t.session, t.first, t.count, err)
+		return
+	}
+	e.m.sendResult(e.loop.Now(), t.req, err, maybe, local)
+}
+
+// sendOOB sends req over OOB and reports the result to the machine on the loop. A twosided
+// peer at a literal address is sent to from the loop itself (oob.Node.NotifyOnLoop: no
+// submission, no goroutine, no allocation); a Mooncake peer's notifies go one after another
+// on a goroutine, and a peer named by host name on a goroutine of its own (resolving
+// blocks). A peer whose queue is full answers "busy": the notify is sent again until the
+// deadline.
+func (e *Engine) sendOOB(peer string, req oob.NotifyRequest, deadline time.Time, t oobTarget) {
 	if req.Session == 0 {
 		// A Mooncake peer has no seqs to reorder by: its notifies go one after another.
-		e.legacyOOB.push(peer, func() { e.doOOB(peer, req, deadline, report) })
+		e.legacyOOB.push(peer, func() { e.doOOB(peer, req, deadline, t) })
 		return
 	}
 	if _, err := netip.ParseAddrPort(peer); err != nil {
-		go e.doOOB(peer, req, deadline, report) // a host name: resolved off the loop
+		go e.doOOB(peer, req, deadline, t) // a host name: resolved off the loop
 		return
 	}
-	e.sendOOBOnLoop(peer, req, deadline, time.Millisecond, report)
+	s := e.getOOBSend()
+	s.peer, s.req, s.deadline, s.pause, s.t = peer, req, deadline, time.Millisecond, t
+	s.send()
 }
 
-// sendOOBOnLoop is sendOOB's loop path, for a peer at a literal address; pause is the wait
-// before the next try after a "busy". Loop-only.
-func (e *Engine) sendOOBOnLoop(peer string, req oob.NotifyRequest, deadline time.Time, pause time.Duration, report func(err error, maybe, local bool)) {
-	done := func(err error) {
-		// While closing too: a notify the peer answered during the goodbyes is reported as
-		// it went (after closeOnLoop failed every send, the machine no longer knows it).
-		if errors.Is(err, oob.ErrBusy) && !e.closing {
-			if left := deadline.Sub(e.loop.Now()); left > pause {
-				e.loop.AfterFunc(pause, func() {
-					if !e.closing {
-						e.sendOOBOnLoop(peer, req, deadline, min(2*pause, busyRetry), report)
-					}
-				})
-				return
-			}
-			err = errors.Join(err, context.DeadlineExceeded)
-		}
-		maybe, local := oobOutcome(err)
-		if err != nil {
-			err = oobKind(err)
-		}
-		report(err, maybe, local)
-		e.perform() // inside a perform already (a result at once) it only returns
+// oobSend is one OOB send from the loop, with its callbacks made once: the Engine keeps
+// a free list of them (loop-only), so a send allocates nothing.
+type oobSend struct {
+	e        *Engine
+	peer     string
+	req      oob.NotifyRequest
+	deadline time.Time
+	pause    time.Duration // the wait before the next try after a "busy"
+	t        oobTarget
+	doneFn   func(error)
+	retryFn  func()
+}
+
+// maxFreeOOBSends bounds the Engine's free list of oobSends.
+const maxFreeOOBSends = 1024
+
+func (e *Engine) getOOBSend() *oobSend {
+	if k := len(e.freeOOB); k > 0 {
+		s := e.freeOOB[k-1]
+		e.freeOOB[k-1] = nil
+		e.freeOOB = e.freeOOB[:k-1]
+		return s
 	}
-	if err := e.node.NotifyOnLoop(peer, &req, deadline.Sub(e.loop.Now()), done); err != nil {
-		done(err)
+	s := &oobSend{e: e}
+	s.doneFn, s.retryFn = s.done, s.retry
+	return s
+}
+
+func (e *Engine) putOOBSend(s *oobSend) {
+	if len(e.freeOOB) < maxFreeOOBSends {
+		s.peer, s.req, s.t = "", oob.NotifyRequest{}, oobTarget{}
+		e.freeOOB = append(e.freeOOB, s)
 	}
 }
 
-func (e *Engine) doOOB(peer string, req oob.NotifyRequest, deadline time.Time, report func(err error, maybe, local bool)) {
+// send tries s once. Loop-only.
+func (s *oobSend) send() {
+	if err := s.e.node.NotifyOnLoop(s.peer, &s.req, s.deadline.Sub(s.e.loop.Now()), s.doneFn); err != nil {
+		s.done(err)
+	}
+}
+
+// retry sends s again after a "busy". Loop-only.
+func (s *oobSend) retry() {
+	if s.e.closing {
+		s.e.putOOBSend(s) // closeOnLoop failed every send: the machine no longer knows it
+		return
+	}
+	s.pause = min(2*s.pause, busyRetry)
+	s.send()
+}
+
+// done is NotifyOnLoop's result. Loop-only.
+func (s *oobSend) done(err error) {
+	e := s.e
+	// While closing too: a notify the peer answered during the goodbyes is reported as it
+	// went (after closeOnLoop failed every send, the machine no longer knows it).
+	if errors.Is(err, oob.ErrBusy) && !e.closing {
+		if left := s.deadline.Sub(e.loop.Now()); left > s.pause {
+			e.loop.AfterFunc(s.pause, s.retryFn)
+			return
+		}
+		err = errors.Join(err, context.DeadlineExceeded)
+	}
+	maybe, local := oobOutcome(err)
+	if err != nil {
+		err = oobKind(err)
+	}
+	t := s.t
+	e.putOOBSend(s)
+	e.report(t, err, maybe, local)
+	e.perform() // inside a perform already (a result at once) it only returns
+}
+
+func (e *Engine) doOOB(peer string, req oob.NotifyRequest, deadline time.Time, t oobTarget) {
 	{
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		defer cancel()
@@ -392,7 +451,7 @@ func (e *Engine) doOOB(peer string, req oob.NotifyRequest, deadline time.Time, r
 			err = oobKind(err)
 		}
 		_ = e.loop.Submit(func() {
-			report(err, maybe, local) // while closing too (see sendOOBOnLoop)
+			e.report(t, err, maybe, local) // while closing too (see oobSend.done)
 			e.perform()
 		})
 	}

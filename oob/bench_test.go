@@ -20,7 +20,7 @@ func benchPair(b *testing.B) (*Node, *Node) {
 
 type nopHandler struct{}
 
-func (nopHandler) HandleNotify(req *NotifyRequest, reply func(err error)) { reply(nil) }
+func (nopHandler) HandleNotify(req *NotifyRequest, reply NotifyReply) { reply.Send(nil) }
 func (nopHandler) HandleHandshake(req *HandshakeDesc, reply func(resp *HandshakeDesc, err error)) {
 	reply(req, nil)
 }

@@ -80,11 +80,70 @@ type call struct {
 	timer     *time.Timer
 
 	// NotifyOnLoop: the result goes to cb on the loop instead of done; lt bounds the wait.
-	// Such a call is never pooled (connection code may still look at it after finish).
-	cb    func(error)
-	lt    *reactor.Timer
-	sync  bool // start runs inside NotifyOnLoop: a result now is returned, not called back
-	local bool // lt is the caller's deadline (not RequestTimeout)
+	// Such a call comes from the Node's own free list (loop-only), with its timer and its
+	// two callbacks made once. It goes back only where nothing refers to it any more: in
+	// deliver (submitted by finish, so it runs after the connection code that finished it
+	// returned, and after pending, queue and one let go of it), in loopTimeout (after
+	// cancel took it out of its connection), or in NotifyOnLoop for a result at once.
+	cb        func(error)
+	lt        *reactor.Timer
+	ltD       time.Duration
+	deliverFn func()
+	sync      bool // start runs inside NotifyOnLoop: a result now is returned, not called back
+	local     bool // lt is the caller's deadline (not RequestTimeout)
+}
+
+// maxFreeLoopCalls bounds the Node's free list of NotifyOnLoop calls.
+const maxFreeLoopCalls = 1024
+
+// getLoopCall takes a NotifyOnLoop call from the free list, or makes one. Loop-only.
+func (n *Node) getLoopCall() *call {
+	if k := len(n.freeCalls); k > 0 {
+		c := n.freeCalls[k-1]
+		n.freeCalls[k-1] = nil
+		n.freeCalls = n.freeCalls[:k-1]
+		return c
+	}
+	c := &call{n: n}
+	c.deliverFn = c.deliver
+	c.lt = n.loop.AfterFunc(time.Hour, c.loopTimeout)
+	c.lt.Stop()
+	return c
+}
+
+// putLoopCall returns c to the free list once nothing refers to it. Loop-only.
+func (n *Node) putLoopCall(c *call) {
+	if len(n.freeCalls) >= maxFreeLoopCalls {
+		return
+	}
+	c.typ, c.peer, c.ap, c.classic = 0, "", netip.AddrPort{}, false
+	c.nreq = NotifyRequest{}
+	c.err, c.resp, c.id, c.conn, c.finished = nil, nil, 0, nil, false
+	c.cb, c.sync, c.local, c.ltD = nil, false, false, 0
+	c.abandoned.Store(false)
+	n.freeCalls = append(n.freeCalls, c)
+}
+
+// deliver hands a NotifyOnLoop call's result to its callback. Loop-only.
+func (c *call) deliver() {
+	cb, err := c.cb, c.err
+	c.n.putLoopCall(c)
+	cb(err)
+}
+
+// loopTimeout ends a NotifyOnLoop call its reply did not reach in time. Loop-only.
+func (c *call) loopTimeout() {
+	if c.finished {
+		return
+	}
+	c.cancel() // out of the connection's queue or pending set; finished
+	err := fmt.Errorf("%s %s: %w: no reply within RequestTimeout %v", c.typ, c.peer, ErrTimeout, c.ltD)
+	if c.local {
+		err = fmt.Errorf("%s %s: %w: %w", c.typ, c.peer, ErrTimeout, context.DeadlineExceeded)
+	}
+	cb := c.cb
+	c.n.putLoopCall(c)
+	cb(err)
 }
 
 var callPool = sync.Pool{New: func() any {
@@ -147,28 +206,22 @@ func (n *Node) NotifyOnLoop(peer string, req *NotifyRequest, timeout time.Durati
 	if timeout <= 0 {
 		return fmt.Errorf("%s %s: %w: %w", TypeNotify, peer, ErrTimeout, context.DeadlineExceeded)
 	}
-	c := &call{n: n, typ: TypeNotify, peer: peer, ap: ap, nreq: *req, cb: done}
+	c := n.getLoopCall()
+	c.typ, c.peer, c.ap, c.nreq, c.cb = TypeNotify, peer, ap, *req, done
 	d := n.cfg.RequestTimeout
 	if timeout < d {
 		d, c.local = timeout, true
 	}
+	c.ltD = d
 	c.sync = true
 	c.start()
 	c.sync = false
 	if c.finished {
-		return c.err
+		err := c.err
+		n.putLoopCall(c)
+		return err
 	}
-	c.lt = n.loop.AfterFunc(d, func() {
-		if c.finished {
-			return
-		}
-		c.cancel() // out of the connection's queue or pending set; finished
-		err := fmt.Errorf("%s %s: %w: no reply within RequestTimeout %v", c.typ, c.peer, ErrTimeout, d)
-		if c.local {
-			err = fmt.Errorf("%s %s: %w: %w", c.typ, c.peer, ErrTimeout, context.DeadlineExceeded)
-		}
-		c.cb(err)
-	})
+	c.lt.Reset(d)
 	return nil
 }
 
@@ -304,12 +357,11 @@ func (c *call) finish(err error, resp *HandshakeDesc) {
 		if c.sync {
 			return // NotifyOnLoop returns it
 		}
-		if c.lt != nil {
-			c.lt.Stop()
-		}
+		c.lt.Stop()
 		// Not from inside the connection code that finished it (a callback may send again,
-		// or close): later in this loop turn, with no wake-up.
-		if c.n.loop.Submit(func() { c.cb(err) }) != nil {
+		// or close): later in this loop turn, with no wake-up. When the loop takes no more
+		// work, at once (and c is not reused: the code that finished it may still hold it).
+		if c.n.loop.Submit(c.deliverFn) != nil {
 			c.cb(err)
 		}
 		return
@@ -764,9 +816,16 @@ func (c *conn) ready() {
 	c.state = stateOpen
 	queue := c.queue
 	c.queue = nil
-	for _, cl := range queue {
+	for i, cl := range queue {
 		c.sendCall(cl)
 		if c.state == stateClosed {
+			// The write failed and closed the connection: the requests not sent yet are
+			// out of its queue, so its close did not fail them. They fail now, not at
+			// their timeouts.
+			for _, rest := range queue[i+1:] {
+				rest.conn = nil
+				rest.finish(fmt.Errorf("%w: %s: connection closed", ErrPeerUnreachable, c.peer.addr), nil)
+			}
 			return
 		}
 	}

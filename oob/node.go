@@ -27,8 +27,27 @@ type Handler interface {
 	// twosided peer (its client then returns ErrRejected and the code's sentinel, e.g.
 	// ErrBusy); any error reaches a Mooncake peer as rejected, with the text in reply_msg.
 	// A Handler that also implements PeerGoneHandler learns of peers that closed.
-	HandleNotify(req *NotifyRequest, reply func(err error))                         // nil → "success", error → rejected (empty notify_msg)
+	HandleNotify(req *NotifyRequest, reply NotifyReply)                             // reply.Send: nil → "success", error → rejected (empty notify_msg)
 	HandleHandshake(req *HandshakeDesc, reply func(resp *HandshakeDesc, err error)) // err → reply_msg = err.Error()
+}
+
+// NotifyReply answers one notify request handed to a Handler: Send once, from the loop or
+// any goroutine (a later Send is ignored). A small value, copied freely: answering costs
+// no allocation on the loop. The zero NotifyReply is not usable.
+type NotifyReply struct {
+	c   *conn
+	seq uint64
+	m   reqMeta
+}
+
+// Send writes the reply: nil is "success"; an error is a refusal (see Handler).
+func (r NotifyReply) Send(err error) {
+	n := r.c.n
+	if n.loop.InLoop() {
+		r.c.replyNotify(r.seq, r.m, err)
+		return
+	}
+	n.submitReply(func() { r.c.replyNotify(r.seq, r.m, err) })
 }
 
 // Stats are a Node's counters; safe to read from any goroutine.
@@ -115,7 +134,9 @@ type Node struct {
 	ri        replyInfo
 	nextID    uint64
 	nextConn  uint64
-	down      bool // loop-side close ran
+	down      bool         // loop-side close ran
+	freeCalls []*call      // NotifyOnLoop calls to reuse (getLoopCall)
+	slab      reactor.Slab // copies of received notify messages
 }
 
 const readChunk = 64 << 10

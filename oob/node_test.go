@@ -81,7 +81,8 @@ func (h *testHandler) HandlePeerGone(addr string) {
 	}
 }
 
-func (h *testHandler) HandleNotify(req *NotifyRequest, reply func(err error)) {
+func (h *testHandler) HandleNotify(req *NotifyRequest, r NotifyReply) {
+	reply := r.Send
 	cp := *req
 	cp.Msg = append([]byte(nil), req.Msg...)
 	h.mu.Lock()
@@ -643,7 +644,8 @@ type echoHandler struct {
 	back string
 }
 
-func (e *echoHandler) HandleNotify(req *NotifyRequest, reply func(err error)) {
+func (e *echoHandler) HandleNotify(req *NotifyRequest, r NotifyReply) {
+	reply := r.Send
 	if strings.HasPrefix(req.Name, "reject") {
 		reply(errors.New("rejected by child"))
 		return

@@ -86,21 +86,11 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 			return
 		}
 		n.st.notifyServed.Add(1)
-		// Msg is the Handler's to keep (it is delivered to the application as is); the
-		// request struct and its strings come from the reused decoder.
-		if len(req.Msg) > 0 {
-			req.Msg = append([]byte(nil), req.Msg...)
-		} else {
-			req.Msg = nil
-		}
-		seq := c.openRequest()
-		n.h.HandleNotify(req, func(err error) {
-			if n.loop.InLoop() {
-				c.replyNotify(seq, m, err)
-				return
-			}
-			n.submitReply(func() { c.replyNotify(seq, m, err) })
-		})
+		// Msg is the Handler's to keep (it is delivered to the application as is), carved
+		// from the node's slab; the request struct and its strings come from the reused
+		// decoder.
+		req.Msg = n.slab.Copy(req.Msg)
+		n.h.HandleNotify(req, NotifyReply{c: c, seq: c.openRequest(), m: m})
 	case TypeConnection, TypeOldProtocol:
 		// A frame without a type byte is Mooncake's older protocol: a Connection request,
 		// answered without a type byte (as Mooncake's daemon does).

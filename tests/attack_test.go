@@ -648,7 +648,7 @@ func waitUntil(d time.Duration, cond func() bool) bool {
 // answers a notify.
 type silentHandler struct{}
 
-func (silentHandler) HandleNotify(*oob.NotifyRequest, func(error)) {}
+func (silentHandler) HandleNotify(*oob.NotifyRequest, oob.NotifyReply) {}
 func (silentHandler) HandleHandshake(req *oob.HandshakeDesc, reply func(*oob.HandshakeDesc, error)) {
 	reply(&oob.HandshakeDesc{LocalNICPath: "silent@x", PeerNICPath: req.LocalNICPath}, nil)
 }

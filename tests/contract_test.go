@@ -418,7 +418,7 @@ func TestContractForgedSession(t *testing.T) {
 
 type nopHandler struct{}
 
-func (nopHandler) HandleNotify(_ *oob.NotifyRequest, reply func(error)) { reply(nil) }
+func (nopHandler) HandleNotify(_ *oob.NotifyRequest, reply oob.NotifyReply) { reply.Send(nil) }
 func (nopHandler) HandleHandshake(_ *oob.HandshakeDesc, reply func(*oob.HandshakeDesc, error)) {
 	reply(nil, errors.New("no"))
 }

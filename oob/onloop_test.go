@@ -1,0 +1,127 @@
+package oob
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestNotifyOnLoopReusesCalls: NotifyOnLoop's calls come from a free list, so a call must
+// go back only once nothing refers to it. Three ways a call ends are mixed on one node —
+// its caller's deadline while the peer holds it, the peer's node closing with the call in
+// flight, and the reply — and every callback sends the next notify at once, taking the
+// call just freed. Each callback runs exactly once with its own notify's result, a late
+// reply for a timed-out call reaches nobody, and the free list holds what came back.
+func TestNotifyOnLoopReusesCalls(t *testing.T) {
+	la, lb, lc := newLoop(t), newLoop(t), newLoop(t)
+	a := listen(t, la, newHandler(), Config{})
+	hb := newHandler()
+	b, err := Listen(lb, Config{ListenAddr: "127.0.0.1:0"}, hb)
+	require.NoError(t, err)
+	hc := newHandler()
+	c := listen(t, lc, hc, Config{})
+
+	const waves = 40
+	var mu sync.Mutex
+	results := map[string][]error{} // name -> every result its callback saw
+	var onLoop func(peer, name string, timeout time.Duration, then func())
+	onLoop = func(peer, name string, timeout time.Duration, then func()) {
+		req := &NotifyRequest{Name: name, Msg: []byte(name)}
+		done := func(err error) {
+			mu.Lock()
+			results[name] = append(results[name], err)
+			mu.Unlock()
+			if then != nil {
+				then()
+			}
+		}
+		if err := a.NotifyOnLoop(peer, req, timeout, done); err != nil {
+			done(err)
+		}
+	}
+	submit := func(f func()) { require.NoError(t, la.Submit(f)) }
+
+	// Held by b, ended by the caller's deadline; each callback sends to c at once.
+	submit(func() {
+		for i := 0; i < waves; i++ {
+			next := fmt.Sprint("after-timeout-", i)
+			onLoop(b.Addr(), fmt.Sprint("hold-timeout-", i), 50*time.Millisecond, func() {
+				onLoop(c.Addr(), next, time.Minute, nil)
+			})
+		}
+	})
+	// Held by b until b closes; each callback sends to c at once.
+	submit(func() {
+		for i := 0; i < waves; i++ {
+			next := fmt.Sprint("after-close-", i)
+			onLoop(b.Addr(), fmt.Sprint("hold-close-", i), time.Minute, func() {
+				onLoop(c.Addr(), next, time.Minute, nil)
+			})
+		}
+	})
+	for i := 0; i < 2*waves; i++ {
+		select {
+		case <-hb.ch:
+		case <-time.After(waitBound):
+			t.Fatalf("b saw %d of %d held notifies", i, 2*waves)
+		}
+	}
+	// The deadline ends the first wave; then b answers everything it holds (too late for
+	// those) and closes, which ends the second.
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(results) >= 2*waves
+	}, waitBound, time.Millisecond)
+	hb.release()
+	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
+	defer cancel()
+	require.NoError(t, b.Close(ctx))
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(results) == 4*waves
+	}, waitBound, time.Millisecond)
+
+	mu.Lock()
+	defer mu.Unlock()
+	for i := 0; i < waves; i++ {
+		for name, check := range map[string]func(error){
+			fmt.Sprint("hold-timeout-", i):  func(err error) { require.ErrorIs(t, err, context.DeadlineExceeded) },
+			fmt.Sprint("after-timeout-", i): func(err error) { require.NoError(t, err) },
+			fmt.Sprint("after-close-", i):   func(err error) { require.NoError(t, err) },
+		} {
+			require.Len(t, results[name], 1, "%s: one result", name)
+			check(results[name][0])
+		}
+		// Answered by b's release, or cut by its close: one result either way, its own.
+		name := fmt.Sprint("hold-close-", i)
+		require.Len(t, results[name], 1, "%s: one result", name)
+		if err := results[name][0]; err != nil {
+			require.True(t, errors.Is(err, ErrPeerUnreachable) || errors.Is(err, ErrClosed), "%s: %v", name, err)
+		}
+	}
+	seen := map[string]int{}
+	for {
+		select {
+		case r := <-hc.ch:
+			seen[r.Name]++
+			require.Equal(t, r.Name, string(r.Msg), "each notify carries its own message")
+			continue
+		default:
+		}
+		break
+	}
+	require.Len(t, seen, 2*waves)
+	for name, k := range seen {
+		require.Equal(t, 1, k, name)
+	}
+	free := make(chan int, 1)
+	submit(func() { free <- len(a.freeCalls) })
+	require.Greater(t, <-free, 0, "calls came back to the free list")
+}
