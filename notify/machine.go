@@ -599,7 +599,18 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 	}
 	// A refusal is the peer's answer (the notify is invalid there, or its seq was given
 	// up): final for this seq; other failures are the path's and may be retried.
-	if !local && !now.After(r.deadline) && !errors.Is(err, errGaveUp) && !errors.Is(err, ErrRejected) {
+	retry := !local && !now.After(r.deadline) && !errors.Is(err, errGaveUp) && !errors.Is(err, ErrRejected)
+	if retry && r.straggler {
+		// On its way to a pair its name no longer leads to, or one the peer renewed (it
+		// forgot us and kept its session): its seq belongs to that pair, and the name's
+		// other sends went back in line with new seqs. Not delivered, it joins them in send
+		// order; maybe delivered, the caller learns "unknown" (below).
+		if !r.maybe && m.rebind(now, p, r) {
+			return
+		}
+		retry = false
+	}
+	if retry {
 		if p.ch != 0 && p.ch != onCh && m.chans[p.ch].up {
 			// Its channel was replaced, or OOB failed while a channel is up: the same seq
 			// goes on the current channel. Towards a Mooncake peer it goes back in line,
