@@ -224,6 +224,9 @@ type reqEntry struct {
 	// straggler: on its way to a pair its name no longer leads to (the peer restarted);
 	// the name's new sends wait until it is answered (nameEntry.stragglers).
 	straggler bool
+	// oobToken: the pair token its last OOB try presented. A refusal of a token the pair
+	// has since replaced (a new handshake) is about the old pair, not the current one.
+	oobToken uint64
 }
 
 type mActKind uint8
@@ -474,6 +477,7 @@ func (m *peerMachine) sendOOB(p *peerEntry, r *reqEntry, retry bool) {
 	if retry {
 		m.stats.Fallbacks++
 	}
+	r.oobToken = p.tokenOut
 	m.emit(mAction{kind: aOOB, req: r.id, name: m.peerName(p), seq: r.seq, session: p.key.session,
 		token: p.tokenOut, deadline: r.deadline})
 }
@@ -600,12 +604,15 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 	// A refusal is the peer's answer (the notify is invalid there, or its seq was given
 	// up): final for this seq; other failures are the path's and may be retried.
 	retry := !local && !now.After(r.deadline) && !errors.Is(err, errGaveUp) && !errors.Is(err, ErrRejected)
+	// A refusal of the token of a pair since renewed (a handshake gave us a new one while
+	// this try was on its way) says nothing of the current pair: it must not be torn down.
+	stale := errors.Is(err, errRebind) && r.oobToken != 0 && p.tokenOut != 0 && r.oobToken != p.tokenOut
 	if retry && r.straggler {
 		// On its way to a pair its name no longer leads to, or one the peer renewed (it
 		// forgot us and kept its session): its seq belongs to that pair, and the name's
 		// other sends went back in line with new seqs. Not delivered, it joins them in send
 		// order; maybe delivered, the caller learns "unknown" (below).
-		if !r.maybe && m.rebind(now, p, r) {
+		if !r.maybe && m.rebind(now, p, r, stale) {
 			return
 		}
 		retry = false
@@ -625,7 +632,12 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 			m.post(p, r, m.chans[p.ch])
 			return
 		}
-		if errors.Is(err, errRebind) && !r.maybe && m.rebind(now, p, r) {
+		if stale && !r.maybe {
+			// Sent again in the current pair, with its seq.
+			m.sendOOB(p, r, false)
+			return
+		}
+		if errors.Is(err, errRebind) && !r.maybe && m.rebind(now, p, r, false) {
 			// The peer no longer knows this pair (it restarted, or forgot us): handshake
 			// again and send the notify in the new pair. It was refused, so it was not
 			// delivered — unless an earlier attempt may have landed at the engine that
@@ -654,7 +666,9 @@ var errRebind = errors.New("notify: the peer does not know this pair")
 
 // rebind forgets that r's name leads to p, and sends r again through a new handshake.
 // p's seq of r is given up (fenced in case p is still alive and merely forgot its token).
-func (m *peerMachine) rebind(now time.Time, p *peerEntry, r *reqEntry) bool {
+// stale: the refusal was of a token p has since replaced; the name keeps p and its
+// current pair, and r goes back in line for it.
+func (m *peerMachine) rebind(now time.Time, p *peerEntry, r *reqEntry, stale bool) bool {
 	ne := m.names[r.name]
 	if ne == nil {
 		return false
@@ -664,7 +678,7 @@ func (m *peerMachine) rebind(now time.Time, p *peerEntry, r *reqEntry) bool {
 		r.seq = 0
 	}
 	m.unstraggle(r)
-	if ne.peer == p {
+	if ne.peer == p && !stale { // a stale refusal leaves the current pair as it is
 		m.unalias(p, r.name)
 		ne.peer = nil
 		for _, id := range p.waiters {
@@ -752,7 +766,7 @@ func (m *peerMachine) confirmFences(p *peerEntry, ce *chanEntry, postNo uint64) 
 }
 
 // fenceResult is the peer's answer to a fence sent over OOB.
-func (m *peerMachine) fenceResult(now time.Time, session, first, count uint64, err error) {
+func (m *peerMachine) fenceResult(now time.Time, session, first, count, token uint64, err error) {
 	p := m.peers[peerKey{session: session}]
 	if p == nil {
 		return
@@ -763,6 +777,11 @@ func (m *peerMachine) fenceResult(now time.Time, session, first, count uint64, e
 		return
 	}
 	p.seqs.refence(seqRange{first, count})
+	if errors.Is(err, errRebind) && p.tokenOut != 0 && token != p.tokenOut {
+		// The token of a pair since renewed was refused: the current pair gets it now.
+		m.fence(p)
+		return
+	}
 	if errors.Is(err, errRebind) || now.Sub(p.lastActive) >= m.cfg.gapTimeout {
 		// The peer does not know this pair any more (it restarted, or forgot us), or has
 		// not answered for a gap timeout, by which its window gave these seqs up itself:

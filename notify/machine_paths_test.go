@@ -371,7 +371,7 @@ func TestMachineStragglers(t *testing.T) {
 		require.NotZero(t, y)
 		// ... while b's own handshake of epoch 3 arrives and wins: Z replaces X.
 		rep := a.inbound(now, inboundHS{name: "b", session: 20, token: 0xb1, proof: p.tokenIn[0], epoch: 3, ctrl: true})
-		require.Empty(t, rep.refuse)
+		require.NotEqual(t, refuseAuth, rep.refuse) // accepted (without a channel: this engine opens none)
 		a.inboundUp(now, rep.ch, nil)
 		z := rep.ch
 		require.Equal(t, z, p.ch)
@@ -822,7 +822,7 @@ func TestMachineRefusedFenceBacksOff(t *testing.T) {
 			}
 			var waits []time.Duration
 			for now.Sub(start) < time.Minute {
-				m.fenceResult(now, 20, 1, 1, busy)
+				m.fenceResult(now, 20, 1, 1, 7, busy)
 				require.Empty(t, kinds(aFence), "a refused fence is not sent again at once")
 				m.tick(now.Add(p.fenceWait - time.Millisecond))
 				require.Empty(t, kinds(aFence), "nor before its wait")
@@ -838,10 +838,10 @@ func TestMachineRefusedFenceBacksOff(t *testing.T) {
 			require.Equal(t, uint64(1), p.seqs.unresolved())
 			switch end {
 			case "forgotten":
-				m.fenceResult(now, 20, 1, 1, &kindError{kind: ErrAuth, cause: errors.Join(errRebind, errors.New("unknown token"))})
+				m.fenceResult(now, 20, 1, 1, 7, &kindError{kind: ErrAuth, cause: errors.Join(errRebind, errors.New("unknown token"))})
 			case "silent":
 				now = p.lastActive.Add(cfg.gapTimeout)
-				m.fenceResult(now, 20, 1, 1, busy)
+				m.fenceResult(now, 20, 1, 1, 7, busy)
 			}
 			require.Zero(t, p.seqs.unresolved(), "nobody waits for the seq: resolved")
 			require.Equal(t, uint64(1), m.stats.FencesDropped)
@@ -849,4 +849,68 @@ func TestMachineRefusedFenceBacksOff(t *testing.T) {
 			require.Empty(t, kinds(aFence))
 		})
 	}
+}
+
+// TestMachineStaleRefusalKeepsPair: an OOB try refused because the peer no longer knows
+// the token it carried, when a handshake has renewed the pair while the try was on its way,
+// is about the old pair: the notify goes again in the current pair (its token, its seq),
+// and the pair is not torn down. Tearing it down locked the sender out (its next handshake,
+// without the proof, was refused by a receiver that knew the pair) while the receiver held
+// a later seq behind the unsent ones (found by FuzzMachineHostileInput, input f8716173 in
+// its corpus).
+func TestMachineStaleRefusalKeepsPair(t *testing.T) {
+	now := time.Unix(1000, 0)
+	tok := uint64(100)
+	cfg := simCfg()
+	cfg.channels = false
+	m := newPeerMachine(10, cfg, func() uint64 { tok++; return tok })
+	kinds := func(k mActKind) (out []mAction) {
+		for _, a := range m.ready() {
+			if a.kind == k {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+	m.send(now, 1, "b", "", now.Add(time.Hour))
+	require.Len(t, kinds(aConnect), 1)
+	m.connected(now, "b", 0, hsResult{session: 20, token: 7, peerName: "b"})
+	sent := kinds(aOOB)
+	require.Len(t, sent, 1)
+	require.Equal(t, uint64(7), sent[0].token)
+	p := m.peers[peerKey{session: 20}]
+	// The peer handshakes with us meanwhile (it forgot the pair): a new token.
+	rep := m.inbound(now, inboundHS{name: "b", session: 20, token: 9, proof: p.tokenIn[0]})
+	require.NotEqual(t, refuseAuth, rep.refuse) // accepted (without a channel: this engine opens none)
+	m.ready()
+	require.Equal(t, uint64(9), p.tokenOut)
+
+	m.sendResult(now, 1, &kindError{kind: ErrAuth, cause: errors.Join(errRebind, errors.New("ts_token unknown"))}, false, false)
+	acts := m.ready()
+	var again []mAction
+	for _, a := range acts {
+		require.NotEqual(t, aConnect, a.kind, "the current pair stands: no new handshake")
+		require.NotEqual(t, aComplete, a.kind, "not failed")
+		if a.kind == aOOB {
+			again = append(again, a)
+		}
+	}
+	require.Len(t, again, 1)
+	require.Equal(t, uint64(9), again[0].token, "sent again with the current token")
+	require.Equal(t, sent[0].seq, again[0].seq, "with its seq")
+	require.Equal(t, uint64(9), p.tokenOut)
+	m.sendResult(now, 1, nil, false, false)
+	for _, a := range m.ready() {
+		if a.kind == aComplete {
+			require.NoError(t, a.err)
+		}
+	}
+
+	// A refusal of the current token does rebind: a new handshake.
+	m.send(now, 2, "b", "", now.Add(time.Hour))
+	sent = kinds(aOOB)
+	require.Len(t, sent, 1)
+	m.sendResult(now, 2, &kindError{kind: ErrAuth, cause: errors.Join(errRebind, errors.New("ts_token unknown"))}, false, false)
+	require.Len(t, kinds(aConnect), 1)
+	require.Zero(t, p.tokenOut)
 }

@@ -280,7 +280,7 @@ func (e *Engine) do(a *mAction) {
 		req := oob.NotifyRequest{From: e.name, Session: e.session, Token: a.token, To: a.session,
 			SkipFrom: a.first, SkipCount: a.count}
 		e.sendOOB(a.name, req, e.loop.Now().Add(defaultSendTimeout),
-			oobTarget{fence: true, session: a.session, first: a.first, count: a.count})
+			oobTarget{fence: true, session: a.session, first: a.first, count: a.count, token: a.token})
 	case aDeliver:
 		e.deliver(a.n)
 	case aTimer:
@@ -317,15 +317,15 @@ const busyRetry = 50 * time.Millisecond
 
 // oobTarget says what an OOB send's result is for: a notify's request, or a fence.
 type oobTarget struct {
-	req                   reqID
-	fence                 bool
-	session, first, count uint64
+	req                          reqID
+	fence                        bool
+	session, first, count, token uint64
 }
 
 // report hands an OOB send's result to the machine. Loop-only.
 func (e *Engine) report(t oobTarget, err error, maybe, local bool) {
 	if t.fence {
-		e.m.fenceResult(e.loop.Now(), t.session, t.first, t.count, err)
+		e.m.fenceResult(e.loop.Now(), t.session, t.first, t.count, t.token, err)
 		return
 	}
 	e.m.sendResult(e.loop.Now(), t.req, err, maybe, local)
