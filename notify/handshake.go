@@ -117,6 +117,7 @@ func (e *Engine) finishConnect(name string, id chanID, epoch uint64, resp *oob.H
 	}
 	if res.err == nil && resp != nil {
 		res.session, res.token, res.epoch, res.peerName = resp.Session, resp.Token, resp.Epoch, boundName(resp.PeerName)
+		res.fresh = resp.Fresh
 		if res.refuse == "" && id != 0 && resp.CtrlChannel && resp.NotifyQPNum != 0 {
 			if ch := e.chans[id]; ch != nil {
 				if cerr := e.connectChannel(id, ch, resp, epoch); cerr != nil {
@@ -284,11 +285,11 @@ func (h *oobHandler) HandleHandshake(req *oob.HandshakeDesc, reply func(*oob.Han
 			err = fmt.Errorf("refused: %s", dec.refuse)
 		}
 		reply(&oob.HandshakeDesc{Refuse: dec.refuse, ReplyMsg: err.Error(), Session: e.session, Token: dec.token,
-			Epoch: dec.epoch, PeerName: e.name}, nil)
+			Epoch: dec.epoch, PeerName: e.name, Fresh: dec.fresh}, nil)
 		return
 	}
 	resp := &oob.HandshakeDesc{LocalNICPath: e.name + "@" + e.devName, PeerNICPath: req.LocalNICPath,
-		Session: e.session, Token: dec.token, Epoch: dec.epoch, PeerName: e.name}
+		Session: e.session, Token: dec.token, Epoch: dec.epoch, PeerName: e.name, Fresh: dec.fresh}
 	if dec.ch == 0 {
 		reply(resp, nil) // a session without channel
 		return

@@ -136,6 +136,7 @@ type nameEntry struct {
 	connecting bool    // our handshake via this name is in flight
 	queued     bool    // waiting in connectQ for a handshake slot
 	token      uint64  // the token we offered in that handshake
+	kept       bool    // that handshake went while we held state for the pair (seqs, a window)
 	waiters    []reqID // sends to this name before its peer is known
 	legacyOOB  bool    // the name is a Mooncake engine without ctrl channel: seq-less OOB
 	retryAt    time.Time
@@ -179,6 +180,7 @@ type peerEntry struct {
 	// new token from a handshake, carries them at once.
 	fenceAt   time.Time
 	fenceWait time.Duration
+	forgotten bool // the peer refused our token: it no longer knows the pair (rebind)
 
 	sent, received, dups uint64
 }
@@ -265,7 +267,7 @@ type machineStats struct {
 	Names, Channels, Unconfirmed           int
 	UnconfirmedRefused, UnconfirmedExpired uint64
 	PeersRefused, NamesRefused, ChannelsRefused, AuthRefused, Superseded, Reposted, Fallbacks, GivenUp,
-	FencesSent, FencesDropped, LegacyDelivered, OOBRefused, PeersPruned uint64
+	FencesSent, FencesDropped, PairsRestarted, LegacyDelivered, OOBRefused, PeersPruned uint64
 	Duplicates     uint64 // received notifies dropped as duplicates (seq or id)
 	ConnectsQueued uint64 // handshakes that waited for a slot (maxConnects)
 }
@@ -679,6 +681,7 @@ func (m *peerMachine) rebind(now time.Time, p *peerEntry, r *reqEntry, stale boo
 	}
 	m.unstraggle(r)
 	if ne.peer == p && !stale { // a stale refusal leaves the current pair as it is
+		p.forgotten = true
 		m.unalias(p, r.name)
 		ne.peer = nil
 		for _, id := range p.waiters {
@@ -863,6 +866,7 @@ func (m *peerMachine) connectName(now time.Time, ne *nameEntry, p *peerEntry) {
 	m.connects++
 	ne.connecting = true
 	act := mAction{kind: aConnect, name: ne.name}
+	ne.kept = p != nil && p.hasState()
 	if p != nil {
 		act.epoch = p.epoch + 1
 		act.session = p.key.session
@@ -950,6 +954,7 @@ type hsResult struct {
 	ctrl      bool   // the channel is connected (ch != 0)
 	peerName  string // the name the peer advertised
 	noCtrlMsg string
+	fresh     bool // the peer made its state for us just now (ts_fresh)
 }
 
 // Refusal codes (oob ts_refuse).
@@ -1007,7 +1012,7 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 			// handshaking with by another name): the peer knows our session from that
 			// handshake and wants its proof. The name becomes an alias; its sends join the
 			// pair, and wait (bounded) for the other handshake when it is still on its way.
-			p, err := m.bind(now, ne, res.session, "")
+			p, err := m.bind(now, ne, res.session, "", false)
 			if err != nil {
 				m.failName(now, ne, err)
 				return
@@ -1032,7 +1037,7 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 		m.failName(now, ne, sendErr(ErrRejected, name, "handshake", fmt.Errorf("refused (%s)", res.refuse), false))
 		return
 	}
-	p, err := m.bind(now, ne, res.session, res.peerName)
+	p, err := m.bind(now, ne, res.session, res.peerName, res.fresh && (res.refuse == "" || res.refuse == refuseNoCtrl))
 	if err != nil {
 		closeCh(err)
 		m.failName(now, ne, err)
@@ -1161,9 +1166,14 @@ func (m *peerMachine) moveWaiters(ne *nameEntry, p *peerEntry) {
 }
 
 // bind makes name an alias of the peer with session (created when new).
-func (m *peerMachine) bind(now time.Time, ne *nameEntry, session uint64, advertised string) (*peerEntry, error) {
+func (m *peerMachine) bind(now time.Time, ne *nameEntry, session uint64, advertised string, fresh bool) (*peerEntry, error) {
 	key := peerKey{session: session}
 	p := m.peers[key]
+	if p != nil && fresh && p.hasState() && (ne.kept || p.forgotten) {
+		// Our state predates this handshake (not a simultaneous open's), and the peer has
+		// none: it forgot the pair.
+		p = m.restartPair(now, p)
+	}
 	if p == nil {
 		if len(m.peers) >= m.cfg.maxPeers {
 			m.stats.PeersRefused++
@@ -1194,6 +1204,54 @@ func (m *peerMachine) bind(now time.Time, ne *nameEntry, session uint64, adverti
 	m.markStragglers(ne, p)
 	m.alias(p, ne.name)
 	return p, nil
+}
+
+// hasState reports whether the pair has moved past its start: seqs drawn, or notifies
+// received.
+func (p *peerEntry) hasState() bool {
+	return p.seqs.next > 1 || p.win.next > 1 || p.win.held > 0
+}
+
+// restartPair: the peer made its state for old's session just now (it forgot an idle
+// pair that we kept), so its seqs toward us and its window for ours start at 1. Ours do
+// too, in a new entry: what old's window holds is delivered (it was acknowledged), its
+// names and waiting sends move over, its channel is closed, and its sends on their way
+// become stragglers of their names (sent again in the new pair, in send order). Returns
+// the new entry.
+func (m *peerMachine) restartPair(now time.Time, old *peerEntry) *peerEntry {
+	m.stats.PairsRestarted++
+	old.win.flush(func(d Notify) {
+		old.received++
+		m.emit(mAction{kind: aDeliver, n: d})
+	})
+	m.heldDups(old)
+	p := m.newPeer(now, old.key) // replaces old in m.peers
+	p.bornActive, p.adv, p.mode = true, old.adv, old.mode
+	for _, n := range old.names {
+		if ne := m.names[n]; ne != nil && ne.peer == old {
+			ne.peer = p
+			m.alias(p, n)
+		}
+	}
+	old.names = nil
+	for _, id := range old.waiters {
+		if r := m.reqs[id]; r != nil {
+			r.peer = p
+			p.waiters = append(p.waiters, id)
+		}
+	}
+	old.waiters = nil
+	if ce := m.chans[old.ch]; old.ch != 0 && ce != nil {
+		m.dropChan(ce, false)
+		m.emit(mAction{kind: aClose, ch: ce.id, err: errSuperseded})
+	}
+	old.tokenOut = 0
+	for _, n := range p.names {
+		if ne := m.names[n]; ne != nil {
+			m.markStragglers(ne, p)
+		}
+	}
+	return p
 }
 
 // markStragglers: ne now leads to p (nil: to no peer, a rebind). Its sends still on their
@@ -1418,6 +1476,7 @@ type inboundReply struct {
 	ch     chanID // accept with a channel: the driver creates and connects it, then calls inboundUp
 	token  uint64 // the token we issue the peer
 	epoch  uint64
+	fresh  bool // the entry was made by this handshake (ts_fresh)
 }
 
 // inbound decides a peer's handshake request.
@@ -1438,6 +1497,7 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 		m.stats.UnconfirmedRefused++
 		return inboundReply{refuse: refuseBusy, err: fmt.Errorf("%w: %d channels handshaken and not yet used by their peers", ErrBackpressure, m.unconfirmed)}
 	}
+	fresh := false // the entry is made here: our state for the pair starts at 1
 	if p == nil {
 		if len(m.peers) >= m.cfg.maxPeers {
 			m.stats.PeersRefused++
@@ -1451,6 +1511,7 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 				err: fmt.Errorf("%w: max_channels: %d channels open, the limit", ErrLimit, m.cfg.maxChannels)}
 		}
 		p = m.newPeer(now, key)
+		fresh = true
 		if hs.name != "" {
 			p.names = append(p.names, hs.name)
 		}
@@ -1468,7 +1529,7 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 	if hs.name != "" {
 		m.learnName(now, p, hs.name)
 	}
-	rep := inboundReply{token: p.tokenIn[0], epoch: p.epoch}
+	rep := inboundReply{token: p.tokenIn[0], epoch: p.epoch, fresh: fresh}
 	if !m.cfg.channels || !hs.ctrl {
 		// A session without channel: the pair talks over OOB with seqs.
 		if p.ch == 0 {

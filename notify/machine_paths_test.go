@@ -914,3 +914,54 @@ func TestMachineStaleRefusalKeepsPair(t *testing.T) {
 	require.Len(t, kinds(aConnect), 1)
 	require.Zero(t, p.tokenOut)
 }
+
+// TestMachineOneSidedForget: the receiver forgets an idle pair (its prune) that the sender
+// keeps, and the sender sends again. The receiver's new entry starts its window at 1,
+// while the sender's seqs were past 9 000: the channel refused them beyond the window and
+// dropped them, acknowledged (5 of 5 lost), and below the window they waited for a gap
+// timeout. The receiver's reply now says its state is fresh (ts_fresh) and the sender starts
+// the pair over: everything is delivered in order, both ways.
+func TestMachineOneSidedForget(t *testing.T) {
+	for seed := uint64(0); seed < 20; seed++ {
+		n := newSimNet(t, seed)
+		cfg := simCfg()
+		cfg.window = 8192
+		a := n.add("a", 10, cfg)
+		b := n.add("b", 20, cfg)
+		var ab, ba []reqID
+		for i := 0; i < 9000; i++ {
+			ab = append(ab, a.send("b", "ab"+strconv.Itoa(i), ""))
+			if i%50 == 0 {
+				ba = append(ba, b.send("a", "ba"+strconv.Itoa(i), ""))
+			}
+			if i%100 == 99 {
+				n.run()
+			}
+		}
+		n.run()
+		require.Equal(t, len(ab), checkDelivery(t, a, b, ab), "seed %d", seed)
+		require.Equal(t, len(ba), checkDelivery(t, b, a, ba), "seed %d", seed)
+		pa := a.m.peers[peerKey{session: 20}]
+		a.closeLink(pa.ch)
+		n.run()
+		pb := b.m.peers[peerKey{session: 10}]
+		require.NotNil(t, pb, "seed %d", seed)
+		require.Zero(t, pb.ch, "seed %d", seed)
+		b.m.forget(pb.key, pb) // b's idle prune; a keeps its entry
+		for i := 0; i < 5; i++ {
+			ab = append(ab, a.send("b", "after"+strconv.Itoa(i), ""))
+			for k := n.rng.IntN(3); k > 0 && n.step(); k-- {
+			}
+		}
+		n.run()
+		for i := 0; i < 5; i++ {
+			ba = append(ba, b.send("a", "back"+strconv.Itoa(i), ""))
+		}
+		n.run()
+		require.Equal(t, len(ab), checkDelivery(t, a, b, ab), "seed %d", seed)
+		require.Equal(t, len(ba), checkDelivery(t, b, a, ba), "seed %d", seed)
+		require.Equal(t, uint64(1), a.m.stats.PairsRestarted, "seed %d", seed)
+		w := b.m.peers[peerKey{session: 10}].win.stats
+		require.Zero(t, w.Refused+w.GapsTimedOut, "seed %d: %+v", seed, w)
+	}
+}

@@ -323,7 +323,7 @@ func (n *simNet) handshake(from *simEngine, a mAction) {
 	}
 	to.perform()
 	n.post(func() {
-		res := hsResult{session: to.m.local, token: rep.token, epoch: rep.epoch, refuse: rep.refuse, peerName: to.name}
+		res := hsResult{session: to.m.local, token: rep.token, epoch: rep.epoch, refuse: rep.refuse, peerName: to.name, fresh: rep.fresh}
 		if a.ch != 0 && rl != nil && rep.refuse == "" {
 			ll := &simLink{local: from, id: a.ch, remote: rl}
 			rl.remote = ll

@@ -112,6 +112,7 @@ type LimitStats struct {
 	GivenUp                                uint64
 	FencesSent                             uint64
 	FencesDropped                          uint64 // fences abandoned: the peer forgot the pair, or answered none for a gap timeout
+	PairsRestarted                         uint64 // pairs started over because the peer had forgotten them (ts_fresh)
 	LegacyDelivered                        uint64
 	OOBRefused                             uint64
 	PeersPruned                            uint64
@@ -124,7 +125,7 @@ func limitStatsOf(s machineStats) LimitStats {
 		UnconfirmedRefused: s.UnconfirmedRefused, UnconfirmedExpired: s.UnconfirmedExpired, PeersRefused: s.PeersRefused,
 		NamesRefused: s.NamesRefused, ChannelsRefused: s.ChannelsRefused, AuthRefused: s.AuthRefused,
 		Superseded: s.Superseded, Reposted: s.Reposted, Fallbacks: s.Fallbacks, GivenUp: s.GivenUp,
-		FencesSent: s.FencesSent, FencesDropped: s.FencesDropped, LegacyDelivered: s.LegacyDelivered, OOBRefused: s.OOBRefused,
+		FencesSent: s.FencesSent, FencesDropped: s.FencesDropped, PairsRestarted: s.PairsRestarted, LegacyDelivered: s.LegacyDelivered, OOBRefused: s.OOBRefused,
 		PeersPruned: s.PeersPruned, Duplicates: s.Duplicates, ConnectsQueued: s.ConnectsQueued}
 }
 

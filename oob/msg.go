@@ -68,6 +68,12 @@ type HandshakeDesc struct {
 	// handshake of the pair: a handshake claiming a session the responder knows must
 	// carry it. 0 = none.
 	Proof uint64
+	// Fresh (ts_fresh), in an accepting reply: the responder knew nothing of the pair and
+	// made its state for the initiator's session just now, so its sequence space toward
+	// the initiator and its receive window both start at 1. An initiator that kept its own
+	// state (the responder forgot an idle pair) starts the pair over, or each side's seqs
+	// would land in a window expecting others.
+	Fresh bool
 }
 
 // stripExtensions leaves what a Mooncake peer reads: its own members and the ctrl-channel
@@ -77,7 +83,7 @@ func (d *HandshakeDesc) stripExtensions() {
 		d.ReplyMsg = d.Refuse
 	}
 	d.MTU, d.PSN, d.Session, d.Epoch, d.BufSize, d.Extensions, d.PeerName = 0, 0, 0, 0, 0, false, ""
-	d.Token, d.Refuse, d.To, d.Proof = 0, "", 0, 0
+	d.Token, d.Refuse, d.To, d.Proof, d.Fresh = 0, "", 0, 0, false
 }
 
 // JSON member names.
@@ -110,6 +116,7 @@ const (
 	fRefuse     = "ts_refuse"
 	fTo         = "ts_to"
 	fProof      = "ts_proof"
+	fFresh      = "ts_fresh"
 	fNID        = "ts_nid"
 	fSkipFrom   = "ts_skip_from"
 	fSkipN      = "ts_skip_n"
@@ -512,6 +519,9 @@ func appendHandshake(dst []byte, d *HandshakeDesc, m reqMeta) []byte {
 	o.optStr(fRefuse, d.Refuse)
 	o.optUint(fTo, d.To)
 	o.optUint(fProof, d.Proof)
+	if d.Fresh {
+		o.boolean(fFresh, true)
+	}
 	if m.hasID {
 		o.uint(fID, m.id)
 	}
@@ -628,6 +638,9 @@ func decodeHandshake(body []byte) (*HandshakeDesc, reqMeta, error) {
 		case fProof:
 			m.twosided = true
 			d.Proof, err = r.uint(fProof, 1<<64-1)
+		case fFresh:
+			m.twosided = true
+			d.Fresh, err = r.boolean(fFresh)
 		case fID:
 			m.twosided, m.hasID = true, true
 			m.id, err = r.uint(fID, 1<<64-1)

@@ -77,7 +77,7 @@ func TestNotifyExtensionsEncode(t *testing.T) {
 }
 
 func TestHandshakeExtensions(t *testing.T) {
-	d := &HandshakeDesc{LocalNICPath: "a@d", QPNum: []uint32{}, ReplyMsg: "no", Token: 1<<64 - 1, Refuse: RefuseNoCtrl, To: 42}
+	d := &HandshakeDesc{LocalNICPath: "a@d", QPNum: []uint32{}, ReplyMsg: "no", Token: 1<<64 - 1, Refuse: RefuseNoCtrl, To: 42, Fresh: true}
 	fr := appendHandshake(nil, d, reqMeta{})
 	got, m, err := decodeHandshake(fr[HeaderSize:])
 	require.NoError(t, err)
@@ -86,13 +86,14 @@ func TestHandshakeExtensions(t *testing.T) {
 	require.Equal(t, d, got)
 
 	// Toward Mooncake: the extensions go, a refusal keeps its text.
-	cp := HandshakeDesc{Refuse: RefuseLimit, Token: 3, To: 4}
+	cp := HandshakeDesc{Refuse: RefuseLimit, Token: 3, To: 4, Fresh: true}
 	cp.stripExtensions()
 	require.Equal(t, HandshakeDesc{ReplyMsg: RefuseLimit}, cp)
 
 	for _, tc := range []struct{ body, wantErr string }{
 		{`{"ts_token":"x"}`, `field "ts_token": want number, got string`},
 		{`{"ts_to":-3}`, `field "ts_to": negative`},
+		{`{"ts_fresh":1}`, `field "ts_fresh"`},
 		{`{"ts_refuse":1}`, `field "ts_refuse": want string, got number`},
 		{`{"ts_refuse":""}`, `field "ts_refuse": "" is not 1..32 bytes`},
 		{`{"ts_refuse":"Busy"}`, `field "ts_refuse": "Busy" is not`},
