@@ -86,9 +86,9 @@ type Engine struct {
 	tokenRnd func() uint64
 
 	rq        recvQueue
-	legacyOOB serialQueues  // OOB sends to Mooncake peers, in order per peer
-	freeOOB   []*oobSend    // loop-only: OOB sends from the loop, to reuse
-	byes      chan struct{} // Close: closed when the last channel's goodbye completed
+	legacyOOB serialQueues              // OOB sends to Mooncake peers, in order per peer
+	freeOOB   reactor.FreeList[oobSend] // loop-only: OOB sends from the loop, to reuse
+	byes      chan struct{}             // Close: closed when the last channel's goodbye completed
 
 	reqPool  sync.Pool        // SendNotifyAsync
 	waitReqs waitReqPool      // SendNotify
@@ -129,6 +129,7 @@ func newEngine(cfg config, opts []Option) (*Engine, error) {
 	e := &Engine{
 		cfg:     cfg,
 		session: randomSession(),
+		freeOOB: reactor.FreeList[oobSend]{Max: maxFreeOOBSends},
 		chans:   make(map[chanID]*ctrlchannel.Channel),
 		remote:  make(map[chanID]uint32),
 		reqs:    make(map[reqID]*sendReq),

@@ -9,6 +9,8 @@ import (
 	"hash"
 	"slices"
 	"time"
+
+	"github.com/twosided/twosided/reactor"
 )
 
 // peerMachine is every decision the engine makes about peers, as a pure state machine in
@@ -48,7 +50,7 @@ type peerMachine struct {
 	offered  map[uint64]string // tokens of our handshakes in flight -> the name (offer)
 	doneReqs []*reqEntry       // completed since the last ready (recycleReqs)
 	unheld   []string          // names whose last straggler was answered (releaseStragglers)
-	freeReqs []*reqEntry
+	freeReqs reactor.FreeList[reqEntry]
 
 	names map[string]*nameEntry
 	peers map[peerKey]*peerEntry
@@ -278,6 +280,7 @@ func newPeerMachine(local uint64, cfg machineConfig, rnd func() uint64) *peerMac
 		local: local, cfg: cfg, rand: rnd,
 		names: make(map[string]*nameEntry), peers: make(map[peerKey]*peerEntry),
 		chans: make(map[chanID]*chanEntry), reqs: make(map[reqID]*reqEntry),
+		freeReqs: reactor.FreeList[reqEntry]{Max: maxFreeReqs},
 	}
 	var key [16]byte
 	binary.LittleEndian.PutUint64(key[:8], rnd())
@@ -329,10 +332,7 @@ const maxFreeReqs = 1024
 
 // newReq is a cleared reqEntry, from the free list when it has one.
 func (m *peerMachine) newReq() *reqEntry {
-	if n := len(m.freeReqs); n > 0 {
-		r := m.freeReqs[n-1]
-		m.freeReqs[n-1] = nil
-		m.freeReqs = m.freeReqs[:n-1]
+	if r := m.freeReqs.Get(); r != nil {
 		return r
 	}
 	return &reqEntry{}
@@ -343,10 +343,8 @@ func (m *peerMachine) newReq() *reqEntry {
 func (m *peerMachine) recycleReqs() {
 	for i, r := range m.doneReqs {
 		m.doneReqs[i] = nil
-		if len(m.freeReqs) < maxFreeReqs {
-			*r = reqEntry{}
-			m.freeReqs = append(m.freeReqs, r)
-		}
+		*r = reqEntry{}
+		m.freeReqs.Put(r)
 	}
 	m.doneReqs = m.doneReqs[:0]
 }

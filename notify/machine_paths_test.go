@@ -790,19 +790,10 @@ func TestMachineRefusedFenceBacksOff(t *testing.T) {
 	for _, end := range []string{"forgotten", "silent"} {
 		t.Run(end, func(t *testing.T) {
 			now := time.Unix(1000, 0)
-			tok := uint64(100)
 			cfg := simCfg()
 			cfg.channels = false
 			cfg.gapTimeout = 2 * time.Minute
-			m := newPeerMachine(10, cfg, func() uint64 { tok++; return tok })
-			kinds := func(k mActKind) (out []mAction) {
-				for _, a := range m.ready() {
-					if a.kind == k {
-						out = append(out, a)
-					}
-				}
-				return out
-			}
+			m, kinds := directMachine(cfg)
 			m.send(now, 1, "b", "", now.Add(time.Hour))
 			require.Len(t, kinds(aConnect), 1)
 			m.connected(now, "b", 0, hsResult{session: 20, token: 7, peerName: "b"})
@@ -860,18 +851,9 @@ func TestMachineRefusedFenceBacksOff(t *testing.T) {
 // its corpus).
 func TestMachineStaleRefusalKeepsPair(t *testing.T) {
 	now := time.Unix(1000, 0)
-	tok := uint64(100)
 	cfg := simCfg()
 	cfg.channels = false
-	m := newPeerMachine(10, cfg, func() uint64 { tok++; return tok })
-	kinds := func(k mActKind) (out []mAction) {
-		for _, a := range m.ready() {
-			if a.kind == k {
-				out = append(out, a)
-			}
-		}
-		return out
-	}
+	m, kinds := directMachine(cfg)
 	m.send(now, 1, "b", "", now.Add(time.Hour))
 	require.Len(t, kinds(aConnect), 1)
 	m.connected(now, "b", 0, hsResult{session: 20, token: 7, peerName: "b"})
@@ -963,5 +945,20 @@ func TestMachineOneSidedForget(t *testing.T) {
 		require.Equal(t, uint64(1), a.m.stats.PairsRestarted, "seed %d", seed)
 		w := b.m.peers[peerKey{session: 10}].win.stats
 		require.Zero(t, w.Refused+w.GapsTimedOut, "seed %d: %+v", seed, w)
+	}
+}
+
+// directMachine is a machine of session 10 driven by hand: kinds returns the actions of
+// one kind among those ready (the others are dropped).
+func directMachine(cfg machineConfig) (*peerMachine, func(mActKind) []mAction) {
+	tok := uint64(100)
+	m := newPeerMachine(10, cfg, func() uint64 { tok++; return tok })
+	return m, func(k mActKind) (out []mAction) {
+		for _, a := range m.ready() {
+			if a.kind == k {
+				out = append(out, a)
+			}
+		}
+		return out
 	}
 }

@@ -369,10 +369,7 @@ type oobSend struct {
 const maxFreeOOBSends = 1024
 
 func (e *Engine) getOOBSend() *oobSend {
-	if k := len(e.freeOOB); k > 0 {
-		s := e.freeOOB[k-1]
-		e.freeOOB[k-1] = nil
-		e.freeOOB = e.freeOOB[:k-1]
+	if s := e.freeOOB.Get(); s != nil {
 		return s
 	}
 	s := &oobSend{e: e}
@@ -381,10 +378,8 @@ func (e *Engine) getOOBSend() *oobSend {
 }
 
 func (e *Engine) putOOBSend(s *oobSend) {
-	if len(e.freeOOB) < maxFreeOOBSends {
-		s.peer, s.req, s.t = "", oob.NotifyRequest{}, oobTarget{}
-		e.freeOOB = append(e.freeOOB, s)
-	}
+	s.peer, s.req, s.t = "", oob.NotifyRequest{}, oobTarget{}
+	e.freeOOB.Put(s)
 }
 
 // send tries s once. Loop-only.

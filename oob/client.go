@@ -98,10 +98,7 @@ const maxFreeLoopCalls = 1024
 
 // getLoopCall takes a NotifyOnLoop call from the free list, or makes one. Loop-only.
 func (n *Node) getLoopCall() *call {
-	if k := len(n.freeCalls); k > 0 {
-		c := n.freeCalls[k-1]
-		n.freeCalls[k-1] = nil
-		n.freeCalls = n.freeCalls[:k-1]
+	if c := n.freeCalls.Get(); c != nil {
 		return c
 	}
 	c := &call{n: n}
@@ -113,15 +110,12 @@ func (n *Node) getLoopCall() *call {
 
 // putLoopCall returns c to the free list once nothing refers to it. Loop-only.
 func (n *Node) putLoopCall(c *call) {
-	if len(n.freeCalls) >= maxFreeLoopCalls {
-		return
-	}
 	c.typ, c.peer, c.ap, c.classic = 0, "", netip.AddrPort{}, false
 	c.nreq = NotifyRequest{}
 	c.err, c.resp, c.id, c.conn, c.finished = nil, nil, 0, nil, false
 	c.cb, c.sync, c.local, c.ltD = nil, false, false, 0
 	c.abandoned.Store(false)
-	n.freeCalls = append(n.freeCalls, c)
+	n.freeCalls.Put(c)
 }
 
 // deliver hands a NotifyOnLoop call's result to its callback. Loop-only.

@@ -134,9 +134,9 @@ type Node struct {
 	ri        replyInfo
 	nextID    uint64
 	nextConn  uint64
-	down      bool         // loop-side close ran
-	freeCalls []*call      // NotifyOnLoop calls to reuse (getLoopCall)
-	slab      reactor.Slab // copies of received notify messages
+	down      bool                   // loop-side close ran
+	freeCalls reactor.FreeList[call] // NotifyOnLoop calls to reuse (getLoopCall)
+	slab      reactor.Slab           // copies of received notify messages
 }
 
 const readChunk = 64 << 10
@@ -183,7 +183,7 @@ func Listen(loop *reactor.Loop, cfg Config, h Handler) (*Node, error) {
 		t0: loop.Now(), closeErr: make(chan struct{}),
 		conns: make(map[*conn]struct{}), peers: make(map[string]*peerState), shakingBy: make(map[netip.Addr]int),
 		scratch: make([]byte, readChunk), out: make([]byte, 0, 4096),
-		auth: newAuthKeys(&cfg),
+		auth: newAuthKeys(&cfg), freeCalls: reactor.FreeList[call]{Max: maxFreeLoopCalls},
 	}
 	n.nd.key = make([]byte, 0, 32)
 	errc := make(chan error, 1)

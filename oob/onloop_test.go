@@ -122,6 +122,6 @@ func TestNotifyOnLoopReusesCalls(t *testing.T) {
 		require.Equal(t, 1, k, name)
 	}
 	free := make(chan int, 1)
-	submit(func() { free <- len(a.freeCalls) })
+	submit(func() { free <- a.freeCalls.Len() })
 	require.Greater(t, <-free, 0, "calls came back to the free list")
 }
