@@ -606,7 +606,7 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 	retry := !local && !now.After(r.deadline) && !errors.Is(err, errGaveUp) && !errors.Is(err, ErrRejected)
 	// A refusal of the token of a pair since renewed (a handshake gave us a new one while
 	// this try was on its way) says nothing of the current pair: it must not be torn down.
-	stale := errors.Is(err, errRebind) && r.oobToken != 0 && p.tokenOut != 0 && r.oobToken != p.tokenOut
+	stale := p.staleRefusal(err, r.oobToken)
 	if retry && r.straggler {
 		// On its way to a pair its name no longer leads to, or one the peer renewed (it
 		// forgot us and kept its session): its seq belongs to that pair, and the name's
@@ -664,6 +664,12 @@ var errGaveUp = errors.New("notify: the receiver gave this seq up")
 // errRebind marks a refusal that means the peer does not know the pair any more.
 var errRebind = errors.New("notify: the peer does not know this pair")
 
+// staleRefusal reports whether err refused token, a token of p's pair that a handshake
+// has since replaced: the refusal is about the old pair, not the current one.
+func (p *peerEntry) staleRefusal(err error, token uint64) bool {
+	return token != 0 && p.tokenOut != 0 && token != p.tokenOut && errors.Is(err, errRebind)
+}
+
 // rebind forgets that r's name leads to p, and sends r again through a new handshake.
 // p's seq of r is given up (fenced in case p is still alive and merely forgot its token).
 // stale: the refusal was of a token p has since replaced; the name keeps p and its
@@ -678,7 +684,9 @@ func (m *peerMachine) rebind(now time.Time, p *peerEntry, r *reqEntry, stale boo
 		r.seq = 0
 	}
 	m.unstraggle(r)
-	if ne.peer == p && !stale { // a stale refusal leaves the current pair as it is
+	r.peer = nil // not one of the stragglers marked below
+	// A stale refusal leaves the current pair as it is.
+	if ne.peer == p && !stale {
 		p.forgotten = true
 		m.unalias(p, r.name)
 		ne.peer = nil
@@ -691,10 +699,8 @@ func (m *peerMachine) rebind(now time.Time, p *peerEntry, r *reqEntry, stale boo
 		p.waiters = slices.DeleteFunc(p.waiters, func(id reqID) bool { w := m.reqs[id]; return w == nil || w.peer == nil })
 		p.tokenOut = 0
 		// The name's other sends on their way to p are refused too, in any order.
-		r.peer = nil
 		m.markStragglers(ne, nil)
 	}
-	r.peer = nil
 	i, _ := slices.BinarySearch(ne.waiters, r.id) // in send order (ids grow with each send)
 	ne.waiters = slices.Insert(ne.waiters, i, r.id)
 	if ne.stragglers > 0 {
@@ -778,7 +784,7 @@ func (m *peerMachine) fenceResult(now time.Time, session, first, count, token ui
 		return
 	}
 	p.seqs.refence(seqRange{first, count})
-	if errors.Is(err, errRebind) && p.tokenOut != 0 && token != p.tokenOut {
+	if p.staleRefusal(err, token) {
 		// The token of a pair since renewed was refused: the current pair gets it now.
 		m.fence(p)
 		return
@@ -794,7 +800,7 @@ func (m *peerMachine) fenceResult(now time.Time, session, first, count, token ui
 		p.fenceAt, p.fenceWait = time.Time{}, 0
 		return
 	}
-	if p.ch != 0 && m.chans[p.ch] != nil && m.chans[p.ch].up {
+	if p.ch != 0 && m.chans[p.ch].up {
 		m.fence(p) // on the channel
 		return
 	}
@@ -1151,16 +1157,21 @@ func (m *peerMachine) moveWaiters(ne *nameEntry, p *peerEntry) {
 		return // releaseStragglers moves them once the stragglers are answered
 	}
 	sorted := slices.IsSorted(p.waiters)
-	for _, id := range ne.waiters {
+	m.handOver(ne.waiters, p)
+	if sorted {
+		slices.Sort(p.waiters) // send order across the name's and the peer's waiters
+	}
+	ne.waiters = nil
+}
+
+// handOver makes the sends ids (those still known) wait for p, after its own waiters.
+func (m *peerMachine) handOver(ids []reqID, p *peerEntry) {
+	for _, id := range ids {
 		if r := m.reqs[id]; r != nil {
 			r.peer = p
 			p.waiters = append(p.waiters, id)
 		}
 	}
-	if sorted {
-		slices.Sort(p.waiters) // send order across the name's and the peer's waiters
-	}
-	ne.waiters = nil
 }
 
 // bind makes name an alias of the peer with session (created when new).
@@ -1190,12 +1201,7 @@ func (m *peerMachine) bind(now time.Time, ne *nameEntry, session uint64, adverti
 		// The name now reaches another engine (it restarted on the same address): what
 		// waited for the old one goes to the new one, with new seqs.
 		m.unalias(old, ne.name)
-		for _, id := range old.waiters {
-			if r := m.reqs[id]; r != nil {
-				r.peer = p
-				p.waiters = append(p.waiters, id)
-			}
-		}
+		m.handOver(old.waiters, p)
 		old.waiters = nil
 	}
 	ne.peer = p
@@ -1218,11 +1224,7 @@ func (p *peerEntry) hasState() bool {
 // the new entry.
 func (m *peerMachine) restartPair(now time.Time, old *peerEntry) *peerEntry {
 	m.stats.PairsRestarted++
-	old.win.flush(func(d Notify) {
-		old.received++
-		m.emit(mAction{kind: aDeliver, n: d})
-	})
-	m.heldDups(old)
+	m.flushWindow(old)
 	p := m.newPeer(now, old.key) // replaces old in m.peers
 	p.bornActive, p.adv, p.mode = true, old.adv, old.mode
 	for _, n := range old.names {
@@ -1232,12 +1234,7 @@ func (m *peerMachine) restartPair(now time.Time, old *peerEntry) *peerEntry {
 		}
 	}
 	old.names = nil
-	for _, id := range old.waiters {
-		if r := m.reqs[id]; r != nil {
-			r.peer = p
-			p.waiters = append(p.waiters, id)
-		}
-	}
+	m.handOver(old.waiters, p)
 	old.waiters = nil
 	if ce := m.chans[old.ch]; old.ch != 0 && ce != nil {
 		m.dropChan(ce, false)
@@ -2045,15 +2042,20 @@ func (m *peerMachine) peerName(p *peerEntry) string {
 	return fmt.Sprintf("session-%x", p.key.session)
 }
 
+// flushWindow delivers what p's window holds, in seq order, and gives its gaps up.
+func (m *peerMachine) flushWindow(p *peerEntry) {
+	p.win.flush(func(d Notify) {
+		p.received++
+		m.emit(mAction{kind: aDeliver, n: d})
+	})
+	m.heldDups(p)
+}
+
 // closeAll fails every waiting send and forgets every channel (the engine closes); what
 // windows hold is delivered, gaps given up.
 func (m *peerMachine) closeAll(err error) {
 	for _, p := range m.peers {
-		p.win.flush(func(d Notify) {
-			p.received++
-			m.emit(mAction{kind: aDeliver, n: d})
-		})
-		m.heldDups(p)
+		m.flushWindow(p)
 	}
 	var unknown error // for a send on its way (posted, or written over OOB) or one whose earlier try may have landed
 	for id, r := range m.reqs {
