@@ -287,7 +287,13 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) (result 
 	}
 	req.prepare(peer, n, deadline, nil)
 	req.state.Store(reqSpinning)
-	if err := e.loop.SubmitWait(ctx, req.runFn); err != nil {
+	// While the loop sleeps, the caller runs the send in a turn borrowed from it (Exec): the
+	// notify leaves from this thread, with no eventfd write and no loop wake-up.
+	err = e.loop.Exec(req.runFn)
+	if errors.Is(err, reactor.ErrQueueFull) {
+		err = e.loop.SubmitWait(ctx, req.runFn)
+	}
+	if err != nil {
 		e.waitReqs.put(req)
 		if errors.Is(err, reactor.ErrStopped) {
 			return sendErr(ErrClosed, peer, "", nil, false)

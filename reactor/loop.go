@@ -99,7 +99,8 @@ type Stats struct {
 	WCs             uint64        // work completions handed to CQHandlers
 	TimerEvents     uint64        // timers fired
 	SubmitEvents    uint64        // wake-ups through the submission eventfd
-	Submissions     uint64        // submitted funcs run
+	Submissions     uint64        // submitted funcs run (Exec's included)
+	Borrowed        uint64        // Exec calls that ran on the caller's thread (the loop asleep)
 	QueueFull       uint64        // submissions refused with ErrQueueFull
 	SlowCallbacks   uint64        // callbacks over the WithSlowCallback threshold
 	LongestCallback time.Duration // longest single callback (handler, timer, func, CQ cycle)
@@ -111,6 +112,7 @@ type counters struct {
 	spinSkips                                       atomic.Uint64
 	fdEvents, cqEvents, wcs, timerEvents            atomic.Uint64
 	submitEvents, submissions, queueFull, slowCalls atomic.Uint64
+	borrowed                                        atomic.Uint64
 	longest, busy                                   atomic.Int64
 }
 
@@ -131,14 +133,18 @@ type Loop struct {
 	done chan struct{}
 
 	// Shared with other goroutines.
-	q        *ring
-	state    atomic.Int32 // awake or asleep: whether a producer must write the eventfd
-	mu       sync.RWMutex // Submit holds it shared; Stop and the loop's final barrier exclusively
-	stopped  atomic.Bool
-	tid      atomic.Int64 // the loop's OS thread id; 0 before start and after exit
-	now      atomic.Int64 // ns since base, read once per iteration
-	waiters  atomic.Int32 // SubmitWait callers waiting for room
-	holds    atomic.Int32 // HoldSpin callers: while > 0 the loop blocks instead of spinning
+	q       *ring
+	state   atomic.Int32 // awake or asleep: whether a producer must write the eventfd
+	mu      sync.RWMutex // Submit holds it shared; Stop and the loop's final barrier exclusively
+	stopped atomic.Bool
+	tid     atomic.Int64 // the loop's OS thread id; 0 before start and after exit
+	now     atomic.Int64 // ns since base, read once per iteration
+	waiters atomic.Int32 // SubmitWait callers waiting for room
+	holds   atomic.Int32 // HoldSpin callers: while > 0 the loop blocks instead of spinning
+	// turn is the right to run loop work: the loop goroutine holds it except while it blocks
+	// in epoll_wait, when Exec may borrow it (TryLock only: a borrower never waits for it).
+	turn     sync.Mutex
+	borrower atomic.Int64 // the OS thread id of the goroutine running Exec's turn; 0 when none
 	spinGate SpinGate     // whether the loop's busy-poll phases pay (loop-only use)
 	roomMu   sync.Mutex
 	room     chan struct{} // closed by the loop when it frees room and waiters > 0
@@ -155,9 +161,12 @@ type Loop struct {
 	watchGen uint64
 	kicks    []*CQWatch
 	deferArm bool // busy-poll mode between blocks: CQs are armed only right before blocking
-	cbStart  int64
-	longest  int64
-	wakeBuf  [8]byte
+	// sleepUntil is the deadline (ns since base) of the blocking epoll_wait the loop is in;
+	// math.MaxInt64 without one. A borrowed turn that sets an earlier timer wakes the loop.
+	sleepUntil int64
+	cbStart    int64
+	longest    int64
+	wakeBuf    [8]byte
 }
 
 type fdKind uint8
@@ -234,16 +243,23 @@ func (l *Loop) mono() int64 { return int64(time.Since(l.base)) }
 // goroutine.
 func (l *Loop) Now() time.Time { return l.base.Add(time.Duration(l.now.Load())) }
 
-// InLoop reports whether the caller runs on the loop goroutine. The loop's OS thread is
-// locked to it and runs no other goroutine, so the thread id identifies it. While the loop
-// sleeps in epoll_wait its thread runs nothing, so a caller then is another thread: the
-// answer costs no gettid (a SendNotify usually comes while its loop sleeps).
+// InLoop reports whether the caller runs on the loop goroutine, or is the goroutine that
+// borrowed the loop's turn in Exec. The loop's OS thread is locked to it and runs no other
+// goroutine, so the thread id identifies it (a borrower locks its thread for the turn). While
+// the loop sleeps in epoll_wait its thread runs nothing, so a caller then is another thread:
+// unless a turn is borrowed, the answer costs no gettid (a SendNotify usually comes while its
+// loop sleeps).
 func (l *Loop) InLoop() bool {
 	tid := l.tid.Load()
-	if tid == 0 || l.state.Load() == asleep {
+	if tid == 0 {
 		return false
 	}
-	return int64(unix.Gettid()) == tid
+	if l.state.Load() == asleep {
+		b := l.borrower.Load()
+		return b != 0 && int64(unix.Gettid()) == b
+	}
+	me := int64(unix.Gettid())
+	return me == tid || me == l.borrower.Load()
 }
 
 // OnLoop is the loop-only assertion: InLoop in race builds (every test run), true without
@@ -265,6 +281,7 @@ func (l *Loop) Stats() Stats {
 		TimerEvents:     l.st.timerEvents.Load(),
 		SubmitEvents:    l.st.submitEvents.Load(),
 		Submissions:     l.st.submissions.Load(),
+		Borrowed:        l.st.borrowed.Load(),
 		QueueFull:       l.st.queueFull.Load(),
 		SlowCallbacks:   l.st.slowCalls.Load(),
 		LongestCallback: time.Duration(l.st.longest.Load()),
@@ -302,6 +319,7 @@ func (l *Loop) wake() { _, _ = unix.Write(l.wfd, wakeOne[:]) }
 
 func (l *Loop) run() {
 	runtime.LockOSThread() // never unlocked: the thread ends with the loop
+	l.turn.Lock()          // never unlocked after shutdown: no Exec borrows a stopped loop
 	l.tid.Store(int64(unix.Gettid()))
 	n := 0
 	for {
@@ -352,8 +370,18 @@ func (l *Loop) wait() int {
 			timeout = 0
 		}
 	}
+	if timeout != 0 {
+		l.sleepUntil = math.MaxInt64
+		if timeout > 0 {
+			l.sleepUntil = l.timers[0].when
+		}
+		l.turn.Unlock() // Exec may run a turn on its caller's thread while the loop sleeps
+	}
 	n, err := unix.EpollWait(l.epfd, l.events, timeout)
 	l.state.Store(awake)
+	if timeout != 0 {
+		l.turn.Lock() // waits out a borrowed turn; the events got stay valid (fd generations)
+	}
 	if l.cfg.busyPoll > 0 {
 		l.deferArm = true
 	}

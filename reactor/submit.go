@@ -3,6 +3,9 @@ package reactor
 import (
 	"context"
 	"fmt"
+	"runtime"
+
+	"golang.org/x/sys/unix"
 )
 
 // Submit queues f to run on the loop. It never blocks and allocates nothing: ErrQueueFull
@@ -27,8 +30,9 @@ func (l *Loop) trySubmit(f func()) error {
 		return ErrQueueFull
 	}
 	// Only the producer that flips the loop from asleep to awake writes the eventfd: one write
-	// per batch, none while the loop is running.
-	if l.state.Load() == asleep && l.state.CompareAndSwap(asleep, awake) {
+	// per batch, none while the loop is running. A func submitted in a borrowed turn (Exec)
+	// runs before the turn ends, or the turn's end wakes the loop for it.
+	if l.state.Load() == asleep && !l.inBorrowedTurn() && l.state.CompareAndSwap(asleep, awake) {
 		l.wake()
 	}
 	l.mu.RUnlock()
@@ -72,4 +76,63 @@ func (l *Loop) SubmitWait(ctx context.Context, f func()) error {
 			return fmt.Errorf("reactor: submit wait: %w", ctx.Err())
 		}
 	}
+}
+
+// Exec runs f as Submit would, but when the loop sleeps in epoll_wait with nothing queued it
+// runs f at once on the calling goroutine, which borrows the loop's turn: the loop does not
+// wake for it. A borrowed turn is a loop turn in all but the thread: f sees InLoop true and
+// may call loop-only methods; the funcs queued before f run first (submission order per
+// producer holds), funcs f submits run after it, and the CQs' doorbells are flushed before
+// Exec returns, so what f posted has left. The loop keeps its own events for its next turn and
+// is woken if the borrowed turn left work for it (a timer earlier than its sleep, a func
+// queued meanwhile). A borrower never waits for the turn: when the loop is awake, spinning or
+// another caller holds it, f is queued (ErrQueueFull, ErrStopped as Submit). f must not
+// block, as every loop callback. The caller's goroutine is locked to its thread for the turn.
+func (l *Loop) Exec(f func()) error {
+	if f == nil {
+		return fmt.Errorf("reactor: exec: f: must not be nil: %w", ErrInvalid)
+	}
+	if l.state.Load() == asleep && l.turn.TryLock() {
+		if !l.stopped.Load() && l.tid.Load() != 0 {
+			l.borrow(f)
+			return nil
+		}
+		l.turn.Unlock()
+	}
+	return l.trySubmit(f)
+}
+
+// borrow runs one turn on the caller's thread; the caller holds l.turn.
+func (l *Loop) borrow(f func()) {
+	runtime.LockOSThread()
+	l.borrower.Store(int64(unix.Gettid()))
+	defer l.endBorrow() // also when f panics and the caller recovers: the loop must go on
+	now := l.mono()
+	l.now.Store(now)
+	l.cbStart = now
+	l.st.borrowed.Add(1)
+	l.runQueue() // what was queued before f
+	l.st.submissions.Add(1)
+	f()
+	l.endCallback("exec", 0)
+	l.runQueue() // what f submitted (to the queue: the turn is taken)
+	l.runKicks()
+	l.flushCQs()
+}
+
+// endBorrow gives the turn back and wakes the loop if the turn left it work.
+func (l *Loop) endBorrow() {
+	late := l.q.ready() || len(l.kicks) > 0 || (len(l.timers) > 0 && l.timers[0].when < l.sleepUntil)
+	l.borrower.Store(0)
+	runtime.UnlockOSThread()
+	l.turn.Unlock()
+	if late && l.state.Load() == asleep && l.state.CompareAndSwap(asleep, awake) {
+		l.wake()
+	}
+}
+
+// inBorrowedTurn reports whether the caller is the goroutine running Exec's borrowed turn.
+func (l *Loop) inBorrowedTurn() bool {
+	b := l.borrower.Load()
+	return b != 0 && int64(unix.Gettid()) == b
 }

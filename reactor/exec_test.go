@@ -1,0 +1,182 @@
+package reactor
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// sleeping waits until the loop blocks in epoll_wait with its turn free to borrow. Nothing in
+// these tests wakes it afterwards, so the next Exec borrows the turn.
+func sleeping(t *testing.T, l *Loop) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		if l.state.Load() != asleep || !l.turn.TryLock() {
+			return false
+		}
+		l.turn.Unlock()
+		return true
+	}, waitBound, 100*time.Microsecond)
+}
+
+// TestExecBorrowsSleepingLoop: with the loop asleep, Exec runs f before it returns, on the
+// caller's thread, as the loop (InLoop true, loop-only calls allowed), with no eventfd
+// write and no loop wake-up; afterwards the caller is not the loop.
+func TestExecBorrowsSleepingLoop(t *testing.T) {
+	l := newLoop(t)
+	sleeping(t, l)
+	before := l.Stats()
+	ran, inLoop := false, false
+	var addErr error
+	require.NoError(t, l.Exec(func() {
+		ran, inLoop = true, l.InLoop()
+		t := l.AfterFunc(time.Hour, func() {})
+		t.Stop()
+		addErr = l.Add(-1, Readable, func(Events) {}) // a loop-only call: refused for the fd, not the thread
+	}))
+	require.True(t, ran, "Exec returned before f ran")
+	require.True(t, inLoop, "InLoop in a borrowed turn")
+	require.ErrorIs(t, addErr, ErrInvalid)
+	require.NotErrorIs(t, addErr, ErrNotInLoop)
+	require.False(t, l.InLoop(), "after the borrowed turn")
+	after := l.Stats()
+	require.Equal(t, before.Borrowed+1, after.Borrowed)
+	require.Equal(t, before.Submissions+1, after.Submissions)
+	require.Equal(t, before.SubmitEvents, after.SubmitEvents, "an eventfd write for a borrowed turn")
+	require.Equal(t, before.Wakeups, after.Wakeups, "the loop woke for a borrowed turn")
+}
+
+// TestExecOnAwakeLoopQueues: from a loop callback (the turn is the loop's) Exec queues f,
+// which runs after the callback, as Submit.
+func TestExecOnAwakeLoopQueues(t *testing.T) {
+	l := newLoop(t)
+	var order []int
+	done := make(chan struct{})
+	onLoop(t, l, func() {
+		require.NoError(t, l.Exec(func() { order = append(order, 2); close(done) }))
+		order = append(order, 1)
+	})
+	recv(t, done)
+	onLoop(t, l, func() {})
+	require.Equal(t, []int{1, 2}, order)
+	require.Zero(t, l.Stats().Borrowed)
+}
+
+// TestExecRunsWhatItSubmits: a func submitted in a borrowed turn runs before Exec returns,
+// and costs no eventfd write.
+func TestExecRunsWhatItSubmits(t *testing.T) {
+	l := newLoop(t)
+	sleeping(t, l)
+	before := l.Stats()
+	var order []int
+	require.NoError(t, l.Exec(func() {
+		require.NoError(t, l.Submit(func() { order = append(order, 2) }))
+		order = append(order, 1)
+	}))
+	require.Equal(t, []int{1, 2}, order)
+	after := l.Stats()
+	require.Equal(t, before.SubmitEvents, after.SubmitEvents)
+	require.Equal(t, before.Wakeups, after.Wakeups)
+}
+
+// TestExecTimerWakesLoop: a timer set in a borrowed turn, earlier than the loop's sleep (here
+// the loop has no timer: it sleeps with no deadline), still fires: the turn's end wakes the
+// loop to take the new deadline.
+func TestExecTimerWakesLoop(t *testing.T) {
+	l := newLoop(t)
+	sleeping(t, l)
+	fired := make(chan bool, 1)
+	require.NoError(t, l.Exec(func() {
+		l.AfterFunc(time.Millisecond, func() { fired <- l.InLoop() })
+	}))
+	require.True(t, recv(t, fired), "the timer ran off the loop")
+	// A later timer than the loop's own deadline does not wake it: it is found when the loop
+	// wakes for the earlier one.
+	sleeping(t, l)
+	first, second := make(chan struct{}), make(chan struct{})
+	onLoop(t, l, func() { l.AfterFunc(20*time.Millisecond, func() { close(first) }) })
+	sleeping(t, l)
+	require.NoError(t, l.Exec(func() { l.AfterFunc(40*time.Millisecond, func() { close(second) }) }))
+	recv(t, first)
+	recv(t, second)
+}
+
+// TestExecOrderPerProducer: a producer mixing Exec and Submit, with others doing the same,
+// sees its funcs run in its order, each exactly once, whether each ran borrowed or queued.
+func TestExecOrderPerProducer(t *testing.T) {
+	l := newLoop(t)
+	const producers, each = 4, 3000
+	last := make([]int, producers) // loop-side state: touched only in loop turns
+	var bad, ran atomic.Int64
+	var wg sync.WaitGroup
+	for p := range producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 1; i <= each; i++ {
+				f := func() {
+					if last[p] != i-1 {
+						bad.Add(1)
+					}
+					last[p] = i
+					ran.Add(1)
+				}
+				var err error
+				if i%3 == 0 {
+					err = l.Submit(f)
+				} else {
+					err = l.Exec(f)
+				}
+				for err == ErrQueueFull {
+					time.Sleep(time.Millisecond)
+					err = l.Exec(f)
+				}
+				if err != nil {
+					bad.Add(1)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	onLoop(t, l, func() {})
+	require.Zero(t, bad.Load(), "funcs out of order")
+	require.Equal(t, int64(producers*each), ran.Load())
+	st := l.Stats()
+	t.Logf("borrowed %d of %d, submit wake-ups %d", st.Borrowed, producers*each, st.SubmitEvents)
+}
+
+// TestExecStopped: Exec after Stop is ErrStopped, as Submit; a Stop from a borrowed turn
+// stops the loop.
+func TestExecStopped(t *testing.T) {
+	l, err := New(quiet)
+	require.NoError(t, err)
+	sleeping(t, l)
+	var stopErr error
+	require.NoError(t, l.Exec(func() { stopErr = l.Stop(context.Background()) }))
+	require.NoError(t, stopErr)
+	recv(t, l.Done())
+	require.ErrorIs(t, l.Exec(func() {}), ErrStopped)
+	require.ErrorIs(t, l.Exec(nil), ErrInvalid)
+}
+
+// TestExecPanicReturnsTurn: a func that panics in a borrowed turn (the caller recovers) gives
+// the turn back: the loop goes on, and the caller is not the loop any more.
+func TestExecPanicReturnsTurn(t *testing.T) {
+	l := newLoop(t)
+	sleeping(t, l)
+	func() {
+		defer func() { require.Equal(t, "boom", recover()) }()
+		_ = l.Exec(func() { panic("boom") })
+	}()
+	require.False(t, l.InLoop())
+	onLoop(t, l, func() {})
+	sleeping(t, l)
+	ran := false
+	require.NoError(t, l.Exec(func() { ran = true }))
+	require.True(t, ran)
+}
