@@ -386,8 +386,9 @@ func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) (err e
 	return nil
 }
 
-// spinWait spins on req's state for up to the busy-poll budget, so that the completion
-// reaches the caller without a wake-up; off (the default) it returns at once.
+// spinWait spins on req's state for up to the busy-poll budget, polling the loop's fds and
+// CQs in turns borrowed from it (reactor.Loop.Poll), so that the completion is reaped on the
+// caller's thread without a wake-up; off (the default) it returns at once.
 //
 // Busy poll spins in one place per engine: while a caller spins, its loop blocks in
 // epoll_wait instead of spinning (HoldSpin), and the loop spins only when no caller does
@@ -408,7 +409,11 @@ func (e *Engine) spinWait(req *sendReq) {
 	defer e.loop.ReleaseSpin()
 	deadline := time.Now().Add(e.cfg.busyPoll)
 	for req.state.Load() == reqSpinning && time.Now().Before(deadline) {
-		_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+		// The caller polls its loop's fds and CQs itself (a turn borrowed while the loop
+		// blocks): the completion is reaped on this thread, with no loop wake-up first.
+		if !e.loop.Poll() {
+			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+		}
 	}
 	e.spinGate.Record(req.state.Load() != reqSpinning)
 }

@@ -2,12 +2,15 @@ package reactor
 
 import (
 	"context"
+	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // sleeping waits until the loop blocks in epoll_wait with its turn free to borrow. Nothing in
@@ -179,4 +182,134 @@ func TestExecPanicReturnsTurn(t *testing.T) {
 	ran := false
 	require.NoError(t, l.Exec(func() { ran = true }))
 	require.True(t, ran)
+}
+
+// TestPollHandlesOnCallersThread: a caller that holds the spin and polls gets the loop's fd
+// events, its queue and its due timers handled on its own thread, with the loop asleep; the
+// loop's wake-up eventfd is left to the loop (a submission made meanwhile still runs).
+func TestPollHandlesOnCallersThread(t *testing.T) {
+	for _, busy := range []time.Duration{0, 50 * time.Microsecond} {
+		t.Run(fmt.Sprintf("busy=%v", busy), func(t *testing.T) {
+			l := newLoop(t, WithBusyPoll(busy))
+			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+			require.NoError(t, err)
+			defer closeFd(fds[1])
+			var handledOn atomic.Int64
+			buf := make([]byte, 16)
+			onLoop(t, l, func() {
+				require.NoError(t, l.Add(fds[0], Readable, func(Events) {
+					_, _ = unix.Read(fds[0], buf)
+					handledOn.Store(int64(unix.Gettid()))
+				}))
+			})
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			me := int64(unix.Gettid())
+			l.HoldSpin()
+			if busy > 0 {
+				// The loop parks (waits on its eventfd alone) from its next wait on.
+				onLoop(t, l, func() {})
+				require.Eventually(t, func() bool { return l.Stats().Parks > 0 }, waitBound, 10*time.Microsecond)
+			}
+			sleeping(t, l)
+			_, err = unix.Write(fds[1], []byte{1})
+			require.NoError(t, err)
+			// Polled here, not in require.Eventually (its condition runs on another goroutine).
+			for end := time.Now().Add(waitBound); handledOn.Load() == 0 && time.Now().Before(end); {
+				if !l.Poll() {
+					runtime.Gosched()
+				}
+			}
+			require.NotZero(t, handledOn.Load(), "the event was never handled")
+			l.ReleaseSpin()
+			// Without busy poll the loop thread waits on the same set and may take it; a
+			// parked loop waits on its eventfd alone, so only the caller can have.
+			if busy > 0 {
+				require.Equal(t, me, handledOn.Load(), "the event was not handled on the polling caller's thread")
+			}
+			require.Positive(t, l.Stats().Borrowed)
+			// A submission after the polls still reaches the loop.
+			onLoop(t, l, func() {})
+		})
+	}
+}
+
+// TestPollNoLostWakeups: callers polling the loop (holding the spin) while others submit,
+// borrow and queue: every func runs, and the loop, no longer held, still serves its fds.
+func TestPollNoLostWakeups(t *testing.T) {
+	for _, busy := range []time.Duration{0, 50 * time.Microsecond} {
+		t.Run(fmt.Sprintf("busy=%v", busy), func(t *testing.T) {
+			l := newLoop(t, WithBusyPoll(busy))
+			const producers, each = 3, 2000
+			var ran atomic.Int64
+			stop := make(chan struct{})
+			var pollers sync.WaitGroup
+			for range 2 {
+				pollers.Add(1)
+				go func() {
+					defer pollers.Done()
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						l.HoldSpin()
+						for range 50 {
+							if !l.Poll() {
+								runtime.Gosched()
+							}
+						}
+						l.ReleaseSpin()
+					}
+				}()
+			}
+			var wg sync.WaitGroup
+			for p := range producers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := range each {
+						f := func() { ran.Add(1) }
+						var err error
+						if (i+p)%2 == 0 {
+							err = l.Exec(f)
+						} else {
+							err = l.Submit(f)
+						}
+						for err == ErrQueueFull {
+							time.Sleep(time.Millisecond)
+							err = l.Submit(f)
+						}
+						if err != nil {
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(stop)
+			pollers.Wait()
+			require.Eventually(t, func() bool { return ran.Load() == producers*each }, waitBound, time.Millisecond)
+			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+			require.NoError(t, err)
+			defer closeFd(fds[1])
+			got := make(chan struct{}, 1)
+			onLoop(t, l, func() {
+				require.NoError(t, l.Add(fds[0], Readable, func(Events) {
+					var b [8]byte
+					_, _ = unix.Read(fds[0], b[:])
+					select {
+					case got <- struct{}{}:
+					default:
+					}
+				}))
+			})
+			_, err = unix.Write(fds[1], []byte{1})
+			require.NoError(t, err)
+			recv(t, got)
+			st := l.Stats()
+			t.Logf("borrowed %d, parks %d, submit wake-ups %d", st.Borrowed, st.Parks, st.SubmitEvents)
+		})
+	}
 }

@@ -100,7 +100,8 @@ type Stats struct {
 	TimerEvents     uint64        // timers fired
 	SubmitEvents    uint64        // wake-ups through the submission eventfd
 	Submissions     uint64        // submitted funcs run (Exec's included)
-	Borrowed        uint64        // Exec calls that ran on the caller's thread (the loop asleep)
+	Borrowed        uint64        // turns run on a caller's thread while the loop slept (Exec, Poll)
+	Parks           uint64        // busy poll: waits on the eventfd alone while a caller polled (Poll)
 	QueueFull       uint64        // submissions refused with ErrQueueFull
 	SlowCallbacks   uint64        // callbacks over the WithSlowCallback threshold
 	LongestCallback time.Duration // longest single callback (handler, timer, func, CQ cycle)
@@ -112,7 +113,7 @@ type counters struct {
 	spinSkips                                       atomic.Uint64
 	fdEvents, cqEvents, wcs, timerEvents            atomic.Uint64
 	submitEvents, submissions, queueFull, slowCalls atomic.Uint64
-	borrowed                                        atomic.Uint64
+	borrowed, parks                                 atomic.Uint64
 	longest, busy                                   atomic.Int64
 }
 
@@ -141,6 +142,9 @@ type Loop struct {
 	now     atomic.Int64 // ns since base, read once per iteration
 	waiters atomic.Int32 // SubmitWait callers waiting for room
 	holds   atomic.Int32 // HoldSpin callers: while > 0 the loop blocks instead of spinning
+	// released is when the last HoldSpin ended (ns since base): a loop whose caller spun
+	// within the budget blocks instead of spinning, leaving its turn to the caller's Exec.
+	released atomic.Int64
 	// turn is the right to run loop work: the loop goroutine holds it except while it blocks
 	// in epoll_wait, when Exec may borrow it (TryLock only: a borrower never waits for it).
 	turn     sync.Mutex
@@ -154,6 +158,7 @@ type Loop struct {
 	fds      map[int]*fdEntry
 	gen      uint32
 	events   []unix.EpollEvent
+	pevents  []unix.EpollEvent // Poll's: the loop thread may be filling events meanwhile
 	timers   timerHeap
 	timerSeq uint64
 	chans    map[int]*chanWatch
@@ -211,16 +216,17 @@ func New(opts ...Option) (*Loop, error) {
 		return nil, fmt.Errorf("reactor: eventfd: %w", err)
 	}
 	l := &Loop{
-		cfg:    cfg,
-		epfd:   epfd,
-		wfd:    wfd,
-		base:   time.Now(),
-		done:   make(chan struct{}),
-		q:      newRing(cfg.submitQueue),
-		room:   make(chan struct{}),
-		fds:    make(map[int]*fdEntry),
-		events: make([]unix.EpollEvent, maxEpollEvents),
-		chans:  make(map[int]*chanWatch),
+		cfg:     cfg,
+		epfd:    epfd,
+		wfd:     wfd,
+		base:    time.Now(),
+		done:    make(chan struct{}),
+		q:       newRing(cfg.submitQueue),
+		room:    make(chan struct{}),
+		fds:     make(map[int]*fdEntry),
+		events:  make([]unix.EpollEvent, maxEpollEvents),
+		pevents: make([]unix.EpollEvent, maxEpollEvents),
+		chans:   make(map[int]*chanWatch),
 	}
 	if cfg.log != nil {
 		l.log = *cfg.log
@@ -282,6 +288,7 @@ func (l *Loop) Stats() Stats {
 		SubmitEvents:    l.st.submitEvents.Load(),
 		Submissions:     l.st.submissions.Load(),
 		Borrowed:        l.st.borrowed.Load(),
+		Parks:           l.st.parks.Load(),
 		QueueFull:       l.st.queueFull.Load(),
 		SlowCallbacks:   l.st.slowCalls.Load(),
 		LongestCallback: time.Duration(l.st.longest.Load()),
@@ -327,7 +334,7 @@ func (l *Loop) run() {
 		now := l.mono()
 		l.now.Store(now)
 		l.cbStart = now
-		l.dispatch(n)
+		l.dispatch(l.events[:n], false)
 		l.runQueue()
 		l.runTimers(now)
 		l.runKicks()
@@ -346,7 +353,7 @@ func (l *Loop) wait() int {
 	if l.cfg.busyPoll > 0 {
 		// A caller of this loop that spins holds it (one spinner per process); the gate
 		// skips spinning while recent spins ran out of budget (SpinGate).
-		if l.holds.Load() == 0 {
+		if l.holds.Load() == 0 && l.mono()-l.released.Load() > int64(l.cfg.busyPoll) {
 			if l.spinGate.Allow() {
 				n, work, held := l.spin()
 				if !held {
@@ -377,7 +384,13 @@ func (l *Loop) wait() int {
 		}
 		l.turn.Unlock() // Exec may run a turn on its caller's thread while the loop sleeps
 	}
-	n, err := unix.EpollWait(l.epfd, l.events, timeout)
+	var n int
+	var err error
+	if timeout != 0 && l.callerPolls() {
+		n, err = 0, l.park(timeout)
+	} else {
+		n, err = unix.EpollWait(l.epfd, l.events, timeout)
+	}
 	l.state.Store(awake)
 	if timeout != 0 {
 		l.turn.Lock() // waits out a borrowed turn; the events got stay valid (fd generations)
@@ -397,6 +410,36 @@ func (l *Loop) wait() int {
 		l.st.wakeups.Add(1)
 	}
 	return n
+}
+
+// callerPolls reports whether a caller of this busy-polling loop spins now or spun within
+// the budget: it polls the epoll set itself (Poll), so the loop parks instead of waiting on
+// the set, where the kernel would wake it for every completion the caller reaps.
+func (l *Loop) callerPolls() bool {
+	return l.cfg.busyPoll > 0 && (l.holds.Load() > 0 || l.mono()-l.released.Load() < int64(l.cfg.busyPoll))
+}
+
+// park waits on the wake-up eventfd alone (a submission, Stop), for at most the busy-poll
+// budget or timeout ms (-1: none), whichever ends first; then the loop looks again, and
+// waits on its epoll set once its caller stopped polling. Between a caller's spins the
+// loop's fds wait up to the budget.
+func (l *Loop) park(timeout int) error {
+	d := l.cfg.busyPoll
+	if timeout > 0 && time.Duration(timeout)*time.Millisecond < d {
+		d = time.Duration(timeout) * time.Millisecond
+	}
+	ts := unix.NsecToTimespec(int64(d))
+	pfd := [1]unix.PollFd{{Fd: int32(l.wfd), Events: unix.POLLIN}}
+	k, err := unix.Ppoll(pfd[:], &ts, nil)
+	if err != nil {
+		return err
+	}
+	l.st.parks.Add(1)
+	if k > 0 {
+		_, _ = unix.Read(l.wfd, l.wakeBuf[:])
+		l.st.submitEvents.Add(1)
+	}
+	return nil
 }
 
 // timeout is the blocking epoll_wait timeout in ms: -1 without timers, the next deadline
@@ -464,17 +507,27 @@ func (l *Loop) spin() (n int, work, held bool) {
 func (l *Loop) HoldSpin() { l.holds.Add(1) }
 
 // ReleaseSpin ends a HoldSpin.
-func (l *Loop) ReleaseSpin() { l.holds.Add(-1) }
+func (l *Loop) ReleaseSpin() {
+	l.released.Store(l.mono())
+	l.holds.Add(-1)
+}
 
-func (l *Loop) dispatch(n int) {
-	for i := 0; i < n; i++ {
-		ev := &l.events[i]
+// dispatch hands ready events to their owners. A borrowed turn (Poll) leaves the wake-up
+// eventfd to the loop: a producer that flipped the loop awake wrote it for the loop thread
+// (still in epoll_wait), and reading it here would leave that thread asleep while producers
+// take it for awake.
+func (l *Loop) dispatch(evs []unix.EpollEvent, borrowed bool) {
+	for i := range evs {
+		ev := &evs[i]
 		e := l.fds[int(ev.Fd)]
 		if e == nil || e.gen != uint32(ev.Pad) {
 			continue // removed (or replaced) by an earlier callback of this batch
 		}
 		switch e.kind {
 		case kindWake:
+			if borrowed {
+				continue
+			}
 			_, _ = unix.Read(l.wfd, l.wakeBuf[:])
 			l.st.submitEvents.Add(1)
 		case kindUser:

@@ -92,26 +92,36 @@ func (l *Loop) Exec(f func()) error {
 	if f == nil {
 		return fmt.Errorf("reactor: exec: f: must not be nil: %w", ErrInvalid)
 	}
-	if l.state.Load() == asleep && l.turn.TryLock() {
-		if !l.stopped.Load() && l.tid.Load() != 0 {
-			l.borrow(f)
-			return nil
-		}
-		l.turn.Unlock()
+	if l.borrowTurn() {
+		l.execBorrowed(f)
+		return nil
 	}
 	return l.trySubmit(f)
 }
 
-// borrow runs one turn on the caller's thread; the caller holds l.turn.
-func (l *Loop) borrow(f func()) {
+// borrowTurn takes the loop's turn for the caller when the loop sleeps in epoll_wait and
+// nobody holds it; endBorrow gives it back.
+func (l *Loop) borrowTurn() bool {
+	if l.state.Load() != asleep || !l.turn.TryLock() {
+		return false
+	}
+	if l.stopped.Load() || l.tid.Load() == 0 {
+		l.turn.Unlock()
+		return false
+	}
 	runtime.LockOSThread()
 	l.borrower.Store(int64(unix.Gettid()))
-	defer l.endBorrow() // also when f panics and the caller recovers: the loop must go on
 	now := l.mono()
 	l.now.Store(now)
 	l.cbStart = now
 	l.st.borrowed.Add(1)
-	l.runQueue() // what was queued before f
+	return true
+}
+
+// execBorrowed is Exec's turn on the caller's thread.
+func (l *Loop) execBorrowed(f func()) {
+	defer l.endBorrow() // also when f panics and the caller recovers: the loop must go on
+	l.runQueue()        // what was queued before f
 	l.st.submissions.Add(1)
 	f()
 	l.endCallback("exec", 0)
@@ -135,4 +145,42 @@ func (l *Loop) endBorrow() {
 func (l *Loop) inBorrowedTurn() bool {
 	b := l.borrower.Load()
 	return b != 0 && int64(unix.Gettid()) == b
+}
+
+// Poll runs one loop turn that does not block on the calling goroutine, when the loop sleeps
+// in epoll_wait and its turn is free (borrowed as in Exec): the ready fds and completion
+// channels (epoll_wait with timeout 0), the queue, due timers, CQ cycles and doorbells. It
+// reports whether the turn handled anything; false also when the turn was not free. It is
+// for a caller that busy-polls for its own completion (holding HoldSpin, so that its loop
+// blocks instead of spinning): the completion is reaped and handed over on the caller's
+// thread, with no loop wake-up between. The loop thread, waiting on the same epoll set,
+// may still wake for what Poll handled; it then finds nothing to do.
+func (l *Loop) Poll() bool {
+	if !l.borrowTurn() {
+		return false
+	}
+	defer l.endBorrow()
+	now := l.now.Load()
+	work := false
+	if n, err := unix.EpollWait(l.epfd, l.pevents, 0); err == nil && n > 0 {
+		for _, ev := range l.pevents[:n] {
+			if e := l.fds[int(ev.Fd)]; e != nil && e.kind != kindWake {
+				work = true
+			}
+		}
+		l.dispatch(l.pevents[:n], true)
+	}
+	if l.runQueue() > 0 {
+		work = true
+	}
+	if len(l.timers) > 0 && l.timers[0].when <= now {
+		work = true
+		l.runTimers(now)
+	}
+	if len(l.kicks) > 0 {
+		work = true
+		l.runKicks()
+	}
+	l.flushCQs()
+	return work
 }
