@@ -304,6 +304,7 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) (result 
 		return sendErr(ErrLimit, peer, "", err, false)
 	}
 	e.spinWait(req)
+	e.waitAsLoop(req, deadline)
 	if req.state.CompareAndSwap(reqSpinning, reqSleeping) {
 		// finish signals the Waiter once it stored the result; a kick of ctx ends the
 		// wait early.
@@ -417,6 +418,25 @@ func (e *Engine) spinWait(req *sendReq) {
 	}
 	e.spinGate.Record(req.state.Load() != reqSpinning)
 }
+
+// waitAsLoop waits for req's result in its loop's epoll set, on the caller's thread, for up
+// to asLoopWait while the loop sleeps (reactor.Loop.WaitTurn): the completion wakes this
+// thread alone, instead of the loop's thread and then, through the Waiter, this one. Event
+// mode only (busy poll spins instead); longer waits, or a loop that is awake, go to the
+// Waiter.
+func (e *Engine) waitAsLoop(req *sendReq, deadline time.Time) {
+	if e.cfg.busyPoll > 0 || req.state.Load() != reqSpinning {
+		return
+	}
+	d := min(asLoopWait, time.Until(deadline))
+	if d > 0 {
+		e.loop.WaitTurn(d, req.resolvedFn)
+	}
+}
+
+// asLoopWait bounds waitAsLoop: a notify's round trip is tens of µs; a peer slower than
+// this is waited for on the Waiter, which answers a context's end at once.
+const asLoopWait = time.Millisecond
 
 // Recv returns the next received notify, waiting with ctx.
 func (e *Engine) Recv(ctx context.Context) (Notify, error) {

@@ -30,7 +30,9 @@ type sendReq struct {
 	start    time.Time   // SendNotifyAsync: when it was called
 	cb       func(error) // SendNotifyAsync: called with the result
 	runFn    func()
-	creq     ctrlchannel.SendReq
+	// resolvedFn reports whether finish has run (SendNotify's waitAsLoop). Made once.
+	resolvedFn func() bool
+	creq       ctrlchannel.SendReq
 
 	// SendNotify's hand-off: finish stores err, then moves state to reqDone; it signals w
 	// only when the caller sleeps on it (reqSleeping), and never once the caller left
@@ -51,6 +53,7 @@ const (
 func newSendReq(e *Engine) *sendReq {
 	r := &sendReq{e: e}
 	r.runFn = r.run
+	r.resolvedFn = func() bool { return r.state.Load() != reqSpinning }
 	r.creq.Done = r.onChannelDone
 	return r
 }

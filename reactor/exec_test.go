@@ -226,8 +226,8 @@ func TestPollHandlesOnCallersThread(t *testing.T) {
 			// parked loop waits on its eventfd alone, so only the caller can have.
 			if busy > 0 {
 				require.Equal(t, me, handledOn.Load(), "the event was not handled on the polling caller's thread")
+				require.Positive(t, l.Stats().Borrowed)
 			}
-			require.Positive(t, l.Stats().Borrowed)
 			// A submission after the polls still reaches the loop.
 			onLoop(t, l, func() {})
 		})
@@ -312,4 +312,81 @@ func TestPollNoLostWakeups(t *testing.T) {
 			t.Logf("borrowed %d, parks %d, submit wake-ups %d", st.Borrowed, st.Parks, st.SubmitEvents)
 		})
 	}
+}
+
+// TestWaitTurnHandlesOnCallersThread: a caller waiting as the loop gets the loop's fd events
+// on its own thread (the loop thread, waiting on its eventfd alone meanwhile, cannot take
+// them), runs due timers, and once it stops waiting the loop serves its fds again.
+func TestWaitTurnHandlesOnCallersThread(t *testing.T) {
+	l := newLoop(t)
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer closeFd(fds[1])
+	var handledOn atomic.Int64
+	got := make(chan struct{}, 4)
+	onLoop(t, l, func() {
+		require.NoError(t, l.Add(fds[0], Readable, func(Events) {
+			var b [8]byte
+			if k, _ := unix.Read(fds[0], b[:]); k <= 0 {
+				return // an event another turn already took
+			}
+			handledOn.Store(int64(unix.Gettid()))
+			got <- struct{}{}
+		}))
+	})
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	me := int64(unix.Gettid())
+	sleeping(t, l)
+	var timerOn atomic.Int64
+	calls := 0
+	done := func() bool {
+		calls++
+		if calls == 1 {
+			// In the turn: the write lands while the caller holds it, so only the
+			// caller's epoll_wait can see it. The timer is due at once.
+			l.AfterFunc(0, func() { timerOn.Store(int64(unix.Gettid())) })
+			_, _ = unix.Write(fds[1], []byte{1})
+		}
+		return handledOn.Load() != 0 && timerOn.Load() != 0
+	}
+	iterations := l.Stats().Iterations
+	require.True(t, l.WaitTurn(2*waitBound, done), "the wait ended before the event")
+	require.Equal(t, iterations, l.Stats().Iterations, "the loop thread woke for an event its waiting caller took")
+	recv(t, got)
+	require.Equal(t, me, handledOn.Load(), "the event was handled off the waiting caller's thread")
+	require.Equal(t, me, timerOn.Load(), "the timer ran off the waiting caller's thread")
+	require.False(t, l.InLoop())
+	// The loop waits on its set again.
+	handledOn.Store(0)
+	_, err = unix.Write(fds[1], []byte{2})
+	require.NoError(t, err)
+	recv(t, got)
+	require.NotEqual(t, me, handledOn.Load())
+}
+
+// TestWaitTurnGivesWayToSubmissions: a submission made while a caller waits as the loop ends
+// the wait (the eventfd is in the set), and the loop runs it; the wait's bound is far beyond
+// the test's, so a wait that did not end fails the test.
+func TestWaitTurnGivesWayToSubmissions(t *testing.T) {
+	l := newLoop(t)
+	sleeping(t, l)
+	ran := make(chan struct{})
+	first := true
+	result := make(chan bool, 1)
+	go func() {
+		result <- l.WaitTurn(3*waitBound, func() bool {
+			if first {
+				first = false
+				go func() { _ = l.Submit(func() { close(ran) }) }()
+			}
+			return false
+		})
+	}()
+	recv(t, ran)
+	require.False(t, recv(t, result))
+	// Not free: a second caller's WaitTurn answers at once while another holds the turn.
+	onLoop(t, l, func() {
+		require.False(t, l.WaitTurn(time.Hour, func() bool { return false }))
+	})
 }

@@ -130,8 +130,11 @@ type Loop struct {
 	log  zerolog.Logger
 	epfd int
 	wfd  int // wake-up eventfd
-	base time.Time
-	done chan struct{}
+	// outer is the set the loop blocks on: wfd and epfd. A caller that waits in epfd itself
+	// (WaitTurn) disarms epfd there, so that the kernel does not wake the loop as well.
+	outer int
+	base  time.Time
+	done  chan struct{}
 
 	// Shared with other goroutines.
 	q       *ring
@@ -159,6 +162,7 @@ type Loop struct {
 	gen      uint32
 	events   []unix.EpollEvent
 	pevents  []unix.EpollEvent // Poll's: the loop thread may be filling events meanwhile
+	obuf     [2]unix.EpollEvent
 	timers   timerHeap
 	timerSeq uint64
 	chans    map[int]*chanWatch
@@ -235,6 +239,11 @@ func New(opts ...Option) (*Loop, error) {
 	}
 	l.deferArm = cfg.busyPoll > 0
 	if err := l.register(wfd, Readable, &fdEntry{kind: kindWake}); err != nil {
+		_ = unix.Close(wfd)
+		_ = unix.Close(epfd)
+		return nil, err
+	}
+	if l.outer, err = newOuterSet(wfd, epfd); err != nil {
 		_ = unix.Close(wfd)
 		_ = unix.Close(epfd)
 		return nil, err
@@ -353,7 +362,7 @@ func (l *Loop) wait() int {
 	if l.cfg.busyPoll > 0 {
 		// A caller of this loop that spins holds it (one spinner per process); the gate
 		// skips spinning while recent spins ran out of budget (SpinGate).
-		if l.holds.Load() == 0 && l.mono()-l.released.Load() > int64(l.cfg.busyPoll) {
+		if !l.callerPolls() {
 			if l.spinGate.Allow() {
 				n, work, held := l.spin()
 				if !held {
@@ -388,8 +397,14 @@ func (l *Loop) wait() int {
 	var err error
 	if timeout != 0 && l.callerPolls() {
 		n, err = 0, l.park(timeout)
+	} else if timeout != 0 {
+		// Block on the outer set, then take the events from the loop's own set.
+		var k int
+		if k, err = unix.EpollWait(l.outer, l.obuf[:], timeout); err == nil && k > 0 {
+			n, err = unix.EpollWait(l.epfd, l.events, 0)
+		}
 	} else {
-		n, err = unix.EpollWait(l.epfd, l.events, timeout)
+		n, err = unix.EpollWait(l.epfd, l.events, 0)
 	}
 	l.state.Store(awake)
 	if timeout != 0 {
@@ -413,18 +428,22 @@ func (l *Loop) wait() int {
 }
 
 // callerPolls reports whether a caller of this busy-polling loop spins now or spun within
-// the budget: it polls the epoll set itself (Poll), so the loop parks instead of waiting on
-// the set, where the kernel would wake it for every completion the caller reaps.
+// the last callerWindow: it polls the epoll set itself (Poll), so the loop parks instead of
+// waiting on the set, where the kernel would wake it for every completion the caller reaps.
 func (l *Loop) callerPolls() bool {
-	return l.cfg.busyPoll > 0 && (l.holds.Load() > 0 || l.mono()-l.released.Load() < int64(l.cfg.busyPoll))
+	return l.cfg.busyPoll > 0 && (l.holds.Load() > 0 || l.mono()-l.released.Load() < int64(l.callerWindow()))
 }
 
-// park waits on the wake-up eventfd alone (a submission, Stop), for at most the busy-poll
-// budget or timeout ms (-1: none), whichever ends first; then the loop looks again, and
+// callerWindow is how long after its caller's last spin a busy-polling loop leaves the
+// polling to it (neither spins nor waits on its set): the budget, at most a millisecond.
+func (l *Loop) callerWindow() time.Duration { return min(l.cfg.busyPoll, time.Millisecond) }
+
+// park waits on the wake-up eventfd alone (a submission, Stop), for at most the caller
+// window or timeout ms (-1: none), whichever ends first; then the loop looks again, and
 // waits on its epoll set once its caller stopped polling. Between a caller's spins the
-// loop's fds wait up to the budget.
+// loop's fds wait up to the window.
 func (l *Loop) park(timeout int) error {
-	d := l.cfg.busyPoll
+	d := l.callerWindow()
 	if timeout > 0 && time.Duration(timeout)*time.Millisecond < d {
 		d = time.Duration(timeout) * time.Millisecond
 	}
@@ -604,8 +623,25 @@ func (l *Loop) shutdown() {
 		}
 	}
 	_ = unix.Close(l.wfd)
+	_ = unix.Close(l.outer)
 	_ = unix.Close(l.epfd)
 	l.fds, l.chans, l.watches, l.timers = nil, nil, nil, nil
 	l.tid.Store(0)
 	close(l.done)
+}
+
+// newOuterSet makes the set the loop blocks on: the wake-up eventfd and the loop's own set.
+func newOuterSet(wfd, epfd int) (int, error) {
+	outer, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("reactor: epoll_create1: %w", err)
+	}
+	for _, fd := range []int{wfd, epfd} {
+		ee := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
+		if err := unix.EpollCtl(outer, unix.EPOLL_CTL_ADD, fd, &ee); err != nil {
+			_ = unix.Close(outer)
+			return -1, fmt.Errorf("reactor: epoll_ctl add %d to the outer set: %w", fd, err)
+		}
+	}
+	return outer, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -183,4 +184,67 @@ func (l *Loop) Poll() bool {
 	}
 	l.flushCQs()
 	return work
+}
+
+// WaitTurn blocks the calling goroutine in the loop's epoll set, as the loop, until done
+// reports true or d passed, when the loop sleeps and its turn is free (borrowed as in Exec):
+// every fd, completion channel, timer and submission it finds is handled on this thread,
+// with the loop's doorbells flushed after each batch. Meanwhile the loop thread waits for its
+// eventfd alone, so an event wakes one thread, the caller's, instead of the loop and then the
+// caller. A submission or Stop (the eventfd) ends the wait: the loop takes over. It reports
+// done's last answer; false at once when the turn was not free. done is called in the turn.
+func (l *Loop) WaitTurn(d time.Duration, done func() bool) bool {
+	if !l.borrowTurn() {
+		return false
+	}
+	defer l.endBorrow()
+	off := unix.EpollEvent{Fd: int32(l.epfd)}
+	if unix.EpollCtl(l.outer, unix.EPOLL_CTL_MOD, l.epfd, &off) != nil {
+		return done()
+	}
+	defer l.rearmOuter()
+	end := l.mono() + int64(d)
+	for !done() {
+		now := l.mono()
+		if now >= end || l.stopped.Load() || l.state.Load() == awake {
+			// Awake: the loop thread woke as the turn was borrowed (or a producer woke it)
+			// and waits for it.
+			return false
+		}
+		ms := timeoutMillis(end - now)
+		if len(l.timers) > 0 {
+			ms = min(ms, timeoutMillis(l.timers[0].when-now))
+		}
+		n, err := unix.EpollWait(l.epfd, l.pevents, ms)
+		if ms != 0 {
+			l.st.wakeups.Add(1)
+		}
+		now = l.mono()
+		l.now.Store(now)
+		l.cbStart = now
+		if err != nil {
+			n = 0
+		}
+		handover := false
+		for _, ev := range l.pevents[:n] {
+			if e := l.fds[int(ev.Fd)]; e != nil && e.kind == kindWake {
+				handover = true
+			}
+		}
+		l.dispatch(l.pevents[:n], true)
+		l.runQueue()
+		l.runTimers(now)
+		l.runKicks()
+		l.flushCQs()
+		if handover {
+			break // a submission or Stop: the loop thread is awake for it
+		}
+	}
+	return done()
+}
+
+// rearmOuter lets the loop thread wait on its set again; what became ready meanwhile wakes it.
+func (l *Loop) rearmOuter() {
+	on := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(l.epfd)}
+	_ = unix.EpollCtl(l.outer, unix.EPOLL_CTL_MOD, l.epfd, &on)
 }
