@@ -65,10 +65,10 @@ func newStamps(n int) *stamps {
 // the sink's (the receiver's handler stamp, the echo's arrival).
 func (st *stamps) breakdown(s *sink, from int) []Hop {
 	names := []struct{ name, what string }{
-		{"submit→peer handler", "sender submit, post, wire, receiver wake-up, CQ, handler"},
-		{"peer handler→SendNotify returns", "receiver's ACK, sender wake-up, CQ, completion, caller hand-off"},
+		{"submit→peer handler", "sender's post in a borrowed turn (or a loop wake-up), wire, receiver wake-up, CQ, handler"},
+		{"peer handler→SendNotify returns", "receiver's ACK, sender wake-up (the caller waiting as the loop, or the loop then the caller), CQ, completion"},
 		{"peer handler→echo handler", "reply posted in the receiver's turn, wire, sender wake-up, CQ, handler"},
-		{"echo handler→caller resumes", "hand-off from the sender's reactor to the waiting goroutine"},
+		{"echo handler→caller resumes", "the rest of the sender's turn (the ACK of the echo written), or the hand-off to the waiting goroutine"},
 	}
 	hs := make([]*Hist, len(names))
 	for i := range hs {
