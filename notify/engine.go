@@ -93,6 +93,7 @@ type Engine struct {
 	reqPool  sync.Pool        // SendNotifyAsync
 	waitReqs waitReqPool      // SendNotify
 	spinGate reactor.SpinGate // whether SendNotify callers' busy-poll spins pay (WithBusyPoll)
+	callers  atomic.Int32     // SendNotify callers between their send and their result (waitAsLoop)
 
 	ctr engineCounters
 }
@@ -304,7 +305,10 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) (result 
 		return sendErr(ErrLimit, peer, "", err, false)
 	}
 	e.spinWait(req)
-	e.waitAsLoop(req, deadline)
+	if e.callers.Add(1) == 1 {
+		e.waitAsLoop(req, deadline)
+	}
+	e.callers.Add(-1)
 	if req.state.CompareAndSwap(reqSpinning, reqSleeping) {
 		// finish signals the Waiter once it stored the result; a kick of ctx ends the
 		// wait early.
@@ -422,8 +426,10 @@ func (e *Engine) spinWait(req *sendReq) {
 // waitAsLoop waits for req's result in its loop's epoll set, on the caller's thread, for up
 // to asLoopWait while the loop sleeps (reactor.Loop.WaitTurn): the completion wakes this
 // thread alone, instead of the loop's thread and then, through the Waiter, this one. Event
-// mode only (busy poll spins instead); longer waits, or a loop that is awake, go to the
-// Waiter.
+// mode only (busy poll spins instead), and only for a caller alone in SendNotify: with
+// several, each one's send would end another's wait (fanin, 4 engines × 16 callers in one
+// process: 11.5 k/s with the Waiter, 9.0–9.7 k/s waiting as the loop). Longer waits, or a
+// loop that is awake, go to the Waiter.
 func (e *Engine) waitAsLoop(req *sendReq, deadline time.Time) {
 	if e.cfg.busyPoll > 0 || req.state.Load() != reqSpinning {
 		return
