@@ -337,6 +337,10 @@ func TestWaitTurnHandlesOnCallersThread(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	me := int64(unix.Gettid())
+	// A first wait as the loop makes the loop block on its outer set from its next wait on.
+	sleeping(t, l)
+	require.True(t, l.WaitTurn(time.Second, func() bool { return true }))
+	onLoop(t, l, func() {})
 	sleeping(t, l)
 	var timerOn atomic.Int64
 	calls := 0

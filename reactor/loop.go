@@ -130,8 +130,9 @@ type Loop struct {
 	log  zerolog.Logger
 	epfd int
 	wfd  int // wake-up eventfd
-	// outer is the set the loop blocks on: wfd and epfd. A caller that waits in epfd itself
-	// (WaitTurn) disarms epfd there, so that the kernel does not wake the loop as well.
+	// outer is the set the loop blocks on while callers wait as the loop (WaitTurn): wfd and
+	// epfd. Such a caller disarms epfd there, so that the kernel does not wake the loop for
+	// its events. Otherwise the loop blocks on epfd itself (one epoll_wait per wake-up).
 	outer int
 	base  time.Time
 	done  chan struct{}
@@ -148,6 +149,8 @@ type Loop struct {
 	// released is when the last HoldSpin ended (ns since base): a loop whose caller spun
 	// within the budget blocks instead of spinning, leaving its turn to the caller's Exec.
 	released atomic.Int64
+	// waitTurnAt is when a WaitTurn last began (ns since base; 0: never).
+	waitTurnAt atomic.Int64
 	// turn is the right to run loop work: the loop goroutine holds it except while it blocks
 	// in epoll_wait, when Exec may borrow it (TryLock only: a borrower never waits for it).
 	turn     sync.Mutex
@@ -397,14 +400,15 @@ func (l *Loop) wait() int {
 	var err error
 	if timeout != 0 && l.callerPolls() {
 		n, err = 0, l.park(timeout)
-	} else if timeout != 0 {
-		// Block on the outer set, then take the events from the loop's own set.
+	} else if timeout != 0 && l.mono()-l.waitTurnAt.Load() < int64(outerWindow) {
+		// A caller waited as the loop lately (WaitTurn): block on the outer set, where such a
+		// caller can disarm the loop's own set, then take the events from the latter.
 		var k int
 		if k, err = unix.EpollWait(l.outer, l.obuf[:], timeout); err == nil && k > 0 {
 			n, err = unix.EpollWait(l.epfd, l.events, 0)
 		}
 	} else {
-		n, err = unix.EpollWait(l.epfd, l.events, 0)
+		n, err = unix.EpollWait(l.epfd, l.events, timeout)
 	}
 	l.state.Store(awake)
 	if timeout != 0 {
@@ -629,6 +633,11 @@ func (l *Loop) shutdown() {
 	l.tid.Store(0)
 	close(l.done)
 }
+
+// outerWindow is how long after a WaitTurn the loop keeps blocking on its outer set. A
+// caller that waits as the loop while the loop blocks on its own set is still right, but
+// both threads wake for its events until the loop's next wait.
+const outerWindow = 100 * time.Millisecond
 
 // newOuterSet makes the set the loop blocks on: the wake-up eventfd and the loop's own set.
 func newOuterSet(wfd, epfd int) (int, error) {

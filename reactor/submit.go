@@ -198,6 +198,7 @@ func (l *Loop) WaitTurn(d time.Duration, done func() bool) bool {
 		return false
 	}
 	defer l.endBorrow()
+	l.waitTurnAt.Store(max(l.now.Load(), 1))
 	off := unix.EpollEvent{Fd: int32(l.epfd)}
 	if unix.EpollCtl(l.outer, unix.EPOLL_CTL_MOD, l.epfd, &off) != nil {
 		return done()
