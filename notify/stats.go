@@ -222,7 +222,6 @@ type ReactorStats struct {
 	SubmitEvents    uint64        // wake-ups by a submission
 	Submissions     uint64        // submitted funcs run
 	Borrowed        uint64        // turns run on a caller's thread while the loop slept (reactor.Loop.Exec, Poll)
-	Parks           uint64        // busy poll: the loop waited on its eventfd alone while a caller polled
 	QueueFull       uint64        // submissions refused: queue full
 	SlowCallbacks   uint64        // callbacks over the slow threshold
 	LongestCallback time.Duration // longest single callback
@@ -233,7 +232,7 @@ func reactorStatsOf(s reactor.Stats) ReactorStats {
 	return ReactorStats{
 		Iterations: s.Iterations, Wakeups: s.Wakeups, Interrupts: s.Interrupts, BusyPolls: s.BusyPolls, SpinsSkipped: s.SpinsSkipped,
 		FdEvents: s.FdEvents, CQEvents: s.CQEvents, WCs: s.WCs, TimerEvents: s.TimerEvents,
-		SubmitEvents: s.SubmitEvents, Submissions: s.Submissions, Borrowed: s.Borrowed, Parks: s.Parks, QueueFull: s.QueueFull,
+		SubmitEvents: s.SubmitEvents, Submissions: s.Submissions, Borrowed: s.Borrowed, QueueFull: s.QueueFull,
 		SlowCallbacks: s.SlowCallbacks, LongestCallback: s.LongestCallback, Busy: s.Busy,
 	}
 }

@@ -101,7 +101,6 @@ type Stats struct {
 	SubmitEvents    uint64        // wake-ups through the submission eventfd
 	Submissions     uint64        // submitted funcs run (Exec's included)
 	Borrowed        uint64        // turns run on a caller's thread while the loop slept (Exec, Poll)
-	Parks           uint64        // busy poll: waits on the eventfd alone while a caller polled (Poll)
 	QueueFull       uint64        // submissions refused with ErrQueueFull
 	SlowCallbacks   uint64        // callbacks over the WithSlowCallback threshold
 	LongestCallback time.Duration // longest single callback (handler, timer, func, CQ cycle)
@@ -113,7 +112,7 @@ type counters struct {
 	spinSkips                                       atomic.Uint64
 	fdEvents, cqEvents, wcs, timerEvents            atomic.Uint64
 	submitEvents, submissions, queueFull, slowCalls atomic.Uint64
-	borrowed, parks                                 atomic.Uint64
+	borrowed                                        atomic.Uint64
 	longest, busy                                   atomic.Int64
 }
 
@@ -151,6 +150,8 @@ type Loop struct {
 	released atomic.Int64
 	// waitTurnAt is when a WaitTurn last began (ns since base; 0: never).
 	waitTurnAt atomic.Int64
+	holdMu     sync.Mutex // orders HoldSpin, ReleaseSpin and WaitTurn's arming of the outer set
+	blinds     int        // callers watching the loop's set for it (blind); holdMu
 	// turn is the right to run loop work: the loop goroutine holds it except while it blocks
 	// in epoll_wait, when Exec may borrow it (TryLock only: a borrower never waits for it).
 	turn     sync.Mutex
@@ -300,7 +301,6 @@ func (l *Loop) Stats() Stats {
 		SubmitEvents:    l.st.submitEvents.Load(),
 		Submissions:     l.st.submissions.Load(),
 		Borrowed:        l.st.borrowed.Load(),
-		Parks:           l.st.parks.Load(),
 		QueueFull:       l.st.queueFull.Load(),
 		SlowCallbacks:   l.st.slowCalls.Load(),
 		LongestCallback: time.Duration(l.st.longest.Load()),
@@ -398,11 +398,9 @@ func (l *Loop) wait() int {
 	}
 	var n int
 	var err error
-	if timeout != 0 && l.callerPolls() {
-		n, err = 0, l.park(timeout)
-	} else if timeout != 0 && l.mono()-l.waitTurnAt.Load() < int64(outerWindow) {
-		// A caller waited as the loop lately (WaitTurn): block on the outer set, where such a
-		// caller can disarm the loop's own set, then take the events from the latter.
+	if timeout != 0 && (l.cfg.busyPoll > 0 || l.mono()-l.waitTurnAt.Load() < int64(outerWindow)) {
+		// Callers may poll or wait as the loop (Poll, WaitTurn): block on the outer set,
+		// where such a caller disarms the loop's own set, then take the events from the latter.
 		var k int
 		if k, err = unix.EpollWait(l.outer, l.obuf[:], timeout); err == nil && k > 0 {
 			n, err = unix.EpollWait(l.epfd, l.events, 0)
@@ -432,38 +430,14 @@ func (l *Loop) wait() int {
 }
 
 // callerPolls reports whether a caller of this busy-polling loop spins now or spun within
-// the last callerWindow: it polls the epoll set itself (Poll), so the loop parks instead of
-// waiting on the set, where the kernel would wake it for every completion the caller reaps.
+// the last callerWindow: the loop leaves the polling to it and does not spin.
 func (l *Loop) callerPolls() bool {
 	return l.cfg.busyPoll > 0 && (l.holds.Load() > 0 || l.mono()-l.released.Load() < int64(l.callerWindow()))
 }
 
 // callerWindow is how long after its caller's last spin a busy-polling loop leaves the
-// polling to it (neither spins nor waits on its set): the budget, at most a millisecond.
+// polling to it (blocks instead of spinning): the budget, at most a millisecond.
 func (l *Loop) callerWindow() time.Duration { return min(l.cfg.busyPoll, time.Millisecond) }
-
-// park waits on the wake-up eventfd alone (a submission, Stop), for at most the caller
-// window or timeout ms (-1: none), whichever ends first; then the loop looks again, and
-// waits on its epoll set once its caller stopped polling. Between a caller's spins the
-// loop's fds wait up to the window.
-func (l *Loop) park(timeout int) error {
-	d := l.callerWindow()
-	if timeout > 0 && time.Duration(timeout)*time.Millisecond < d {
-		d = time.Duration(timeout) * time.Millisecond
-	}
-	ts := unix.NsecToTimespec(int64(d))
-	pfd := [1]unix.PollFd{{Fd: int32(l.wfd), Events: unix.POLLIN}}
-	k, err := unix.Ppoll(pfd[:], &ts, nil)
-	if err != nil {
-		return err
-	}
-	l.st.parks.Add(1)
-	if k > 0 {
-		_, _ = unix.Read(l.wfd, l.wakeBuf[:])
-		l.st.submitEvents.Add(1)
-	}
-	return nil
-}
 
 // timeout is the blocking epoll_wait timeout in ms: -1 without timers, the next deadline
 // rounded up otherwise, 0 when work is pending.
@@ -524,21 +498,46 @@ func (l *Loop) spin() (n int, work, held bool) {
 	}
 }
 
-// HoldSpin makes a busy-polling loop block in epoll_wait instead of spinning until the
-// matching ReleaseSpin: for a caller that spins on its own completion, so that the process
-// spins in one place. Safe from any goroutine; allocation-free.
-func (l *Loop) HoldSpin() { l.holds.Add(1) }
+// HoldSpin makes a busy-polling loop block instead of spinning until the matching
+// ReleaseSpin: for a caller that spins on its own completion, so that the process spins in
+// one place. The holder polls the loop (Poll) while it spins: meanwhile the loop's own set is
+// disarmed in the outer set the loop blocks on, so the kernel does not wake the loop for the
+// completions the caller reaps (the loop still wakes for submissions, Stop and its timers).
+// Safe from any goroutine; allocation-free. Without busy poll it only counts.
+func (l *Loop) HoldSpin() {
+	l.holdMu.Lock()
+	if l.holds.Add(1) == 1 && l.cfg.busyPoll > 0 {
+		l.blind(+1)
+	}
+	l.holdMu.Unlock()
+}
 
 // ReleaseSpin ends a HoldSpin.
 func (l *Loop) ReleaseSpin() {
+	l.holdMu.Lock()
 	l.released.Store(l.mono())
-	l.holds.Add(-1)
+	if l.holds.Add(-1) == 0 && l.cfg.busyPoll > 0 {
+		l.blind(-1)
+	}
+	l.holdMu.Unlock()
 }
 
-// dispatch hands ready events to their owners. A borrowed turn (Poll) leaves the wake-up
-// eventfd to the loop: a producer that flipped the loop awake wrote it for the loop thread
-// (still in epoll_wait), and reading it here would leave that thread asleep while producers
-// take it for awake.
+// blind counts the callers that watch the loop's set for it (a spin holder that polls, a
+// WaitTurn): the first disarms the set in the outer set the loop blocks on, the last arms it
+// again (what became ready meanwhile then wakes the loop). Callers hold holdMu.
+func (l *Loop) blind(d int) {
+	l.blinds += d
+	ev := unix.EpollEvent{Fd: int32(l.epfd)}
+	switch {
+	case d > 0 && l.blinds == 1:
+	case d < 0 && l.blinds == 0:
+		ev.Events = unix.EPOLLIN
+	default:
+		return
+	}
+	_ = unix.EpollCtl(l.outer, unix.EPOLL_CTL_MOD, l.epfd, &ev)
+}
+
 func (l *Loop) dispatch(evs []unix.EpollEvent, borrowed bool) {
 	for i := range evs {
 		ev := &evs[i]

@@ -199,11 +199,10 @@ func (l *Loop) WaitTurn(d time.Duration, done func() bool) bool {
 	}
 	defer l.endBorrow()
 	l.waitTurnAt.Store(max(l.now.Load(), 1))
-	off := unix.EpollEvent{Fd: int32(l.epfd)}
-	if unix.EpollCtl(l.outer, unix.EPOLL_CTL_MOD, l.epfd, &off) != nil {
-		return done()
-	}
-	defer l.rearmOuter()
+	l.holdMu.Lock()
+	l.blind(+1)
+	l.holdMu.Unlock()
+	defer l.unblind()
 	end := l.mono() + int64(d)
 	for !done() {
 		now := l.mono()
@@ -244,8 +243,9 @@ func (l *Loop) WaitTurn(d time.Duration, done func() bool) bool {
 	return done()
 }
 
-// rearmOuter lets the loop thread wait on its set again; what became ready meanwhile wakes it.
-func (l *Loop) rearmOuter() {
-	on := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(l.epfd)}
-	_ = unix.EpollCtl(l.outer, unix.EPOLL_CTL_MOD, l.epfd, &on)
+// unblind ends WaitTurn's watch of the loop's set.
+func (l *Loop) unblind() {
+	l.holdMu.Lock()
+	l.blind(-1)
+	l.holdMu.Unlock()
 }
