@@ -288,6 +288,12 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) (result 
 	}
 	req.prepare(peer, n, deadline, nil)
 	req.state.Store(reqSpinning)
+	// Busy poll: hold the loop's spin before the send, so that the loop blocks (its turn free
+	// for the send below) and leaves its set to this caller before the completion can come.
+	spin := e.cfg.busyPoll > 0 && e.spinGate.Allow()
+	if spin {
+		e.loop.HoldSpin()
+	}
 	// While the loop sleeps, the caller runs the send in a turn borrowed from it (Exec): the
 	// notify leaves from this thread, with no eventfd write and no loop wake-up.
 	err = e.loop.Exec(req.runFn)
@@ -295,6 +301,9 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) (result 
 		err = e.loop.SubmitWait(ctx, req.runFn)
 	}
 	if err != nil {
+		if spin {
+			e.loop.ReleaseSpin()
+		}
 		e.waitReqs.put(req)
 		if errors.Is(err, reactor.ErrStopped) {
 			return sendErr(ErrClosed, peer, "", nil, false)
@@ -304,7 +313,9 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) (result 
 		}
 		return sendErr(ErrLimit, peer, "", err, false)
 	}
-	e.spinWait(req)
+	if spin {
+		e.spinWait(req)
+	}
 	if e.callers.Add(1) == 1 {
 		e.waitAsLoop(req, deadline)
 	}
@@ -393,7 +404,8 @@ func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) (err e
 
 // spinWait spins on req's state for up to the busy-poll budget, polling the loop's fds and
 // CQs in turns borrowed from it (reactor.Loop.Poll), so that the completion is reaped on the
-// caller's thread without a wake-up; off (the default) it returns at once.
+// caller's thread without a wake-up. SendNotify calls it with the spin held (HoldSpin, before
+// its send) when busy poll is on and the gate allows; it releases the spin.
 //
 // Busy poll spins in one place per engine: while a caller spins, its loop blocks in
 // epoll_wait instead of spinning (HoldSpin), and the loop spins only when no caller does
@@ -407,11 +419,7 @@ func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) (err e
 // half their recent spins saw the completion in time (reactor.SpinGate), so a round trip
 // longer than the budget falls back to event mode instead of slowing it down.
 func (e *Engine) spinWait(req *sendReq) {
-	if e.cfg.busyPoll <= 0 || !e.spinGate.Allow() {
-		return
-	}
-	e.loop.HoldSpin()
-	defer e.loop.ReleaseSpin()
+	defer e.loop.ReleaseSpin() // held by SendNotify before the send
 	deadline := time.Now().Add(e.cfg.busyPoll)
 	for req.state.Load() == reqSpinning && time.Now().Before(deadline) {
 		// The caller polls its loop's fds and CQs itself (a turn borrowed while the loop
