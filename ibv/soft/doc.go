@@ -35,7 +35,10 @@
 // without blocking, place the SENDs, answer them (one cumulative ACK per QP per batch) and
 // push the CQEs; an event raised during GetEvent's own progress costs no eventfd write. A
 // reactor asleep on the channel thus wakes once per batch of packets, and the packets are
-// handled on its thread: no NIC thread wakes between the wire and the CQ.
+// handled on its thread: no NIC thread wakes between the wire and the CQ. With the reactor's
+// borrowed turns (reactor.Loop.Exec, Poll, WaitTurn) that thread is whichever runs the
+// loop's turn: the loop's own, or a SendNotify caller's that waits as the loop, so a reply
+// wakes the caller directly, as a reply to a blocking read wakes its reader.
 //
 // Doorbells. A consumer that calls its CQ's Flush once per turn (reactor.Flusher: the
 // reactor does, at the end of every loop iteration) gets its device's writes deferred to
