@@ -5,8 +5,10 @@
 // for handshakes and, optionally, fallback).
 //
 // The engine owns one reactor loop, one OOB node and, for rdma_twosided, one device context.
-// Every peer's state lives on the loop goroutine; callers' goroutines only submit requests
-// and wait for their replies, bounded by their context.
+// Every peer's state lives in the loop's turn; callers' goroutines only submit requests and
+// wait for their replies, bounded by their context. A SendNotify caller may borrow the turn
+// while the loop sleeps, to send and to wait for its reply as the loop (reactor.Loop.Exec,
+// WaitTurn): one thread at a time does the loop's work, whichever it is.
 //
 // Delivery contract: SendNotify returns nil only once the notify was delivered (the SEND
 // completed, or the OOB peer replied success). Per-peer FIFO; the receiver drops duplicates
