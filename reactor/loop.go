@@ -132,7 +132,7 @@ type Loop struct {
 	// outer is the set the loop blocks on while callers wait as the loop (WaitTurn): wfd and
 	// epfd. Such a caller disarms epfd there, so that the kernel does not wake the loop for
 	// its events. Otherwise the loop blocks on epfd itself (one epoll_wait per wake-up).
-	outer int
+	outer int // -1 once closed (under holdMu)
 	base  time.Time
 	done  chan struct{}
 
@@ -527,6 +527,9 @@ func (l *Loop) ReleaseSpin() {
 // again (what became ready meanwhile then wakes the loop). Callers hold holdMu.
 func (l *Loop) blind(d int) {
 	l.blinds += d
+	if l.outer < 0 {
+		return // the loop has stopped and closed its sets
+	}
 	ev := unix.EpollEvent{Fd: int32(l.epfd)}
 	switch {
 	case d > 0 && l.blinds == 1:
@@ -626,7 +629,10 @@ func (l *Loop) shutdown() {
 		}
 	}
 	_ = unix.Close(l.wfd)
+	l.holdMu.Lock() // a HoldSpin or ReleaseSpin (any goroutine) may be arming the outer set
 	_ = unix.Close(l.outer)
+	l.outer = -1
+	l.holdMu.Unlock()
 	_ = unix.Close(l.epfd)
 	l.fds, l.chans, l.watches, l.timers = nil, nil, nil, nil
 	l.tid.Store(0)
