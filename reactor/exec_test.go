@@ -108,6 +108,22 @@ func TestExecTimerWakesLoop(t *testing.T) {
 	recv(t, second)
 }
 
+// submitRetry runs f by Exec (exec) or Submit, trying again while the queue is full.
+func submitRetry(l *Loop, f func(), exec bool) error {
+	for {
+		var err error
+		if exec {
+			err = l.Exec(f)
+		} else {
+			err = l.Submit(f)
+		}
+		if err != ErrQueueFull {
+			return err
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // TestExecOrderPerProducer: a producer mixing Exec and Submit, with others doing the same,
 // sees its funcs run in its order, each exactly once, whether each ran borrowed or queued.
 func TestExecOrderPerProducer(t *testing.T) {
@@ -128,17 +144,7 @@ func TestExecOrderPerProducer(t *testing.T) {
 					last[p] = i
 					ran.Add(1)
 				}
-				var err error
-				if i%3 == 0 {
-					err = l.Submit(f)
-				} else {
-					err = l.Exec(f)
-				}
-				for err == ErrQueueFull {
-					time.Sleep(time.Millisecond)
-					err = l.Exec(f)
-				}
-				if err != nil {
+				if err := submitRetry(l, f, i%3 != 0); err != nil {
 					bad.Add(1)
 					return
 				}
@@ -269,17 +275,7 @@ func TestPollNoLostWakeups(t *testing.T) {
 					defer wg.Done()
 					for i := range each {
 						f := func() { ran.Add(1) }
-						var err error
-						if (i+p)%2 == 0 {
-							err = l.Exec(f)
-						} else {
-							err = l.Submit(f)
-						}
-						for err == ErrQueueFull {
-							time.Sleep(time.Millisecond)
-							err = l.Submit(f)
-						}
-						if err != nil {
+						if submitRetry(l, f, (i+p)%2 == 0) != nil {
 							return
 						}
 					}
