@@ -388,3 +388,51 @@ func TestWaitTurnGivesWayToSubmissions(t *testing.T) {
 		require.False(t, l.WaitTurn(time.Hour, func() bool { return false }))
 	})
 }
+
+// TestExecWaitSendsAndWaitsInOneTurn: ExecWait runs f and then waits, in one borrowed turn
+// with the loop's set disarmed before f: an answer to what f did (here a write that makes the
+// loop's fd readable) is handled on the caller's thread and the loop thread never wakes.
+// From a loop callback the turn is the loop's: f is queued and nothing waits.
+func TestExecWaitSendsAndWaitsInOneTurn(t *testing.T) {
+	l := newLoop(t)
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer closeFd(fds[1])
+	var handledOn atomic.Int64
+	onLoop(t, l, func() {
+		require.NoError(t, l.Add(fds[0], Readable, func(Events) {
+			var b [8]byte
+			if k, _ := unix.Read(fds[0], b[:]); k > 0 {
+				handledOn.Store(int64(unix.Gettid()))
+			}
+		}))
+	})
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	me := int64(unix.Gettid())
+	// Any wait as the loop makes the loop block on its outer set from its next wait on.
+	sleeping(t, l)
+	require.True(t, l.WaitTurn(time.Second, func() bool { return true }))
+	onLoop(t, l, func() {})
+	sleeping(t, l)
+	iterations := l.Stats().Iterations
+	sent := false
+	borrowed, err := l.ExecWait(func() {
+		sent = l.InLoop()
+		_, _ = unix.Write(fds[1], []byte{1})
+	}, 2*waitBound, func() bool { return handledOn.Load() != 0 })
+	require.NoError(t, err)
+	require.True(t, borrowed)
+	require.True(t, sent, "f ran off the borrowed turn")
+	require.Equal(t, me, handledOn.Load(), "the answer was handled off the waiting caller's thread")
+	require.Equal(t, iterations, l.Stats().Iterations, "the loop thread woke for the answer")
+	ran := make(chan struct{})
+	onLoop(t, l, func() {
+		b, err := l.ExecWait(func() { close(ran) }, time.Hour, func() bool { return false })
+		require.NoError(t, err)
+		require.False(t, b)
+	})
+	recv(t, ran)
+	_, err = l.ExecWait(nil, 0, nil)
+	require.ErrorIs(t, err, ErrInvalid)
+}

@@ -122,7 +122,13 @@ func (l *Loop) borrowTurn() bool {
 // execBorrowed is Exec's turn on the caller's thread.
 func (l *Loop) execBorrowed(f func()) {
 	defer l.endBorrow() // also when f panics and the caller recovers: the loop must go on
-	l.runQueue()        // what was queued before f
+	l.runBorrowed(f)
+}
+
+// runBorrowed runs f in a borrowed turn with what was queued before it and what it
+// submits, then ends the turn's batch (CQ cycles, doorbells).
+func (l *Loop) runBorrowed(f func()) {
+	l.runQueue() // what was queued before f
 	l.st.submissions.Add(1)
 	f()
 	l.endCallback("exec", 0)
@@ -198,11 +204,42 @@ func (l *Loop) WaitTurn(d time.Duration, done func() bool) bool {
 		return false
 	}
 	defer l.endBorrow()
+	l.blindForWait()
+	defer l.unblind()
+	return l.waitBorrowed(d, done)
+}
+
+// ExecWait is Exec and then, when f ran in a borrowed turn, WaitTurn's wait in that same
+// turn (at most d, until done): one borrow for a send and the wait for its answer, and the
+// loop's set is disarmed before f runs, so an answer that comes while f still runs wakes no
+// loop thread either. When the turn is not free, f is queued as Submit would (borrowed false,
+// no wait). done is called in the turn.
+func (l *Loop) ExecWait(f func(), d time.Duration, done func() bool) (borrowed bool, err error) {
+	if f == nil {
+		return false, fmt.Errorf("reactor: exec wait: f: must not be nil: %w", ErrInvalid)
+	}
+	if !l.borrowTurn() {
+		return false, l.trySubmit(f)
+	}
+	defer l.endBorrow()
+	l.blindForWait()
+	defer l.unblind()
+	l.runBorrowed(f)
+	l.waitBorrowed(d, done)
+	return true, nil
+}
+
+// blindForWait starts a wait as the loop: the loop's set is disarmed in the outer set.
+func (l *Loop) blindForWait() {
 	l.waitTurnAt.Store(max(l.now.Load(), 1))
 	l.holdMu.Lock()
 	l.blind(+1)
 	l.holdMu.Unlock()
-	defer l.unblind()
+}
+
+// waitBorrowed is the wait of WaitTurn and ExecWait, in a borrowed turn with the loop's set
+// disarmed: it reports done's last answer.
+func (l *Loop) waitBorrowed(d time.Duration, done func() bool) bool {
 	end := l.mono() + int64(d)
 	for !done() {
 		now := l.mono()
