@@ -96,6 +96,7 @@ type Engine struct {
 	waitReqs waitReqPool      // SendNotify
 	spinGate reactor.SpinGate // whether SendNotify callers' busy-poll spins pay (WithBusyPoll)
 	callers  atomic.Int32     // SendNotify callers between their send and their result (waitAsLoop)
+	modeGate modeGate         // busy poll: whether SendNotify spins or waits as in event mode
 
 	ctr engineCounters
 }
@@ -292,13 +293,19 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) (result 
 	req.state.Store(reqSpinning)
 	// Busy poll: hold the loop's spin before the send, so that the loop blocks (its turn free
 	// for the send below) and leaves its set to this caller before the completion can come.
-	spin := e.cfg.busyPoll > 0 && e.spinGate.Allow()
-	if spin {
+	// The caller then spins, or, when modeGate finds event mode faster here (busy poll can
+	// be slower on a small machine shared with the peer), waits as in event mode, the loop
+	// still held from spinning for it.
+	busy := e.cfg.busyPoll > 0
+	spin := busy && e.modeGate.spin() && e.spinGate.Allow()
+	var start time.Time
+	if busy {
+		start = time.Now()
 		e.loop.HoldSpin()
 	}
 	// While the loop sleeps, the caller runs the send in a turn borrowed from it: the notify
 	// leaves from this thread, with no eventfd write and no loop wake-up. A caller alone in
-	// SendNotify, in event mode, then waits for the result in that same turn (ExecWait; see
+	// SendNotify, not spinning, then waits for the result in that same turn (ExecWait; see
 	// waitAsLoop).
 	alone := e.callers.Add(1) == 1
 	waited := false
@@ -312,7 +319,7 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) (result 
 	}
 	if err != nil {
 		e.callers.Add(-1)
-		if spin {
+		if busy {
 			e.loop.ReleaseSpin()
 		}
 		e.waitReqs.put(req)
@@ -324,9 +331,14 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) (result 
 		}
 		return sendErr(ErrLimit, peer, "", err, false)
 	}
-	if spin {
-		e.spinWait(req)
-	} else if alone && !waited {
+	switch {
+	case spin:
+		e.spinWait(req) // releases the spin
+	case busy:
+		// The held loop does not watch its set: give it back before any longer wait.
+		e.loop.ReleaseSpin()
+	}
+	if !spin && alone && !waited {
 		e.waitAsLoop(req, deadline) // the send was queued (the loop was awake)
 	}
 	e.callers.Add(-1) // a caller left to its Waiter does not keep others from waiting as the loop
@@ -339,6 +351,9 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) (result 
 	}
 	err = req.err
 	e.waitReqs.put(req)
+	if busy && err == nil {
+		e.modeGate.record(spin, time.Since(start))
+	}
 	return err
 }
 
@@ -444,13 +459,13 @@ func (e *Engine) spinWait(req *sendReq) {
 // waitAsLoop waits for req's result in its loop's epoll set, on the caller's thread, for up
 // to asLoopWait while the loop sleeps (reactor.Loop.WaitTurn; ExecWait when the send itself
 // borrowed the turn): the completion wakes this thread alone, instead of the loop's thread
-// and then, through the Waiter, this one. Event mode only (busy poll spins instead), and
-// only for a caller alone in SendNotify: with
+// and then, through the Waiter, this one. Not for a caller that spins (busy poll, when
+// modeGate finds it faster), and only for a caller alone in SendNotify: with
 // several, each one's send would end another's wait (fanin, 4 engines × 16 callers in one
 // process: 11.5 k/s with the Waiter, 9.0–9.7 k/s waiting as the loop). Longer waits, or a
 // loop that is awake, go to the Waiter.
 func (e *Engine) waitAsLoop(req *sendReq, deadline time.Time) {
-	if e.cfg.busyPoll > 0 || req.state.Load() != reqSpinning {
+	if req.state.Load() != reqSpinning {
 		return
 	}
 	d := min(asLoopWait, time.Until(deadline))
