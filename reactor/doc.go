@@ -20,7 +20,8 @@
 // thread, locked to it for the turn, with InLoop true: Exec runs a submitted func at once
 // (no eventfd write, no loop wake-up), Poll runs one turn that does not block (a busy-polling
 // caller reaps its own completion), WaitTurn blocks in the loop's epoll set as the loop (an
-// event wakes the waiting caller's thread, not the loop's and then the caller's). Exactly one
+// event wakes the waiting caller's thread, not the loop's and then the caller's), ExecWait
+// does Exec and then WaitTurn's wait in one turn (a send and the wait for its answer). Exactly one
 // thread does loop work at any time, as before; what changes is which. A borrowed turn leaves
 // the wake-up eventfd to the loop, flushes the doorbells before it ends, and wakes the loop
 // when it left work (a func queued meanwhile, a timer earlier than the loop's sleep). The
