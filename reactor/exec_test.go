@@ -308,34 +308,52 @@ func TestPollNoLostWakeups(t *testing.T) {
 	}
 }
 
-// TestWaitTurnHandlesOnCallersThread: a caller waiting as the loop gets the loop's fd events
-// on its own thread (the loop thread, waiting on its eventfd alone meanwhile, cannot take
-// them), runs due timers, and once it stops waiting the loop serves its fds again.
-func TestWaitTurnHandlesOnCallersThread(t *testing.T) {
-	l := newLoop(t)
+// watchedPair adds one end of a socket pair to the loop; its handler records the thread that
+// read a byte and signals got. It returns the other end, to write to (closed at cleanup).
+func watchedPair(t *testing.T, l *Loop) (peer int, handledOn *atomic.Int64, got chan struct{}) {
+	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	require.NoError(t, err)
-	defer closeFd(fds[1])
-	var handledOn atomic.Int64
-	got := make(chan struct{}, 4)
+	t.Cleanup(func() { closeFd(fds[1]) })
+	handledOn, got = new(atomic.Int64), make(chan struct{}, 4)
 	onLoop(t, l, func() {
 		require.NoError(t, l.Add(fds[0], Readable, func(Events) {
 			var b [8]byte
 			if k, _ := unix.Read(fds[0], b[:]); k <= 0 {
-				return // an event another turn already took
+				return // an event another turn already took, or the peer's close
 			}
 			handledOn.Store(int64(unix.Gettid()))
-			got <- struct{}{}
+			select {
+			case got <- struct{}{}:
+			default:
+			}
 		}))
 	})
+	return fds[1], handledOn, got
+}
+
+// outerFixture is a loop with a watchedPair, asleep on its outer set (a first wait as the
+// loop makes it block there from its next wait on), and the test goroutine locked to its
+// thread, whose id is me.
+func outerFixture(t *testing.T) (l *Loop, peer int, handledOn *atomic.Int64, got chan struct{}, me int64) {
+	t.Helper()
+	l = newLoop(t)
+	peer, handledOn, got = watchedPair(t, l)
 	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	me := int64(unix.Gettid())
-	// A first wait as the loop makes the loop block on its outer set from its next wait on.
+	t.Cleanup(runtime.UnlockOSThread)
+	me = int64(unix.Gettid())
 	sleeping(t, l)
 	require.True(t, l.WaitTurn(time.Second, func() bool { return true }))
 	onLoop(t, l, func() {})
 	sleeping(t, l)
+	return l, peer, handledOn, got, me
+}
+
+// TestWaitTurnHandlesOnCallersThread: a caller waiting as the loop gets the loop's fd events
+// on its own thread (the loop thread, waiting on its eventfd alone meanwhile, cannot take
+// them), runs due timers, and once it stops waiting the loop serves its fds again.
+func TestWaitTurnHandlesOnCallersThread(t *testing.T) {
+	l, peer, handledOn, got, me := outerFixture(t)
 	var timerOn atomic.Int64
 	calls := 0
 	done := func() bool {
@@ -344,7 +362,7 @@ func TestWaitTurnHandlesOnCallersThread(t *testing.T) {
 			// In the turn: the write lands while the caller holds it, so only the
 			// caller's epoll_wait can see it. The timer is due at once.
 			l.AfterFunc(0, func() { timerOn.Store(int64(unix.Gettid())) })
-			_, _ = unix.Write(fds[1], []byte{1})
+			_, _ = unix.Write(peer, []byte{1})
 		}
 		return handledOn.Load() != 0 && timerOn.Load() != 0
 	}
@@ -357,7 +375,7 @@ func TestWaitTurnHandlesOnCallersThread(t *testing.T) {
 	require.False(t, l.InLoop())
 	// The loop waits on its set again.
 	handledOn.Store(0)
-	_, err = unix.Write(fds[1], []byte{2})
+	_, err := unix.Write(peer, []byte{2})
 	require.NoError(t, err)
 	recv(t, got)
 	require.NotEqual(t, me, handledOn.Load())
@@ -394,32 +412,12 @@ func TestWaitTurnGivesWayToSubmissions(t *testing.T) {
 // loop's fd readable) is handled on the caller's thread and the loop thread never wakes.
 // From a loop callback the turn is the loop's: f is queued and nothing waits.
 func TestExecWaitSendsAndWaitsInOneTurn(t *testing.T) {
-	l := newLoop(t)
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
-	require.NoError(t, err)
-	defer closeFd(fds[1])
-	var handledOn atomic.Int64
-	onLoop(t, l, func() {
-		require.NoError(t, l.Add(fds[0], Readable, func(Events) {
-			var b [8]byte
-			if k, _ := unix.Read(fds[0], b[:]); k > 0 {
-				handledOn.Store(int64(unix.Gettid()))
-			}
-		}))
-	})
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	me := int64(unix.Gettid())
-	// Any wait as the loop makes the loop block on its outer set from its next wait on.
-	sleeping(t, l)
-	require.True(t, l.WaitTurn(time.Second, func() bool { return true }))
-	onLoop(t, l, func() {})
-	sleeping(t, l)
+	l, peer, handledOn, _, me := outerFixture(t)
 	iterations := l.Stats().Iterations
 	sent := false
 	borrowed, err := l.ExecWait(func() {
 		sent = l.InLoop()
-		_, _ = unix.Write(fds[1], []byte{1})
+		_, _ = unix.Write(peer, []byte{1})
 	}, 2*waitBound, func() bool { return handledOn.Load() != 0 })
 	require.NoError(t, err)
 	require.True(t, borrowed)
