@@ -221,7 +221,7 @@ type ReactorStats struct {
 	TimerEvents     uint64        // timers fired
 	SubmitEvents    uint64        // wake-ups by a submission
 	Submissions     uint64        // submitted funcs run
-	Borrowed        uint64        // turns run on a caller's thread while the loop slept (reactor.Loop.Exec, Poll)
+	Borrowed        uint64        // turns run on a caller's thread while the loop slept (reactor.Loop.Exec, ExecWait, Poll, WaitTurn)
 	QueueFull       uint64        // submissions refused: queue full
 	SlowCallbacks   uint64        // callbacks over the slow threshold
 	LongestCallback time.Duration // longest single callback

@@ -100,7 +100,7 @@ type Stats struct {
 	TimerEvents     uint64        // timers fired
 	SubmitEvents    uint64        // wake-ups through the submission eventfd
 	Submissions     uint64        // submitted funcs run (Exec's included)
-	Borrowed        uint64        // turns run on a caller's thread while the loop slept (Exec, Poll)
+	Borrowed        uint64        // turns run on a caller's thread while the loop slept (Exec, ExecWait, Poll, WaitTurn)
 	QueueFull       uint64        // submissions refused with ErrQueueFull
 	SlowCallbacks   uint64        // callbacks over the WithSlowCallback threshold
 	LongestCallback time.Duration // longest single callback (handler, timer, func, CQ cycle)
@@ -155,7 +155,7 @@ type Loop struct {
 	// turn is the right to run loop work: the loop goroutine holds it except while it blocks
 	// in epoll_wait, when Exec may borrow it (TryLock only: a borrower never waits for it).
 	turn     sync.Mutex
-	borrower atomic.Int64 // the OS thread id of the goroutine running Exec's turn; 0 when none
+	borrower atomic.Int64 // the OS thread id of the goroutine running a borrowed turn; 0 when none
 	spinGate SpinGate     // whether the loop's busy-poll phases pay (loop-only use)
 	roomMu   sync.Mutex
 	room     chan struct{} // closed by the loop when it frees room and waiters > 0

@@ -148,7 +148,7 @@ func (l *Loop) endBorrow() {
 	}
 }
 
-// inBorrowedTurn reports whether the caller is the goroutine running Exec's borrowed turn.
+// inBorrowedTurn reports whether the caller is the goroutine running a borrowed turn.
 func (l *Loop) inBorrowedTurn() bool {
 	b := l.borrower.Load()
 	return b != 0 && int64(unix.Gettid()) == b
