@@ -37,8 +37,8 @@ func TestExecBorrowsSleepingLoop(t *testing.T) {
 	var addErr error
 	require.NoError(t, l.Exec(func() {
 		ran, inLoop = true, l.InLoop()
-		t := l.AfterFunc(time.Hour, func() {})
-		t.Stop()
+		timer := l.AfterFunc(time.Hour, func() {})
+		timer.Stop()
 		addErr = l.Add(-1, Readable, func(Events) {}) // a loop-only call: refused for the fd, not the thread
 	}))
 	require.True(t, ran, "Exec returned before f ran")
@@ -59,10 +59,12 @@ func TestExecOnAwakeLoopQueues(t *testing.T) {
 	l := newLoop(t)
 	var order []int
 	done := make(chan struct{})
+	var execErr error // asserted here: the callback runs on the loop goroutine
 	onLoop(t, l, func() {
-		require.NoError(t, l.Exec(func() { order = append(order, 2); close(done) }))
+		execErr = l.Exec(func() { order = append(order, 2); close(done) })
 		order = append(order, 1)
 	})
+	require.NoError(t, execErr)
 	recv(t, done)
 	onLoop(t, l, func() {})
 	require.Equal(t, []int{1, 2}, order)
@@ -197,17 +199,7 @@ func TestPollHandlesOnCallersThread(t *testing.T) {
 	for _, busy := range []time.Duration{0, 50 * time.Microsecond} {
 		t.Run(fmt.Sprintf("busy=%v", busy), func(t *testing.T) {
 			l := newLoop(t, WithBusyPoll(busy))
-			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
-			require.NoError(t, err)
-			defer closeFd(fds[1])
-			var handledOn atomic.Int64
-			buf := make([]byte, 16)
-			onLoop(t, l, func() {
-				require.NoError(t, l.Add(fds[0], Readable, func(Events) {
-					_, _ = unix.Read(fds[0], buf)
-					handledOn.Store(int64(unix.Gettid()))
-				}))
-			})
+			peer, handledOn, _ := watchedPair(t, l)
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
 			me := int64(unix.Gettid())
@@ -216,7 +208,7 @@ func TestPollHandlesOnCallersThread(t *testing.T) {
 			// instead of spinning.
 			onLoop(t, l, func() {})
 			sleeping(t, l)
-			_, err = unix.Write(fds[1], []byte{1})
+			_, err := unix.Write(peer, []byte{1})
 			require.NoError(t, err)
 			// Polled here, not in require.Eventually (its condition runs on another goroutine).
 			for end := time.Now().Add(waitBound); handledOn.Load() == 0 && time.Now().Before(end); {
@@ -285,21 +277,8 @@ func TestPollNoLostWakeups(t *testing.T) {
 			close(stop)
 			pollers.Wait()
 			require.Eventually(t, func() bool { return ran.Load() == producers*each }, waitBound, time.Millisecond)
-			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
-			require.NoError(t, err)
-			defer closeFd(fds[1])
-			got := make(chan struct{}, 1)
-			onLoop(t, l, func() {
-				require.NoError(t, l.Add(fds[0], Readable, func(Events) {
-					var b [8]byte
-					_, _ = unix.Read(fds[0], b[:])
-					select {
-					case got <- struct{}{}:
-					default:
-					}
-				}))
-			})
-			_, err = unix.Write(fds[1], []byte{1})
+			peer, _, got := watchedPair(t, l)
+			_, err := unix.Write(peer, []byte{1})
 			require.NoError(t, err)
 			recv(t, got)
 			st := l.Stats()
@@ -316,8 +295,9 @@ func watchedPair(t *testing.T, l *Loop) (peer int, handledOn *atomic.Int64, got 
 	require.NoError(t, err)
 	t.Cleanup(func() { closeFd(fds[1]) })
 	handledOn, got = new(atomic.Int64), make(chan struct{}, 4)
+	var addErr error // asserted here: the callback runs on the loop goroutine
 	onLoop(t, l, func() {
-		require.NoError(t, l.Add(fds[0], Readable, func(Events) {
+		addErr = l.Add(fds[0], Readable, func(Events) {
 			var b [8]byte
 			if k, _ := unix.Read(fds[0], b[:]); k <= 0 {
 				return // an event another turn already took, or the peer's close
@@ -327,8 +307,9 @@ func watchedPair(t *testing.T, l *Loop) (peer int, handledOn *atomic.Int64, got 
 			case got <- struct{}{}:
 			default:
 			}
-		}))
+		})
 	})
+	require.NoError(t, addErr)
 	return fds[1], handledOn, got
 }
 
@@ -402,9 +383,9 @@ func TestWaitTurnGivesWayToSubmissions(t *testing.T) {
 	recv(t, ran)
 	require.False(t, recv(t, result))
 	// Not free: a second caller's WaitTurn answers at once while another holds the turn.
-	onLoop(t, l, func() {
-		require.False(t, l.WaitTurn(time.Hour, func() bool { return false }))
-	})
+	waited := true
+	onLoop(t, l, func() { waited = l.WaitTurn(time.Hour, func() bool { return false }) })
+	require.False(t, waited)
 }
 
 // TestExecWaitSendsAndWaitsInOneTurn: ExecWait runs f and then waits, in one borrowed turn
@@ -426,10 +407,10 @@ func TestExecWaitSendsAndWaitsInOneTurn(t *testing.T) {
 	require.Equal(t, iterations, l.Stats().Iterations, "the loop thread woke for the answer")
 	ran := make(chan struct{})
 	onLoop(t, l, func() {
-		b, err := l.ExecWait(func() { close(ran) }, time.Hour, func() bool { return false })
-		require.NoError(t, err)
-		require.False(t, b)
+		borrowed, err = l.ExecWait(func() { close(ran) }, time.Hour, func() bool { return false })
 	})
+	require.NoError(t, err)
+	require.False(t, borrowed)
 	recv(t, ran)
 	_, err = l.ExecWait(nil, 0, nil)
 	require.ErrorIs(t, err, ErrInvalid)

@@ -541,7 +541,12 @@ func (l *Loop) blind(d int) {
 	_ = unix.EpollCtl(l.outer, unix.EPOLL_CTL_MOD, l.epfd, &ev)
 }
 
-func (l *Loop) dispatch(evs []unix.EpollEvent, borrowed bool) {
+// dispatch hands ready events to their owners; it reports whether the wake-up eventfd was
+// among them and whether any other event was handled. A borrowed turn leaves the eventfd to
+// the loop: a producer that flipped the loop awake wrote it for the loop thread (still in
+// epoll_wait), and reading it here would leave that thread asleep while producers take it
+// for awake.
+func (l *Loop) dispatch(evs []unix.EpollEvent, borrowed bool) (woken, handled bool) {
 	for i := range evs {
 		ev := &evs[i]
 		e := l.fds[int(ev.Fd)]
@@ -550,20 +555,24 @@ func (l *Loop) dispatch(evs []unix.EpollEvent, borrowed bool) {
 		}
 		switch e.kind {
 		case kindWake:
+			woken = true
 			if borrowed {
 				continue
 			}
 			_, _ = unix.Read(l.wfd, l.wakeBuf[:])
 			l.st.submitEvents.Add(1)
 		case kindUser:
+			handled = true
 			l.st.fdEvents.Add(1)
 			e.h(Events(ev.Events))
 			l.endCallback("fd", int(ev.Fd))
 		case kindChannel:
+			handled = true
 			l.drainChannel(e.cw)
 			l.runKicks()
 		}
 	}
+	return woken, handled
 }
 
 // runQueue runs at most one queue's worth of submitted funcs, so that a flood of submissions

@@ -167,16 +167,26 @@ func (l *Loop) Poll() bool {
 		return false
 	}
 	defer l.endBorrow()
-	now := l.now.Load()
-	work := false
-	if n, err := unix.EpollWait(l.epfd, l.pevents, 0); err == nil && n > 0 {
-		for _, ev := range l.pevents[:n] {
-			if e := l.fds[int(ev.Fd)]; e != nil && e.kind != kindWake {
-				work = true
-			}
-		}
-		l.dispatch(l.pevents[:n], true)
+	work, _ := l.borrowedBatch(0)
+	return work
+}
+
+// borrowedBatch is one batch of a borrowed turn: epoll_wait on the loop's set for at most
+// ms (0: no wait), the events (the eventfd left to the loop), the queue, due timers, CQ
+// cycles, doorbells. It reports whether it handled anything, and woken: the eventfd was
+// ready, so the loop thread is awake (or waking) for a submission or Stop.
+func (l *Loop) borrowedBatch(ms int) (work, woken bool) {
+	n, err := unix.EpollWait(l.epfd, l.pevents, ms)
+	if ms != 0 {
+		l.st.wakeups.Add(1)
 	}
+	if err != nil {
+		n = 0
+	}
+	now := l.mono()
+	l.now.Store(now)
+	l.cbStart = now
+	woken, work = l.dispatch(l.pevents[:n], true)
 	if l.runQueue() > 0 {
 		work = true
 	}
@@ -189,7 +199,7 @@ func (l *Loop) Poll() bool {
 		l.runKicks()
 	}
 	l.flushCQs()
-	return work
+	return work, woken
 }
 
 // WaitTurn blocks the calling goroutine in the loop's epoll set, as the loop, until done
@@ -252,28 +262,7 @@ func (l *Loop) waitBorrowed(d time.Duration, done func() bool) bool {
 		if len(l.timers) > 0 {
 			ms = min(ms, timeoutMillis(l.timers[0].when-now))
 		}
-		n, err := unix.EpollWait(l.epfd, l.pevents, ms)
-		if ms != 0 {
-			l.st.wakeups.Add(1)
-		}
-		now = l.mono()
-		l.now.Store(now)
-		l.cbStart = now
-		if err != nil {
-			n = 0
-		}
-		handover := false
-		for _, ev := range l.pevents[:n] {
-			if e := l.fds[int(ev.Fd)]; e != nil && e.kind == kindWake {
-				handover = true
-			}
-		}
-		l.dispatch(l.pevents[:n], true)
-		l.runQueue()
-		l.runTimers(now)
-		l.runKicks()
-		l.flushCQs()
-		if handover {
+		if _, woken := l.borrowedBatch(ms); woken {
 			break // a submission or Stop: the loop thread is awake for it
 		}
 	}
