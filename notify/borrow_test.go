@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,7 +36,6 @@ func borrowedContract(t *testing.T, tr string, busy time.Duration) {
 	var mu sync.Mutex
 	next := make([]uint32, callers) // per caller: the sequence expected next
 	var dup, gap, answered int
-	answers := make(chan struct{}, callers*each+callers)
 	recv, err := New(WithTransport(tr), WithBusyPoll(busy), WithHandler(func(n Notify) {
 		c, seq := binary.BigEndian.Uint32(n.Msg), binary.BigEndian.Uint32(n.Msg[4:])
 		mu.Lock()
@@ -49,19 +49,28 @@ func borrowedContract(t *testing.T, tr string, busy time.Duration) {
 		mu.Unlock()
 	}))
 	require.NoError(t, err)
-	defer func() { require.NoError(t, recv.Close(ctx)) }()
+	defer closeEngine(t, recv)
 	send, err := New(WithTransport(tr), WithBusyPoll(busy), WithHandler(func(Notify) {
 		mu.Lock()
 		answered++
 		mu.Unlock()
-		answers <- struct{}{}
 	}))
 	require.NoError(t, err)
-	defer func() { require.NoError(t, send.Close(ctx)) }()
+	defer closeEngine(t, send)
 	// Each acknowledged notify is answered by the receiver (an async send from another
-	// goroutine), so the sender's handler runs in its callers' borrowed turns too.
+	// goroutine), so the sender's handler runs in its callers' borrowed turns too. The
+	// contract holds for the answers as well: each one acknowledged arrives.
+	var answersAcked, answersFailed atomic.Int64
+	var lastAnswerErr atomic.Value
 	recvAnswer := func() error {
-		return recv.SendNotifyAsync(send.Addr(), Notify{Name: "answer", Msg: []byte{1}}, nil)
+		return recv.SendNotifyAsync(send.Addr(), Notify{Name: "answer", Msg: []byte{1}}, func(err error) {
+			if err != nil {
+				answersFailed.Add(1)
+				lastAnswerErr.Store(err.Error())
+				return
+			}
+			answersAcked.Add(1)
+		})
 	}
 	var acked [callers]int
 	run := func(c int, wg *sync.WaitGroup) {
@@ -95,12 +104,16 @@ func borrowedContract(t *testing.T, tr string, busy time.Duration) {
 		total += acked[c]
 	}
 	require.Equal(t, callers*each, total, "acknowledged")
-	for i := 0; i < total; i++ {
-		select {
-		case <-answers:
-		case <-ctx.Done():
-			t.Fatalf("%d of %d answers arrived", i, total)
-		}
+	// Every async send resolves within its 30 s deadline; the acknowledged ones are delivered.
+	require.Eventually(t, func() bool { return answersAcked.Load()+answersFailed.Load() == int64(total) },
+		45*time.Second, time.Millisecond, "answers unresolved")
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return int64(answered) >= answersAcked.Load()
+	}, 10*time.Second, time.Millisecond, "acknowledged answers not delivered")
+	if n := answersFailed.Load(); n > 0 {
+		t.Logf("%d answers failed (allowed: not acknowledged), the last: %v", n, lastAnswerErr.Load())
 	}
 	require.Eventually(t, func() bool {
 		mu.Lock()
@@ -115,9 +128,16 @@ func borrowedContract(t *testing.T, tr string, busy time.Duration) {
 	defer mu.Unlock()
 	require.Zero(t, dup, "delivered twice")
 	require.Zero(t, gap, "out of order")
-	require.Equal(t, total, answered)
+	require.LessOrEqual(t, answered, total, "answers delivered twice")
 	st := send.Stats()
 	require.Positive(t, st.Reactor.Borrowed, "no turn was borrowed")
-	t.Logf("%s busy=%v: %d acknowledged, %d delivered in order, %d answers; sender turns borrowed %d, wake-ups %d",
-		tr, busy, total, total, answered, st.Reactor.Borrowed, st.Reactor.Wakeups)
+	t.Logf("%s busy=%v: %d acknowledged, %d delivered in order; answers %d acknowledged, %d delivered; sender turns borrowed %d, wake-ups %d",
+		tr, busy, total, total, answersAcked.Load(), answered, st.Reactor.Borrowed, st.Reactor.Wakeups)
+}
+
+// closeEngine closes e within its own bound (not the test's, which a failure may have spent).
+func closeEngine(t *testing.T, e *Engine) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, e.Close(ctx))
 }
