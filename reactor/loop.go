@@ -398,7 +398,7 @@ func (l *Loop) wait() int {
 	}
 	var n int
 	var err error
-	if timeout != 0 && (l.cfg.busyPoll > 0 || l.mono()-l.waitTurnAt.Load() < int64(outerWindow)) {
+	if timeout != 0 && (l.cfg.busyPoll > 0 || l.waitedLately()) {
 		// Callers may poll or wait as the loop (Poll, WaitTurn): block on the outer set,
 		// where such a caller disarms the loop's own set, then take the events from the latter.
 		var k int
@@ -646,6 +646,13 @@ func (l *Loop) shutdown() {
 	l.fds, l.chans, l.watches, l.timers = nil, nil, nil, nil
 	l.tid.Store(0)
 	close(l.done)
+}
+
+// waitedLately reports whether a caller waited as the loop within outerWindow (never: false,
+// so an engine whose callers never wait so always blocks on its own set).
+func (l *Loop) waitedLately() bool {
+	at := l.waitTurnAt.Load()
+	return at != 0 && l.mono()-at < int64(outerWindow)
 }
 
 // outerWindow is how long after a WaitTurn the loop keeps blocking on its outer set. A
