@@ -712,6 +712,14 @@ func (m *Machine) Close(err error) {
 	if !m.timerAt.IsZero() {
 		m.setTimer(time.Time{})
 	}
+	// Held notifies and fences sit in RECVs the NIC acknowledged: their senders were told
+	// they landed, so they are handed over before the close, whatever closes the channel
+	// (a WC error, the peer's teardown, our own close), never dropped with the buffers.
+	for i := range m.held {
+		if k := m.held[i].act.Kind; k == ActDeliver || k == ActFence {
+			m.deliver(m.held[i].act)
+		}
+	}
 	clear(m.held)
 	m.held = m.held[:0]
 	m.free = m.free[:0]
