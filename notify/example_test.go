@@ -1,0 +1,267 @@
+package notify_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"time"
+
+	"github.com/twosided/twosided/notify"
+	"github.com/twosided/twosided/notify/directory/etcdtest"
+)
+
+// closeEngine closes e within its own bound, as every program should: Close drains what
+// the channels' NICs acknowledged, tells the peers goodbye and stops the reactor.
+func closeEngine(e *notify.Engine) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.Close(ctx); err != nil {
+		log.Print("close: ", err)
+	}
+}
+
+// Two engines in one process: one sends a notify over the rdma_twosided transport (on the
+// embedded soft RDMA provider when the machine has no RDMA device), the other receives it
+// with Recv. Every call is bounded by a context.
+func Example() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	recv, err := notify.New(
+		notify.WithListenAddr("127.0.0.1:0"), // its bound host:port is its peer name
+		notify.WithTransport(notify.TransportRDMATwoSided),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer closeEngine(recv)
+
+	send, err := notify.New(
+		notify.WithListenAddr("127.0.0.1:0"),
+		notify.WithTransport(notify.TransportRDMATwoSided),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer closeEngine(send)
+
+	// nil means the peer engine has it: its NIC acknowledged the SEND into a posted RECV
+	// (or its OOB listener replied success). It hands it to its application once, in order.
+	err = send.SendNotify(ctx, recv.Addr(), notify.Notify{Name: "kv_ready", Msg: []byte("req-42")})
+	switch {
+	case err == nil:
+	case errors.Is(err, notify.ErrMaybeDelivered):
+		log.Fatal("outcome unknown, retry with a Notify.ID: ", err)
+	case errors.Is(err, notify.ErrTimeout):
+		log.Fatal("not delivered within the deadline: ", err)
+	default:
+		log.Fatal("not delivered: ", err)
+	}
+
+	n, err := recv.Recv(ctx) // or recv.GetNotifies() to drain without blocking
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%s %s from the sender: %v\n", n.Name, n.Msg, n.Peer == send.Addr())
+	// Output: kv_ready req-42 from the sender: true
+}
+
+// SendNotifyAsync never blocks: it queues the notify and calls done once, on the engine's
+// reactor thread, with the result SendNotify would have returned. done must not block.
+func ExampleEngine_SendNotifyAsync() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	recv, err := notify.New(notify.WithListenAddr("127.0.0.1:0"), notify.WithTransport(notify.TransportRDMATwoSided))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer closeEngine(recv)
+	send, err := notify.New(notify.WithListenAddr("127.0.0.1:0"), notify.WithTransport(notify.TransportRDMATwoSided))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer closeEngine(send)
+
+	const count = 3
+	results := make(chan error, count) // room for every result: done never blocks
+	for i := 1; i <= count; i++ {
+		n := notify.Notify{Name: "kv_ready", Msg: fmt.Appendf(nil, "req-%d", i)}
+		if err := send.SendNotifyAsync(recv.Addr(), n, func(err error) { results <- err }); err != nil {
+			log.Fatal(err) // refused at once (bad argument, closed engine, backpressure)
+		}
+	}
+	for i := 0; i < count; i++ {
+		if err := <-results; err != nil {
+			log.Fatal(err)
+		}
+	}
+	// Per-peer FIFO: the receiver gets them in send order.
+	for i := 0; i < count; i++ {
+		n, err := recv.Recv(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(string(n.Msg))
+	}
+	// Output:
+	// req-1
+	// req-2
+	// req-3
+}
+
+// WithHandler delivers each notify by calling the handler on the engine's reactor thread
+// (the lowest-latency path) instead of queueing it for Recv. The handler must not block;
+// it may answer with SendNotifyAsync, which never blocks.
+func ExampleWithHandler() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	got := make(chan string, 1)
+	recv, err := notify.New(
+		notify.WithListenAddr("127.0.0.1:0"),
+		notify.WithTransport(notify.TransportRDMATwoSided),
+		notify.WithHandler(func(n notify.Notify) {
+			select {
+			case got <- n.Name + " " + string(n.Msg): // copy what outlives the call
+			default: // never block the reactor
+			}
+		}),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer closeEngine(recv)
+	send, err := notify.New(notify.WithListenAddr("127.0.0.1:0"), notify.WithTransport(notify.TransportRDMATwoSided))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer closeEngine(send)
+
+	if err := send.SendNotify(ctx, recv.Addr(), notify.Notify{Name: "kv_ready", Msg: []byte("req-7")}); err != nil {
+		log.Fatal(err)
+	}
+	select {
+	case s := <-got:
+		fmt.Println(s)
+	case <-ctx.Done():
+		log.Fatal("no notify")
+	}
+	// Output: kv_ready req-7
+}
+
+// sendOnce sends n to peer, retrying while the outcome is unknown (an error that wraps
+// ErrMaybeDelivered). Every try carries the same Notify.ID, so the receiver delivers the
+// notify at most once. Any other error means "not delivered": it is returned.
+func sendOnce(ctx context.Context, e *notify.Engine, peer string, n notify.Notify) error {
+	for {
+		tryCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := e.SendNotify(tryCtx, peer, n)
+		cancel()
+		if err == nil || !errors.Is(err, notify.ErrMaybeDelivered) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return err // out of time: still unknown
+		}
+		log.Print("outcome unknown, sending again: ", err)
+	}
+}
+
+// A retry with the same Notify.ID is never delivered twice: the receiver drops an id it
+// delivered recently in that pair (the last 256). Here the second send stands for a retry
+// after an ErrMaybeDelivered whose first try did land; the receiver sees it once.
+func ExampleNotify_retry() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	recv, err := notify.New(notify.WithListenAddr("127.0.0.1:0"), notify.WithTransport(notify.TransportRDMATwoSided))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer closeEngine(recv)
+	send, err := notify.New(notify.WithListenAddr("127.0.0.1:0"), notify.WithTransport(notify.TransportRDMATwoSided))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer closeEngine(send)
+
+	n := notify.Notify{Name: "kv_ready", Msg: []byte("req-42"), ID: "req-42/kv_ready"}
+	if err := sendOnce(ctx, send, recv.Addr(), n); err != nil {
+		log.Fatal(err)
+	}
+	if err := sendOnce(ctx, send, recv.Addr(), n); err != nil { // the "retry": same ID
+		log.Fatal(err)
+	}
+	if err := sendOnce(ctx, send, recv.Addr(), notify.Notify{Name: "kv_done", Msg: []byte("req-42"), ID: "req-42/kv_done"}); err != nil {
+		log.Fatal(err)
+	}
+	// Per-peer FIFO: had the duplicate been delivered, it would come before kv_done.
+	for i := 0; i < 2; i++ {
+		got, err := recv.Recv(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(got.Name, string(got.Msg))
+	}
+	// Output:
+	// kv_ready req-42
+	// kv_done req-42
+}
+
+// Engines registered under server names in etcd, in Mooncake's keys
+// (mooncake/<cluster id>/rpc_meta/<name>), reach each other by name. The etcd here is an
+// embedded one-member server for the example; give WithMetadata your own, e.g.
+// "etcd://10.0.0.1:2379,10.0.0.2:2379".
+func ExampleWithServerName() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	dir, err := os.MkdirTemp("", "etcd-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	etcd, err := etcdtest.New(dir)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer etcd.Close()
+
+	decode, err := notify.New(
+		notify.WithListenAddr("127.0.0.1:0"),
+		notify.WithMetadata(etcd.Conn()),
+		notify.WithMetadataClusterID("example"),
+		notify.WithServerName("decode-0"), // registered under a lease, removed by Close
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer closeEngine(decode)
+	prefill, err := notify.New(
+		notify.WithListenAddr("127.0.0.1:0"),
+		notify.WithMetadata(etcd.Conn()),
+		notify.WithMetadataClusterID("example"),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer closeEngine(prefill)
+
+	err = prefill.SendNotify(ctx, "decode-0", notify.Notify{Name: "kv_ready", Msg: []byte("req-9")})
+	switch {
+	case errors.Is(err, notify.ErrPeerUnknown):
+		log.Fatal("no such server name: ", err)
+	case errors.Is(err, notify.ErrDirectoryUnavailable):
+		log.Fatal("etcd did not answer in time: ", err)
+	case err != nil:
+		log.Fatal(err)
+	}
+	n, err := decode.Recv(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(n.Name, string(n.Msg))
+	// Output: kv_ready req-9
+}
