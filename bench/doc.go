@@ -8,6 +8,10 @@
 // process (the binary re-executes itself; control travels over the child's stdin and
 // stdout).
 //
+// Status: an internal layer of twosided, kept importable for the benchmark and the tools
+// (cmd/twosided, bench, tests). Its API may change without notice; applications use
+// package notify. docs/design.md describes how the layers fit together.
+//
 // It owns its own sockets (floors, classic client) and the engines it creates. It must not
 // reach into the engine's internals: it uses notify's public API only (New, SendNotify,
 // WithHandler, Stats, Close).

@@ -3,6 +3,10 @@
 // channel state machine, and the driver that binds the machine to one RC QP and the
 // reactor.
 //
+// Status: an internal layer of twosided, kept importable for the benchmark and the tools
+// (cmd/twosided, bench, tests). Its API may change without notice; applications use
+// package notify. docs/design.md describes how the layers fit together.
+//
 // The package owns the frame format, flow control, in-order delivery with duplicate and
 // stale-epoch dropping, and fragmentation of large notifies. It must not touch sockets,
 // the OOB channel, handshakes, environment variables or the engine's path choice: the

@@ -2,6 +2,10 @@
 // framing, the handshake RPC (JSON type Connection), notify over TCP (type Notify) and
 // liveness probes (type Probe), served and dialed on the engine's reactor.
 //
+// Status: an internal layer of twosided, kept importable for the benchmark and the tools
+// (cmd/twosided, bench, tests). Its API may change without notice; applications use
+// package notify. docs/design.md describes how the layers fit together.
+//
 // It owns the OOB listener and every OOB TCP connection, all registered in the reactor's
 // one epoll set: accepts, non-blocking connects, reads and writes run on the loop
 // goroutine; other goroutines submit requests and wait for replies with a context. It must

@@ -3,9 +3,13 @@
 // completion-channel fds of the CQs it watches, a wake-up eventfd, its timers, and the fds
 // other packages hand it with Add (the OOB listener and connections).
 //
+// Status: an internal layer of twosided, kept importable for the benchmark and the tools
+// (cmd/twosided, bench, tests). Its API may change without notice; applications use
+// package notify. docs/design.md describes how the layers fit together.
+//
 // It owns: the epoll fd, the wake-up eventfd, the fds given to Add (closed at Stop unless
 // removed first), the timer heap, the submission queue, and the completion handling rule
-// (DESIGN.md, "Completion handling rule") for the CQs given to WatchCQ. It must not touch: QPs,
+// (docs/design.md, "Completion handling rule") for the CQs given to WatchCQ. It must not touch: QPs,
 // MRs, protocol state, or the CompChannel/CQ objects' lifetime (it never closes a channel nor
 // destroys a CQ; it only registers the channel fd, polls, arms and acknowledges events).
 //
@@ -43,7 +47,7 @@
 // to a millisecond later, never early. There is no fixed-interval tick: with no timer, no
 // submission and no ready fd, the loop sleeps until something happens (Stats.Wakeups stays 0).
 //
-// Completions. WatchCQ applies DESIGN.md's completion handling rule to a CQ: poll until empty
+// Completions. WatchCQ applies the completion handling rule of docs/design.md to a CQ: poll until empty
 // handing every WC to the CQHandler; Repost; ReqNotify, then poll once more and go back to the
 // drain if anything came (a CQE that landed between the last poll and the arm raised no
 // event); sleep. When the channel fd is readable: GetEvent until ErrWouldBlock, AckEvents once

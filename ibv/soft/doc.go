@@ -2,6 +2,10 @@
 // carries reliable-connected SEND/RECV traffic over TCP, so that every layer above ibv can be
 // tested, and run across processes or hosts, without RDMA hardware.
 //
+// Status: an internal layer of twosided, kept importable for the benchmark and the tools
+// (cmd/twosided, bench, tests). Its API may change without notice; applications use
+// package notify. docs/design.md describes how the layers fit together.
+//
 // It owns the provider "soft" (registered in init, configured from the environment), the
 // devices soft0, soft1, … (and an optional phantom device whose port is DOWN), their TCP
 // listeners and connections, and the NIC logic: PSNs, cumulative ACKs, RNR NAKs, retransmit

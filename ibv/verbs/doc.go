@@ -5,6 +5,10 @@
 // implements every interface of package ibv over libibverbs through cgo, in the plain
 // verbs order: device list, context, PD, MR, completion channel, CQ, RC QP, post, poll.
 //
+// Status: an internal layer of twosided, kept importable for the benchmark and the tools
+// (cmd/twosided, bench, tests). Its API may change without notice; applications use
+// package notify. docs/design.md describes how the layers fit together.
+//
 // It owns the translation between ibv's Go types and libibverbs' C structs, the integer
 // handles that stand in for Go objects in cq_context and qp_context, and the C memory the
 // hot paths use (per-CQ WC arrays, per-QP WR and SGE arrays). It must not touch protocol

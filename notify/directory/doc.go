@@ -1,5 +1,9 @@
 // Package directory finds notify engines by server name, in the keys a Mooncake cluster uses.
 //
+// Status: API. An application uses it through notify (WithMetadata, WithServerName,
+// Resolve) or plugs its own Directory in with notify.WithDirectory; the Directory interface
+// and ParseConn are kept stable with notify's.
+//
 // A Mooncake node reaches a peer by its server name: it reads
 // mooncake/[MC_METADATA_CLUSTER_ID/]rpc_meta/<name>, a JSON value
 // {"ip_or_host_name": …, "rpc_port": …}, and opens the handshake daemon there
