@@ -22,50 +22,64 @@ func closeEngine(e *notify.Engine) {
 	}
 }
 
-// Two engines in one process: one sends a notify over the rdma_twosided transport (on the
-// embedded soft RDMA provider when the machine has no RDMA device), the other receives it
-// with Recv. Every call is bounded by a context.
+// A complete small program: two engines (in real use, one per process), a receive loop,
+// sends that retry with the same Notify.ID while the outcome is unknown, an errors.Is
+// branch on the result, and Close within a deadline. The README shows it as package main.
 func Example() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
-	recv, err := notify.New(
-		notify.WithListenAddr("127.0.0.1:0"), // its bound host:port is its peer name
-		notify.WithTransport(notify.TransportRDMATwoSided),
-	)
+	// Each engine's peer name is its listener's host:port (recv.Addr()).
+	recv, err := notify.New(notify.WithListenAddr("127.0.0.1:0"), notify.WithTransport(notify.TransportRDMATwoSided))
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer closeEngine(recv)
-
-	send, err := notify.New(
-		notify.WithListenAddr("127.0.0.1:0"),
-		notify.WithTransport(notify.TransportRDMATwoSided),
-	)
+	send, err := notify.New(notify.WithListenAddr("127.0.0.1:0"), notify.WithTransport(notify.TransportRDMATwoSided))
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer closeEngine(send)
 
-	// nil means the peer engine has it: its NIC acknowledged the SEND into a posted RECV
-	// (or its OOB listener replied success). It hands it to its application once, in order.
-	err = send.SendNotify(ctx, recv.Addr(), notify.Notify{Name: "kv_ready", Msg: []byte("req-42")})
-	switch {
-	case err == nil:
-	case errors.Is(err, notify.ErrMaybeDelivered):
-		log.Fatal("outcome unknown, retry with a Notify.ID: ", err)
-	case errors.Is(err, notify.ErrTimeout):
-		log.Fatal("not delivered within the deadline: ", err)
-	default:
-		log.Fatal("not delivered: ", err)
-	}
+	// The receive loop (or notify.WithHandler, called on the engine's reactor thread).
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 3; i++ {
+			n, err := recv.Recv(ctx)
+			if err != nil {
+				log.Print("recv: ", err)
+				return
+			}
+			fmt.Printf("%s %s\n", n.Name, n.Msg)
+		}
+	}()
 
-	n, err := recv.Recv(ctx) // or recv.GetNotifies() to drain without blocking
-	if err != nil {
-		log.Fatal(err)
+	for i := 1; i <= 3; i++ {
+		n := notify.Notify{Name: "kv_ready", Msg: fmt.Appendf(nil, "req-%d", i), ID: fmt.Sprintf("req-%d", i)}
+		err := sendOnce(ctx, send, recv.Addr(), n)
+		switch {
+		case err == nil: // the peer engine has it; it delivers it once, in order
+		case errors.Is(err, notify.ErrMaybeDelivered):
+			log.Fatal("outcome still unknown at the deadline: ", err)
+		case errors.Is(err, notify.ErrBackpressure):
+			log.Fatal("the peer is not consuming; not delivered: ", err)
+		default:
+			log.Fatal("not delivered: ", err)
+		}
 	}
-	fmt.Printf("%s %s from the sender: %v\n", n.Name, n.Msg, n.Peer == send.Addr())
-	// Output: kv_ready req-42 from the sender: true
+	<-done
+
+	// Close within a deadline: what the NICs acknowledged is delivered, peers are told.
+	closeCtx, cancelClose := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelClose()
+	for _, e := range []*notify.Engine{send, recv} {
+		if err := e.Close(closeCtx); err != nil {
+			log.Print("close: ", err)
+		}
+	}
+	// Output:
+	// kv_ready req-1
+	// kv_ready req-2
+	// kv_ready req-3
 }
 
 // SendNotifyAsync never blocks: it queues the notify and calls done once, on the engine's
@@ -152,21 +166,15 @@ func ExampleWithHandler() {
 	// Output: kv_ready req-7
 }
 
-// sendOnce sends n to peer, retrying while the outcome is unknown (an error that wraps
-// ErrMaybeDelivered). Every try carries the same Notify.ID, so the receiver delivers the
-// notify at most once. Any other error means "not delivered": it is returned.
+// sendOnce sends n, and sends it again with the same Notify.ID while the outcome is
+// unknown (an error wrapping ErrMaybeDelivered): the receiver delivers it at most once.
 func sendOnce(ctx context.Context, e *notify.Engine, peer string, n notify.Notify) error {
 	for {
-		tryCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := e.SendNotify(tryCtx, peer, n)
-		cancel()
-		if err == nil || !errors.Is(err, notify.ErrMaybeDelivered) {
-			return err
+		err := e.SendNotify(ctx, peer, n)
+		if !errors.Is(err, notify.ErrMaybeDelivered) || ctx.Err() != nil {
+			return err // nil: delivered; any other error: not delivered
 		}
-		if ctx.Err() != nil {
-			return err // out of time: still unknown
-		}
-		log.Print("outcome unknown, sending again: ", err)
+		log.Print("outcome unknown, sending again with the same ID: ", err)
 	}
 }
 
