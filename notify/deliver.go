@@ -57,6 +57,11 @@ func (e *Engine) onQueueRoom() {
 			return
 		}
 		for _, ch := range e.chans {
+			if e.paused {
+				// What one channel held filled the queue again: deliver paused every
+				// channel, the ones not reached yet included; they stay so.
+				return
+			}
 			ch.SetPaused(false)
 		}
 	})

@@ -37,6 +37,9 @@ func TestMain(m *testing.M) {
 	if n := os.Getenv(sendersEnv); n != "" {
 		os.Exit(runSenders(n))
 	}
+	if n := os.Getenv(faninEnv); n != "" {
+		os.Exit(runFanin(n))
+	}
 	goleak.VerifyTestMain(m)
 }
 
