@@ -487,6 +487,7 @@ func (c *conn) backstop() {
 			continue // the consumer read this period: keep leaving it the socket
 		}
 		// Nobody read for a whole period: take what waits, then sleep on the socket.
+		c.d.holderNotServed()
 		if !c.receive(false) {
 			return
 		}

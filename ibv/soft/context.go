@@ -107,10 +107,13 @@ func (x *context) CreateCompChannel() (ibv.CompChannel, error) {
 	}
 	ch := &channel{ctx: x, fd: fd, efd: -1, ring: make([]*cq, 8)}
 	if x.d.pfd >= 0 {
-		if ch.efd, err = nestedEpoll(int(fd), x.d.pfd); err != nil {
+		// The device's progress set joins this epoll fd only while the channel holds it
+		// (device.enrol): one channel of the device at a time.
+		if ch.efd, err = nestedEpoll(int(fd)); err != nil {
 			unix.Close(int(fd))
 			return nil, fmt.Errorf("soft: %s: create comp channel: %w", x.d.name, err)
 		}
+		x.d.enrol(ch)
 	}
 	x.chans[ch] = struct{}{}
 	return ch, nil

@@ -11,13 +11,19 @@ import (
 )
 
 // channel is a completion channel: an eventfd that is readable while events are queued.
-// With manual progress its Fd is an epoll fd holding that eventfd and the device's progress
-// set, so it is also readable while a socket of the device holds packets; GetEvent then does
+// With manual progress its Fd is an epoll fd holding that eventfd and, while this channel
+// holds it (one channel of the device at a time: device.enrol), the device's progress set,
+// so that it is also readable while a socket of the device holds packets; GetEvent then does
 // the receive work first (see the package doc).
 type channel struct {
 	ctx *context
 	fd  eventfd
 	efd int // the epoll fd Fd returns; -1: Fd is fd itself
+
+	// The device's progress holder election (device.holdMu).
+	enrolled bool // among the device's channels that may hold its progress set
+	slot     int  // index in device.chans
+	holding  bool // its efd holds the device's progress set
 
 	mu       sync.Mutex
 	ring     []*cq // queued events, one per firing
@@ -85,6 +91,9 @@ func (ch *channel) fire(c *cq) {
 }
 
 func (ch *channel) GetEvent() (ibv.CQ, error) {
+	if ch.efd >= 0 && !ch.ctx.d.holderWaited.Load() {
+		ch.ctx.d.claim(ch) // nobody waits on the sockets: this consumer does from now on
+	}
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	if ch.closed {
@@ -178,6 +187,9 @@ func (ch *channel) Close() error {
 }
 
 func (ch *channel) closeFds() {
+	if ch.efd >= 0 {
+		ch.ctx.d.unenrol(ch) // hands the progress set on before the fd goes
+	}
 	unix.Close(int(ch.fd))
 	if ch.efd >= 0 {
 		unix.Close(ch.efd)
@@ -252,10 +264,11 @@ func (c *cq) Poll(wcs []ibv.WC) (int, error) {
 		c.mu.Unlock()
 		return 0, fmt.Errorf("soft: poll cq: %w", ibv.ErrClosed)
 	}
-	if c.n == 0 && c.ctx.d.pfd >= 0 && (c.ch == nil || !c.ch.waited.Load()) {
+	if c.n == 0 && c.ctx.d.pfd >= 0 && (c.ch == nil || !c.ch.waited.Load() || !c.ctx.d.holderWaited.Load()) {
 		// Manual progress: an empty CQ looks at the sockets before it says so — unless
-		// its consumer waits on the channel, whose fd already shows readable sockets
-		// (GetEvent does the work then; a Poll syscall per empty poll would be waste).
+		// its consumer waits on the channel and a consumer waits on the fd that shows
+		// readable sockets (the holder's: its GetEvent does the work then, and places
+		// this CQ's completions too; a Poll syscall per empty poll would be waste).
 		c.mu.Unlock()
 		c.ctx.d.progress()
 		c.mu.Lock()

@@ -74,10 +74,26 @@ type device struct {
 	gid      ibv.GID
 	lfd      int // listening socket, -1 for the phantom
 	stopfd   int // eventfd, readable once the device stops; wakes dialers and flushers
-	// pfd is the progress set: an epoll fd holding every connection's socket, nested in each
-	// completion channel's fd, so that a channel is readable when a socket is. -1 without
-	// manual progress (WithNICThread, the phantom).
+	// pfd is the progress set: an epoll fd holding every connection's socket, nested in the
+	// fd of one completion channel of the device at a time (the holder), so that the holder
+	// is readable when a socket is. -1 without manual progress (WithNICThread, the phantom).
 	pfd int
+
+	// The holder. A socket nested in the fd of every channel had one wake-up path per
+	// channel of the process to the sets its consumers block on, and the kernel caps those
+	// paths (fs/eventpoll.c path_limits: 500, 100, 50, 10 at depths 1-4 below an outermost
+	// set): under a reactor's outer set the 51st channel of a process failed with EINVAL.
+	// Held by one channel, each socket has one path whatever the number of channels, CQs,
+	// contexts and consumers; a packet wakes the holder's consumer alone, whose progress
+	// places every QP's completions and fires their channels (as a NIC raises events).
+	holdMu sync.Mutex
+	chans  []*channel // the open channels with an epoll fd, in no order (holdMu)
+	holder *channel   // the one whose fd holds pfd; nil with no channel (holdMu)
+	// holderWaited: the holder's consumer waits on its fd (its GetEvent ran since it
+	// became the holder). While false, the next channel whose GetEvent runs takes the set
+	// over (claim): a consumer that waits, rather than one that never looks at its fd. The
+	// backstop clears it when it had to read for a consumer that did not.
+	holderWaited atomic.Bool
 
 	armed    atomic.Int32 // CQs with a channel armed by ReqNotify: a consumer waits on the channel
 	lastPoll atomic.Int64 // nanotime of the latest consumer progress (GetEvent, Poll)
@@ -459,6 +475,95 @@ func (d *device) progress() {
 			c.reads.Add(1)
 			c.receive(true)
 		}
+	}
+}
+
+// enrol makes ch (a new channel with an epoll fd) a candidate for holding the progress set;
+// the first one holds it.
+func (d *device) enrol(ch *channel) {
+	d.holdMu.Lock()
+	defer d.holdMu.Unlock()
+	ch.enrolled, ch.slot = true, len(d.chans)
+	d.chans = append(d.chans, ch)
+	if d.holder == nil {
+		d.moveHolderLocked(ch)
+	}
+}
+
+// unenrol takes ch (closing) out of the candidates; when it held the progress set, the set
+// moves to a channel whose consumer waits on it, or else to any open channel.
+func (d *device) unenrol(ch *channel) {
+	d.holdMu.Lock()
+	defer d.holdMu.Unlock()
+	if !ch.enrolled {
+		return
+	}
+	last := len(d.chans) - 1
+	d.chans[ch.slot] = d.chans[last]
+	d.chans[ch.slot].slot = ch.slot
+	d.chans[last] = nil
+	d.chans = d.chans[:last]
+	ch.enrolled = false
+	if d.holder != ch {
+		return
+	}
+	var next *channel
+	for _, c := range d.chans {
+		if c.waited.Load() {
+			next = c
+			break
+		}
+		if next == nil {
+			next = c
+		}
+	}
+	if next == nil || !d.moveHolderLocked(next) {
+		_ = unix.EpollCtl(ch.efd, unix.EPOLL_CTL_DEL, d.pfd, nil)
+		ch.holding = false
+		d.holder = nil
+		d.holderWaited.Store(false)
+	}
+}
+
+// claim makes ch, whose consumer waits on it (GetEvent), the holder, unless a consumer
+// waits on the holder already.
+func (d *device) claim(ch *channel) {
+	d.holdMu.Lock()
+	defer d.holdMu.Unlock()
+	if d.holderWaited.Load() || !ch.enrolled {
+		return
+	}
+	if d.moveHolderLocked(ch) {
+		d.holderWaited.Store(true)
+	}
+}
+
+// moveHolderLocked nests the progress set in ch's epoll fd and takes it out of the former
+// holder's: added first, so that a failure leaves the former holder as it was.
+func (d *device) moveHolderLocked(ch *channel) bool {
+	if d.holder == ch {
+		return true
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(d.pfd)}
+	if err := unix.EpollCtl(ch.efd, unix.EPOLL_CTL_ADD, d.pfd, &ev); err != nil {
+		return false
+	}
+	if old := d.holder; old != nil {
+		_ = unix.EpollCtl(old.efd, unix.EPOLL_CTL_DEL, d.pfd, nil)
+		old.holding = false
+	}
+	ch.holding = true
+	d.holder = ch
+	d.holderWaited.Store(ch.waited.Load())
+	return true
+}
+
+// holderNotServed is the backstop's report that it read packets the consumers left for a
+// whole period: the holder's consumer may have stopped waiting (a loop stopped before it
+// closed its channels), so the next channel whose consumer waits takes the set over.
+func (d *device) holderNotServed() {
+	if d.holderWaited.Load() {
+		d.holderWaited.Store(false)
 	}
 }
 
