@@ -35,6 +35,40 @@
 // busy poll is off: one epoll_wait per wake-up). Measured (two processes, echo, alternated with the commit before): reactor wake-ups
 // per notify 3.33 -> 2.45 with Exec; one-way p50 ~20 -> ~17 µs with WaitTurn.
 //
+// Nesting. The kernel limits epoll sets inside epoll sets (fs/eventpoll.c): a chain of at
+// most EP_MAX_NESTS = 4 sets inside sets (ELOOP beyond), and for each file that is not an
+// epoll set (a socket, an eventfd) a cap on its wake-up paths to the outermost sets above it,
+// counted by depth: unlimited for a file directly in an outermost set, then path_limits 500,
+// 100, 50, 10 for 1, 2, 3, 4 sets in between (EINVAL beyond). Every fd the loop waits on,
+// with its depth below the outer set (depth 0), which is the outermost set the loop blocks on
+// (it blocks on its own set directly when no caller waited as the loop lately and busy poll
+// is off; the kernel still counts from the outer set, which always holds the own set):
+//
+//	depth  fd                                              in                 paths
+//	0      outer set (epoll)                               -                  -
+//	1      wake-up eventfd                                 outer set          1 (and 1 below)
+//	1      own set (epoll): WaitTurn, Poll wait on it      outer set          1
+//	2      wake-up eventfd                                 own set            1
+//	2      fds given to Add (OOB listener, connections)    own set            1
+//	2      completion-channel fd of each watched CQ        own set            1
+//	         hardware (ibv/verbs): the channel's own fd
+//	         soft provider: an epoll fd of the channel's
+//	3      soft: the channel's eventfd                     its channel's fd   1
+//	3      soft: the device's progress set (epoll)         the holder's fd    1 per device
+//	4      soft: the device's connection sockets           progress set       1
+//
+// The longest chain of sets is outer set → own set → soft channel fd → progress set: 3 links
+// of the 4 allowed. Every file has one path (the wake-up eventfd two, at depths 0 and 1) to
+// the outer set of the one loop that waits on it, whatever the number of channels, loops or
+// engines in the process: a channel is watched by one loop, and a soft device's progress set
+// is nested in one channel's fd per process at a time (the holder, ibv/soft), not in every
+// channel's. So no count reaches a cap: what bounds channels and engines is RLIMIT_NOFILE
+// (3 fds per loop, 2 per soft channel) and fs.epoll.max_user_watches (one watch per line
+// above). Anything that puts one file in several sets multiplies its paths: the progress set
+// nested in every soft channel's fd gave each socket one path per channel of the process,
+// and with the outer set (depth 3, cap 50) the 51st channel of a process failed to register.
+// scale_test.go holds 1000 channels on one loop and 1000 loops on one device.
+//
 // Submissions. A bounded lock-free multi-producer ring (Vyukov's array queue, single consumer)
 // of func values; Submit allocates nothing. The loop publishes "asleep" before it blocks and
 // re-checks the queue; a producer writes the eventfd only if it is the one that flips the loop

@@ -33,13 +33,24 @@
 //
 // By default the soft NIC makes progress on the consumer's thread (manual progress, as UCX's
 // tcp transport and libfabric's FI_PROGRESS_MANUAL do). Each device keeps its connections'
-// sockets in one epoll set, nested in the epoll fd that every completion channel's Fd
-// returns; so a channel fd is readable when an event is queued or a socket holds packets.
-// GetEvent with no queued event, and Poll of an empty CQ, first read every readable socket
-// without blocking, place the SENDs, answer them (one cumulative ACK per QP per batch) and
-// push the CQEs; an event raised during GetEvent's own progress costs no eventfd write. A
-// reactor asleep on the channel thus wakes once per batch of packets, and the packets are
-// handled on its thread: no NIC thread wakes between the wire and the CQ. With the reactor's
+// sockets in one epoll set, the progress set. Every completion channel's Fd is an epoll fd
+// holding the channel's eventfd, and one channel of the device at a time, the holder, holds
+// the progress set too: its fd is readable when an event is queued or a socket holds
+// packets, the others' when an event is queued. The first channel holds it; the first
+// channel whose consumer waits on it (calls GetEvent) takes it from a holder whose consumer
+// never did, or whose packets the backstop had to read; a closing holder hands it to a
+// channel whose consumer waits. One holder per device, not the progress set in every
+// channel's fd: each socket then has one wake-up path to the sets consumers block on, where
+// the kernel caps nested paths (50 under a reactor: the 51st channel of a process failed),
+// and a packet wakes one consumer, not one per channel. GetEvent with no queued event, and
+// Poll of an empty CQ, first read every readable socket without blocking, place the SENDs,
+// answer them (one cumulative ACK per QP per batch) and push the CQEs, firing the channels
+// of every CQ they complete (the holder's consumer works for all, as a NIC raises events);
+// an event raised during GetEvent's own progress costs no eventfd write. A reactor asleep
+// on the holder thus wakes once per batch of packets, and the packets are handled on its
+// thread: no NIC thread wakes between the wire and the CQ. With several consumers of one
+// device in a process (engines with in-process delivery off), a packet for another
+// consumer's CQ costs that consumer one eventfd wake-up after the holder's. With the reactor's
 // borrowed turns (reactor.Loop.Exec, Poll, WaitTurn) that thread is whichever runs the
 // loop's turn: the loop's own, or a SendNotify caller's that waits as the loop, so a reply
 // wakes the caller directly, as a reply to a blocking read wakes its reader.
