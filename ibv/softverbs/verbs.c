@@ -1,0 +1,2221 @@
+//go:build ignore
+
+/* softverbs: contexts, PDs, MRs, completion channels, CQs, RC QPs and the progress thread
+ * that plays the NIC (see README.md). Locking: a context's lk guards its QPs, MRs, PD
+ * counts, async queue and sockets; a CQ's lk its ring; a channel's lk its event queue.
+ * Order: context -> CQ -> channel. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <endian.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include "sv.h"
+
+struct sv_ctx;
+struct sv_qp;
+
+struct sv_channel {
+	struct ibv_comp_channel ch;
+	pthread_mutex_t lk;
+	struct sv_cq **q;
+	int qlen, qcap;
+	int signaled;
+};
+
+struct sv_cqe {
+	struct ibv_wc wc;
+	struct sv_qp *qp;
+	int is_send;
+	uint32_t release; /* the queue index up to which this CQE frees WQE slots */
+};
+
+struct sv_cq {
+	struct ibv_cq cq;
+	struct sv_ctx *ctx;
+	pthread_mutex_t lk;
+	struct sv_cqe *ring;
+	int cap, head, count;
+	int armed; /* 0, 1 any, 2 solicited only */
+	int err;
+	int nqp;
+	struct sv_channel *ch;
+	uint32_t comp_reported, async_reported; /* events handed out (atomic) */
+};
+
+struct sv_pd {
+	struct ibv_pd pd;
+	int refs;
+};
+
+struct sv_mr {
+	struct ibv_mr mr;
+	struct sv_pd *pd;
+	int access;
+	struct sv_mr *next;
+};
+
+struct sv_swqe {
+	uint64_t wr_id;
+	int signaled, solicited, imm_valid;
+	uint32_t imm;
+	uint8_t *data;
+	uint32_t len;
+	enum ibv_wc_status pre; /* an error found at post time, reported in order */
+	uint32_t first_psn, npkts;
+};
+
+struct sv_rwqe {
+	uint64_t wr_id;
+	int nsge;
+	struct ibv_sge *sge;
+};
+
+struct sv_qp {
+	struct ibv_qp qp;
+	struct sv_ctx *ctx;
+	struct sv_cq *scq, *rcq;
+	struct sv_pd *pd;
+	int fd;
+	struct ibv_qp_cap cap;
+	int sq_sig_all;
+	enum ibv_qp_state state;
+	struct ibv_qp_attr attr;
+	struct sockaddr_in dest;
+	uint32_t mtu_bytes;
+
+	struct sv_swqe *sq;
+	uint32_t sq_cap, sq_tail, sq_done, sq_send, sq_pkt, sq_released;
+	uint32_t next_psn, acked_psn;
+	int64_t ack_deadline, resume_at;
+	int retries, rnr_retries;
+
+	struct sv_rwqe *rq;
+	struct ibv_sge *rq_sge;
+	uint32_t rq_cap, rq_tail, rq_head, rq_released;
+	uint32_t epsn, msg_off;
+	int in_msg, nak_sent;
+
+	int overrun;
+	uint32_t ev_reported; /* async events handed out (atomic) */
+	struct sv_qp *next;
+};
+
+struct sv_async {
+	enum ibv_event_type type;
+	void *elem;
+	int port;
+};
+
+#define SV_MR_BUCKETS 256
+#define SV_NQPN 65536
+
+struct sv_ctx {
+	struct verbs_context vctx;
+	pthread_mutex_t lk;
+	int epfd, wakefd;
+	pthread_t thr;
+	int stop;
+	int64_t sleep_until; /* the progress thread sleeps until then; 0 while it runs */
+	struct sv_qp **qps;  /* by QPN (the UDP port) */
+	struct sv_qp *qlist;
+	struct sv_mr *mrs[SV_MR_BUCKETS];
+	uint32_t next_key;
+	struct sv_async *aq;
+	int aqlen, aqcap, asig;
+	int port_down, fatal;
+	unsigned rnd;
+};
+
+enum { SV_WAKE_ID = 0 };
+
+static inline struct sv_ctx *sv_ctx(struct ibv_context *c)
+{
+	return (struct sv_ctx *)((char *)c - offsetof(struct sv_ctx, vctx.context));
+}
+
+static int sv_port_active(struct sv_ctx *c)
+{
+	return !c->port_down && !c->fatal;
+}
+
+/* ---- async events ---- */
+
+static void sv_evfd_set(int fd)
+{
+	uint64_t one = 1;
+	if (write(fd, &one, sizeof(one)) < 0) {
+		/* the counter cannot overflow at 1; nothing to do */
+	}
+}
+
+static void sv_evfd_clear(int fd)
+{
+	uint64_t v;
+	if (read(fd, &v, sizeof(v)) < 0) {
+		/* already clear */
+	}
+}
+
+static void sv_async_push(struct sv_ctx *c, enum ibv_event_type type, void *elem, int port)
+{
+	if (c->aqlen == c->aqcap) {
+		int n = c->aqcap ? c->aqcap * 2 : 16;
+		struct sv_async *a = realloc(c->aq, (size_t)n * sizeof(*a));
+		if (!a)
+			return;
+		c->aq = a;
+		c->aqcap = n;
+	}
+	c->aq[c->aqlen++] = (struct sv_async){type, elem, port};
+	if (!c->asig) {
+		c->asig = 1;
+		sv_evfd_set(c->vctx.context.async_fd);
+	}
+}
+
+/* sv_async_drop removes queued (not yet read) events about elem. */
+static void sv_async_drop(struct sv_ctx *c, void *elem)
+{
+	int j = 0;
+	for (int i = 0; i < c->aqlen; i++)
+		if (c->aq[i].elem != elem)
+			c->aq[j++] = c->aq[i];
+	c->aqlen = j;
+	if (!c->aqlen && c->asig) {
+		c->asig = 0;
+		sv_evfd_clear(c->vctx.context.async_fd);
+	}
+}
+
+static int sv_wait_fd(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+	if (fl >= 0 && (fl & O_NONBLOCK)) {
+		errno = EAGAIN;
+		return -1;
+	}
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+	if (poll(&p, 1, -1) < 0)
+		return -1;
+	return 0;
+}
+
+SV_EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *event)
+{
+	if (!context || !event) {
+		errno = EINVAL;
+		return -1;
+	}
+	struct sv_ctx *c = sv_ctx(context);
+	for (;;) {
+		pthread_mutex_lock(&c->lk);
+		if (c->aqlen) {
+			struct sv_async a = c->aq[0];
+			memmove(c->aq, c->aq + 1, (size_t)(c->aqlen - 1) * sizeof(*c->aq));
+			c->aqlen--;
+			if (!c->aqlen && c->asig) {
+				c->asig = 0;
+				sv_evfd_clear(context->async_fd);
+			}
+			memset(event, 0, sizeof(*event));
+			event->event_type = a.type;
+			switch (a.type) {
+			case IBV_EVENT_CQ_ERR:
+				event->element.cq = a.elem;
+				__atomic_add_fetch(&((struct sv_cq *)a.elem)->async_reported, 1, __ATOMIC_SEQ_CST);
+				break;
+			case IBV_EVENT_QP_FATAL:
+			case IBV_EVENT_QP_REQ_ERR:
+			case IBV_EVENT_QP_ACCESS_ERR:
+			case IBV_EVENT_COMM_EST:
+			case IBV_EVENT_SQ_DRAINED:
+			case IBV_EVENT_PATH_MIG:
+			case IBV_EVENT_PATH_MIG_ERR:
+			case IBV_EVENT_QP_LAST_WQE_REACHED:
+				event->element.qp = a.elem;
+				__atomic_add_fetch(&((struct sv_qp *)a.elem)->ev_reported, 1, __ATOMIC_SEQ_CST);
+				break;
+			default:
+				event->element.port_num = a.port;
+				break;
+			}
+			pthread_mutex_unlock(&c->lk);
+			return 0;
+		}
+		pthread_mutex_unlock(&c->lk);
+		if (sv_wait_fd(context->async_fd))
+			return -1;
+	}
+}
+
+SV_EXPORT void ibv_ack_async_event(struct ibv_async_event *event)
+{
+	if (!event)
+		return;
+	switch (event->event_type) {
+	case IBV_EVENT_CQ_ERR: {
+		struct ibv_cq *cq = event->element.cq;
+		if (!cq)
+			return;
+		pthread_mutex_lock(&cq->mutex);
+		++cq->async_events_completed;
+		pthread_cond_broadcast(&cq->cond);
+		pthread_mutex_unlock(&cq->mutex);
+		return;
+	}
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_PATH_MIG:
+	case IBV_EVENT_PATH_MIG_ERR:
+	case IBV_EVENT_QP_LAST_WQE_REACHED: {
+		struct ibv_qp *qp = event->element.qp;
+		if (!qp)
+			return;
+		pthread_mutex_lock(&qp->mutex);
+		++qp->events_completed;
+		pthread_cond_broadcast(&qp->cond);
+		pthread_mutex_unlock(&qp->mutex);
+		return;
+	}
+	default:
+		return;
+	}
+}
+
+/* ---- device and port queries ---- */
+
+static void sv_fill_device_attr(struct ibv_device_attr *a)
+{
+	memset(a, 0, sizeof(*a));
+	snprintf(a->fw_ver, sizeof(a->fw_ver), "1.0.0 (softverbs)");
+	a->node_guid = htobe64(sv_node_guid());
+	a->sys_image_guid = a->node_guid;
+	a->max_mr_size = ~0ULL;
+	a->page_size_cap = ~4095ULL;
+	a->vendor_id = 0;
+	a->vendor_part_id = 0;
+	a->hw_ver = 0;
+	a->max_qp = SV_NQPN;
+	a->max_qp_wr = SV_MAX_QP_WR;
+	a->device_cap_flags = IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_RC_RNR_NAK_GEN |
+			      IBV_DEVICE_CURR_QP_STATE_MOD | IBV_DEVICE_SYS_IMAGE_GUID |
+			      IBV_DEVICE_CHANGE_PHY_PORT;
+	a->max_sge = SV_MAX_SGE;
+	a->max_sge_rd = SV_MAX_SGE;
+	a->max_cq = 1 << 24;
+	a->max_cqe = SV_MAX_CQE;
+	a->max_mr = 1 << 24;
+	a->max_pd = 1 << 24;
+	a->max_qp_rd_atom = SV_MAX_RD_ATOM;
+	a->max_ee_rd_atom = 0;
+	a->max_res_rd_atom = SV_MAX_RD_ATOM * SV_NQPN;
+	a->max_qp_init_rd_atom = SV_MAX_RD_ATOM;
+	a->atomic_cap = IBV_ATOMIC_NONE;
+	a->max_mw = 0;
+	a->max_mcast_grp = 0;
+	a->max_ah = 0;
+	a->max_srq = 0;
+	a->max_pkeys = sv_cfg.ib ? SV_PKEY_TBL_LEN_IB : SV_PKEY_TBL_LEN_ETH;
+	a->local_ca_ack_delay = 16;
+	a->phys_port_cnt = 1;
+}
+
+SV_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_attr *device_attr)
+{
+	if (!context || !device_attr)
+		return EINVAL;
+	sv_fill_device_attr(device_attr);
+	return 0;
+}
+
+static int sv_query_device_ex(struct ibv_context *context, const struct ibv_query_device_ex_input *input,
+			      struct ibv_device_attr_ex *attr, size_t attr_size)
+{
+	struct ibv_device_attr_ex a;
+	if (!context || !attr)
+		return EINVAL;
+	if (input && input->comp_mask)
+		return EINVAL;
+	if (attr_size < sizeof(attr->orig_attr))
+		return EINVAL;
+	memset(&a, 0, sizeof(a));
+	sv_fill_device_attr(&a.orig_attr);
+	memset(attr, 0, attr_size);
+	memcpy(attr, &a, attr_size < sizeof(a) ? attr_size : sizeof(a));
+	return 0;
+}
+
+static void sv_fill_port_attr(struct sv_ctx *c, struct ibv_port_attr *p)
+{
+	memset(p, 0, sizeof(*p));
+	int up = sv_port_active(c);
+	p->state = up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
+	p->max_mtu = IBV_MTU_4096;
+	p->active_mtu = sv_cfg.active_mtu;
+	p->gid_tbl_len = SV_GID_TBL_LEN;
+	p->port_cap_flags = sv_cfg.ib ? IBV_PORT_CM_SUP : IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS;
+	p->max_msg_sz = SV_MAX_MSG;
+	p->pkey_tbl_len = sv_cfg.ib ? SV_PKEY_TBL_LEN_IB : SV_PKEY_TBL_LEN_ETH;
+	p->lid = sv_cfg.ib ? sv_cfg.lid : 0;
+	p->sm_lid = sv_cfg.ib ? sv_cfg.lid : 0;
+	p->max_vl_num = sv_cfg.ib ? 4 : 0;
+	p->subnet_timeout = sv_cfg.ib ? 18 : 0;
+	p->active_width = 2;  /* 4x */
+	p->active_speed = 32; /* EDR: 4x EDR is 100 Gb/s */
+	p->phys_state = up ? 5 : 3; /* LinkUp : Disabled */
+	p->link_layer = sv_cfg.ib ? IBV_LINK_LAYER_INFINIBAND : IBV_LINK_LAYER_ETHERNET;
+}
+
+static int sv_query_port(struct ibv_context *context, uint8_t port_num, struct ibv_port_attr *port_attr,
+			 size_t len)
+{
+	struct ibv_port_attr p;
+	if (!context || !port_attr)
+		return EINVAL;
+	if (port_num != 1)
+		return EINVAL;
+	struct sv_ctx *c = sv_ctx(context);
+	pthread_mutex_lock(&c->lk);
+	sv_fill_port_attr(c, &p);
+	pthread_mutex_unlock(&c->lk);
+	memcpy(port_attr, &p, len < sizeof(p) ? len : sizeof(p));
+	return 0;
+}
+
+/* The exported symbol, for programs built before the extended context existed: it fills the
+ * old, shorter struct. */
+SV_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port_num,
+			     struct _compat_ibv_port_attr *port_attr)
+{
+	return sv_query_port(context, port_num, (struct ibv_port_attr *)port_attr,
+			     offsetof(struct ibv_port_attr, link_layer) + 1);
+}
+
+SV_EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port_num, int index, union ibv_gid *gid)
+{
+	struct sv_gid g;
+	if (!context || !gid || port_num != 1 || index < 0) {
+		errno = EINVAL;
+		return -1;
+	}
+	int rc = sv_gid_at((unsigned)index, &g);
+	if (rc == EINVAL) {
+		errno = EINVAL;
+		return -1;
+	}
+	*gid = g.gid; /* zero when the entry is empty */
+	return 0;
+}
+
+SV_EXPORT int _ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32_t gid_index,
+				struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size)
+{
+	struct sv_gid g;
+	if (!context || !entry || flags || entry_size < sizeof(*entry) || port_num != 1)
+		return EINVAL;
+	int rc = sv_gid_at(gid_index, &g);
+	if (rc)
+		return rc;
+	memset(entry, 0, entry_size);
+	entry->gid = g.gid;
+	entry->gid_index = gid_index;
+	entry->port_num = 1;
+	entry->gid_type = g.type;
+	entry->ndev_ifindex = sv_cfg.ib ? 0 : 1;
+	return 0;
+}
+
+SV_EXPORT ssize_t _ibv_query_gid_table(struct ibv_context *context, struct ibv_gid_entry *entries,
+				       size_t max_entries, uint32_t flags, size_t entry_size)
+{
+	struct sv_gid g;
+	if (!context || flags || entry_size < sizeof(*entries))
+		return -EINVAL;
+	size_t n = 0;
+	for (unsigned i = 0; i < SV_GID_TBL_LEN; i++)
+		if (!sv_gid_at(i, &g))
+			n++;
+	if (n > max_entries || (n && !entries))
+		return -EINVAL;
+	n = 0;
+	for (unsigned i = 0; i < SV_GID_TBL_LEN; i++) {
+		if (sv_gid_at(i, &g))
+			continue;
+		struct ibv_gid_entry *e = (struct ibv_gid_entry *)((char *)entries + n * entry_size);
+		memset(e, 0, entry_size);
+		e->gid = g.gid;
+		e->gid_index = i;
+		e->port_num = 1;
+		e->gid_type = g.type;
+		e->ndev_ifindex = sv_cfg.ib ? 0 : 1;
+		n++;
+	}
+	return (ssize_t)n;
+}
+
+/* enum ibv_gid_type_sysfs of rdma-core: 0 IB/RoCE v1, 1 RoCE v2. */
+SV_EXPORT int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned int index,
+				 int *type)
+{
+	struct sv_gid g;
+	if (!context || !type || port_num != 1) {
+		errno = EINVAL;
+		return -1;
+	}
+	int rc = sv_gid_at(index, &g);
+	if (rc == ENODATA) {
+		*type = 0;
+		return 0;
+	}
+	if (rc) {
+		errno = rc;
+		return -1;
+	}
+	*type = g.type == IBV_GID_TYPE_ROCE_V2 ? 1 : 0;
+	return 0;
+}
+
+SV_EXPORT int ibv_query_pkey(struct ibv_context *context, uint8_t port_num, int index, __be16 *pkey)
+{
+	int len = sv_cfg.ib ? SV_PKEY_TBL_LEN_IB : SV_PKEY_TBL_LEN_ETH;
+	if (!context || !pkey || port_num != 1 || index < 0 || index >= len) {
+		errno = EINVAL;
+		return -1;
+	}
+	*pkey = index == 0 ? htobe16(0xffff) : 0;
+	return 0;
+}
+
+SV_EXPORT int ibv_get_pkey_index(struct ibv_context *context, uint8_t port_num, __be16 pkey)
+{
+	if (!context || port_num != 1) {
+		errno = EINVAL;
+		return -1;
+	}
+	if (be16toh(pkey) == 0xffff)
+		return 0;
+	errno = ENOENT;
+	return -1;
+}
+
+/* ---- completion queues and channels ---- */
+
+static void sv_channel_notify(struct sv_channel *ch, struct sv_cq *cq)
+{
+	pthread_mutex_lock(&ch->lk);
+	if (ch->qlen == ch->qcap) {
+		int n = ch->qcap ? ch->qcap * 2 : 16;
+		struct sv_cq **q = realloc(ch->q, (size_t)n * sizeof(*q));
+		if (!q) {
+			pthread_mutex_unlock(&ch->lk);
+			return;
+		}
+		ch->q = q;
+		ch->qcap = n;
+	}
+	ch->q[ch->qlen++] = cq;
+	if (!ch->signaled) {
+		ch->signaled = 1;
+		sv_evfd_set(ch->ch.fd);
+	}
+	pthread_mutex_unlock(&ch->lk);
+}
+
+/* sv_cq_push adds a CQE; -1 when the CQ overran (or had). Context lock held. */
+static int sv_cq_push(struct sv_cq *cq, const struct ibv_wc *wc, struct sv_qp *qp, int is_send,
+		      uint32_t release, int solicited)
+{
+	pthread_mutex_lock(&cq->lk);
+	if (cq->err) {
+		pthread_mutex_unlock(&cq->lk);
+		return -1;
+	}
+	if (cq->count == cq->cap) {
+		cq->err = 1;
+		pthread_mutex_unlock(&cq->lk);
+		sv_async_push(cq->ctx, IBV_EVENT_CQ_ERR, cq, 0);
+		return -1;
+	}
+	struct sv_cqe *e = &cq->ring[(cq->head + cq->count) % cq->cap];
+	e->wc = *wc;
+	e->qp = qp;
+	e->is_send = is_send;
+	e->release = release;
+	cq->count++;
+	int fire = cq->armed == 1 || (cq->armed == 2 && (solicited || wc->status != IBV_WC_SUCCESS));
+	if (fire)
+		cq->armed = 0;
+	pthread_mutex_unlock(&cq->lk);
+	if (fire && cq->ch)
+		sv_channel_notify(cq->ch, cq);
+	return 0;
+}
+
+/* sv_cq_clean removes the CQEs of qp (destroy, reset), as libibverbs providers do. */
+static void sv_cq_clean(struct sv_cq *cq, struct sv_qp *qp)
+{
+	pthread_mutex_lock(&cq->lk);
+	int j = 0;
+	for (int i = 0; i < cq->count; i++) {
+		struct sv_cqe *e = &cq->ring[(cq->head + i) % cq->cap];
+		if (e->qp == qp)
+			continue;
+		if (i != j)
+			cq->ring[(cq->head + j) % cq->cap] = *e;
+		j++;
+	}
+	cq->count = j;
+	pthread_mutex_unlock(&cq->lk);
+}
+
+static int sv_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
+{
+	if (!ibcq || num_entries < 0 || (num_entries && !wc))
+		return -1;
+	struct sv_cq *cq = (struct sv_cq *)ibcq;
+	int n = 0;
+	pthread_mutex_lock(&cq->lk);
+	while (n < num_entries && cq->count) {
+		struct sv_cqe *e = &cq->ring[cq->head];
+		wc[n++] = e->wc;
+		if (e->qp)
+			__atomic_store_n(e->is_send ? &e->qp->sq_released : &e->qp->rq_released, e->release,
+					 __ATOMIC_RELEASE);
+		cq->head = (cq->head + 1) % cq->cap;
+		cq->count--;
+	}
+	pthread_mutex_unlock(&cq->lk);
+	return n;
+}
+
+static int sv_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
+{
+	if (!ibcq)
+		return EINVAL;
+	struct sv_cq *cq = (struct sv_cq *)ibcq;
+	pthread_mutex_lock(&cq->lk);
+	if (!cq->armed || !solicited_only)
+		cq->armed = solicited_only ? 2 : 1;
+	pthread_mutex_unlock(&cq->lk);
+	return 0;
+}
+
+SV_EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *context)
+{
+	if (!context) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct sv_channel *ch = calloc(1, sizeof(*ch));
+	if (!ch) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	ch->ch.fd = eventfd(0, EFD_CLOEXEC);
+	if (ch->ch.fd < 0) {
+		int e = errno;
+		free(ch);
+		errno = e;
+		return NULL;
+	}
+	ch->ch.context = context;
+	ch->ch.refcnt = 0;
+	pthread_mutex_init(&ch->lk, NULL);
+	return &ch->ch;
+}
+
+SV_EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel *channel)
+{
+	if (!channel)
+		return EINVAL;
+	struct sv_channel *ch = (struct sv_channel *)channel;
+	struct sv_ctx *c = sv_ctx(channel->context);
+	pthread_mutex_lock(&c->lk);
+	if (channel->refcnt) {
+		pthread_mutex_unlock(&c->lk);
+		errno = EBUSY;
+		return EBUSY;
+	}
+	pthread_mutex_unlock(&c->lk);
+	close(ch->ch.fd);
+	pthread_mutex_destroy(&ch->lk);
+	free(ch->q);
+	free(ch);
+	return 0;
+}
+
+SV_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context)
+{
+	if (!channel || !cq || !cq_context) {
+		errno = EINVAL;
+		return -1;
+	}
+	struct sv_channel *ch = (struct sv_channel *)channel;
+	for (;;) {
+		pthread_mutex_lock(&ch->lk);
+		if (ch->qlen) {
+			struct sv_cq *q = ch->q[0];
+			memmove(ch->q, ch->q + 1, (size_t)(ch->qlen - 1) * sizeof(*ch->q));
+			ch->qlen--;
+			if (!ch->qlen && ch->signaled) {
+				ch->signaled = 0;
+				sv_evfd_clear(ch->ch.fd);
+			}
+			__atomic_add_fetch(&q->comp_reported, 1, __ATOMIC_SEQ_CST);
+			pthread_mutex_unlock(&ch->lk);
+			*cq = &q->cq;
+			*cq_context = q->cq.cq_context;
+			return 0;
+		}
+		pthread_mutex_unlock(&ch->lk);
+		if (sv_wait_fd(channel->fd))
+			return -1;
+	}
+}
+
+SV_EXPORT void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
+{
+	if (!cq)
+		return;
+	pthread_mutex_lock(&cq->mutex);
+	cq->comp_events_completed += nevents;
+	pthread_cond_broadcast(&cq->cond);
+	pthread_mutex_unlock(&cq->mutex);
+}
+
+static uint32_t sv_pow2(uint32_t v)
+{
+	uint32_t p = 1;
+	while (p < v)
+		p <<= 1;
+	return p;
+}
+
+SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
+				       struct ibv_comp_channel *channel, int comp_vector)
+{
+	if (!context || cqe < 1 || cqe > SV_MAX_CQE || comp_vector < 0 ||
+	    comp_vector >= context->num_comp_vectors || (channel && channel->context != context)) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct sv_ctx *c = sv_ctx(context);
+	if (c->fatal) {
+		errno = EIO;
+		return NULL;
+	}
+	struct sv_cq *cq = calloc(1, sizeof(*cq));
+	if (!cq) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	cq->cap = (int)sv_pow2((uint32_t)cqe + 1) - 1; /* as mlx5 rounds */
+	cq->ring = calloc((size_t)cq->cap, sizeof(*cq->ring));
+	if (!cq->ring) {
+		free(cq);
+		errno = ENOMEM;
+		return NULL;
+	}
+	cq->ctx = c;
+	pthread_mutex_init(&cq->lk, NULL);
+	cq->cq.context = context;
+	cq->cq.channel = channel;
+	cq->cq.cq_context = cq_context;
+	cq->cq.cqe = cq->cap;
+	pthread_mutex_init(&cq->cq.mutex, NULL);
+	pthread_cond_init(&cq->cq.cond, NULL);
+	cq->ch = (struct sv_channel *)channel;
+	pthread_mutex_lock(&c->lk);
+	if (channel)
+		channel->refcnt++;
+	pthread_mutex_unlock(&c->lk);
+	return &cq->cq;
+}
+
+SV_EXPORT int ibv_resize_cq(struct ibv_cq *ibcq, int cqe)
+{
+	if (!ibcq || cqe < 1 || cqe > SV_MAX_CQE)
+		return EINVAL;
+	struct sv_cq *cq = (struct sv_cq *)ibcq;
+	int cap = (int)sv_pow2((uint32_t)cqe + 1) - 1;
+	struct sv_cqe *r = calloc((size_t)cap, sizeof(*r));
+	if (!r)
+		return ENOMEM;
+	pthread_mutex_lock(&cq->lk);
+	if (cq->count > cap) {
+		pthread_mutex_unlock(&cq->lk);
+		free(r);
+		return EINVAL;
+	}
+	for (int i = 0; i < cq->count; i++)
+		r[i] = cq->ring[(cq->head + i) % cq->cap];
+	free(cq->ring);
+	cq->ring = r;
+	cq->head = 0;
+	cq->cap = cap;
+	cq->cq.cqe = cap;
+	pthread_mutex_unlock(&cq->lk);
+	return 0;
+}
+
+SV_EXPORT int ibv_destroy_cq(struct ibv_cq *ibcq)
+{
+	if (!ibcq)
+		return EINVAL;
+	struct sv_cq *cq = (struct sv_cq *)ibcq;
+	struct sv_ctx *c = cq->ctx;
+	pthread_mutex_lock(&c->lk);
+	if (cq->nqp) {
+		pthread_mutex_unlock(&c->lk);
+		errno = EBUSY;
+		return EBUSY;
+	}
+	sv_async_drop(c, cq);
+	if (cq->ch) {
+		struct sv_channel *ch = cq->ch;
+		pthread_mutex_lock(&ch->lk);
+		int j = 0;
+		for (int i = 0; i < ch->qlen; i++)
+			if (ch->q[i] != cq)
+				ch->q[j++] = ch->q[i];
+		ch->qlen = j;
+		if (!ch->qlen && ch->signaled) {
+			ch->signaled = 0;
+			sv_evfd_clear(ch->ch.fd);
+		}
+		pthread_mutex_unlock(&ch->lk);
+		ch->ch.refcnt--;
+	}
+	pthread_mutex_unlock(&c->lk);
+	/* As libibverbs: wait until every event handed out was acknowledged. */
+	pthread_mutex_lock(&ibcq->mutex);
+	while (ibcq->comp_events_completed != __atomic_load_n(&cq->comp_reported, __ATOMIC_SEQ_CST) ||
+	       ibcq->async_events_completed != __atomic_load_n(&cq->async_reported, __ATOMIC_SEQ_CST))
+		pthread_cond_wait(&ibcq->cond, &ibcq->mutex);
+	pthread_mutex_unlock(&ibcq->mutex);
+	pthread_mutex_destroy(&cq->lk);
+	free(cq->ring);
+	free(cq);
+	return 0;
+}
+
+/* ---- PDs and MRs ---- */
+
+SV_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
+{
+	if (!context) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if (sv_ctx(context)->fatal) {
+		errno = EIO;
+		return NULL;
+	}
+	struct sv_pd *pd = calloc(1, sizeof(*pd));
+	if (!pd) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	pd->pd.context = context;
+	pd->pd.handle = 0;
+	return &pd->pd;
+}
+
+SV_EXPORT int ibv_dealloc_pd(struct ibv_pd *ibpd)
+{
+	if (!ibpd)
+		return EINVAL;
+	struct sv_pd *pd = (struct sv_pd *)ibpd;
+	struct sv_ctx *c = sv_ctx(ibpd->context);
+	pthread_mutex_lock(&c->lk);
+	if (pd->refs) {
+		pthread_mutex_unlock(&c->lk);
+		errno = EBUSY;
+		return EBUSY;
+	}
+	pthread_mutex_unlock(&c->lk);
+	free(pd);
+	return 0;
+}
+
+static struct sv_mr *sv_mr_find(struct sv_ctx *c, uint32_t lkey)
+{
+	for (struct sv_mr *m = c->mrs[lkey % SV_MR_BUCKETS]; m; m = m->next)
+		if (m->mr.lkey == lkey)
+			return m;
+	return NULL;
+}
+
+static struct ibv_mr *sv_reg(struct ibv_pd *ibpd, void *addr, size_t length, uint64_t iova, int access)
+{
+	if (!ibpd || !length) {
+		errno = EINVAL;
+		return NULL;
+	}
+	const int known = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+			  IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED |
+			  IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB | IBV_ACCESS_RELAXED_ORDERING;
+	if ((access & ~known) ||
+	    ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE))) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if (access & (IBV_ACCESS_ON_DEMAND | IBV_ACCESS_ZERO_BASED | IBV_ACCESS_MW_BIND)) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	struct sv_ctx *c = sv_ctx(ibpd->context);
+	if (c->fatal) {
+		errno = EIO;
+		return NULL;
+	}
+	/* Pinning fails on unmapped memory: check the range is mapped. */
+	long pg = sysconf(_SC_PAGESIZE);
+	uintptr_t start = (uintptr_t)addr & ~(uintptr_t)(pg - 1);
+	if ((uintptr_t)addr + length < (uintptr_t)addr) {
+		errno = EINVAL;
+		return NULL;
+	}
+	size_t span = (uintptr_t)addr + length - start;
+	size_t npages = (span + (size_t)pg - 1) / (size_t)pg;
+	unsigned char *vec = malloc(npages);
+	if (!vec) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	int mapped = mincore((void *)start, span, vec) == 0;
+	free(vec);
+	if (!mapped) {
+		errno = EFAULT;
+		return NULL;
+	}
+	struct sv_mr *m = calloc(1, sizeof(*m));
+	if (!m) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	pthread_mutex_lock(&c->lk);
+	uint32_t key;
+	do {
+		key = c->next_key++;
+		if (c->next_key == 0)
+			c->next_key = 0x100;
+	} while (sv_mr_find(c, key));
+	m->mr.context = ibpd->context;
+	m->mr.pd = ibpd;
+	m->mr.addr = addr;
+	m->mr.length = length;
+	m->mr.handle = key;
+	m->mr.lkey = key;
+	m->mr.rkey = key;
+	m->pd = (struct sv_pd *)ibpd;
+	m->access = access;
+	(void)iova;
+	m->next = c->mrs[key % SV_MR_BUCKETS];
+	c->mrs[key % SV_MR_BUCKETS] = m;
+	m->pd->refs++;
+	pthread_mutex_unlock(&c->lk);
+	return &m->mr;
+}
+
+SV_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)
+{
+	return sv_reg(pd, addr, length, (uintptr_t)addr, access);
+}
+
+SV_EXPORT struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
+					 int access)
+{
+	return sv_reg(pd, addr, length, iova, access);
+}
+
+SV_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
+					  unsigned int access)
+{
+	return sv_reg(pd, addr, length, iova, (int)access);
+}
+
+SV_EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
+					   uint64_t iova, int fd, int access)
+{
+	(void)pd, (void)offset, (void)length, (void)iova, (void)fd, (void)access;
+	errno = EOPNOTSUPP;
+	return NULL;
+}
+
+SV_EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length,
+			   int access)
+{
+	(void)mr, (void)flags, (void)pd, (void)addr, (void)length, (void)access;
+	errno = EOPNOTSUPP;
+	return IBV_REREG_MR_ERR_INPUT;
+}
+
+SV_EXPORT int ibv_dereg_mr(struct ibv_mr *ibmr)
+{
+	if (!ibmr)
+		return EINVAL;
+	struct sv_ctx *c = sv_ctx(ibmr->context);
+	struct sv_mr *m = (struct sv_mr *)ibmr;
+	pthread_mutex_lock(&c->lk);
+	struct sv_mr **pp = &c->mrs[ibmr->lkey % SV_MR_BUCKETS];
+	while (*pp && *pp != m)
+		pp = &(*pp)->next;
+	if (!*pp) {
+		pthread_mutex_unlock(&c->lk);
+		return EINVAL;
+	}
+	*pp = m->next;
+	m->pd->refs--;
+	pthread_mutex_unlock(&c->lk);
+	free(m);
+	return 0;
+}
+
+/* sv_mr_check finds the MR of [addr, addr+len) under lkey in pd with the access needed. */
+static int sv_mr_check(struct sv_ctx *c, struct sv_pd *pd, uint32_t lkey, uint64_t addr, uint32_t len,
+		       int need)
+{
+	struct sv_mr *m = sv_mr_find(c, lkey);
+	if (!m || m->pd != pd || (m->access & need) != need)
+		return -1;
+	uint64_t lo = (uintptr_t)m->mr.addr, hi = lo + m->mr.length;
+	if (addr < lo || addr > hi || len > hi - addr)
+		return -1;
+	return 0;
+}
+
+/* ---- QP engine ---- */
+
+static int64_t sv_ack_timeout_ns(uint8_t t)
+{
+	if (t == 0)
+		return 0; /* infinite */
+	int64_t ns = t >= 31 ? (int64_t)4096 << 31 : (int64_t)4096 << t;
+	return ns < sv_cfg.min_ack_ns ? sv_cfg.min_ack_ns : ns;
+}
+
+static const int64_t sv_rnr_ns[32] = {
+	655360000, 10000, 20000, 30000, 40000, 60000, 80000, 120000,
+	160000, 240000, 320000, 480000, 640000, 960000, 1280000, 1920000,
+	2560000, 3840000, 5120000, 7680000, 10240000, 15360000, 20480000, 30720000,
+	40960000, 61440000, 81920000, 122880000, 163840000, 245760000, 327680000, 491520000,
+};
+
+static void sv_wake(struct sv_ctx *c, int64_t deadline)
+{
+	if (c->sleep_until && deadline < c->sleep_until) {
+		c->sleep_until = deadline;
+		sv_evfd_set(c->wakefd);
+	}
+}
+
+static void sv_arm(struct sv_qp *q, int64_t now)
+{
+	int64_t t = sv_ack_timeout_ns(q->attr.timeout);
+	q->ack_deadline = t ? now + t : 0;
+	if (q->ack_deadline)
+		sv_wake(q->ctx, q->ack_deadline);
+}
+
+static void sv_send_pkt(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload)
+{
+	struct sv_ctx *c = q->ctx;
+	uint8_t buf[SV_HDR_LEN + SV_MAX_PAYLOAD];
+	if (!sv_port_active(c))
+		return;
+	if (sv_faults.drop_pct && (int)(rand_r(&c->rnd) % 100) < sv_faults.drop_pct)
+		return;
+	sv_encode(h, buf);
+	if (h->len)
+		memcpy(buf + SV_HDR_LEN, payload, h->len);
+	/* Non-blocking: a full socket buffer loses the packet, as a congested link would; the
+	 * retransmit timer recovers it. */
+	if (sendto(q->fd, buf, SV_HDR_LEN + h->len, MSG_DONTWAIT, (struct sockaddr *)&q->dest,
+		   sizeof(q->dest)) < 0) {
+		/* lost */
+	}
+}
+
+static void sv_send_ctl(struct sv_qp *q, uint8_t op, uint8_t synd, uint8_t aux, uint32_t psn)
+{
+	struct sv_hdr h = {.op = op, .synd = synd, .aux = aux, .dqpn = q->attr.dest_qp_num,
+			   .sqpn = q->qp.qp_num, .psn = psn & SV_PSN_MASK};
+	sv_send_pkt(q, &h, NULL);
+}
+
+static void sv_complete_send(struct sv_qp *q, uint32_t idx, enum ibv_wc_status st)
+{
+	struct sv_swqe *w = &q->sq[idx % q->sq_cap];
+	if (st == IBV_WC_SUCCESS && !w->signaled)
+		return;
+	struct ibv_wc wc = {.wr_id = w->wr_id, .status = st,
+			    .opcode = w->imm_valid ? IBV_WC_SEND : IBV_WC_SEND,
+			    .byte_len = w->len, .qp_num = q->qp.qp_num};
+	if (sv_cq_push(q->scq, &wc, q, 1, idx + 1, 0))
+		q->overrun = 1;
+}
+
+static void sv_complete_recv(struct sv_qp *q, uint32_t idx, enum ibv_wc_status st, uint32_t len,
+			     const struct sv_hdr *h)
+{
+	struct sv_rwqe *w = &q->rq[idx % q->rq_cap];
+	struct ibv_wc wc = {.wr_id = w->wr_id, .status = st, .opcode = IBV_WC_RECV, .byte_len = len,
+			    .qp_num = q->qp.qp_num};
+	int sol = 0;
+	if (h) {
+		wc.src_qp = h->sqpn;
+		if (h->op == SV_OP_SEND_LAST_IMM || h->op == SV_OP_SEND_ONLY_IMM) {
+			wc.wc_flags |= IBV_WC_WITH_IMM;
+			wc.imm_data = h->imm;
+		}
+		sol = h->flags & SV_FLAG_SOLICITED;
+	}
+	if (sv_cq_push(q->rcq, &wc, q, 0, idx + 1, sol))
+		q->overrun = 1;
+}
+
+/* sv_qp_error moves q to ERR and flushes both queues. */
+static void sv_qp_error(struct sv_qp *q)
+{
+	if (q->state == IBV_QPS_ERR)
+		return;
+	q->state = IBV_QPS_ERR;
+	q->qp.state = IBV_QPS_ERR;
+	for (uint32_t i = q->sq_done; i != q->sq_tail; i++) {
+		struct sv_swqe *w = &q->sq[i % q->sq_cap];
+		w->signaled = 1; /* error completions are always reported */
+		sv_complete_send(q, i, IBV_WC_WR_FLUSH_ERR);
+		free(w->data);
+		w->data = NULL;
+	}
+	q->sq_done = q->sq_send = q->sq_tail;
+	q->sq_pkt = 0;
+	q->ack_deadline = q->resume_at = 0;
+	for (uint32_t i = q->rq_head; i != q->rq_tail; i++)
+		sv_complete_recv(q, i, IBV_WC_WR_FLUSH_ERR, 0, NULL);
+	q->rq_head = q->rq_tail;
+	q->in_msg = 0;
+}
+
+/* sv_fail completes the oldest outstanding send WQE with st and moves q to ERR. */
+static void sv_fail(struct sv_qp *q, enum ibv_wc_status st)
+{
+	if (q->sq_done != q->sq_tail) {
+		struct sv_swqe *w = &q->sq[q->sq_done % q->sq_cap];
+		w->signaled = 1;
+		sv_complete_send(q, q->sq_done, st);
+		free(w->data);
+		w->data = NULL;
+		q->sq_done++;
+		if (q->sq_send - q->sq_done > q->sq_tail - q->sq_done) {
+			q->sq_send = q->sq_done;
+			q->sq_pkt = 0;
+		}
+	}
+	sv_qp_error(q);
+}
+
+static int sv_inflight(struct sv_qp *q)
+{
+	return q->sq_done != q->sq_send || q->sq_pkt;
+}
+
+static void sv_pump(struct sv_qp *q, int64_t now)
+{
+	if (q->state != IBV_QPS_RTS || q->resume_at)
+		return;
+	while (q->sq_send != q->sq_tail) {
+		struct sv_swqe *w = &q->sq[q->sq_send % q->sq_cap];
+		if (w->pre) {
+			if (sv_inflight(q))
+				return; /* report in order, after what precedes it */
+			sv_fail(q, w->pre);
+			return;
+		}
+		if (sv_psn_diff(q->next_psn, q->acked_psn) > SV_WINDOW)
+			return;
+		if (q->sq_pkt == 0)
+			w->first_psn = q->next_psn;
+		uint32_t off = q->sq_pkt * q->mtu_bytes;
+		uint32_t left = w->len - off;
+		uint32_t n = left < q->mtu_bytes ? left : q->mtu_bytes;
+		int first = q->sq_pkt == 0, last = q->sq_pkt + 1 == w->npkts;
+		struct sv_hdr h = {.dqpn = q->attr.dest_qp_num, .sqpn = q->qp.qp_num, .psn = q->next_psn,
+				   .len = (uint16_t)n};
+		if (first && last)
+			h.op = w->imm_valid ? SV_OP_SEND_ONLY_IMM : SV_OP_SEND_ONLY;
+		else if (first)
+			h.op = SV_OP_SEND_FIRST;
+		else if (last)
+			h.op = w->imm_valid ? SV_OP_SEND_LAST_IMM : SV_OP_SEND_LAST;
+		else
+			h.op = SV_OP_SEND_MIDDLE;
+		if (last) {
+			if (w->imm_valid)
+				h.imm = w->imm;
+			if (w->solicited)
+				h.flags = SV_FLAG_SOLICITED;
+		}
+		sv_send_pkt(q, &h, w->data ? w->data + off : NULL);
+		q->next_psn = (q->next_psn + 1) & SV_PSN_MASK;
+		if (!q->ack_deadline)
+			sv_arm(q, now);
+		if (last) {
+			q->sq_send++;
+			q->sq_pkt = 0;
+		} else {
+			q->sq_pkt++;
+		}
+	}
+}
+
+static void sv_rewind(struct sv_qp *q)
+{
+	if (!sv_inflight(q))
+		return;
+	q->next_psn = q->sq[q->sq_done % q->sq_cap].first_psn;
+	q->sq_send = q->sq_done;
+	q->sq_pkt = 0;
+}
+
+/* sv_ack applies a cumulative ACK of psn a; 1 when it acknowledged something new. */
+static int sv_ack(struct sv_qp *q, uint32_t a, int64_t now)
+{
+	if (sv_psn_diff(a, q->acked_psn) <= 0 || sv_psn_diff(a, q->next_psn) >= 0)
+		return 0; /* duplicate, or for a PSN never sent */
+	q->acked_psn = a;
+	q->retries = 0;
+	q->rnr_retries = 0;
+	while (q->sq_done != q->sq_send) {
+		struct sv_swqe *w = &q->sq[q->sq_done % q->sq_cap];
+		uint32_t last = (w->first_psn + w->npkts - 1) & SV_PSN_MASK;
+		if (sv_psn_diff(a, last) < 0)
+			break;
+		sv_complete_send(q, q->sq_done, IBV_WC_SUCCESS);
+		free(w->data);
+		w->data = NULL;
+		q->sq_done++;
+	}
+	q->ack_deadline = 0;
+	if (sv_inflight(q))
+		sv_arm(q, now);
+	return 1;
+}
+
+static void sv_on_nak(struct sv_qp *q, const struct sv_hdr *h, int64_t now)
+{
+	if (sv_psn_diff(h->psn, q->next_psn) >= 0 || !sv_inflight(q))
+		return; /* for nothing outstanding */
+	sv_ack(q, (h->psn - 1) & SV_PSN_MASK, now);
+	if (!sv_inflight(q))
+		return;
+	switch (h->synd) {
+	case SV_NAK_RNR:
+		if (q->attr.rnr_retry != 7 && ++q->rnr_retries > q->attr.rnr_retry) {
+			sv_fail(q, IBV_WC_RNR_RETRY_EXC_ERR);
+			return;
+		}
+		sv_rewind(q);
+		q->ack_deadline = 0;
+		q->resume_at = now + sv_rnr_ns[h->aux & 31];
+		sv_wake(q->ctx, q->resume_at);
+		return;
+	case SV_NAK_SEQ:
+		if (q->resume_at)
+			return;
+		sv_rewind(q);
+		sv_pump(q, now);
+		return;
+	case SV_NAK_INV_REQ:
+		sv_fail(q, IBV_WC_REM_INV_REQ_ERR);
+		return;
+	default:
+		sv_fail(q, IBV_WC_REM_OP_ERR);
+		return;
+	}
+}
+
+/* sv_scatter places len bytes at message offset off into the RECV w. */
+static enum ibv_wc_status sv_scatter(struct sv_qp *q, struct sv_rwqe *w, uint32_t off, const uint8_t *p,
+				     uint32_t len)
+{
+	uint64_t total = 0;
+	for (int i = 0; i < w->nsge; i++)
+		total += w->sge[i].length;
+	if ((uint64_t)off + len > total)
+		return IBV_WC_LOC_LEN_ERR;
+	uint64_t pos = 0;
+	for (int i = 0; i < w->nsge && len; i++) {
+		struct ibv_sge *s = &w->sge[i];
+		if (pos + s->length <= off) {
+			pos += s->length;
+			continue;
+		}
+		uint32_t in = (uint32_t)(off - pos);
+		uint32_t n = s->length - in < len ? s->length - in : len;
+		if (sv_mr_check(q->ctx, q->pd, s->lkey, s->addr + in, n, IBV_ACCESS_LOCAL_WRITE))
+			return IBV_WC_LOC_PROT_ERR;
+		memcpy((void *)(uintptr_t)(s->addr + in), p, n);
+		p += n;
+		len -= n;
+		off += n;
+		pos += s->length;
+	}
+	return IBV_WC_SUCCESS;
+}
+
+static void sv_on_send(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload)
+{
+	if (q->state != IBV_QPS_RTR && q->state != IBV_QPS_RTS && q->state != IBV_QPS_SQD)
+		return;
+	int32_t d = sv_psn_diff(h->psn, q->epsn);
+	if (d < 0) {
+		sv_send_ctl(q, SV_OP_ACK, 0, 0, q->epsn - 1);
+		return;
+	}
+	if (d > 0) {
+		if (!q->nak_sent) {
+			q->nak_sent = 1;
+			sv_send_ctl(q, SV_OP_NAK, SV_NAK_SEQ, 0, q->epsn);
+		}
+		return;
+	}
+	int first = h->op == SV_OP_SEND_FIRST || h->op == SV_OP_SEND_ONLY || h->op == SV_OP_SEND_ONLY_IMM;
+	int last = h->op != SV_OP_SEND_FIRST && h->op != SV_OP_SEND_MIDDLE;
+	if (first != !q->in_msg) {
+		/* a new message inside one, or a continuation of none */
+		if (q->in_msg) {
+			sv_complete_recv(q, q->rq_head, IBV_WC_REM_INV_REQ_ERR, q->msg_off, h);
+			q->rq_head++;
+		}
+		sv_send_ctl(q, SV_OP_NAK, SV_NAK_INV_REQ, 0, h->psn);
+		sv_qp_error(q);
+		return;
+	}
+	if (first) {
+		if (q->rq_head == q->rq_tail) {
+			q->nak_sent = 1;
+			sv_send_ctl(q, SV_OP_NAK, SV_NAK_RNR, q->attr.min_rnr_timer, h->psn);
+			return;
+		}
+		q->in_msg = 1;
+		q->msg_off = 0;
+	}
+	q->nak_sent = 0;
+	struct sv_rwqe *w = &q->rq[q->rq_head % q->rq_cap];
+	enum ibv_wc_status st = sv_scatter(q, w, q->msg_off, payload, h->len);
+	if (st != IBV_WC_SUCCESS) {
+		sv_complete_recv(q, q->rq_head, st, q->msg_off, h);
+		q->rq_head++;
+		q->in_msg = 0;
+		sv_send_ctl(q, SV_OP_NAK, st == IBV_WC_LOC_LEN_ERR ? SV_NAK_INV_REQ : SV_NAK_REM_OP, 0, h->psn);
+		sv_qp_error(q);
+		return;
+	}
+	q->msg_off += h->len;
+	q->epsn = (q->epsn + 1) & SV_PSN_MASK;
+	if (last) {
+		sv_complete_recv(q, q->rq_head, IBV_WC_SUCCESS, q->msg_off, h);
+		q->rq_head++;
+		q->in_msg = 0;
+		sv_send_ctl(q, SV_OP_ACK, 0, 0, h->psn);
+	}
+}
+
+static void sv_check_overrun(struct sv_qp *q)
+{
+	if (!q->overrun)
+		return;
+	q->overrun = 0;
+	if (q->state != IBV_QPS_ERR) {
+		sv_async_push(q->ctx, IBV_EVENT_QP_FATAL, q, 0);
+		sv_qp_error(q);
+	}
+	q->overrun = 0;
+}
+
+static void sv_on_packet(struct sv_qp *q, const uint8_t *buf, size_t n, int64_t now)
+{
+	struct sv_hdr h;
+	if (sv_decode(buf, n, &h) || h.dqpn != q->qp.qp_num)
+		return;
+	if (!sv_port_active(q->ctx))
+		return;
+	if (sv_op_is_send(h.op)) {
+		sv_on_send(q, &h, buf + SV_HDR_LEN);
+	} else if (q->state == IBV_QPS_RTS || q->state == IBV_QPS_SQD) {
+		if (h.op == SV_OP_ACK) {
+			if (sv_ack(q, h.psn, now))
+				sv_pump(q, now);
+		} else {
+			sv_on_nak(q, &h, now);
+		}
+	}
+	sv_check_overrun(q);
+}
+
+static void sv_timers(struct sv_ctx *c, int64_t now)
+{
+	for (struct sv_qp *q = c->qlist; q; q = q->next) {
+		if (q->state != IBV_QPS_RTS && q->state != IBV_QPS_SQD)
+			continue;
+		if (q->resume_at && now >= q->resume_at) {
+			q->resume_at = 0;
+			sv_pump(q, now);
+		}
+		if (q->ack_deadline && now >= q->ack_deadline) {
+			q->ack_deadline = 0;
+			if (!sv_inflight(q))
+				continue;
+			if (++q->retries > q->attr.retry_cnt) {
+				sv_fail(q, IBV_WC_RETRY_EXC_ERR);
+			} else {
+				sv_rewind(q);
+				sv_pump(q, now);
+			}
+		}
+		sv_check_overrun(q);
+	}
+}
+
+static int64_t sv_next_deadline(struct sv_ctx *c)
+{
+	int64_t dl = INT64_MAX;
+	for (struct sv_qp *q = c->qlist; q; q = q->next) {
+		if (q->ack_deadline && q->ack_deadline < dl)
+			dl = q->ack_deadline;
+		if (q->resume_at && q->resume_at < dl)
+			dl = q->resume_at;
+	}
+	return dl;
+}
+
+/* sv_faults_apply raises the events of fault changes seen by this context. */
+static void sv_faults_apply(struct sv_ctx *c)
+{
+	struct sv_faults f;
+	sv_faults_snapshot(&f);
+	if (f.fatal && !c->fatal) {
+		c->fatal = 1;
+		sv_async_push(c, IBV_EVENT_DEVICE_FATAL, NULL, 0);
+		for (struct sv_qp *q = c->qlist; q; q = q->next) {
+			sv_qp_error(q);
+			sv_check_overrun(q);
+		}
+	}
+	if (f.port_down != c->port_down && !c->fatal) {
+		c->port_down = f.port_down;
+		sv_async_push(c, f.port_down ? IBV_EVENT_PORT_ERR : IBV_EVENT_PORT_ACTIVE, NULL, 1);
+	}
+}
+
+static void *sv_thread(void *arg)
+{
+	struct sv_ctx *c = arg;
+	struct epoll_event evs[32];
+	static __thread uint8_t buf[SV_HDR_LEN + SV_MAX_PAYLOAD + 1];
+	int64_t next_ctl = 0;
+
+	pthread_mutex_lock(&c->lk);
+	for (;;) {
+		if (c->stop)
+			break;
+		int64_t now = sv_now_ns();
+		if (sv_cfg.ctl[0] && now >= next_ctl) {
+			pthread_mutex_unlock(&c->lk);
+			sv_ctl_reload();
+			pthread_mutex_lock(&c->lk);
+			next_ctl = now + 100 * 1000000LL;
+		}
+		sv_faults_apply(c);
+		sv_timers(c, now);
+		int64_t dl = sv_next_deadline(c);
+		if (sv_cfg.ctl[0] && next_ctl < dl)
+			dl = next_ctl;
+		c->sleep_until = dl;
+		pthread_mutex_unlock(&c->lk);
+		int ms = -1;
+		if (dl != INT64_MAX) {
+			int64_t d = dl - now;
+			ms = d <= 0 ? 0 : (int)((d + 999999) / 1000000);
+		}
+		int n = epoll_wait(c->epfd, evs, 32, ms);
+		pthread_mutex_lock(&c->lk);
+		c->sleep_until = 0;
+		now = sv_now_ns();
+		for (int i = 0; i < n; i++) {
+			uint32_t id = evs[i].data.u32;
+			if (id == SV_WAKE_ID) {
+				sv_evfd_clear(c->wakefd);
+				continue;
+			}
+			for (int k = 0; k < 64; k++) {
+				struct sv_qp *q = c->qps[id];
+				if (!q)
+					break;
+				ssize_t r = recv(q->fd, buf, sizeof(buf), MSG_DONTWAIT);
+				if (r < 0)
+					break;
+				sv_on_packet(q, buf, (size_t)r, now);
+			}
+		}
+	}
+	pthread_mutex_unlock(&c->lk);
+	return NULL;
+}
+
+/* ---- QPs ---- */
+
+static int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
+{
+	if (!ibqp || !wr) {
+		if (bad_wr)
+			*bad_wr = wr;
+		return EINVAL;
+	}
+	struct sv_qp *q = (struct sv_qp *)ibqp;
+	struct sv_ctx *c = q->ctx;
+	int rc = 0;
+	pthread_mutex_lock(&c->lk);
+	for (; wr; wr = wr->next) {
+		if (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM) {
+			rc = EINVAL;
+			break;
+		}
+		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > q->cap.max_send_sge || (wr->num_sge && !wr->sg_list)) {
+			rc = EINVAL;
+			break;
+		}
+		uint64_t total = 0;
+		for (int i = 0; i < wr->num_sge; i++)
+			total += wr->sg_list[i].length;
+		int inl = wr->send_flags & IBV_SEND_INLINE;
+		if (inl && total > q->cap.max_inline_data) {
+			rc = EINVAL;
+			break;
+		}
+		if (q->sq_tail - __atomic_load_n(&q->sq_released, __ATOMIC_ACQUIRE) >= q->sq_cap) {
+			rc = ENOMEM;
+			break;
+		}
+		struct sv_swqe *w = &q->sq[q->sq_tail % q->sq_cap];
+		free(w->data);
+		memset(w, 0, sizeof(*w));
+		w->wr_id = wr->wr_id;
+		w->signaled = q->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
+		w->solicited = !!(wr->send_flags & IBV_SEND_SOLICITED);
+		w->imm_valid = wr->opcode == IBV_WR_SEND_WITH_IMM;
+		w->imm = w->imm_valid ? wr->imm_data : 0;
+		if (total > SV_MAX_MSG) {
+			w->pre = IBV_WC_LOC_LEN_ERR;
+		} else {
+			for (int i = 0; !inl && i < wr->num_sge; i++) {
+				struct ibv_sge *s = &wr->sg_list[i];
+				if (s->length && sv_mr_check(c, q->pd, s->lkey, s->addr, s->length, 0)) {
+					w->pre = IBV_WC_LOC_PROT_ERR;
+					break;
+				}
+			}
+		}
+		if (!w->pre && total) {
+			w->data = malloc(total);
+			if (!w->data) {
+				rc = ENOMEM;
+				break;
+			}
+			uint64_t off = 0;
+			for (int i = 0; i < wr->num_sge; i++) {
+				memcpy(w->data + off, (void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
+				off += wr->sg_list[i].length;
+			}
+		}
+		w->len = (uint32_t)(total > SV_MAX_MSG ? 0 : total);
+		w->npkts = w->len ? (w->len + q->mtu_bytes - 1) / q->mtu_bytes : 1;
+		uint32_t idx = q->sq_tail++;
+		if (q->state == IBV_QPS_ERR) {
+			/* Posted in ERR: flushed at once. */
+			w->signaled = 1;
+			sv_complete_send(q, idx, IBV_WC_WR_FLUSH_ERR);
+			free(w->data);
+			w->data = NULL;
+			q->sq_done = q->sq_send = q->sq_tail;
+		}
+	}
+	if (q->state == IBV_QPS_RTS)
+		sv_pump(q, sv_now_ns());
+	sv_check_overrun(q);
+	pthread_mutex_unlock(&c->lk);
+	if (rc) {
+		if (bad_wr)
+			*bad_wr = wr;
+		errno = rc;
+	}
+	return rc;
+}
+
+static int sv_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
+{
+	if (!ibqp || !wr) {
+		if (bad_wr)
+			*bad_wr = wr;
+		return EINVAL;
+	}
+	struct sv_qp *q = (struct sv_qp *)ibqp;
+	struct sv_ctx *c = q->ctx;
+	int rc = 0;
+	pthread_mutex_lock(&c->lk);
+	for (; wr; wr = wr->next) {
+		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > q->cap.max_recv_sge || (wr->num_sge && !wr->sg_list)) {
+			rc = EINVAL;
+			break;
+		}
+		if (q->rq_tail - __atomic_load_n(&q->rq_released, __ATOMIC_ACQUIRE) >= q->rq_cap) {
+			rc = ENOMEM;
+			break;
+		}
+		struct sv_rwqe *w = &q->rq[q->rq_tail % q->rq_cap];
+		w->wr_id = wr->wr_id;
+		w->nsge = wr->num_sge;
+		if (wr->num_sge)
+			memcpy(w->sge, wr->sg_list, (size_t)wr->num_sge * sizeof(*w->sge));
+		uint32_t idx = q->rq_tail++;
+		if (q->state == IBV_QPS_ERR) {
+			sv_complete_recv(q, idx, IBV_WC_WR_FLUSH_ERR, 0, NULL);
+			q->rq_head = q->rq_tail;
+		}
+	}
+	sv_check_overrun(q);
+	pthread_mutex_unlock(&c->lk);
+	if (rc) {
+		if (bad_wr)
+			*bad_wr = wr;
+		errno = rc;
+	}
+	return rc;
+}
+
+SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *ibpd, struct ibv_qp_init_attr *a)
+{
+	if (!ibpd || !a || !a->send_cq || !a->recv_cq || a->send_cq->context != ibpd->context ||
+	    a->recv_cq->context != ibpd->context) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if (a->qp_type != IBV_QPT_RC || a->srq) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	struct ibv_qp_cap cap = a->cap;
+	if (cap.max_send_wr > SV_MAX_QP_WR || cap.max_recv_wr > SV_MAX_QP_WR || cap.max_send_sge > SV_MAX_SGE ||
+	    cap.max_recv_sge > SV_MAX_SGE || cap.max_inline_data > SV_MAX_INLINE) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct sv_ctx *c = sv_ctx(ibpd->context);
+	if (c->fatal) {
+		errno = EIO;
+		return NULL;
+	}
+	cap.max_send_wr = cap.max_send_wr ? sv_pow2(cap.max_send_wr) : 0;
+	cap.max_recv_wr = cap.max_recv_wr ? sv_pow2(cap.max_recv_wr) : 0;
+	struct sv_qp *q = calloc(1, sizeof(*q));
+	if (!q) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	q->sq_cap = cap.max_send_wr ? cap.max_send_wr : 1;
+	q->rq_cap = cap.max_recv_wr ? cap.max_recv_wr : 1;
+	q->sq = calloc(q->sq_cap, sizeof(*q->sq));
+	q->rq = calloc(q->rq_cap, sizeof(*q->rq));
+	q->rq_sge = calloc((size_t)q->rq_cap * (cap.max_recv_sge ? cap.max_recv_sge : 1), sizeof(*q->rq_sge));
+	q->fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (!q->sq || !q->rq || !q->rq_sge || q->fd < 0)
+		goto fail;
+	for (uint32_t i = 0; i < q->rq_cap; i++)
+		q->rq[i].sge = q->rq_sge + (size_t)i * (cap.max_recv_sge ? cap.max_recv_sge : 1);
+	int sz = 1 << 20;
+	setsockopt(q->fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+	setsockopt(q->fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	memcpy(&sa.sin_addr, sv_cfg.ip, 4);
+	if (bind(q->fd, (struct sockaddr *)&sa, sizeof(sa))) {
+		sa.sin_addr.s_addr = htonl(INADDR_ANY);
+		if (bind(q->fd, (struct sockaddr *)&sa, sizeof(sa)))
+			goto fail;
+	}
+	socklen_t sl = sizeof(sa);
+	if (getsockname(q->fd, (struct sockaddr *)&sa, &sl))
+		goto fail;
+	/* The QPN is the UDP port: peers address a QP by its GID's IPv4 address and its QPN. */
+	uint32_t qpn = ntohs(sa.sin_port);
+	q->ctx = c;
+	q->pd = (struct sv_pd *)ibpd;
+	q->scq = (struct sv_cq *)a->send_cq;
+	q->rcq = (struct sv_cq *)a->recv_cq;
+	q->cap = cap;
+	q->sq_sig_all = a->sq_sig_all;
+	q->state = IBV_QPS_RESET;
+	q->qp.context = ibpd->context;
+	q->qp.qp_context = a->qp_context;
+	q->qp.pd = ibpd;
+	q->qp.send_cq = a->send_cq;
+	q->qp.recv_cq = a->recv_cq;
+	q->qp.srq = NULL;
+	q->qp.handle = qpn;
+	q->qp.qp_num = qpn;
+	q->qp.state = IBV_QPS_RESET;
+	q->qp.qp_type = IBV_QPT_RC;
+	pthread_mutex_init(&q->qp.mutex, NULL);
+	pthread_cond_init(&q->qp.cond, NULL);
+	q->mtu_bytes = 1024;
+	pthread_mutex_lock(&c->lk);
+	if (c->qps[qpn]) {
+		pthread_mutex_unlock(&c->lk);
+		goto fail;
+	}
+	struct epoll_event ev = {.events = EPOLLIN, .data.u32 = qpn};
+	if (epoll_ctl(c->epfd, EPOLL_CTL_ADD, q->fd, &ev)) {
+		pthread_mutex_unlock(&c->lk);
+		goto fail;
+	}
+	c->qps[qpn] = q;
+	q->next = c->qlist;
+	c->qlist = q;
+	q->scq->nqp++;
+	q->rcq->nqp++;
+	q->pd->refs++;
+	pthread_mutex_unlock(&c->lk);
+	a->cap = cap;
+	return &q->qp;
+fail:;
+	int e = errno ? errno : ENOMEM;
+	if (q->fd >= 0)
+		close(q->fd);
+	free(q->sq);
+	free(q->rq);
+	free(q->rq_sge);
+	free(q);
+	errno = e;
+	return NULL;
+}
+
+SV_EXPORT int ibv_destroy_qp(struct ibv_qp *ibqp)
+{
+	if (!ibqp)
+		return EINVAL;
+	struct sv_qp *q = (struct sv_qp *)ibqp;
+	struct sv_ctx *c = q->ctx;
+	pthread_mutex_lock(&c->lk);
+	c->qps[ibqp->qp_num] = NULL;
+	for (struct sv_qp **pp = &c->qlist; *pp; pp = &(*pp)->next)
+		if (*pp == q) {
+			*pp = q->next;
+			break;
+		}
+	epoll_ctl(c->epfd, EPOLL_CTL_DEL, q->fd, NULL);
+	close(q->fd);
+	sv_async_drop(c, q);
+	pthread_mutex_unlock(&c->lk);
+	sv_cq_clean(q->scq, q);
+	if (q->rcq != q->scq)
+		sv_cq_clean(q->rcq, q);
+	pthread_mutex_lock(&c->lk);
+	q->scq->nqp--;
+	q->rcq->nqp--;
+	q->pd->refs--;
+	pthread_mutex_unlock(&c->lk);
+	pthread_mutex_lock(&ibqp->mutex);
+	while (ibqp->events_completed != __atomic_load_n(&q->ev_reported, __ATOMIC_SEQ_CST))
+		pthread_cond_wait(&ibqp->cond, &ibqp->mutex);
+	pthread_mutex_unlock(&ibqp->mutex);
+	for (uint32_t i = 0; i < q->sq_cap; i++)
+		free(q->sq[i].data);
+	free(q->sq);
+	free(q->rq);
+	free(q->rq_sge);
+	free(q);
+	return 0;
+}
+
+/* The IB spec's RC attribute rules (as the kernel's qp_state_table has them). */
+struct sv_trans {
+	int valid;
+	int req, opt;
+};
+
+static struct sv_trans sv_rule(enum ibv_qp_state cur, enum ibv_qp_state next)
+{
+	struct sv_trans t = {0, 0, 0};
+	if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) {
+		t.valid = 1;
+		return t;
+	}
+	switch (cur) {
+	case IBV_QPS_RESET:
+		if (next == IBV_QPS_INIT)
+			t = (struct sv_trans){1, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0};
+		break;
+	case IBV_QPS_INIT:
+		if (next == IBV_QPS_INIT)
+			t = (struct sv_trans){1, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS};
+		else if (next == IBV_QPS_RTR)
+			t = (struct sv_trans){1,
+					      IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+						      IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
+					      IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX};
+		break;
+	case IBV_QPS_RTR:
+		if (next == IBV_QPS_RTS)
+			t = (struct sv_trans){1,
+					      IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_RNR_RETRY |
+						      IBV_QP_RETRY_CNT | IBV_QP_TIMEOUT,
+					      IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS |
+						      IBV_QP_MIN_RNR_TIMER | IBV_QP_PATH_MIG_STATE};
+		break;
+	case IBV_QPS_RTS:
+		if (next == IBV_QPS_RTS)
+			t = (struct sv_trans){1, 0,
+					      IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH |
+						      IBV_QP_PATH_MIG_STATE | IBV_QP_MIN_RNR_TIMER};
+		else if (next == IBV_QPS_SQD)
+			t = (struct sv_trans){1, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY};
+		break;
+	case IBV_QPS_SQD:
+		if (next == IBV_QPS_RTS)
+			t = (struct sv_trans){1, 0,
+					      IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS |
+						      IBV_QP_MIN_RNR_TIMER | IBV_QP_PATH_MIG_STATE};
+		else if (next == IBV_QPS_SQD)
+			t = (struct sv_trans){1, 0,
+					      IBV_QP_PORT | IBV_QP_AV | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+						      IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC |
+						      IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS |
+						      IBV_QP_PKEY_INDEX | IBV_QP_MIN_RNR_TIMER | IBV_QP_PATH_MIG_STATE};
+		break;
+	default:
+		break;
+	}
+	return t;
+}
+
+/* sv_resolve checks an address vector as the kernel's address resolution would and gives the
+ * UDP destination of dest_qpn. */
+static int sv_resolve(const struct ibv_ah_attr *ah, uint32_t dest_qpn, struct sockaddr_in *out)
+{
+	uint8_t ip[4];
+	if (ah->port_num > 1)
+		return EINVAL;
+	if (!ah->is_global) {
+		if (!sv_cfg.ib)
+			return EINVAL; /* RoCE needs a GRH */
+		if (ah->dlid == 0 || ah->dlid >= 0xc000)
+			return EINVAL;
+		memcpy(ip, sv_cfg.ip, 4); /* IB mode without a GRH reaches this host only */
+	} else {
+		struct sv_gid s;
+		if (sv_gid_at(ah->grh.sgid_index, &s))
+			return EINVAL; /* out of range or empty */
+		if (sv_gid_is_v4mapped(&s.gid) != sv_gid_is_v4mapped(&ah->grh.dgid))
+			return EINVAL;
+		if (sv_gid_ipv4(&ah->grh.dgid, ip))
+			return EHOSTUNREACH;
+	}
+	memset(out, 0, sizeof(*out));
+	out->sin_family = AF_INET;
+	memcpy(&out->sin_addr, ip, 4);
+	out->sin_port = htons((uint16_t)dest_qpn);
+	if (dest_qpn == 0 || dest_qpn > 0xffff)
+		return EHOSTUNREACH; /* no softverbs QP has that number */
+	return 0;
+}
+
+SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
+{
+	if (!ibqp || !attr)
+		return EINVAL;
+	struct sv_qp *q = (struct sv_qp *)ibqp;
+	struct sv_ctx *c = q->ctx;
+	struct sv_faults f;
+	sv_faults_snapshot(&f);
+	pthread_mutex_lock(&c->lk);
+	enum ibv_qp_state cur = q->state;
+	int rc = EINVAL;
+	if ((mask & IBV_QP_CUR_STATE) && attr->cur_qp_state != cur)
+		goto out;
+	enum ibv_qp_state next = (mask & IBV_QP_STATE) ? attr->qp_state : cur;
+	if ((unsigned)next > IBV_QPS_ERR || next == IBV_QPS_SQE)
+		goto out;
+	struct sv_trans t = sv_rule(cur, next);
+	if (!t.valid || (mask & t.req) != t.req || (mask & ~(t.req | t.opt | IBV_QP_STATE)))
+		goto out;
+	if ((mask & IBV_QP_PORT) && attr->port_num != 1)
+		goto out;
+	if ((mask & IBV_QP_PKEY_INDEX) && attr->pkey_index >= (sv_cfg.ib ? SV_PKEY_TBL_LEN_IB : SV_PKEY_TBL_LEN_ETH))
+		goto out;
+	if ((mask & IBV_QP_ACCESS_FLAGS) &&
+	    (attr->qp_access_flags & ~(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+				       IBV_ACCESS_REMOTE_ATOMIC)))
+		goto out;
+	if ((mask & IBV_QP_PATH_MTU) && (attr->path_mtu < IBV_MTU_256 || attr->path_mtu > IBV_MTU_4096))
+		goto out;
+	if ((mask & IBV_QP_DEST_QPN) && attr->dest_qp_num > SV_PSN_MASK)
+		goto out;
+	if ((mask & IBV_QP_TIMEOUT) && attr->timeout > 31)
+		goto out;
+	if ((mask & IBV_QP_RETRY_CNT) && attr->retry_cnt > 7)
+		goto out;
+	if ((mask & IBV_QP_RNR_RETRY) && attr->rnr_retry > 7)
+		goto out;
+	if ((mask & IBV_QP_MIN_RNR_TIMER) && attr->min_rnr_timer > 31)
+		goto out;
+	if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && attr->max_rd_atomic > SV_MAX_RD_ATOM)
+		goto out;
+	if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && attr->max_dest_rd_atomic > SV_MAX_RD_ATOM)
+		goto out;
+	struct sockaddr_in dest = q->dest;
+	if (mask & IBV_QP_AV) {
+		uint32_t dqpn = (mask & IBV_QP_DEST_QPN) ? attr->dest_qp_num : q->attr.dest_qp_num;
+		rc = sv_resolve(&attr->ah_attr, dqpn, &dest);
+		if (rc)
+			goto out;
+		rc = EINVAL;
+	}
+	if (cur == IBV_QPS_INIT && next == IBV_QPS_RTR) {
+		if (f.rtr_fail) {
+			rc = f.rtr_fail;
+			goto out;
+		}
+		if (f.rtr_delay_ms) {
+			/* a slow address resolution (ARP): the call blocks, the QP stays as it is */
+			pthread_mutex_unlock(&c->lk);
+			struct timespec ts = {f.rtr_delay_ms / 1000, (long)(f.rtr_delay_ms % 1000) * 1000000};
+			nanosleep(&ts, NULL);
+			pthread_mutex_lock(&c->lk);
+			if (q->state != cur)
+				goto out;
+		}
+	}
+	if (c->fatal && next != IBV_QPS_RESET && next != IBV_QPS_ERR) {
+		rc = EIO;
+		goto out;
+	}
+
+	/* Apply. */
+	struct ibv_qp_attr *s = &q->attr;
+	if (mask & IBV_QP_PKEY_INDEX)
+		s->pkey_index = attr->pkey_index;
+	if (mask & IBV_QP_PORT)
+		s->port_num = attr->port_num;
+	if (mask & IBV_QP_ACCESS_FLAGS)
+		s->qp_access_flags = attr->qp_access_flags;
+	if (mask & IBV_QP_PATH_MTU)
+		s->path_mtu = attr->path_mtu;
+	if (mask & IBV_QP_DEST_QPN)
+		s->dest_qp_num = attr->dest_qp_num;
+	if (mask & IBV_QP_RQ_PSN)
+		s->rq_psn = attr->rq_psn & SV_PSN_MASK;
+	if (mask & IBV_QP_SQ_PSN)
+		s->sq_psn = attr->sq_psn & SV_PSN_MASK;
+	if (mask & IBV_QP_MAX_DEST_RD_ATOMIC)
+		s->max_dest_rd_atomic = attr->max_dest_rd_atomic;
+	if (mask & IBV_QP_MAX_QP_RD_ATOMIC)
+		s->max_rd_atomic = attr->max_rd_atomic;
+	if (mask & IBV_QP_MIN_RNR_TIMER)
+		s->min_rnr_timer = attr->min_rnr_timer;
+	if (mask & IBV_QP_TIMEOUT)
+		s->timeout = attr->timeout;
+	if (mask & IBV_QP_RETRY_CNT)
+		s->retry_cnt = attr->retry_cnt;
+	if (mask & IBV_QP_RNR_RETRY)
+		s->rnr_retry = attr->rnr_retry;
+	if (mask & IBV_QP_AV) {
+		s->ah_attr = attr->ah_attr;
+		q->dest = dest;
+	}
+	if (mask & IBV_QP_ALT_PATH) {
+		s->alt_ah_attr = attr->alt_ah_attr;
+		s->alt_pkey_index = attr->alt_pkey_index;
+		s->alt_port_num = attr->alt_port_num;
+		s->alt_timeout = attr->alt_timeout;
+	}
+	if (mask & IBV_QP_PATH_MIG_STATE)
+		s->path_mig_state = attr->path_mig_state;
+	if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY)
+		s->en_sqd_async_notify = attr->en_sqd_async_notify;
+	q->mtu_bytes = s->path_mtu >= IBV_MTU_256 && s->path_mtu <= IBV_MTU_4096 ? 128u << s->path_mtu : 1024;
+
+	int64_t now = sv_now_ns();
+	switch (next) {
+	case IBV_QPS_RESET:
+		for (uint32_t i = 0; i < q->sq_cap; i++) {
+			free(q->sq[i].data);
+			q->sq[i].data = NULL;
+		}
+		q->sq_tail = q->sq_done = q->sq_send = q->sq_pkt = 0;
+		__atomic_store_n(&q->sq_released, 0, __ATOMIC_RELEASE);
+		q->rq_tail = q->rq_head = 0;
+		__atomic_store_n(&q->rq_released, 0, __ATOMIC_RELEASE);
+		q->ack_deadline = q->resume_at = 0;
+		q->in_msg = q->nak_sent = 0;
+		q->retries = q->rnr_retries = 0;
+		q->state = next;
+		pthread_mutex_unlock(&c->lk);
+		sv_cq_clean(q->scq, q);
+		if (q->rcq != q->scq)
+			sv_cq_clean(q->rcq, q);
+		pthread_mutex_lock(&c->lk);
+		memset(&q->attr, 0, sizeof(q->attr));
+		break;
+	case IBV_QPS_ERR:
+		sv_qp_error(q);
+		break;
+	case IBV_QPS_RTR:
+		if (cur == IBV_QPS_INIT) {
+			q->epsn = s->rq_psn;
+			q->in_msg = q->nak_sent = 0;
+		}
+		q->state = next;
+		break;
+	case IBV_QPS_RTS:
+		if (cur == IBV_QPS_RTR) {
+			q->next_psn = s->sq_psn;
+			q->acked_psn = (s->sq_psn - 1) & SV_PSN_MASK;
+			q->retries = q->rnr_retries = 0;
+		}
+		q->state = next;
+		sv_pump(q, now);
+		break;
+	default:
+		q->state = next;
+		break;
+	}
+	sv_check_overrun(q);
+	ibqp->state = q->state;
+	rc = 0;
+out:
+	pthread_mutex_unlock(&c->lk);
+	if (rc)
+		errno = rc;
+	return rc;
+}
+
+SV_EXPORT int ibv_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
+			   struct ibv_qp_init_attr *init_attr)
+{
+	(void)mask;
+	if (!ibqp || !attr || !init_attr)
+		return EINVAL;
+	struct sv_qp *q = (struct sv_qp *)ibqp;
+	pthread_mutex_lock(&q->ctx->lk);
+	*attr = q->attr;
+	attr->qp_state = q->state;
+	attr->cur_qp_state = q->state;
+	attr->cap = q->cap;
+	attr->sq_draining = 0;
+	memset(init_attr, 0, sizeof(*init_attr));
+	init_attr->qp_context = ibqp->qp_context;
+	init_attr->send_cq = ibqp->send_cq;
+	init_attr->recv_cq = ibqp->recv_cq;
+	init_attr->cap = q->cap;
+	init_attr->qp_type = IBV_QPT_RC;
+	init_attr->sq_sig_all = q->sq_sig_all;
+	pthread_mutex_unlock(&q->ctx->lk);
+	return 0;
+}
+
+SV_EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
+{
+	(void)qp;
+	return NULL; /* no extended QPs: ibv_create_qp_ex is not offered */
+}
+
+SV_EXPORT int ibv_query_qp_data_in_order(struct ibv_qp *qp, enum ibv_wr_opcode op, uint32_t flags)
+{
+	(void)qp, (void)op, (void)flags;
+	return 0;
+}
+
+SV_EXPORT int ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece)
+{
+	(void)qp, (void)ece;
+	return EOPNOTSUPP;
+}
+
+SV_EXPORT int ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece)
+{
+	(void)qp, (void)ece;
+	return EOPNOTSUPP;
+}
+
+/* ---- what softverbs does not offer ---- */
+
+SV_EXPORT struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
+{
+	(void)pd, (void)attr;
+	errno = EOPNOTSUPP;
+	return NULL;
+}
+
+SV_EXPORT int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr, int mask)
+{
+	(void)srq, (void)attr, (void)mask;
+	return EOPNOTSUPP;
+}
+
+SV_EXPORT int ibv_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr)
+{
+	(void)srq, (void)attr;
+	return EOPNOTSUPP;
+}
+
+SV_EXPORT int ibv_destroy_srq(struct ibv_srq *srq)
+{
+	(void)srq;
+	return EOPNOTSUPP;
+}
+
+SV_EXPORT struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
+{
+	(void)pd, (void)attr;
+	errno = EOPNOTSUPP;
+	return NULL;
+}
+
+SV_EXPORT int ibv_destroy_ah(struct ibv_ah *ah)
+{
+	(void)ah;
+	return EOPNOTSUPP;
+}
+
+SV_EXPORT int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num, struct ibv_wc *wc,
+				  struct ibv_grh *grh, struct ibv_ah_attr *ah_attr)
+{
+	(void)context, (void)port_num, (void)wc, (void)grh, (void)ah_attr;
+	errno = EOPNOTSUPP;
+	return -1;
+}
+
+SV_EXPORT struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc, struct ibv_grh *grh,
+					       uint8_t port_num)
+{
+	(void)pd, (void)wc, (void)grh, (void)port_num;
+	errno = EOPNOTSUPP;
+	return NULL;
+}
+
+SV_EXPORT int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
+{
+	(void)qp, (void)gid, (void)lid;
+	return EOPNOTSUPP;
+}
+
+SV_EXPORT int ibv_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
+{
+	(void)qp, (void)gid, (void)lid;
+	return EOPNOTSUPP;
+}
+
+/* ---- contexts ---- */
+
+SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
+{
+	if (!device || device != sv_device()) {
+		errno = ENODEV;
+		return NULL;
+	}
+	struct sv_faults f;
+	sv_ctl_reload();
+	sv_faults_snapshot(&f);
+	if (f.fatal) {
+		errno = EIO;
+		return NULL;
+	}
+	struct sv_ctx *c = calloc(1, sizeof(*c));
+	if (!c) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	c->qps = calloc(SV_NQPN, sizeof(*c->qps));
+	c->epfd = epoll_create1(EPOLL_CLOEXEC);
+	c->wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	int afd = eventfd(0, EFD_CLOEXEC);
+	if (!c->qps || c->epfd < 0 || c->wakefd < 0 || afd < 0) {
+		int e = errno ? errno : ENOMEM;
+		if (c->epfd >= 0)
+			close(c->epfd);
+		if (c->wakefd >= 0)
+			close(c->wakefd);
+		if (afd >= 0)
+			close(afd);
+		free(c->qps);
+		free(c);
+		errno = e;
+		return NULL;
+	}
+	struct epoll_event ev = {.events = EPOLLIN, .data.u32 = SV_WAKE_ID};
+	epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->wakefd, &ev);
+	pthread_mutex_init(&c->lk, NULL);
+	c->next_key = 0x100 + (uint32_t)(sv_now_ns() & 0xff00);
+	c->rnd = (unsigned)sv_now_ns();
+	c->port_down = f.port_down;
+	struct ibv_context *ctx = &c->vctx.context;
+	ctx->device = device;
+	ctx->cmd_fd = -1;
+	ctx->async_fd = afd;
+	ctx->num_comp_vectors = 1;
+	pthread_mutex_init(&ctx->mutex, NULL);
+	ctx->abi_compat = __VERBS_ABI_IS_EXTENDED;
+	ctx->ops.poll_cq = sv_poll_cq;
+	ctx->ops.req_notify_cq = sv_req_notify_cq;
+	ctx->ops.post_send = sv_post_send;
+	ctx->ops.post_recv = sv_post_recv;
+	c->vctx.sz = sizeof(struct verbs_context);
+	c->vctx.query_port = sv_query_port;
+	c->vctx.query_device_ex = sv_query_device_ex;
+	if (pthread_create(&c->thr, NULL, sv_thread, c)) {
+		close(c->epfd);
+		close(c->wakefd);
+		close(afd);
+		free(c->qps);
+		free(c);
+		errno = EAGAIN;
+		return NULL;
+	}
+	return ctx;
+}
+
+SV_EXPORT int ibv_close_device(struct ibv_context *context)
+{
+	if (!context)
+		return EINVAL;
+	struct sv_ctx *c = sv_ctx(context);
+	pthread_mutex_lock(&c->lk);
+	c->stop = 1;
+	sv_evfd_set(c->wakefd);
+	pthread_mutex_unlock(&c->lk);
+	pthread_join(c->thr, NULL);
+	/* Like libibverbs, objects still open are not reclaimed; their sockets are closed. */
+	for (struct sv_qp *q = c->qlist; q; q = q->next) {
+		close(q->fd);
+		q->fd = -1;
+	}
+	close(c->epfd);
+	close(c->wakefd);
+	close(context->async_fd);
+	free(c->qps);
+	free(c->aq);
+	free(c);
+	return 0;
+}
