@@ -116,6 +116,8 @@ type PeerInfo struct {
 	PSN        uint32
 	BufSize    uint32
 	Extensions bool
+	// MaxNotifySize is the largest name+msg the peer delivers (ts_max_notify; 0: not said).
+	MaxNotifySize uint32
 	// Legacy: the peer is a Mooncake PR #3440 ctrl channel (its handshake carried no
 	// ts_session). Its frames are accepted with epoch 0 and seqs restarting at 1 on each
 	// channel; it gets no credit frames, fragments, NOTIFY_ID or FENCE (see the package doc).
@@ -417,7 +419,7 @@ func (c *Channel) Connect(peer PeerInfo, localSession, peerSession, epoch uint64
 	}
 	err := c.m.Connected(c.loop.Now(), PeerParams{LocalSession: localSession, PeerSession: peerSession, Epoch: epoch,
 		RQDepth: int(peer.RQDepth), BufSize: int(peer.BufSize), Extensions: peer.Extensions, DeliveredSeq: c.delivered,
-		Legacy: peer.Legacy})
+		Legacy: peer.Legacy, MaxNotifySize: int(peer.MaxNotifySize)})
 	if err != nil {
 		return err
 	}
@@ -515,6 +517,10 @@ func (c *Channel) Drain() {
 		c.watch.Kick()
 	}
 }
+
+// MaxNotify is the largest name+msg a notify sent on the channel may have once it is
+// connected (Machine.MaxNotify): a larger one fails with ErrTooLarge. Loop-only.
+func (c *Channel) MaxNotify() int { return c.m.MaxNotify() }
 
 // Stats returns the counters. Loop-only.
 func (c *Channel) Stats() ChannelStats {

@@ -130,6 +130,10 @@ const (
 	DropExtension
 	// DropFragment: a fragment out of order, of another notify, or too large.
 	DropFragment
+	// DropTooLarge: a whole notify above MaxNotifySize, from a sender that did not check
+	// the limit this side announced (a Mooncake peer; a twosided sender refuses it itself).
+	// Its seq is given up (ActFence), so the engine's window does not wait for it.
+	DropTooLarge
 )
 
 func (r DropReason) String() string {
@@ -150,6 +154,8 @@ func (r DropReason) String() string {
 		return "extension-not-negotiated"
 	case DropFragment:
 		return "fragment"
+	case DropTooLarge:
+		return "too-large"
 	}
 	return fmt.Sprintf("DropReason(%d)", uint8(r))
 }
@@ -177,6 +183,9 @@ type PeerParams struct {
 	BufSize      int    // the peer's RECV buffer size (0: same as ours)
 	Extensions   bool   // the peer understands twosided extension frames
 	DeliveredSeq uint64 // highest seq from PeerSession the engine already delivered
+	// MaxNotifySize is the largest name+msg the peer delivers (0: not said); larger
+	// notifies fail Submit with ErrTooLarge naming both limits.
+	MaxNotifySize int
 	// Legacy: the peer is a Mooncake PR #3440 ctrl channel. Its frames carry epoch 0 and
 	// seqs that restart at 1 on every channel (DeliveredSeq is ignored); it gets no
 	// extension frames, no credit frames and no FENCE.
@@ -199,13 +208,14 @@ type MachineStats struct {
 	// Received frames dropped, by reason (DropReason); the channel stays up.
 	DroppedBadMagic, DroppedDecode, DroppedUnknownType, DroppedStaleEpoch uint64
 	DroppedForeignSession, DroppedDuplicate, DroppedExtension             uint64
-	DroppedFragment                                                       uint64
+	DroppedFragment, DroppedTooLarge                                      uint64
 }
 
 // Dropped is the number of received frames dropped for any reason.
 func (s MachineStats) Dropped() uint64 {
 	return s.DroppedBadMagic + s.DroppedDecode + s.DroppedUnknownType + s.DroppedStaleEpoch +
-		s.DroppedForeignSession + s.DroppedDuplicate + s.DroppedExtension + s.DroppedFragment
+		s.DroppedForeignSession + s.DroppedDuplicate + s.DroppedExtension + s.DroppedFragment +
+		s.DroppedTooLarge
 }
 
 func (s *MachineStats) countDrop(r DropReason) {
@@ -226,6 +236,8 @@ func (s *MachineStats) countDrop(r DropReason) {
 		s.DroppedExtension++
 	case DropFragment:
 		s.DroppedFragment++
+	case DropTooLarge:
+		s.DroppedTooLarge++
 	}
 }
 
@@ -475,6 +487,10 @@ func (m *Machine) Submit(now time.Time, r *SendReq) {
 		m.stats.TooLarge++
 		m.complete(r, fmt.Errorf("%w: send seq %d: name+msg %d bytes: above MaxNotifySize %d",
 			ErrTooLarge, r.Seq, size, m.p.MaxNotifySize))
+		return
+	case m.state == stateConnected && size > m.MaxNotify():
+		m.stats.TooLarge++
+		m.complete(r, fmt.Errorf("%w: send seq %d: %w", ErrTooLarge, r.Seq, m.tooLarge(size)))
 		return
 	case m.pending > m.p.MaxPendingSends:
 		m.stats.Backpressured++
@@ -953,6 +969,14 @@ func (m *Machine) notify(slot int, h *Header, nc NotifyCompat, id []byte, owned 
 		m.drop(slot, true, DropDuplicate, fmt.Errorf("recv notify seq %d: seq %d already delivered", h.Seq, m.deliveredSeq))
 		return
 	}
+	if size := len(nc.Name) + len(nc.Msg); size > m.p.MaxNotifySize {
+		m.drop(slot, true, DropTooLarge, fmt.Errorf("recv notify seq %d: name+msg %d bytes: above MaxNotifySize %d", h.Seq, size, m.p.MaxNotifySize))
+		if h.Seq != 0 && !m.peer.Legacy {
+			// Not delivered, ever: the window must not wait for its seq.
+			m.deliver(Action{Kind: ActFence, Session: h.Session, Epoch: h.Epoch, Seq: h.Seq, Count: 1})
+		}
+		return
+	}
 	m.hold(slot, Action{Kind: ActDeliver, Session: h.Session, Epoch: h.Epoch, Seq: h.Seq, Name: nc.Name, Msg: nc.Msg, ID: id, Owned: owned})
 }
 
@@ -997,6 +1021,35 @@ func (m *Machine) Repost() {
 	}
 	m.free = m.free[:0]
 	m.trySend()
+}
+
+// MaxNotify is the largest name+msg this channel carries once connected: this side's
+// MaxNotifySize, the peer's (when it said), and, towards a peer that cannot reassemble
+// fragments, what one frame in the peer's RECV buffer holds.
+func (m *Machine) MaxNotify() int {
+	n := m.p.MaxNotifySize
+	if m.peer.MaxNotifySize > 0 {
+		n = min(n, m.peer.MaxNotifySize)
+	}
+	if !m.ext {
+		n = min(n, m.frameMax-HeaderLen-notifyCompatOverhead)
+	}
+	return n
+}
+
+// notifyCompatOverhead is NOTIFY_COMPAT's payload beyond name and msg: two u32 lengths.
+const notifyCompatOverhead = 8
+
+// tooLarge says which limit a notify of size bytes is above.
+func (m *Machine) tooLarge(size int) error {
+	switch {
+	case size > m.p.MaxNotifySize:
+		return fmt.Errorf("name+msg %d bytes: above this side's MaxNotifySize %d", size, m.p.MaxNotifySize)
+	case m.peer.MaxNotifySize > 0 && size > m.peer.MaxNotifySize:
+		return fmt.Errorf("name+msg %d bytes: above the peer's max_notify_size %d (this side's is %d)", size, m.peer.MaxNotifySize, m.p.MaxNotifySize)
+	}
+	return fmt.Errorf("name+msg %d bytes: a %d-byte frame above the peer's %d-byte RECV buffer, and the peer cannot reassemble fragments (not negotiated on this channel)",
+		size, HeaderLen+notifyCompatOverhead+size, m.frameMax)
 }
 
 // trySend posts what credit and the send ring allow: queued notifies first (each carries

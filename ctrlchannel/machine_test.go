@@ -732,3 +732,36 @@ func TestMachineCloseDeliversHeld(t *testing.T) {
 		})
 	}
 }
+
+// A peer that announced its limit (PeerParams.MaxNotifySize) gets no notify above it: the
+// sender refuses it with ErrTooLarge naming both limits, before anything is posted.
+func TestMachinePeerLimit(t *testing.T) {
+	a := newNode(t, "A", extParams(8))
+	require.NoError(t, a.m.Connected(t0, PeerParams{LocalSession: 11, PeerSession: 22, Epoch: 1, RQDepth: 8,
+		BufSize: 256, Extensions: true, MaxNotifySize: 1000}))
+	a.apply()
+	require.Equal(t, 1000, a.m.MaxNotify())
+	r := a.submit(1, "n", string(make([]byte, 1000)))
+	require.ErrorIs(t, a.done[r], ErrTooLarge)
+	require.ErrorContains(t, a.done[r], "above the peer's max_notify_size 1000 (this side's is 1048576)")
+	require.Empty(t, a.wire, "nothing posted")
+	ok := a.submit(2, "n", string(make([]byte, 999)))
+	require.NotContains(t, a.done, ok, "exactly the peer's limit goes")
+	require.NotEmpty(t, a.wire)
+}
+
+// A notify above this side's limit from a sender that did not check it (it never learned
+// the limit) is not delivered, and its seq is fenced so the window does not wait for it.
+func TestMachineReceiverEnforcesLimit(t *testing.T) {
+	pb := extParams(8)
+	pb.MaxNotifySize = 100
+	nw := connect(t, extParams(8), pb)
+	nw.a.submit(1, "n", string(make([]byte, 200)))
+	nw.a.submit(2, "n", "small")
+	nw.pump(8)
+	require.Equal(t, []uint64{2}, seqs(nw.b.got))
+	require.Len(t, nw.b.fences, 1)
+	require.Equal(t, uint64(1), nw.b.fences[0].first)
+	require.Equal(t, uint64(1), nw.b.fences[0].count)
+	require.Equal(t, uint64(1), nw.b.m.Stats().DroppedTooLarge)
+}

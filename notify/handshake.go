@@ -48,6 +48,7 @@ func (e *Engine) machineConfig() machineConfig {
 		connectTimeout:  e.cfg.connectTimeout,
 		gapTimeout:      e.cfg.peers.gapTimeout,
 		peerIdle:        e.cfg.peers.peerIdle,
+		maxNotifySize:   e.cfg.maxNotifySize,
 	}
 }
 
@@ -72,7 +73,8 @@ func (e *Engine) newChannel(id chanID) (*ctrlchannel.Channel, error) {
 // handshake RPC on a goroutine (the loop never blocks), then finishConnect on the loop.
 func (e *Engine) startConnect(a *mAction) {
 	desc := &oob.HandshakeDesc{LocalNICPath: e.name + "@" + e.devName, PeerNICPath: ctrlNICPath,
-		Session: e.session, Epoch: a.epoch, PeerName: e.name, Token: a.token, Proof: a.proof, To: a.session}
+		Session: e.session, Epoch: a.epoch, PeerName: e.name, Token: a.token, Proof: a.proof, To: a.session,
+		MaxNotify: uint32(e.cfg.maxNotifySize)}
 	if a.ch != 0 {
 		ch, err := e.newChannel(a.ch)
 		if err != nil {
@@ -117,7 +119,7 @@ func (e *Engine) finishConnect(name string, id chanID, epoch uint64, resp *oob.H
 	}
 	if res.err == nil && resp != nil {
 		res.session, res.token, res.epoch, res.peerName = resp.Session, resp.Token, resp.Epoch, boundName(resp.PeerName)
-		res.fresh = resp.Fresh
+		res.fresh, res.maxNotify = resp.Fresh, int(resp.MaxNotify)
 		if res.refuse == "" && id != 0 && resp.CtrlChannel && resp.NotifyQPNum != 0 {
 			if ch := e.chans[id]; ch != nil {
 				if cerr := e.connectChannel(id, ch, resp, epoch); cerr != nil {
@@ -144,6 +146,7 @@ func (e *Engine) connectChannel(id chanID, ch *ctrlchannel.Channel, d *oob.Hands
 		return err
 	}
 	e.remote[id] = pi.QPN
+	e.m.setChanLimit(id, ch.MaxNotify())
 	return nil
 }
 
@@ -182,7 +185,7 @@ func peerInfoFrom(d *oob.HandshakeDesc) (ctrlchannel.PeerInfo, error) {
 	}
 	pi = ctrlchannel.PeerInfo{
 		QPN: d.NotifyQPNum, GID: gid, LID: d.LocalLID, RQDepth: d.NotifyRQDepth,
-		PSN: d.PSN, BufSize: d.BufSize, Extensions: d.Extensions,
+		PSN: d.PSN, BufSize: d.BufSize, Extensions: d.Extensions, MaxNotifySize: d.MaxNotify,
 		Legacy: d.Session == 0, // a Mooncake PR #3440 engine: no ts_session
 	}
 	switch {
@@ -243,7 +246,7 @@ func (e *Engine) takeOOB(req *oob.NotifyRequest, reply oob.NotifyReply) {
 	if sz := len(req.Name) + len(req.Msg); sz > e.cfg.maxNotifySize {
 		// Received notifies keep the send rule: a sender that ignores it is told, and its
 		// seq (if any) is given up by it, not waited for here.
-		reply.Send(&oob.RefusedError{Code: oob.RefuseInvalid, Msg: fmt.Sprintf("name+msg is %d bytes, this engine's max_notify_size is %d", sz, e.cfg.maxNotifySize)})
+		reply.Send(&oob.RefusedError{Code: oob.RefuseTooLarge, Msg: fmt.Sprintf("name+msg is %d bytes, this engine's max_notify_size is %d", sz, e.cfg.maxNotifySize)})
 		return
 	}
 	code, err := e.m.oobArrive(e.loop.Now(), oobArrival{session: req.Session, token: req.Token, to: req.To,
@@ -277,7 +280,7 @@ func (h *oobHandler) HandleHandshake(req *oob.HandshakeDesc, reply func(*oob.Han
 		}
 	}
 	dec := e.m.inbound(e.loop.Now(), inboundHS{name: name, session: req.Session, token: req.Token,
-		proof: req.Proof, epoch: req.Epoch, ctrl: ctrl})
+		proof: req.Proof, epoch: req.Epoch, ctrl: ctrl, maxNotify: int(req.MaxNotify)})
 	defer e.perform()
 	if dec.refuse != "" {
 		err := dec.err
@@ -285,11 +288,12 @@ func (h *oobHandler) HandleHandshake(req *oob.HandshakeDesc, reply func(*oob.Han
 			err = fmt.Errorf("refused: %s", dec.refuse)
 		}
 		reply(&oob.HandshakeDesc{Refuse: dec.refuse, ReplyMsg: err.Error(), Session: e.session, Token: dec.token,
-			Epoch: dec.epoch, PeerName: e.name, Fresh: dec.fresh}, nil)
+			Epoch: dec.epoch, PeerName: e.name, Fresh: dec.fresh, MaxNotify: uint32(e.cfg.maxNotifySize)}, nil)
 		return
 	}
 	resp := &oob.HandshakeDesc{LocalNICPath: e.name + "@" + e.devName, PeerNICPath: req.LocalNICPath,
-		Session: e.session, Token: dec.token, Epoch: dec.epoch, PeerName: e.name, Fresh: dec.fresh}
+		Session: e.session, Token: dec.token, Epoch: dec.epoch, PeerName: e.name, Fresh: dec.fresh,
+		MaxNotify: uint32(e.cfg.maxNotifySize)}
 	if dec.ch == 0 {
 		reply(resp, nil) // a session without channel
 		return
@@ -302,11 +306,17 @@ func (h *oobHandler) HandleHandshake(req *oob.HandshakeDesc, reply func(*oob.Han
 			ch.Close(ctrlchannel.ErrClosed)
 		} else {
 			e.remote[dec.ch] = pi.QPN
+			e.m.setChanLimit(dec.ch, ch.MaxNotify())
 		}
 	}
 	e.m.inboundUp(e.loop.Now(), dec.ch, err)
 	if err != nil {
-		refuse(oob.RefuseInvalid, err)
+		// Our own resources failed (a QP, a CQ, an fd), not the peer's request: a limit
+		// of this engine. The reply keeps the pair's token, so a sender with fallback on
+		// is served over OOB and asks again for a channel after its backoff.
+		resp.Refuse = oob.RefuseLimit
+		resp.ReplyMsg = fmt.Sprintf("%v: cannot make a ctrl channel here: %v", ErrLimit, err)
+		reply(resp, nil)
 		return
 	}
 	e.fillChannelDesc(resp, ch)

@@ -96,6 +96,7 @@ type machineConfig struct {
 	peerIdle        time.Duration // an idle peer entry without a channel is forgotten after this
 	maxUnconfirmed  int           // inbound channels not yet used by their peer
 	maxConnects     int           // our handshakes in flight at once (each holds a channel)
+	maxNotifySize   int           // this engine's max_notify_size (named in refusals)
 }
 
 func (c *machineConfig) setDefaults() {
@@ -183,6 +184,9 @@ type peerEntry struct {
 	fenceAt   time.Time
 	fenceWait time.Duration
 	forgotten bool // the peer refused our token: it no longer knows the pair (rebind)
+	// maxNotify is the largest name+msg the peer delivers (its handshake's ts_max_notify;
+	// 0: not said): a larger notify is refused here, before a seq is drawn.
+	maxNotify int
 
 	sent, received, dups uint64
 }
@@ -204,6 +208,10 @@ type chanEntry struct {
 	inbound   bool
 	confirmed bool
 	born      time.Time
+	// maxSize is the largest name+msg the channel carries (0: not known yet): below the
+	// peer's limit when the channel cannot fragment (a Mooncake peer, a RECV ring too
+	// small for credit flow control); a larger notify goes over OOB or is refused.
+	maxSize int
 }
 
 // fenceRec is a fence posted on a channel after its post number after: it is known to have
@@ -231,6 +239,7 @@ type reqEntry struct {
 	// oobToken: the pair token its last OOB try presented. A refusal of a token the pair
 	// has since replaced (a new handshake) is about the old pair, not the current one.
 	oobToken uint64
+	size     int // name+msg bytes
 }
 
 type mActKind uint8
@@ -353,7 +362,7 @@ func (m *peerMachine) recycleReqs() {
 
 // send accepts a notify for name (a host:port or an advertised name). nid is the caller's
 // idempotency id ("" none).
-func (m *peerMachine) send(now time.Time, id reqID, name, nid string, deadline time.Time) {
+func (m *peerMachine) send(now time.Time, id reqID, name, nid string, deadline time.Time, size int) {
 	ne := m.names[name]
 	if ne == nil {
 		if len(m.names) >= m.cfg.maxNames {
@@ -367,7 +376,7 @@ func (m *peerMachine) send(now time.Time, id reqID, name, nid string, deadline t
 	}
 	ne.lastUsed = now
 	r := m.newReq()
-	r.id, r.name, r.nid, r.deadline = id, name, nid, deadline
+	r.id, r.name, r.nid, r.deadline, r.size = id, name, nid, deadline, size
 	m.reqs[id] = r
 	m.setTimer(deadline) // a send that waits past its deadline is withdrawn
 	if ne.legacyOOB && now.Before(ne.retryAt) {
@@ -417,6 +426,10 @@ func (m *peerMachine) flush(now time.Time, p *peerEntry, via string) {
 			if r == nil {
 				continue
 			}
+			if err, _ := m.sizeCheck(p, r, nil); err != nil {
+				m.complete(r.id, err)
+				continue
+			}
 			m.sendOOB(p, r, false)
 		}
 	case p.ch != 0 && m.chans[p.ch].up:
@@ -429,6 +442,17 @@ func (m *peerMachine) flush(now time.Time, p *peerEntry, via string) {
 			if r == nil {
 				continue
 			}
+			if err, viaOOB := m.sizeCheck(p, r, ce); err != nil {
+				if !viaOOB {
+					m.complete(r.id, err)
+					continue
+				}
+				m.sendOOB(p, r, true)
+				if ce.legacy {
+					return // the channel waits until it is answered (oldInflight)
+				}
+				continue
+			}
 			if r.seq == 0 && !ce.legacy {
 				r.seq = p.seqs.draw()
 			}
@@ -438,6 +462,39 @@ func (m *peerMachine) flush(now time.Time, p *peerEntry, via string) {
 		if len(p.waiters) > 0 {
 			m.connectPeer(now, p, via)
 		}
+	}
+}
+
+// sizeCheck says whether r is too large for p (the limit the peer announced: refused, on
+// every path) or for ce, the channel it would be posted on (nil: over OOB): then it goes
+// over OOB when fallback is on (viaOOB), else it is refused. Refused before a seq is drawn.
+func (m *peerMachine) sizeCheck(p *peerEntry, r *reqEntry, ce *chanEntry) (err error, viaOOB bool) {
+	switch {
+	case p.maxNotify > 0 && r.size > p.maxNotify:
+		return sendErr(ErrTooLarge, m.peerName(p), "", fmt.Errorf("name+msg %d bytes: above the peer's max_notify_size %d (this engine's is %d)",
+			r.size, p.maxNotify, m.cfg.maxNotifySize), false), false
+	case ce == nil || ce.maxSize == 0 || r.size <= ce.maxSize:
+		return nil, false
+	case m.cfg.fallback:
+		return errTooLargeForChannel, true
+	}
+	return sendErr(ErrTooLarge, m.peerName(p), pathName(true), fmt.Errorf("name+msg %d bytes: the ctrl channel carries at most %d "+
+		"(one RECV buffer: the peer cannot reassemble fragments, being a Mooncake engine or having a RECV ring below %d), and OOB fallback is off",
+		r.size, ce.maxSize, minFragmentRing), false), false
+}
+
+// errTooLargeForChannel: a notify that goes over OOB because its channel cannot carry it.
+var errTooLargeForChannel = errors.New("too large for the ctrl channel")
+
+// minFragmentRing is the smallest RECV ring (MC_RDMA_NOTIFY_RECV_COUNT) with which twosided
+// peers negotiate extensions, fragments among them (ctrlchannel's credit flow control).
+const minFragmentRing = 3
+
+// setChanLimit records the largest notify channel ch carries (the driver reads it off the
+// connected channel).
+func (m *peerMachine) setChanLimit(ch chanID, maxSize int) {
+	if ce := m.chans[ch]; ce != nil {
+		ce.maxSize = maxSize
 	}
 }
 
@@ -959,6 +1016,7 @@ type hsResult struct {
 	peerName  string // the name the peer advertised
 	noCtrlMsg string
 	fresh     bool // the peer made its state for us just now (ts_fresh)
+	maxNotify int  // the peer's max_notify_size (ts_max_notify; 0: not said)
 }
 
 // Refusal codes (oob ts_refuse).
@@ -1049,6 +1107,9 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 	}
 	p.tokenOut = res.token
 	p.fenceAt = time.Time{} // a new token: refused fences may pass now
+	if res.maxNotify > 0 {
+		p.maxNotify = res.maxNotify
+	}
 	m.addTokenIn(p, ne.token)
 	p.epoch = max(p.epoch, res.epoch)
 	switch {
@@ -1462,6 +1523,8 @@ type inboundHS struct {
 	proof   uint64 // the token we issued it before (0: none)
 	epoch   uint64
 	ctrl    bool // it offers a ctrl channel
+	// maxNotify: its max_notify_size (ts_max_notify; 0: not said)
+	maxNotify int
 }
 
 // inboundReply is the machine's answer to a handshake request.
@@ -1514,6 +1577,9 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 	p.lastActive = now
 	p.tokenOut = hs.token
 	p.fenceAt = time.Time{} // a new token: refused fences may pass now
+	if hs.maxNotify > 0 {
+		p.maxNotify = hs.maxNotify
+	}
 	if hs.name != "" {
 		p.adv = hs.name
 	}

@@ -344,7 +344,7 @@ func TestMachineStragglers(t *testing.T) {
 		tok := uint64(0)
 		a := newPeerMachine(10, simCfg(), func() uint64 { tok++; return 0xa000 + tok })
 		now := time.Unix(1000, 0)
-		a.send(now, 1, "b", "", now.Add(time.Hour))
+		a.send(now, 1, "b", "", now.Add(time.Hour), 0)
 		var x chanID // a's first handshake
 		for _, act := range a.ready() {
 			if act.kind == aConnect {
@@ -376,7 +376,7 @@ func TestMachineStragglers(t *testing.T) {
 		z := rep.ch
 		require.Equal(t, z, p.ch)
 		a.ready()
-		a.send(now, 2, "b", "", now.Add(time.Hour))
+		a.send(now, 2, "b", "", now.Add(time.Hour), 0)
 		var posted []mAction
 		for _, act := range a.ready() {
 			if act.kind == aPost {
@@ -402,7 +402,7 @@ func TestMachineStragglers(t *testing.T) {
 		}
 		require.True(t, closedY)
 		require.Equal(t, z, p.ch, "a straggling reply replaced the winning channel")
-		a.send(now, 3, "b", "", now.Add(time.Hour))
+		a.send(now, 3, "b", "", now.Add(time.Hour), 0)
 		for _, act := range a.ready() {
 			if act.kind == aPost {
 				require.Equal(t, z, act.ch)
@@ -794,7 +794,7 @@ func TestMachineRefusedFenceBacksOff(t *testing.T) {
 			cfg.channels = false
 			cfg.gapTimeout = 2 * time.Minute
 			m, kinds := directMachine(cfg)
-			m.send(now, 1, "b", "", now.Add(time.Hour))
+			m.send(now, 1, "b", "", now.Add(time.Hour), 0)
 			require.Len(t, kinds(aConnect), 1)
 			m.connected(now, "b", 0, hsResult{session: 20, token: 7, peerName: "b"})
 			require.Len(t, kinds(aOOB), 1)
@@ -854,7 +854,7 @@ func TestMachineStaleRefusalKeepsPair(t *testing.T) {
 	cfg := simCfg()
 	cfg.channels = false
 	m, kinds := directMachine(cfg)
-	m.send(now, 1, "b", "", now.Add(time.Hour))
+	m.send(now, 1, "b", "", now.Add(time.Hour), 0)
 	require.Len(t, kinds(aConnect), 1)
 	m.connected(now, "b", 0, hsResult{session: 20, token: 7, peerName: "b"})
 	sent := kinds(aOOB)
@@ -889,7 +889,7 @@ func TestMachineStaleRefusalKeepsPair(t *testing.T) {
 	}
 
 	// A refusal of the current token does rebind: a new handshake.
-	m.send(now, 2, "b", "", now.Add(time.Hour))
+	m.send(now, 2, "b", "", now.Add(time.Hour), 0)
 	sent = kinds(aOOB)
 	require.Len(t, sent, 1)
 	m.sendResult(now, 2, &kindError{kind: ErrAuth, cause: errors.Join(errRebind, errors.New("ts_token unknown"))}, false, false)

@@ -150,7 +150,7 @@ func (e *simEngine) send(to, msg, nid string) reqID {
 	e.nextReq++
 	id := e.nextReq
 	e.posted[id], e.nids[id] = msg, nid
-	e.m.send(e.net.now, id, to, nid, e.net.now.Add(time.Hour))
+	e.m.send(e.net.now, id, to, nid, e.net.now.Add(time.Hour), 0)
 	e.perform()
 	return id
 }
@@ -547,7 +547,7 @@ func TestMachineIdempotentRetry(t *testing.T) {
 	n.run()
 	a.nextReq++
 	a.posted[a.nextReq], a.nids[a.nextReq] = "x-again", "id-1"
-	a.m.send(n.now, a.nextReq, "b", "id-1", n.now.Add(time.Hour))
+	a.m.send(n.now, a.nextReq, "b", "id-1", n.now.Add(time.Hour), 0)
 	a.perform()
 	n.run()
 	require.NoError(t, a.results[a.nextReq])

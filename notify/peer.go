@@ -73,7 +73,7 @@ func (r *sendReq) run() {
 		return
 	}
 	e.reqs[r.id] = r
-	e.m.send(e.loop.Now(), r.id, r.peer, r.n.ID, r.deadline)
+	e.m.send(e.loop.Now(), r.id, r.peer, r.n.ID, r.deadline, len(r.n.Name)+len(r.n.Msg))
 	e.perform()
 }
 
@@ -497,7 +497,7 @@ func oobOutcome(err error) (maybe, local bool) {
 	switch {
 	case err == nil:
 		return false, false
-	case errors.Is(err, oob.ErrTooLarge), errors.Is(err, oob.ErrBadRequest):
+	case errors.Is(err, oob.ErrTooLarge), errors.Is(err, oob.ErrBadRequest), errors.Is(err, oob.ErrNotifyTooLarge):
 		return false, true
 	case errors.Is(err, oob.ErrRejected):
 		return false, false // the peer answered: not delivered
@@ -513,7 +513,7 @@ func oobOutcome(err error) (maybe, local bool) {
 func oobKind(err error) error {
 	kind := ErrPeerUnreachable
 	switch {
-	case errors.Is(err, oob.ErrTooLarge):
+	case errors.Is(err, oob.ErrTooLarge), errors.Is(err, oob.ErrNotifyTooLarge):
 		kind = ErrTooLarge
 	case errors.Is(err, oob.ErrAuth) && errors.Is(err, oob.ErrRejected):
 		// The peer refused our token: it does not know the pair (it forgot us).

@@ -145,7 +145,7 @@ type ChannelStats struct {
 	// Received frames dropped, by reason; the channel stays up.
 	DroppedBadMagic, DroppedDecode, DroppedUnknownType, DroppedStaleEpoch uint64
 	DroppedForeignSession, DroppedDuplicate, DroppedExtension             uint64
-	DroppedFragment                                                       uint64
+	DroppedFragment, DroppedTooLarge                                      uint64
 
 	WCErrors         uint64 // completions with an error status
 	RNRRetryExceeded uint64 // of which RNR retries exhausted
@@ -173,7 +173,7 @@ func channelStatsOf(s ctrlchannel.ChannelStats) ChannelStats {
 		DroppedBadMagic: m.DroppedBadMagic, DroppedDecode: m.DroppedDecode,
 		DroppedUnknownType: m.DroppedUnknownType, DroppedStaleEpoch: m.DroppedStaleEpoch,
 		DroppedForeignSession: m.DroppedForeignSession, DroppedDuplicate: m.DroppedDuplicate,
-		DroppedExtension: m.DroppedExtension, DroppedFragment: m.DroppedFragment,
+		DroppedExtension: m.DroppedExtension, DroppedFragment: m.DroppedFragment, DroppedTooLarge: m.DroppedTooLarge,
 		WCErrors: s.WCErrors, RNRRetryExceeded: s.RNRRetryExceeded, PostErrors: s.PostErrors,
 		CreditAvail: m.CreditAvail, Pending: m.Pending, InFlight: m.InFlight, Held: m.Held,
 		SendSlots: s.SendSlots, PathMTU: s.PathMTU.Bytes(),
@@ -194,6 +194,7 @@ func (s *ChannelStats) add(o ChannelStats, open bool) {
 		{&s.DroppedUnknownType, &o.DroppedUnknownType}, {&s.DroppedStaleEpoch, &o.DroppedStaleEpoch},
 		{&s.DroppedForeignSession, &o.DroppedForeignSession}, {&s.DroppedDuplicate, &o.DroppedDuplicate},
 		{&s.DroppedExtension, &o.DroppedExtension}, {&s.DroppedFragment, &o.DroppedFragment},
+		{&s.DroppedTooLarge, &o.DroppedTooLarge},
 		{&s.WCErrors, &o.WCErrors}, {&s.RNRRetryExceeded, &o.RNRRetryExceeded}, {&s.PostErrors, &o.PostErrors},
 	} {
 		*f.dst += *f.src

@@ -47,6 +47,8 @@ var (
 	ErrInvalid = errors.New("oob: invalid request")
 	// ErrStale: the peer no longer takes this seq; it was given up (code "stale").
 	ErrStale = errors.New("oob: stale sequence")
+	// ErrNotifyTooLarge: the peer refused a notify above its size limit (code "too_large").
+	ErrNotifyTooLarge = errors.New("oob: notify above the peer's limit")
 	// ErrTooLarge: a request whose encoded frame would exceed the peer's frame limit;
 	// refused before it is sent. The message names both sizes.
 	ErrTooLarge = errors.New("oob: request too large")
@@ -62,6 +64,8 @@ const (
 	RefuseInvalid = "invalid" // the request is invalid: ErrInvalid
 	RefuseBusy    = "busy"    // the receive queue is full: ErrBusy
 	RefuseStale   = "stale"   // the seq was given up: ErrStale
+	// RefuseTooLarge: the notify is above the receiver's size limit: ErrNotifyTooLarge.
+	RefuseTooLarge = "too_large"
 )
 
 // maxRefuseLen bounds a ts_refuse code; codes this version does not know still decode
@@ -107,6 +111,8 @@ func refuseSentinel(code string) error {
 		return ErrBusy
 	case RefuseStale:
 		return ErrStale
+	case RefuseTooLarge:
+		return ErrNotifyTooLarge
 	}
 	return nil
 }

@@ -74,6 +74,10 @@ type HandshakeDesc struct {
 	// state (the responder forgot an idle pair) starts the pair over, or each side's seqs
 	// would land in a window expecting others.
 	Fresh bool
+	// MaxNotify (ts_max_notify) is the largest name+msg the sender of this message
+	// delivers (its max_notify_size): the other side refuses a larger notify itself,
+	// before it is sent, instead of having it refused on arrival. 0 = not said.
+	MaxNotify uint32
 }
 
 // stripExtensions leaves what a Mooncake peer reads: its own members and the ctrl-channel
@@ -83,7 +87,7 @@ func (d *HandshakeDesc) stripExtensions() {
 		d.ReplyMsg = d.Refuse
 	}
 	d.MTU, d.PSN, d.Session, d.Epoch, d.BufSize, d.Extensions, d.PeerName = 0, 0, 0, 0, 0, false, ""
-	d.Token, d.Refuse, d.To, d.Proof, d.Fresh = 0, "", 0, 0, false
+	d.Token, d.Refuse, d.To, d.Proof, d.Fresh, d.MaxNotify = 0, "", 0, 0, false, 0
 }
 
 // JSON member names.
@@ -122,6 +126,7 @@ const (
 	fSkipN      = "ts_skip_n"
 	fMaxFrame   = "ts_max_frame"
 	fBye        = "ts_bye"
+	fMaxNotify  = "ts_max_notify"
 
 	replySuccess = "success"
 	helloVersion = 1
@@ -522,6 +527,7 @@ func appendHandshake(dst []byte, d *HandshakeDesc, m reqMeta) []byte {
 	if d.Fresh {
 		o.boolean(fFresh, true)
 	}
+	o.optUint(fMaxNotify, uint64(d.MaxNotify))
 	if m.hasID {
 		o.uint(fID, m.id)
 	}
@@ -619,6 +625,10 @@ func decodeHandshake(body []byte) (*HandshakeDesc, reqMeta, error) {
 			m.twosided = true
 			v, err = r.uint(fBufSize, 1<<32-1)
 			d.BufSize = uint32(v)
+		case fMaxNotify:
+			m.twosided = true
+			v, err = r.uint(fMaxNotify, 1<<32-1)
+			d.MaxNotify = uint32(v)
 		case fExtensions:
 			m.twosided = true
 			d.Extensions, err = r.boolean(fExtensions)

@@ -77,7 +77,8 @@ func TestNotifyExtensionsEncode(t *testing.T) {
 }
 
 func TestHandshakeExtensions(t *testing.T) {
-	d := &HandshakeDesc{LocalNICPath: "a@d", QPNum: []uint32{}, ReplyMsg: "no", Token: 1<<64 - 1, Refuse: RefuseNoCtrl, To: 42, Fresh: true}
+	d := &HandshakeDesc{LocalNICPath: "a@d", QPNum: []uint32{}, ReplyMsg: "no", Token: 1<<64 - 1, Refuse: RefuseNoCtrl, To: 42, Fresh: true,
+		MaxNotify: 1 << 20}
 	fr := appendHandshake(nil, d, reqMeta{})
 	got, m, err := decodeHandshake(fr[HeaderSize:])
 	require.NoError(t, err)
@@ -86,7 +87,7 @@ func TestHandshakeExtensions(t *testing.T) {
 	require.Equal(t, d, got)
 
 	// Toward Mooncake: the extensions go, a refusal keeps its text.
-	cp := HandshakeDesc{Refuse: RefuseLimit, Token: 3, To: 4, Fresh: true}
+	cp := HandshakeDesc{Refuse: RefuseLimit, Token: 3, To: 4, Fresh: true, MaxNotify: 1000}
 	cp.stripExtensions()
 	require.Equal(t, HandshakeDesc{ReplyMsg: RefuseLimit}, cp)
 
@@ -94,6 +95,8 @@ func TestHandshakeExtensions(t *testing.T) {
 		{`{"ts_token":"x"}`, `field "ts_token": want number, got string`},
 		{`{"ts_to":-3}`, `field "ts_to": negative`},
 		{`{"ts_fresh":1}`, `field "ts_fresh"`},
+		{`{"ts_max_notify":4294967296}`, `field "ts_max_notify"`},
+		{`{"ts_max_notify":"1"}`, `field "ts_max_notify": want number`},
 		{`{"ts_refuse":1}`, `field "ts_refuse": want string, got number`},
 		{`{"ts_refuse":""}`, `field "ts_refuse": "" is not 1..32 bytes`},
 		{`{"ts_refuse":"Busy"}`, `field "ts_refuse": "Busy" is not`},

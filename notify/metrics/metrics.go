@@ -100,7 +100,7 @@ func New(e *notify.Engine, opts ...Option) *Collector {
 // dropReasons are the reasons of twosided_frames_dropped_total: the ctrl channel's, in
 // ctrlchannel.DropReason order, and the OOB channel's malformed requests.
 var dropReasons = []string{"bad_magic", "decode", "unknown_type", "stale_epoch", "foreign_session",
-	"duplicate", "extension", "fragment", "oob_bad_frame"}
+	"duplicate", "extension", "fragment", "too_large", "oob_bad_frame"}
 
 // refusalReasons are the reasons of twosided_refusals_total.
 var refusalReasons = []string{"peer_limit", "name_limit", "channel_limit", "auth", "oob"}
@@ -143,7 +143,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.duplicates, s.Limits.Duplicates)
 	ct := &s.Channels
 	for i, v := range []uint64{ct.DroppedBadMagic, ct.DroppedDecode, ct.DroppedUnknownType, ct.DroppedStaleEpoch,
-		ct.DroppedForeignSession, ct.DroppedDuplicate, ct.DroppedExtension, ct.DroppedFragment, s.OOB.BadFrames} {
+		ct.DroppedForeignSession, ct.DroppedDuplicate, ct.DroppedExtension, ct.DroppedFragment, ct.DroppedTooLarge, s.OOB.BadFrames} {
 		counter(c.framesDropped, v, dropReasons[i])
 	}
 	l := &s.Limits
