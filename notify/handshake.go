@@ -103,7 +103,7 @@ func (e *Engine) finishConnect(name string, id chanID, epoch uint64, resp *oob.H
 	switch {
 	case err == nil:
 	case errors.As(err, &re) && resp != nil && resp.Session != 0:
-		res.refuse = re.Code
+		res.refuse, res.refuseMsg = re.Code, boundName(re.Msg)
 	case errors.Is(err, oob.ErrRejected) && resp != nil:
 		// A Mooncake engine (or one without the ctrl fields) said no in words: it has no
 		// ctrl channel for us; its OOB path serves.

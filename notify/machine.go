@@ -1015,8 +1015,9 @@ type hsResult struct {
 	ctrl      bool   // the channel is connected (ch != 0)
 	peerName  string // the name the peer advertised
 	noCtrlMsg string
-	fresh     bool // the peer made its state for us just now (ts_fresh)
-	maxNotify int  // the peer's max_notify_size (ts_max_notify; 0: not said)
+	fresh     bool   // the peer made its state for us just now (ts_fresh)
+	maxNotify int    // the peer's max_notify_size (ts_max_notify; 0: not said)
+	refuseMsg string // the text of the peer's refusal (which limit, ...)
 }
 
 // Refusal codes (oob ts_refuse).
@@ -1141,7 +1142,11 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 	case res.refuse == refuseLimit:
 		closeCh(ErrLimit)
 		p.retryAt = now.Add(m.cfg.limitBackoff)
-		p.lastErr = sendErr(ErrLimit, name, "handshake", errors.New("the peer refused: a limit"), false)
+		why := "a limit"
+		if res.refuseMsg != "" {
+			why = res.refuseMsg
+		}
+		p.lastErr = sendErr(ErrLimit, name, "handshake", fmt.Errorf("the peer refused: %s", why), false)
 		m.setTimer(p.retryAt)
 		if m.cfg.fallback && p.tokenOut != 0 {
 			// The peer issued us a token: it serves our notifies over OOB meanwhile.
