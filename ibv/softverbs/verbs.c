@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,6 +136,8 @@ struct sv_ctx {
 };
 
 enum { SV_WAKE_ID = 0 };
+
+static void sv_rx(struct sv_ctx *c, const struct epoll_event *evs, int n);
 
 static inline struct sv_ctx *sv_ctx(struct ibv_context *c)
 {
@@ -552,7 +555,7 @@ static int sv_cq_push(struct sv_cq *cq, const struct ibv_wc *wc, struct sv_qp *q
 	e->qp = qp;
 	e->is_send = is_send;
 	e->release = release;
-	cq->count++;
+	__atomic_store_n(&cq->count, cq->count + 1, __ATOMIC_RELEASE);
 	int fire = cq->armed == 1 || (cq->armed == 2 && (solicited || wc->status != IBV_WC_SUCCESS));
 	if (fire)
 		cq->armed = 0;
@@ -575,7 +578,7 @@ static void sv_cq_clean(struct sv_cq *cq, struct sv_qp *qp)
 			cq->ring[(cq->head + j) % cq->cap] = *e;
 		j++;
 	}
-	cq->count = j;
+	__atomic_store_n(&cq->count, j, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&cq->lk);
 }
 
@@ -585,6 +588,23 @@ static int sv_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
 		return -1;
 	struct sv_cq *cq = (struct sv_cq *)ibcq;
 	int n = 0;
+	if (!__atomic_load_n(&cq->count, __ATOMIC_ACQUIRE)) {
+		/* Empty: do the NIC's receive work on this thread if nobody else is (a polling
+		 * consumer then needs no thread wake-up), and give the CPU away when that finds
+		 * nothing, since the NIC shares the host's cores. */
+		struct sv_ctx *c = cq->ctx;
+		if (!pthread_mutex_trylock(&c->lk)) {
+			struct epoll_event evs[16];
+			int k = epoll_wait(c->epfd, evs, 16, 0);
+			if (k > 0)
+				sv_rx(c, evs, k);
+			pthread_mutex_unlock(&c->lk);
+		}
+		if (!__atomic_load_n(&cq->count, __ATOMIC_ACQUIRE)) {
+			sched_yield();
+			return 0;
+		}
+	}
 	pthread_mutex_lock(&cq->lk);
 	while (n < num_entries && cq->count) {
 		struct sv_cqe *e = &cq->ring[cq->head];
@@ -593,7 +613,7 @@ static int sv_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
 			__atomic_store_n(e->is_send ? &e->qp->sq_released : &e->qp->rq_released, e->release,
 					 __ATOMIC_RELEASE);
 		cq->head = (cq->head + 1) % cq->cap;
-		cq->count--;
+		__atomic_store_n(&cq->count, cq->count - 1, __ATOMIC_RELEASE);
 	}
 	pthread_mutex_unlock(&cq->lk);
 	return n;
@@ -1421,11 +1441,33 @@ static void sv_faults_apply(struct sv_ctx *c)
 	}
 }
 
+/* sv_rx reads the sockets epoll reported ready and handles their packets. Context lock held. */
+static void sv_rx(struct sv_ctx *c, const struct epoll_event *evs, int n)
+{
+	static __thread uint8_t buf[SV_HDR_LEN + SV_MAX_PAYLOAD + 1];
+	int64_t now = sv_now_ns();
+	for (int i = 0; i < n; i++) {
+		uint32_t id = evs[i].data.u32;
+		if (id == SV_WAKE_ID) {
+			sv_evfd_clear(c->wakefd);
+			continue;
+		}
+		for (int k = 0; k < 64; k++) {
+			struct sv_qp *q = c->qps[id];
+			if (!q)
+				break;
+			ssize_t r = recv(q->fd, buf, sizeof(buf), MSG_DONTWAIT);
+			if (r < 0)
+				break;
+			sv_on_packet(q, buf, (size_t)r, now);
+		}
+	}
+}
+
 static void *sv_thread(void *arg)
 {
 	struct sv_ctx *c = arg;
 	struct epoll_event evs[32];
-	static __thread uint8_t buf[SV_HDR_LEN + SV_MAX_PAYLOAD + 1];
 	int64_t next_ctl = 0;
 
 	pthread_mutex_lock(&c->lk);
@@ -1454,23 +1496,7 @@ static void *sv_thread(void *arg)
 		int n = epoll_wait(c->epfd, evs, 32, ms);
 		pthread_mutex_lock(&c->lk);
 		c->sleep_until = 0;
-		now = sv_now_ns();
-		for (int i = 0; i < n; i++) {
-			uint32_t id = evs[i].data.u32;
-			if (id == SV_WAKE_ID) {
-				sv_evfd_clear(c->wakefd);
-				continue;
-			}
-			for (int k = 0; k < 64; k++) {
-				struct sv_qp *q = c->qps[id];
-				if (!q)
-					break;
-				ssize_t r = recv(q->fd, buf, sizeof(buf), MSG_DONTWAIT);
-				if (r < 0)
-					break;
-				sv_on_packet(q, buf, (size_t)r, now);
-			}
-		}
+		sv_rx(c, evs, n);
 	}
 	pthread_mutex_unlock(&c->lk);
 	return NULL;
@@ -1848,6 +1874,8 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 	struct sv_qp *q = (struct sv_qp *)ibqp;
 	struct sv_ctx *c = q->ctx;
 	struct sv_faults f;
+	if ((mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RTR)
+		sv_ctl_reload(); /* RTR faults apply from the next call on */
 	sv_faults_snapshot(&f);
 	pthread_mutex_lock(&c->lk);
 	enum ibv_qp_state cur = q->state;

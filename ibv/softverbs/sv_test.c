@@ -1,0 +1,912 @@
+//go:build ignore
+
+/* sv_test: checks of softverbs through the libibverbs API only (any libibverbs program could
+ * do the same): modify-QP attribute rules, bad arguments, busy rules, RC delivery (inline,
+ * SGE lists, immediate, segmentation, loss recovery), RNR, flush, CQ overrun, retry exceeded
+ * on a killed peer process, completion channel and async events, and the faults of the
+ * control file. Every wait is bounded (generous, for loaded machines) and nothing asserts a
+ * tight timing. Run with LD_LIBRARY_PATH pointing at build/softverbs. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <infiniband/verbs.h>
+
+static int failures;
+static const char *cur_test = "";
+static char ctl_path[256];
+
+#define CHECK(cond, ...)                                                                           \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			fprintf(stderr, "FAIL %s:%d [%s] %s: ", __FILE__, __LINE__, cur_test, #cond); \
+			fprintf(stderr, __VA_ARGS__);                                              \
+			fprintf(stderr, "\n");                                                     \
+			failures++;                                                                \
+		}                                                                                  \
+	} while (0)
+
+#define REQUIRE(cond, ...)                                                                         \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			CHECK(cond, __VA_ARGS__);                                                  \
+			return;                                                                    \
+		}                                                                                  \
+	} while (0)
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+	nanosleep(&ts, NULL);
+}
+
+static void set_ctl(const char *content)
+{
+	FILE *f = fopen(ctl_path, "w");
+	if (!f) {
+		perror(ctl_path);
+		exit(2);
+	}
+	fputs(content, f);
+	fclose(f);
+}
+
+enum { BUF = 1 << 20, RECV_BASE = BUF / 2 };
+
+struct side {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_mr *mr;
+	uint8_t *buf;
+	struct ibv_comp_channel *ch;
+	struct ibv_cq *scq, *rcq;
+	struct ibv_qp *qp;
+};
+
+struct qopts {
+	int send_wr, recv_wr, cqe, inline_data, sig_all;
+	int timeout, retry_cnt, rnr_retry, min_rnr;
+};
+
+static struct qopts defaults(void)
+{
+	return (struct qopts){.send_wr = 64, .recv_wr = 64, .cqe = 256, .timeout = 14, .retry_cnt = 7,
+			      .rnr_retry = 7, .min_rnr = 12};
+}
+
+static struct ibv_context *open_dev(void)
+{
+	int n = 0;
+	struct ibv_device **l = ibv_get_device_list(&n);
+	if (!l || n < 1)
+		return NULL;
+	struct ibv_context *c = ibv_open_device(l[0]);
+	ibv_free_device_list(l);
+	return c;
+}
+
+static struct ibv_qp *new_qp(struct side *s, struct qopts o)
+{
+	struct ibv_qp_init_attr a = {.send_cq = s->scq, .recv_cq = s->rcq, .qp_type = IBV_QPT_RC,
+				     .sq_sig_all = o.sig_all,
+				     .cap = {.max_send_wr = o.send_wr, .max_recv_wr = o.recv_wr, .max_send_sge = 4,
+					     .max_recv_sge = 4, .max_inline_data = o.inline_data}};
+	return ibv_create_qp(s->pd, &a);
+}
+
+static int to_init(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1,
+				.qp_access_flags = IBV_ACCESS_LOCAL_WRITE};
+	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+static void rtr_attr(struct ibv_qp_attr *a, uint32_t dqpn, int sgid, struct qopts o)
+{
+	memset(a, 0, sizeof(*a));
+	a->qp_state = IBV_QPS_RTR;
+	a->path_mtu = IBV_MTU_1024;
+	a->dest_qp_num = dqpn;
+	a->rq_psn = 0;
+	a->max_dest_rd_atomic = 1;
+	a->min_rnr_timer = o.min_rnr;
+	a->ah_attr.is_global = 1;
+	a->ah_attr.port_num = 1;
+	a->ah_attr.grh.hop_limit = 1;
+	a->ah_attr.grh.sgid_index = sgid;
+}
+
+static const int RTR_MASK = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+			    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+static const int RTS_MASK = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+			    IBV_QP_MAX_QP_RD_ATOMIC;
+
+static void rts_attr(struct ibv_qp_attr *a, struct qopts o)
+{
+	memset(a, 0, sizeof(*a));
+	a->qp_state = IBV_QPS_RTS;
+	a->sq_psn = 0;
+	a->timeout = o.timeout;
+	a->retry_cnt = o.retry_cnt;
+	a->rnr_retry = o.rnr_retry;
+	a->max_rd_atomic = 1;
+}
+
+/* connect takes qp (INIT) to RTS towards dqpn over GID index 3 (RoCE v2 IPv4). */
+static int connect_qp(struct ibv_qp *qp, struct ibv_context *ctx, uint32_t dqpn, struct qopts o)
+{
+	struct ibv_qp_attr a;
+	rtr_attr(&a, dqpn, 3, o);
+	if (ibv_query_gid(ctx, 1, 3, &a.ah_attr.grh.dgid))
+		return -1;
+	int rc = ibv_modify_qp(qp, &a, RTR_MASK);
+	if (rc)
+		return rc;
+	rts_attr(&a, o);
+	return ibv_modify_qp(qp, &a, RTS_MASK);
+}
+
+static int new_side(struct side *s, struct qopts o)
+{
+	memset(s, 0, sizeof(*s));
+	s->ctx = open_dev();
+	if (!s->ctx)
+		return -1;
+	s->pd = ibv_alloc_pd(s->ctx);
+	s->buf = calloc(1, BUF);
+	s->mr = ibv_reg_mr(s->pd, s->buf, BUF, IBV_ACCESS_LOCAL_WRITE);
+	s->ch = ibv_create_comp_channel(s->ctx);
+	s->scq = ibv_create_cq(s->ctx, o.cqe, s, s->ch, 0);
+	s->rcq = ibv_create_cq(s->ctx, o.cqe, s, s->ch, 0);
+	if (!s->pd || !s->mr || !s->ch || !s->scq || !s->rcq)
+		return -1;
+	s->qp = new_qp(s, o);
+	if (!s->qp || to_init(s->qp))
+		return -1;
+	return 0;
+}
+
+static void free_side(struct side *s)
+{
+	if (s->qp && ibv_destroy_qp(s->qp))
+		CHECK(0, "destroy qp");
+	if (s->scq && ibv_destroy_cq(s->scq))
+		CHECK(0, "destroy scq");
+	if (s->rcq && ibv_destroy_cq(s->rcq))
+		CHECK(0, "destroy rcq");
+	if (s->ch && ibv_destroy_comp_channel(s->ch))
+		CHECK(0, "destroy channel");
+	if (s->mr && ibv_dereg_mr(s->mr))
+		CHECK(0, "dereg mr");
+	if (s->pd && ibv_dealloc_pd(s->pd))
+		CHECK(0, "dealloc pd");
+	if (s->ctx && ibv_close_device(s->ctx))
+		CHECK(0, "close");
+	free(s->buf);
+	memset(s, 0, sizeof(*s));
+}
+
+static int pair(struct side *a, struct side *b, struct qopts oa, struct qopts ob)
+{
+	if (new_side(a, oa) || new_side(b, ob))
+		return -1;
+	if (connect_qp(a->qp, a->ctx, b->qp->qp_num, oa) || connect_qp(b->qp, b->ctx, a->qp->qp_num, ob))
+		return -1;
+	return 0;
+}
+
+static int post_recv(struct side *s, struct ibv_qp *qp, uint64_t id, int off, int len)
+{
+	struct ibv_sge sg = {(uintptr_t)s->buf + RECV_BASE + off, (uint32_t)len, s->mr->lkey};
+	struct ibv_recv_wr wr = {.wr_id = id, .sg_list = &sg, .num_sge = 1}, *bad;
+	return ibv_post_recv(qp, &wr, &bad);
+}
+
+static int post_send(struct side *s, struct ibv_qp *qp, uint64_t id, int off, int len, int flags)
+{
+	struct ibv_sge sg = {(uintptr_t)s->buf + off, (uint32_t)len, s->mr->lkey};
+	struct ibv_send_wr wr = {.wr_id = id, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_SEND,
+				 .send_flags = flags}, *bad;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+/* wait_wcs polls n WCs within secs seconds; returns how many it got. */
+static int wait_wcs(struct ibv_cq *cq, struct ibv_wc *out, int n, double secs)
+{
+	int got = 0;
+	double end = now_s() + secs;
+	while (got < n && now_s() < end) {
+		int k = ibv_poll_cq(cq, n - got, out + got);
+		if (k < 0)
+			return got;
+		got += k;
+		if (!k)
+			sleep_ms(1);
+	}
+	return got;
+}
+
+static int cq_empty_for(struct ibv_cq *cq, int ms)
+{
+	struct ibv_wc wc;
+	double end = now_s() + ms / 1000.0;
+	do {
+		if (ibv_poll_cq(cq, 1, &wc) != 0)
+			return 0;
+		sleep_ms(1);
+	} while (now_s() < end);
+	return 1;
+}
+
+static enum ibv_qp_state qp_state(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr i;
+	if (ibv_query_qp(qp, &a, IBV_QP_STATE, &i))
+		return (enum ibv_qp_state)-1;
+	return a.qp_state;
+}
+
+/* next_async waits for an async event of type want (others are acknowledged and skipped). */
+static int next_async(struct ibv_context *ctx, enum ibv_event_type want, struct ibv_async_event *ev, double secs)
+{
+	double end = now_s() + secs;
+	int fl = fcntl(ctx->async_fd, F_GETFL);
+	fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
+	while (now_s() < end) {
+		struct pollfd p = {ctx->async_fd, POLLIN, 0};
+		if (poll(&p, 1, 100) <= 0)
+			continue;
+		if (ibv_get_async_event(ctx, ev))
+			continue;
+		if (ev->event_type == want)
+			return 0;
+		ibv_ack_async_event(ev);
+	}
+	return -1;
+}
+
+/* ---- tests ---- */
+
+static void test_modify_rules(void)
+{
+	cur_test = "modify rules";
+	struct qopts o = defaults();
+	struct side a, b;
+	REQUIRE(!new_side(&a, o) && !new_side(&b, o), "sides");
+	struct ibv_qp *qp = new_qp(&a, o);
+	REQUIRE(qp, "create qp: %s", strerror(errno));
+	CHECK(qp->state == IBV_QPS_RESET && qp_state(qp) == IBV_QPS_RESET, "new QP in RESET");
+	struct ibv_qp_attr at;
+
+	rtr_attr(&at, b.qp->qp_num, 3, o);
+	ibv_query_gid(a.ctx, 1, 3, &at.ah_attr.grh.dgid);
+	CHECK(ibv_modify_qp(qp, &at, RTR_MASK) == EINVAL, "RESET->RTR");
+	memset(&at, 0, sizeof(at));
+	at.qp_state = IBV_QPS_INIT;
+	at.port_num = 1;
+	CHECK(ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == EINVAL,
+	      "RESET->INIT without PKEY_INDEX");
+	CHECK(ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS |
+					     IBV_QP_SQ_PSN) == EINVAL,
+	      "RESET->INIT with SQ_PSN");
+	at.port_num = 2;
+	CHECK(ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == EINVAL,
+	      "port 2");
+	at.port_num = 1;
+	at.pkey_index = 1;
+	CHECK(ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == EINVAL,
+	      "pkey index 1 on a 1-entry table");
+	CHECK(qp_state(qp) == IBV_QPS_RESET, "still RESET");
+	CHECK(to_init(qp) == 0, "RESET->INIT");
+	CHECK(qp->state == IBV_QPS_INIT, "ibv_qp.state follows");
+	memset(&at, 0, sizeof(at));
+	at.qp_state = IBV_QPS_INIT;
+	at.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+	CHECK(ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_ACCESS_FLAGS) == 0, "INIT->INIT with ACCESS_FLAGS");
+	at.cur_qp_state = IBV_QPS_RTS;
+	CHECK(ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_CUR_STATE) == EINVAL, "CUR_STATE not in INIT->INIT");
+
+	rts_attr(&at, o);
+	CHECK(ibv_modify_qp(qp, &at, RTS_MASK) == EINVAL, "INIT->RTS");
+	const int rtr_req[] = {IBV_QP_AV, IBV_QP_PATH_MTU, IBV_QP_DEST_QPN, IBV_QP_RQ_PSN, IBV_QP_MAX_DEST_RD_ATOMIC,
+			       IBV_QP_MIN_RNR_TIMER};
+	rtr_attr(&at, b.qp->qp_num, 3, o);
+	ibv_query_gid(a.ctx, 1, 3, &at.ah_attr.grh.dgid);
+	for (size_t i = 0; i < sizeof(rtr_req) / sizeof(rtr_req[0]); i++)
+		CHECK(ibv_modify_qp(qp, &at, RTR_MASK & ~rtr_req[i]) == EINVAL, "INIT->RTR without %#x", rtr_req[i]);
+	CHECK(ibv_modify_qp(qp, &at, RTR_MASK | IBV_QP_SQ_PSN) == EINVAL, "INIT->RTR with SQ_PSN");
+	CHECK(ibv_modify_qp(qp, &at, RTR_MASK | IBV_QP_TIMEOUT) == EINVAL, "INIT->RTR with TIMEOUT");
+	/* Address resolution. */
+	at.ah_attr.is_global = 0;
+	CHECK(ibv_modify_qp(qp, &at, RTR_MASK) == EINVAL, "RoCE AV without GRH");
+	at.ah_attr.is_global = 1;
+	at.ah_attr.grh.sgid_index = 1; /* fe80:: (not IPv4) with an IPv4-mapped dgid */
+	CHECK(ibv_modify_qp(qp, &at, RTR_MASK) == EINVAL, "sgid family differs from dgid");
+	at.ah_attr.grh.sgid_index = 5; /* empty entry */
+	CHECK(ibv_modify_qp(qp, &at, RTR_MASK) == EINVAL, "empty sgid entry");
+	at.ah_attr.grh.sgid_index = 200; /* past the table */
+	CHECK(ibv_modify_qp(qp, &at, RTR_MASK) == EINVAL, "sgid index past the table");
+	at.ah_attr.grh.sgid_index = 3;
+	at.path_mtu = 7;
+	CHECK(ibv_modify_qp(qp, &at, RTR_MASK) == EINVAL, "path_mtu 7");
+	at.path_mtu = IBV_MTU_1024;
+	at.min_rnr_timer = 32;
+	CHECK(ibv_modify_qp(qp, &at, RTR_MASK) == EINVAL, "min_rnr_timer 32");
+	at.min_rnr_timer = o.min_rnr;
+	CHECK(qp_state(qp) == IBV_QPS_INIT, "still INIT");
+	CHECK(ibv_modify_qp(qp, &at, RTR_MASK) == 0, "INIT->RTR");
+	CHECK(qp_state(qp) == IBV_QPS_RTR, "RTR");
+	/* fe80:: over fe80:: resolves too (sgid 1, dgid index 1 of the peer). */
+
+	const int rts_req[] = {IBV_QP_SQ_PSN, IBV_QP_TIMEOUT, IBV_QP_RETRY_CNT, IBV_QP_RNR_RETRY,
+			       IBV_QP_MAX_QP_RD_ATOMIC};
+	rts_attr(&at, o);
+	for (size_t i = 0; i < sizeof(rts_req) / sizeof(rts_req[0]); i++)
+		CHECK(ibv_modify_qp(qp, &at, RTS_MASK & ~rts_req[i]) == EINVAL, "RTR->RTS without %#x", rts_req[i]);
+	CHECK(ibv_modify_qp(qp, &at, RTS_MASK | IBV_QP_PATH_MTU) == EINVAL, "RTR->RTS with PATH_MTU");
+	at.retry_cnt = 8;
+	CHECK(ibv_modify_qp(qp, &at, RTS_MASK) == EINVAL, "retry_cnt 8");
+	at.retry_cnt = o.retry_cnt;
+	at.cur_qp_state = IBV_QPS_RTR;
+	CHECK(ibv_modify_qp(qp, &at, RTS_MASK | IBV_QP_CUR_STATE) == 0, "RTR->RTS (with CUR_STATE)");
+	CHECK(qp_state(qp) == IBV_QPS_RTS, "RTS");
+	struct ibv_qp_init_attr ia;
+	CHECK(ibv_query_qp(qp, &at, IBV_QP_STATE | IBV_QP_CAP | IBV_QP_DEST_QPN | IBV_QP_TIMEOUT, &ia) == 0, "query");
+	CHECK(at.dest_qp_num == b.qp->qp_num && at.timeout == o.timeout && at.cap.max_send_wr >= 64 &&
+		      ia.cap.max_recv_wr >= 64 && ia.qp_type == IBV_QPT_RC && ia.send_cq == a.scq,
+	      "query_qp values");
+	memset(&at, 0, sizeof(at));
+	at.qp_state = IBV_QPS_RTS;
+	at.min_rnr_timer = 3;
+	CHECK(ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_MIN_RNR_TIMER) == 0, "RTS->RTS MIN_RNR_TIMER");
+	CHECK(ibv_modify_qp(qp, &at, IBV_QP_MIN_RNR_TIMER) == 0, "RTS->RTS without STATE");
+	CHECK(ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_TIMEOUT) == EINVAL, "RTS->RTS TIMEOUT");
+	at.qp_state = IBV_QPS_INIT;
+	CHECK(ibv_modify_qp(qp, &at, IBV_QP_STATE) == EINVAL, "RTS->INIT");
+	at.qp_state = IBV_QPS_ERR;
+	CHECK(ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_PORT) == EINVAL, "RTS->ERR with PORT");
+	CHECK(ibv_modify_qp(qp, &at, IBV_QP_STATE) == 0, "RTS->ERR");
+	at.qp_state = IBV_QPS_RTS;
+	CHECK(ibv_modify_qp(qp, &at, IBV_QP_STATE) == EINVAL, "ERR->RTS");
+	at.qp_state = IBV_QPS_RESET;
+	CHECK(ibv_modify_qp(qp, &at, IBV_QP_STATE) == 0, "ERR->RESET");
+	CHECK(to_init(qp) == 0, "INIT again");
+	at.qp_state = 42;
+	CHECK(ibv_modify_qp(qp, &at, IBV_QP_STATE) == EINVAL, "state 42");
+	CHECK(ibv_modify_qp(qp, NULL, IBV_QP_STATE) == EINVAL, "NULL attr");
+	CHECK(ibv_modify_qp(NULL, &at, IBV_QP_STATE) == EINVAL, "NULL qp");
+
+	/* fe80 link-local GIDs (indexes 0/1) route too. */
+	struct ibv_qp *q2 = new_qp(&a, o);
+	struct ibv_qp *q3 = new_qp(&b, o);
+	REQUIRE(q2 && q3 && !to_init(q2) && !to_init(q3), "q2, q3");
+	rtr_attr(&at, q3->qp_num, 1, o);
+	ibv_query_gid(b.ctx, 1, 1, &at.ah_attr.grh.dgid);
+	CHECK(ibv_modify_qp(q2, &at, RTR_MASK) == 0, "RTR over fe80:: RoCE v2");
+	at.dest_qp_num = q2->qp_num;
+	CHECK(ibv_modify_qp(q3, &at, RTR_MASK) == 0, "RTR over fe80:: RoCE v2 (back)");
+	rts_attr(&at, o);
+	CHECK(!ibv_modify_qp(q2, &at, RTS_MASK) && !ibv_modify_qp(q3, &at, RTS_MASK), "RTS over fe80");
+	CHECK(post_recv(&b, q3, 5, 0, 64) == 0, "recv");
+	CHECK(post_send(&a, q2, 6, 0, 32, IBV_SEND_SIGNALED) == 0, "send");
+	struct ibv_wc wc;
+	CHECK(wait_wcs(b.rcq, &wc, 1, 10) == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 5, "fe80 delivery");
+	CHECK(wait_wcs(a.scq, &wc, 1, 10) == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 6, "fe80 ack");
+	CHECK(ibv_destroy_qp(q2) == 0 && ibv_destroy_qp(q3) == 0, "destroy q2 q3");
+	CHECK(ibv_destroy_qp(qp) == 0, "destroy");
+	free_side(&a);
+	free_side(&b);
+}
+
+static void test_bad_args(void)
+{
+	cur_test = "bad arguments";
+	struct qopts o = defaults();
+	struct side s;
+	REQUIRE(!new_side(&s, o), "side");
+	errno = 0;
+	CHECK(ibv_open_device(NULL) == NULL && errno, "open NULL");
+	CHECK(ibv_get_device_name(NULL) == NULL, "name NULL");
+	errno = 0;
+	CHECK(!ibv_create_cq(s.ctx, 0, NULL, NULL, 0) && errno == EINVAL, "cqe 0");
+	CHECK(!ibv_create_cq(s.ctx, 1 << 30, NULL, NULL, 0) && errno == EINVAL, "cqe too big");
+	CHECK(!ibv_create_cq(s.ctx, 4, NULL, NULL, 1) && errno == EINVAL, "comp_vector 1");
+	struct ibv_cq *cq = ibv_create_cq(s.ctx, 4, NULL, NULL, 0);
+	CHECK(cq && cq->cqe >= 4, "cqe rounds up");
+	CHECK(cq && ibv_destroy_cq(cq) == 0, "destroy");
+	CHECK(!ibv_reg_mr(s.pd, s.buf, 0, IBV_ACCESS_LOCAL_WRITE) && errno == EINVAL, "mr length 0");
+	CHECK(!ibv_reg_mr(s.pd, s.buf, 64, IBV_ACCESS_REMOTE_WRITE) && errno == EINVAL,
+	      "REMOTE_WRITE without LOCAL_WRITE");
+	CHECK(!ibv_reg_mr(NULL, s.buf, 64, 0) && errno == EINVAL, "mr NULL pd");
+	void *hole = mmap(NULL, 8192, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	munmap(hole, 8192);
+	CHECK(!ibv_reg_mr(s.pd, hole, 8192, 0) && errno == EFAULT, "unmapped memory: %s", strerror(errno));
+	struct ibv_qp_init_attr qa = {.send_cq = s.scq, .recv_cq = s.rcq, .qp_type = IBV_QPT_RC,
+				      .cap = {.max_send_wr = 100000, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1}};
+	CHECK(!ibv_create_qp(s.pd, &qa) && errno == EINVAL, "max_send_wr too big");
+	qa.cap.max_send_wr = 1;
+	qa.cap.max_inline_data = 1 << 20;
+	CHECK(!ibv_create_qp(s.pd, &qa) && errno == EINVAL, "inline too big");
+	qa.cap.max_inline_data = 0;
+	qa.qp_type = IBV_QPT_UD;
+	CHECK(!ibv_create_qp(s.pd, &qa) && errno == EOPNOTSUPP, "UD");
+	qa.qp_type = IBV_QPT_RC;
+	qa.send_cq = NULL;
+	CHECK(!ibv_create_qp(s.pd, &qa) && errno == EINVAL, "no send cq");
+	CHECK(!ibv_create_qp(NULL, &qa), "NULL pd");
+
+	struct ibv_port_attr pa;
+	CHECK(ibv_query_port(s.ctx, 2, &pa) == EINVAL, "port 2");
+	CHECK(ibv_query_port(s.ctx, 1, &pa) == 0 && pa.state == IBV_PORT_ACTIVE && pa.link_layer == IBV_LINK_LAYER_ETHERNET &&
+		      pa.gid_tbl_len >= 4 && (pa.active_mtu == IBV_MTU_1024 || pa.active_mtu == IBV_MTU_4096),
+	      "port 1");
+	union ibv_gid g;
+	CHECK(ibv_query_gid(s.ctx, 1, 999, &g) == -1, "gid 999");
+	memset(&g, 0xaa, sizeof(g));
+	CHECK(ibv_query_gid(s.ctx, 1, 5, &g) == 0 && g.global.interface_id == 0 && g.global.subnet_prefix == 0,
+	      "empty gid reads as zero");
+	struct ibv_gid_entry ge, tbl[16];
+	CHECK(ibv_query_gid_ex(s.ctx, 1, 5, &ge, 0) == ENODATA, "gid_ex empty");
+	CHECK(ibv_query_gid_ex(s.ctx, 1, 3, &ge, 0) == 0 && ge.gid_type == IBV_GID_TYPE_ROCE_V2 &&
+		      ge.gid.raw[10] == 0xff && ge.gid_index == 3,
+	      "gid_ex 3");
+	CHECK(ibv_query_gid_ex(s.ctx, 1, 2, &ge, 0) == 0 && ge.gid_type == IBV_GID_TYPE_ROCE_V1, "gid_ex 2");
+	CHECK(ibv_query_gid_ex(s.ctx, 1, 0, &ge, 0) == 0 && ge.gid.raw[0] == 0xfe && ge.gid_type == IBV_GID_TYPE_ROCE_V1,
+	      "gid_ex 0");
+	CHECK(ibv_query_gid_table(s.ctx, tbl, 2, 0) == -EINVAL, "gid table too small");
+	CHECK(ibv_query_gid_table(s.ctx, tbl, 16, 0) == 4, "gid table has 4 entries");
+	__be16 pkey;
+	CHECK(ibv_query_pkey(s.ctx, 1, 0, &pkey) == 0 && pkey == 0xffff, "pkey 0");
+	CHECK(ibv_query_pkey(s.ctx, 1, 5, &pkey) != 0, "pkey 5");
+	CHECK(ibv_fork_init() == 0, "fork init");
+	CHECK(!strcmp(ibv_wc_status_str(IBV_WC_WR_FLUSH_ERR), "Work Request Flushed Error"), "wc status str");
+	CHECK(!strcmp(ibv_wc_status_str(999), "unknown"), "wc status str unknown");
+	CHECK(!strcmp(ibv_event_type_str(IBV_EVENT_PORT_ERR), "port error"), "event str");
+
+	/* Post errors name the bad WR. */
+	struct ibv_sge sg[8];
+	for (int i = 0; i < 8; i++)
+		sg[i] = (struct ibv_sge){(uintptr_t)s.buf, 8, s.mr->lkey};
+	struct ibv_send_wr w2 = {.wr_id = 2, .sg_list = sg, .num_sge = 8, .opcode = IBV_WR_SEND};
+	struct ibv_send_wr w1 = {.wr_id = 1, .next = &w2, .sg_list = sg, .num_sge = 1, .opcode = IBV_WR_SEND};
+	struct ibv_send_wr *bad = NULL;
+	CHECK(ibv_post_send(s.qp, &w1, &bad) == EINVAL && bad == &w2, "num_sge > max_send_sge");
+	w2.num_sge = 1;
+	w2.opcode = IBV_WR_RDMA_WRITE;
+	CHECK(ibv_post_send(s.qp, &w2, &bad) == EINVAL && bad == &w2, "RDMA WRITE unsupported");
+	w2.opcode = IBV_WR_SEND;
+	w2.send_flags = IBV_SEND_INLINE; /* max_inline_data is 0 */
+	CHECK(ibv_post_send(s.qp, &w2, &bad) == EINVAL && bad == &w2, "inline above max_inline_data");
+	struct ibv_recv_wr r = {.wr_id = 3, .sg_list = sg, .num_sge = 8}, *rbad = NULL;
+	CHECK(ibv_post_recv(s.qp, &r, &rbad) == EINVAL && rbad == &r, "recv num_sge");
+
+	/* Busy rules. */
+	CHECK(ibv_dealloc_pd(s.pd) == EBUSY, "PD with MR and QP");
+	CHECK(ibv_destroy_cq(s.scq) == EBUSY, "CQ with a QP");
+	CHECK(ibv_destroy_comp_channel(s.ch) == EBUSY, "channel with CQs");
+	struct ibv_pd *pd2 = ibv_alloc_pd(s.ctx);
+	struct ibv_mr *mr2 = ibv_reg_mr(pd2, s.buf, 4096, 0);
+	CHECK(pd2 && mr2 && ibv_dealloc_pd(pd2) == EBUSY, "PD with MR");
+	CHECK(ibv_dereg_mr(mr2) == 0 && ibv_dealloc_pd(pd2) == 0, "PD freed after MR");
+
+	/* Non-blocking channels and async fd answer EAGAIN when empty. */
+	fcntl(s.ch->fd, F_SETFL, fcntl(s.ch->fd, F_GETFL) | O_NONBLOCK);
+	struct ibv_cq *ecq;
+	void *ectx;
+	errno = 0;
+	CHECK(ibv_get_cq_event(s.ch, &ecq, &ectx) == -1 && errno == EAGAIN, "empty channel");
+	fcntl(s.ctx->async_fd, F_SETFL, fcntl(s.ctx->async_fd, F_GETFL) | O_NONBLOCK);
+	struct ibv_async_event ev;
+	errno = 0;
+	CHECK(ibv_get_async_event(s.ctx, &ev) == -1 && errno == EAGAIN, "empty async fd");
+	free_side(&s);
+}
+
+static void test_delivery(void)
+{
+	cur_test = "delivery";
+	struct qopts oa = defaults(), ob = defaults();
+	oa.inline_data = 256;
+	oa.send_wr = 128;
+	ob.recv_wr = 128;
+	struct side a, b;
+	REQUIRE(!pair(&a, &b, oa, ob), "pair");
+	struct ibv_qp_attr at;
+	struct ibv_qp_init_attr ia;
+	CHECK(!ibv_query_qp(a.qp, &at, IBV_QP_CAP, &ia) && ia.cap.max_inline_data >= 256, "max_inline_data");
+	/* Messages of many sizes, up to 100000 bytes (98 packets at MTU 1024), some inline, some
+	 * with immediate, some unsignaled, two SGEs each. */
+	const int n = 40;
+	int sizes[40];
+	for (int i = 0; i < n; i++) {
+		sizes[i] = i % 4 == 0 ? 100000 - i : i % 4 == 1 ? 7 * i + 1 : i % 4 == 2 ? 1024 * (i % 3 + 1) : 0;
+	}
+	for (int i = 0; i < n; i++) {
+		struct ibv_sge sg[2] = {{(uintptr_t)b.buf + RECV_BASE + i * 100000, 50, b.mr->lkey},
+					{(uintptr_t)b.buf + RECV_BASE + i * 100000 + 50, 100000 - 50, b.mr->lkey}};
+		if (RECV_BASE + (i + 1) * 100000 > BUF) {
+			sg[0].addr = (uintptr_t)b.buf + RECV_BASE;
+			sg[1].addr = sg[0].addr + 50;
+		}
+		struct ibv_recv_wr wr = {.wr_id = 1000 + i, .sg_list = sg, .num_sge = 2}, *bad;
+		CHECK(ibv_post_recv(b.qp, &wr, &bad) == 0, "recv %d", i);
+	}
+	int signaled = 0;
+	for (int i = 0; i < n; i++) {
+		int sz = sizes[i];
+		uint8_t *p = a.buf + (i % 4) * 100000;
+		for (int j = 0; j < sz; j++)
+			p[j] = (uint8_t)(i * 7 + j);
+		struct ibv_sge sg[2] = {{(uintptr_t)p, (uint32_t)(sz / 3), a.mr->lkey},
+					{(uintptr_t)p + sz / 3, (uint32_t)(sz - sz / 3), a.mr->lkey}};
+		struct ibv_send_wr wr = {.wr_id = i, .sg_list = sg, .num_sge = 2, .opcode = IBV_WR_SEND}, *bad;
+		if (i % 3 == 0) {
+			wr.opcode = IBV_WR_SEND_WITH_IMM;
+			wr.imm_data = htobe32(0xabc00000 + i);
+		}
+		if (i % 2 == 0) {
+			wr.send_flags |= IBV_SEND_SIGNALED;
+			signaled++;
+		}
+		if (sz <= 256 && i % 4 == 1)
+			wr.send_flags |= IBV_SEND_INLINE;
+		CHECK(ibv_post_send(a.qp, &wr, &bad) == 0, "send %d", i);
+		if (wr.send_flags & IBV_SEND_INLINE)
+			memset(p, 0xee, sz); /* inline data was taken at post time */
+		/* Let the ring breathe: b's RECV buffers overlap after 5 messages. */
+		struct ibv_wc wc;
+		CHECK(wait_wcs(b.rcq, &wc, 1, 20) == 1, "recv wc %d", i);
+		CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == (uint64_t)(1000 + i) && wc.byte_len == (uint32_t)sz &&
+			      wc.opcode == IBV_WC_RECV && wc.qp_num == b.qp->qp_num && wc.src_qp == a.qp->qp_num,
+		      "recv %d: status %s wr_id %llu len %u", i, ibv_wc_status_str(wc.status),
+		      (unsigned long long)wc.wr_id, wc.byte_len);
+		if (i % 3 == 0)
+			CHECK((wc.wc_flags & IBV_WC_WITH_IMM) && be32toh(wc.imm_data) == 0xabc00000u + i, "imm %d", i);
+		else
+			CHECK(!(wc.wc_flags & IBV_WC_WITH_IMM), "no imm %d", i);
+		uint8_t *r = RECV_BASE + (i + 1) * 100000 > BUF ? b.buf + RECV_BASE : b.buf + RECV_BASE + i * 100000;
+		int bad_at = -1;
+		for (int j = 0; j < sz && bad_at < 0; j++)
+			if (r[j] != (uint8_t)(i * 7 + j))
+				bad_at = j;
+		CHECK(bad_at < 0, "payload %d differs at byte %d", i, bad_at);
+	}
+	struct ibv_wc wcs[64];
+	int got = wait_wcs(a.scq, wcs, signaled, 20);
+	CHECK(got == signaled, "signaled sends %d of %d", got, signaled);
+	for (int i = 0; i < got; i++)
+		CHECK(wcs[i].status == IBV_WC_SUCCESS && wcs[i].wr_id == (uint64_t)(2 * i) && wcs[i].opcode == IBV_WC_SEND,
+		      "send wc %d", i);
+	CHECK(cq_empty_for(a.scq, 50), "no WC for unsignaled sends");
+	free_side(&a);
+	free_side(&b);
+}
+
+static void test_rnr(void)
+{
+	cur_test = "rnr";
+	struct qopts oa = defaults(), ob = defaults();
+	oa.rnr_retry = 2;
+	ob.min_rnr = 1;
+	struct side a, b;
+	REQUIRE(!pair(&a, &b, oa, ob), "pair");
+	CHECK(post_send(&a, a.qp, 1, 0, 16, IBV_SEND_SIGNALED) == 0, "send 1");
+	CHECK(post_send(&a, a.qp, 2, 16, 16, IBV_SEND_SIGNALED) == 0, "send 2");
+	struct ibv_wc wc[2];
+	CHECK(wait_wcs(a.scq, wc, 2, 20) == 2, "2 WCs");
+	CHECK(wc[0].status == IBV_WC_RNR_RETRY_EXC_ERR && wc[0].wr_id == 1, "RNR_RETRY_EXC_ERR: %s",
+	      ibv_wc_status_str(wc[0].status));
+	CHECK(wc[1].status == IBV_WC_WR_FLUSH_ERR && wc[1].wr_id == 2, "flush");
+	CHECK(qp_state(a.qp) == IBV_QPS_ERR, "ERR");
+	free_side(&a);
+	free_side(&b);
+
+	/* rnr_retry 7 retries for ever: a RECV posted late lands. */
+	oa.rnr_retry = 7;
+	REQUIRE(!pair(&a, &b, oa, ob), "pair");
+	CHECK(post_send(&a, a.qp, 1, 0, 16, IBV_SEND_SIGNALED) == 0, "send");
+	CHECK(cq_empty_for(a.scq, 300), "no completion while RNR");
+	CHECK(post_recv(&b, b.qp, 9, 0, 16) == 0, "late recv");
+	CHECK(wait_wcs(b.rcq, wc, 1, 20) == 1 && wc[0].status == IBV_WC_SUCCESS, "late recv lands");
+	CHECK(wait_wcs(a.scq, wc, 1, 20) == 1 && wc[0].status == IBV_WC_SUCCESS, "send completes");
+	free_side(&a);
+	free_side(&b);
+}
+
+static void test_flush(void)
+{
+	cur_test = "flush on error";
+	struct qopts oa = defaults(), ob = defaults();
+	ob.min_rnr = 14;
+	struct side a, b;
+	REQUIRE(!pair(&a, &b, oa, ob), "pair");
+	for (int i = 0; i < 5; i++)
+		CHECK(post_recv(&a, a.qp, 10 + i, i * 64, 64) == 0, "recv");
+	for (int i = 0; i < 3; i++)
+		CHECK(post_send(&a, a.qp, 20 + i, 0, 16, i == 1 ? 0 : IBV_SEND_SIGNALED) == 0, "send");
+	struct ibv_qp_attr at = {.qp_state = IBV_QPS_ERR};
+	CHECK(ibv_modify_qp(a.qp, &at, IBV_QP_STATE) == 0, "to ERR");
+	struct ibv_wc wc[8];
+	CHECK(wait_wcs(a.rcq, wc, 5, 10) == 5, "5 recv flushes");
+	for (int i = 0; i < 5; i++)
+		CHECK(wc[i].status == IBV_WC_WR_FLUSH_ERR && wc[i].wr_id == (uint64_t)(10 + i), "recv flush %d", i);
+	CHECK(wait_wcs(a.scq, wc, 3, 10) == 3, "3 send flushes (unsignaled included)");
+	for (int i = 0; i < 3; i++)
+		CHECK(wc[i].status == IBV_WC_WR_FLUSH_ERR && wc[i].wr_id == (uint64_t)(20 + i), "send flush %d", i);
+	CHECK(post_recv(&a, a.qp, 99, 0, 64) == 0, "recv in ERR");
+	CHECK(wait_wcs(a.rcq, wc, 1, 10) == 1 && wc[0].status == IBV_WC_WR_FLUSH_ERR && wc[0].wr_id == 99, "flushed");
+	CHECK(post_send(&a, a.qp, 98, 0, 8, 0) == 0, "send in ERR");
+	CHECK(wait_wcs(a.scq, wc, 1, 10) == 1 && wc[0].status == IBV_WC_WR_FLUSH_ERR && wc[0].wr_id == 98, "flushed");
+	free_side(&a);
+	free_side(&b);
+}
+
+static void test_overrun(void)
+{
+	cur_test = "cq overrun";
+	struct qopts oa = defaults(), ob = defaults();
+	ob.cqe = 1;
+	struct side a, b;
+	REQUIRE(!pair(&a, &b, oa, ob), "pair");
+	int n = b.rcq->cqe + 2;
+	for (int i = 0; i < n; i++)
+		CHECK(post_recv(&b, b.qp, i, 0, 64) == 0, "recv");
+	for (int i = 0; i < n; i++)
+		CHECK(post_send(&a, a.qp, i, 0, 8, 0) == 0, "send");
+	struct ibv_async_event ev;
+	REQUIRE(next_async(b.ctx, IBV_EVENT_CQ_ERR, &ev, 20) == 0, "CQ_ERR");
+	CHECK(ev.element.cq == b.rcq, "CQ_ERR names the CQ");
+	ibv_ack_async_event(&ev);
+	CHECK(next_async(b.ctx, IBV_EVENT_QP_FATAL, &ev, 20) == 0 && ev.element.qp == b.qp, "QP_FATAL");
+	ibv_ack_async_event(&ev);
+	CHECK(qp_state(b.qp) == IBV_QPS_ERR, "QP in ERR");
+	free_side(&a);
+	free_side(&b);
+}
+
+static void test_channel(void)
+{
+	cur_test = "completion channel";
+	struct side a, b;
+	REQUIRE(!pair(&a, &b, defaults(), defaults()), "pair");
+	for (int i = 0; i < 4; i++)
+		post_recv(&b, b.qp, i, i * 64, 64);
+	fcntl(b.ch->fd, F_SETFL, fcntl(b.ch->fd, F_GETFL) | O_NONBLOCK);
+	struct ibv_cq *cq;
+	void *cctx;
+	struct ibv_wc wc;
+	post_send(&a, a.qp, 1, 0, 8, IBV_SEND_SIGNALED);
+	CHECK(wait_wcs(b.rcq, &wc, 1, 10) == 1, "unarmed WC");
+	struct pollfd p = {b.ch->fd, POLLIN, 0};
+	CHECK(poll(&p, 1, 50) == 0, "unarmed: fd not readable");
+	CHECK(ibv_req_notify_cq(b.rcq, 0) == 0, "arm");
+	post_send(&a, a.qp, 2, 0, 8, IBV_SEND_SIGNALED);
+	CHECK(poll(&p, 1, 10000) == 1, "armed: fd readable");
+	CHECK(ibv_get_cq_event(b.ch, &cq, &cctx) == 0 && cq == b.rcq && cctx == &b, "event");
+	errno = 0;
+	CHECK(ibv_get_cq_event(b.ch, &cq, &cctx) == -1 && errno == EAGAIN, "one arm, one event");
+	ibv_ack_cq_events(b.rcq, 1);
+	CHECK(wait_wcs(b.rcq, &wc, 1, 10) == 1, "armed WC");
+	post_send(&a, a.qp, 3, 0, 8, IBV_SEND_SIGNALED);
+	CHECK(wait_wcs(b.rcq, &wc, 1, 10) == 1, "third WC");
+	CHECK(poll(&p, 1, 50) == 0, "no second event without a new arm");
+	/* Solicited-only arming fires on a solicited SEND only. */
+	CHECK(ibv_req_notify_cq(b.rcq, 1) == 0, "arm solicited");
+	post_send(&a, a.qp, 4, 0, 8, IBV_SEND_SIGNALED);
+	CHECK(wait_wcs(b.rcq, &wc, 1, 10) == 1, "fourth WC");
+	CHECK(poll(&p, 1, 50) == 0, "unsolicited: no event");
+	post_recv(&b, b.qp, 5, 0, 64);
+	post_send(&a, a.qp, 5, 0, 8, IBV_SEND_SIGNALED | IBV_SEND_SOLICITED);
+	CHECK(poll(&p, 1, 10000) == 1, "solicited: event");
+	CHECK(ibv_get_cq_event(b.ch, &cq, &cctx) == 0, "event");
+	ibv_ack_cq_events(cq, 1);
+	wait_wcs(b.rcq, &wc, 1, 10);
+	struct ibv_wc sw[8];
+	wait_wcs(a.scq, sw, 5, 10);
+	free_side(&a);
+	free_side(&b);
+}
+
+static void test_loss(void)
+{
+	cur_test = "loss recovery";
+	struct qopts o = defaults();
+	o.timeout = 10;
+	o.recv_wr = 128;
+	o.send_wr = 128;
+	struct side a, b;
+	REQUIRE(!pair(&a, &b, o, o), "pair");
+	set_ctl("drop_pct=10\n");
+	sleep_ms(300); /* the progress threads re-read the file every 100 ms */
+	const int n = 100, sz = 3000;
+	for (int i = 0; i < n; i++)
+		CHECK(post_recv(&b, b.qp, i, (i % 100) * 3000, sz) == 0, "recv");
+	for (int i = 0; i < n; i++) {
+		memset(a.buf + i * sz, i, sz);
+		CHECK(post_send(&a, a.qp, i, i * sz, sz, IBV_SEND_SIGNALED) == 0, "send");
+	}
+	struct ibv_wc wc[100];
+	int got = wait_wcs(b.rcq, wc, n, 60);
+	CHECK(got == n, "got %d of %d", got, n);
+	for (int i = 0; i < got; i++)
+		CHECK(wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == (uint64_t)i && wc[i].byte_len == (uint32_t)sz,
+		      "recv %d: %s", i, ibv_wc_status_str(wc[i].status));
+	got = wait_wcs(a.scq, wc, n, 60);
+	CHECK(got == n, "sends %d of %d", got, n);
+	for (int i = 0; i < got; i++)
+		CHECK(wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == (uint64_t)i, "send %d", i);
+	set_ctl("");
+	sleep_ms(300);
+	CHECK(cq_empty_for(b.rcq, 50), "nothing placed twice");
+	free_side(&a);
+	free_side(&b);
+}
+
+static void test_faults(void)
+{
+	cur_test = "faults";
+	struct side a, b;
+	struct qopts o = defaults();
+	REQUIRE(!new_side(&a, o) && !new_side(&b, o), "sides");
+	struct ibv_async_event ev;
+	struct ibv_port_attr pa;
+
+	set_ctl("port=down\n");
+	CHECK(next_async(a.ctx, IBV_EVENT_PORT_ERR, &ev, 10) == 0 && ev.element.port_num == 1, "PORT_ERR");
+	ibv_ack_async_event(&ev);
+	CHECK(ibv_query_port(a.ctx, 1, &pa) == 0 && pa.state == IBV_PORT_DOWN, "port DOWN");
+	set_ctl("port=up\n");
+	CHECK(next_async(a.ctx, IBV_EVENT_PORT_ACTIVE, &ev, 10) == 0, "PORT_ACTIVE");
+	ibv_ack_async_event(&ev);
+	CHECK(ibv_query_port(a.ctx, 1, &pa) == 0 && pa.state == IBV_PORT_ACTIVE, "port ACTIVE");
+
+	struct ibv_qp_attr at;
+	rtr_attr(&at, b.qp->qp_num, 3, o);
+	ibv_query_gid(a.ctx, 1, 3, &at.ah_attr.grh.dgid);
+	set_ctl("rtr_fail=EHOSTUNREACH\n");
+	sleep_ms(10);
+	CHECK(ibv_modify_qp(a.qp, &at, RTR_MASK) == EHOSTUNREACH, "RTR refused");
+	CHECK(qp_state(a.qp) == IBV_QPS_INIT, "still INIT");
+	set_ctl("rtr_delay_ms=300\n");
+	double t0 = now_s();
+	CHECK(ibv_modify_qp(a.qp, &at, RTR_MASK) == 0, "RTR after a delay");
+	CHECK(now_s() - t0 >= 0.25, "RTR took %.3f s", now_s() - t0);
+
+	/* Port down: a connected SEND retries, then RETRY_EXC_ERR. */
+	set_ctl("");
+	o.timeout = 10;
+	o.retry_cnt = 2;
+	CHECK(connect_qp(b.qp, b.ctx, a.qp->qp_num, o) == 0, "b RTS");
+	rts_attr(&at, o);
+	CHECK(ibv_modify_qp(a.qp, &at, RTS_MASK) == 0, "a RTS");
+	post_recv(&b, b.qp, 1, 0, 64);
+	set_ctl("port=down\n");
+	CHECK(next_async(a.ctx, IBV_EVENT_PORT_ERR, &ev, 10) == 0, "PORT_ERR");
+	ibv_ack_async_event(&ev);
+	post_send(&a, a.qp, 7, 0, 16, IBV_SEND_SIGNALED);
+	struct ibv_wc wc;
+	CHECK(wait_wcs(a.scq, &wc, 1, 30) == 1 && wc.status == IBV_WC_RETRY_EXC_ERR, "retry exceeded on a down port");
+	set_ctl("port=up\n");
+	CHECK(next_async(a.ctx, IBV_EVENT_PORT_ACTIVE, &ev, 10) == 0, "PORT_ACTIVE");
+	ibv_ack_async_event(&ev);
+
+	/* Device fatal. */
+	post_recv(&b, b.qp, 2, 64, 64);
+	set_ctl("fatal=1\n");
+	CHECK(next_async(b.ctx, IBV_EVENT_DEVICE_FATAL, &ev, 10) == 0, "DEVICE_FATAL");
+	ibv_ack_async_event(&ev);
+	CHECK(qp_state(b.qp) == IBV_QPS_ERR, "QPs in ERR after fatal");
+	struct ibv_wc rw[2];
+	CHECK(wait_wcs(b.rcq, rw, 2, 10) == 2 && rw[0].status == IBV_WC_WR_FLUSH_ERR, "RECVs flushed after fatal");
+	errno = 0;
+	CHECK(ibv_alloc_pd(b.ctx) == NULL && errno == EIO, "no new objects after fatal");
+	int n = 0;
+	struct ibv_device **l = ibv_get_device_list(&n);
+	errno = 0;
+	CHECK(ibv_open_device(l[0]) == NULL && errno == EIO, "open refused while fatal");
+	ibv_free_device_list(l);
+	set_ctl("");
+	free_side(&a);
+	free_side(&b);
+}
+
+/* The peer runs in a child process, which is then killed: the sender retries, then
+ * RETRY_EXC_ERR, and the WR after it is flushed. */
+static void test_dead_peer(void)
+{
+	cur_test = "retry exceeded on a killed peer";
+	int up[2], down[2];
+	REQUIRE(!pipe(up) && !pipe(down), "pipes");
+	pid_t pid = fork();
+	REQUIRE(pid >= 0, "fork");
+	if (pid == 0) {
+		struct side b;
+		uint32_t qpn = 0, peer = 0;
+		if (new_side(&b, defaults()))
+			_exit(3);
+		qpn = b.qp->qp_num;
+		if (write(up[1], &qpn, 4) != 4 || read(down[0], &peer, 4) != 4)
+			_exit(4);
+		if (connect_qp(b.qp, b.ctx, peer, defaults()) || post_recv(&b, b.qp, 1, 0, 64))
+			_exit(5);
+		if (write(up[1], &qpn, 4) != 4)
+			_exit(6);
+		for (;;)
+			pause();
+	}
+	struct side a;
+	struct qopts o = defaults();
+	o.timeout = 10;
+	o.retry_cnt = 2;
+	uint32_t peer = 0;
+	REQUIRE(!new_side(&a, o), "side");
+	REQUIRE(read(up[0], &peer, 4) == 4, "child qpn");
+	uint32_t mine = a.qp->qp_num;
+	REQUIRE(write(down[1], &mine, 4) == 4, "send qpn");
+	REQUIRE(read(up[0], &peer, 4) == 4, "child ready");
+	REQUIRE(connect_qp(a.qp, a.ctx, peer, o) == 0, "connect");
+	struct ibv_wc wc[2];
+	post_send(&a, a.qp, 1, 0, 16, IBV_SEND_SIGNALED);
+	CHECK(wait_wcs(a.scq, wc, 1, 20) == 1 && wc[0].status == IBV_WC_SUCCESS, "first send to the live peer");
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	post_send(&a, a.qp, 2, 0, 16, IBV_SEND_SIGNALED);
+	post_send(&a, a.qp, 3, 0, 16, IBV_SEND_SIGNALED);
+	CHECK(wait_wcs(a.scq, wc, 2, 30) == 2, "two WCs");
+	CHECK(wc[0].status == IBV_WC_RETRY_EXC_ERR && wc[0].wr_id == 2, "RETRY_EXC_ERR: %s",
+	      ibv_wc_status_str(wc[0].status));
+	CHECK(wc[1].status == IBV_WC_WR_FLUSH_ERR && wc[1].wr_id == 3, "flush");
+	CHECK(qp_state(a.qp) == IBV_QPS_ERR, "ERR");
+	free_side(&a);
+	close(up[0]);
+	close(up[1]);
+	close(down[0]);
+	close(down[1]);
+}
+
+int main(void)
+{
+	snprintf(ctl_path, sizeof(ctl_path), "/tmp/softverbs-test-%d.ctl", (int)getpid());
+	setenv("SOFTVERBS_CTL", ctl_path, 1);
+	set_ctl("");
+	struct {
+		const char *name;
+		void (*fn)(void);
+	} tests[] = {
+		{"modify rules", test_modify_rules}, {"bad arguments", test_bad_args},
+		{"delivery", test_delivery}, {"rnr", test_rnr}, {"flush", test_flush},
+		{"overrun", test_overrun}, {"channel", test_channel}, {"dead peer", test_dead_peer},
+		{"loss", test_loss}, {"faults", test_faults},
+	};
+	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
+		int before = failures;
+		double t0 = now_s();
+		tests[i].fn();
+		printf("%s %s (%.2fs)\n", failures == before ? "ok  " : "FAIL", tests[i].name, now_s() - t0);
+		fflush(stdout);
+	}
+	unlink(ctl_path);
+	if (failures) {
+		printf("sv_test: %d failures\n", failures);
+		return 1;
+	}
+	printf("sv_test: all passed\n");
+	return 0;
+}
