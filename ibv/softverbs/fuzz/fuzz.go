@@ -1,0 +1,52 @@
+//go:build rdma
+
+// Package fuzz fuzzes the C wire decoder of softverbs (ibv/softverbs/wire.c), the only code
+// in softverbs that parses bytes from the network. It is a test-only package; build tag rdma,
+// like the cgo verbs provider, keeps it out of builds without a C toolchain.
+package fuzz
+
+/*
+#include <stdint.h>
+#include <stdlib.h>
+#include "../wire.h"
+*/
+import "C"
+
+import "unsafe"
+
+// Header is struct sv_hdr.
+type Header struct {
+	Op, Flags, Synd, Aux uint8
+	DQPN, SQPN, PSN, Imm uint32
+	Len                  uint16
+}
+
+// HdrLen is the size of the fixed header.
+const HdrLen = C.SV_HDR_LEN
+
+// Decode runs sv_decode on b; ok is false when the decoder rejects it.
+func Decode(b []byte) (h Header, ok bool) {
+	var ch C.struct_sv_hdr
+	// C memory, so that the decoder reads exactly len(b) bytes it owns.
+	p := C.malloc(C.size_t(len(b) + 1))
+	defer C.free(p)
+	if len(b) > 0 {
+		copy(unsafe.Slice((*byte)(p), len(b)), b)
+	}
+	if C.sv_decode((*C.uint8_t)(p), C.size_t(len(b)), &ch) != 0 {
+		return Header{}, false
+	}
+	return Header{uint8(ch.op), uint8(ch.flags), uint8(ch.synd), uint8(ch.aux),
+		uint32(ch.dqpn), uint32(ch.sqpn), uint32(ch.psn), uint32(ch.imm), uint16(ch.len)}, true
+}
+
+// Encode runs sv_encode on h and appends payload.
+func Encode(h Header, payload []byte) []byte {
+	ch := C.struct_sv_hdr{op: C.uint8_t(h.Op), flags: C.uint8_t(h.Flags), synd: C.uint8_t(h.Synd),
+		aux: C.uint8_t(h.Aux), dqpn: C.uint32_t(h.DQPN), sqpn: C.uint32_t(h.SQPN), psn: C.uint32_t(h.PSN),
+		imm: C.uint32_t(h.Imm), len: C.uint16_t(h.Len)}
+	p := C.malloc(C.SV_HDR_LEN)
+	defer C.free(p)
+	C.sv_encode(&ch, (*C.uint8_t)(p))
+	return append(C.GoBytes(p, C.SV_HDR_LEN), payload...)
+}

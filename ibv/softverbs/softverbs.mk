@@ -1,0 +1,47 @@
+# softverbs: a userspace libibverbs.so.1 written in C (ibv/softverbs/README.md), included by the
+# top Makefile. Paths are relative to the repository root.
+#
+#   make softverbs       build build/softverbs/libibverbs.so.1 and build/softverbs/sv_test
+#   make softverbs-test  build, then run ibv/softverbs/test.sh: ibv_devices, ibv_devinfo -v,
+#                        ibv_rc_pingpong (polling and -e) between two processes, sv_test, the
+#                        cgo verbs provider's tests (go test -tags rdma ./ibv/verbs/) and the
+#                        wire decoder's fuzz target, all over softverbs
+#
+# Needs a C compiler ($(CC), default cc) and libibverbs-dev's headers; the pingpong checks
+# need ibverbs-utils. Without the headers both targets say SKIPPED and succeed, as `make rdma`
+# does.
+
+SOFTVERBS_DIR    := ibv/softverbs
+SOFTVERBS_OUT    := build/softverbs
+SOFTVERBS_LIB    := $(SOFTVERBS_OUT)/libibverbs.so.1
+SOFTVERBS_TEST   := $(SOFTVERBS_OUT)/sv_test
+SOFTVERBS_SRCS   := $(SOFTVERBS_DIR)/device.c $(SOFTVERBS_DIR)/verbs.c $(SOFTVERBS_DIR)/wire.c
+SOFTVERBS_HDRS   := $(SOFTVERBS_DIR)/sv.h $(SOFTVERBS_DIR)/wire.h
+SOFTVERBS_CFLAGS ?= -Wall -Wextra -O2
+SOFTVERBS_VERBS_H ?= /usr/include/infiniband/verbs.h
+
+.PHONY: softverbs softverbs-test
+
+ifneq ($(wildcard $(SOFTVERBS_VERBS_H)),)
+
+softverbs: $(SOFTVERBS_LIB) $(SOFTVERBS_TEST)
+
+$(SOFTVERBS_LIB): $(SOFTVERBS_SRCS) $(SOFTVERBS_HDRS) $(SOFTVERBS_DIR)/libibverbs.map
+	@mkdir -p $(SOFTVERBS_OUT)
+	$(CC) $(SOFTVERBS_CFLAGS) -fPIC -shared -pthread -fvisibility=hidden \
+		-Wl,--version-script=$(SOFTVERBS_DIR)/libibverbs.map -Wl,-soname,libibverbs.so.1 \
+		-o $@ $(SOFTVERBS_SRCS)
+
+$(SOFTVERBS_TEST): $(SOFTVERBS_DIR)/sv_test.c $(SOFTVERBS_LIB)
+	$(CC) $(SOFTVERBS_CFLAGS) -pthread -o $@ $< -L$(SOFTVERBS_OUT) -l:libibverbs.so.1 \
+		-Wl,-rpath,'$$ORIGIN'
+
+softverbs-test: softverbs
+	GO="$(or $(GO),go)" bash $(SOFTVERBS_DIR)/test.sh
+
+else
+
+softverbs softverbs-test:
+	@echo "$@: SKIPPED: $(SOFTVERBS_VERBS_H) not found (install libibverbs-dev); softverbs was not built or tested"
+
+endif

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# softverbs checks (make softverbs-test). Runs from the repository root after the build; every
+# step says PASS, FAIL or SKIPPED (with why); the script fails when any step failed.
+set -uo pipefail
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+lib="$root/build/softverbs"
+export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+GO=${GO:-go}
+iters=${SOFTVERBS_ITERS:-1000}
+dev=${SOFTVERBS_DEVICE:-softverbs0}
+work=$(mktemp -d /tmp/softverbs-test.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+results=()
+failed=0
+
+step() { # step NAME STATUS [DETAIL]
+	results+=("$(printf '%-8s %s%s' "$2" "$1" "${3:+: $3}")")
+	[ "$2" = FAIL ] && failed=1
+	echo "== $2 $1${3:+: $3}"
+}
+
+if [ ! -f "$lib/libibverbs.so.1" ]; then
+	echo "test.sh: $lib/libibverbs.so.1 missing; run make softverbs first" >&2
+	exit 1
+fi
+
+# 1. ibv_devices and ibv_devinfo -v list the device and its GID table.
+if command -v ibv_devices >/dev/null && command -v ibv_devinfo >/dev/null; then
+	if ibv_devices | tee "$work/devices" | grep -q "^ *$dev "; then
+		step "ibv_devices lists $dev" PASS
+	else
+		cat "$work/devices"; step "ibv_devices lists $dev" FAIL
+	fi
+	ibv_devinfo -v -d "$dev" >"$work/devinfo" 2>&1
+	if grep -q "state:.*PORT_ACTIVE" "$work/devinfo" &&
+		grep -q "GID\[  0\]:.*fe80.*RoCE v1" "$work/devinfo" &&
+		grep -q "GID\[  1\]:.*fe80.*RoCE v2" "$work/devinfo" &&
+		grep -q "GID\[  2\]:.*ffff:7f00:0001, RoCE v1" "$work/devinfo" &&
+		grep -q "GID\[  3\]:.*::ffff:127.0.0.1, RoCE v2" "$work/devinfo"; then
+		step "ibv_devinfo -v shows the port and GIDs 0-3" PASS
+	else
+		cat "$work/devinfo"; step "ibv_devinfo -v shows the port and GIDs 0-3" FAIL
+	fi
+else
+	step "ibv_devices / ibv_devinfo" SKIPPED "ibverbs-utils not installed"
+fi
+
+# 2. ibv_rc_pingpong between two processes, polling and with completion events.
+pingpong() { # pingpong NAME ARGS...
+	local name=$1; shift
+	local port=$((20000 + RANDOM % 20000))
+	timeout 120 ibv_rc_pingpong -d "$dev" -g 3 -n "$iters" -p "$port" "$@" >"$work/srv" 2>&1 &
+	local srv=$!
+	local ok=0
+	for _ in $(seq 1 40); do
+		if timeout 120 ibv_rc_pingpong -d "$dev" -g 3 -n "$iters" -p "$port" "$@" 127.0.0.1 >"$work/cli" 2>&1; then
+			ok=1; break
+		fi
+		grep -q "Couldn't connect" "$work/cli" || break
+		sleep 0.25
+	done
+	wait "$srv"; local src=$?
+	if [ $ok = 1 ] && [ $src = 0 ]; then
+		step "ibv_rc_pingpong $name" PASS "$(grep -o '[0-9.]* usec/iter' "$work/cli")"
+	else
+		echo "-- server:"; cat "$work/srv"; echo "-- client:"; cat "$work/cli"
+		step "ibv_rc_pingpong $name" FAIL
+	fi
+}
+if command -v ibv_rc_pingpong >/dev/null; then
+	pingpong "-n $iters (polling)"
+	pingpong "-n $iters -e (events)" -e
+else
+	step "ibv_rc_pingpong" SKIPPED "ibverbs-utils not installed"
+fi
+
+# 3. sv_test: the C test of verbs semantics and faults.
+if timeout 600 "$lib/sv_test"; then
+	step "sv_test" PASS
+else
+	step "sv_test" FAIL
+fi
+
+# 4. The cgo verbs provider (its unit tests and the conformance suite) over softverbs, and
+# the wire decoder's fuzz target.
+if command -v "$GO" >/dev/null && [ "$("$GO" env CGO_ENABLED)" = 1 ]; then
+	if timeout 900 "$GO" test -tags rdma -count=1 ./ibv/verbs/ 2>&1 | tee "$work/gotest"; then
+		step "go test -tags rdma ./ibv/verbs/" PASS
+	else
+		step "go test -tags rdma ./ibv/verbs/" FAIL \
+			"$(grep -o -- '--- FAIL: [^ ]*' "$work/gotest" | sed 's/--- FAIL: //' | tr '\n' ' ')"
+	fi
+	if "$GO" test -tags rdma -count=1 ./ibv/softverbs/fuzz/ &&
+		"$GO" test -tags rdma -run '^$' -fuzz '^FuzzDecode$' -fuzztime "${SOFTVERBS_FUZZTIME:-10000x}" ./ibv/softverbs/fuzz/; then
+		step "FuzzDecode (wire decoder)" PASS
+	else
+		step "FuzzDecode (wire decoder)" FAIL
+	fi
+else
+	step "go test -tags rdma ./ibv/verbs/, FuzzDecode" SKIPPED "no go toolchain with cgo"
+fi
+
+echo
+echo "softverbs-test summary:"
+printf '  %s\n' "${results[@]}"
+exit $failed
