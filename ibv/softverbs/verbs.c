@@ -137,7 +137,7 @@ struct sv_ctx {
 
 enum { SV_WAKE_ID = 0 };
 
-static void sv_rx(struct sv_ctx *c, const struct epoll_event *evs, int n);
+static void sv_rx(struct sv_ctx *c, const struct epoll_event *evs, int n, int thread);
 
 static inline struct sv_ctx *sv_ctx(struct ibv_context *c)
 {
@@ -597,7 +597,7 @@ static int sv_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
 			struct epoll_event evs[16];
 			int k = epoll_wait(c->epfd, evs, 16, 0);
 			if (k > 0)
-				sv_rx(c, evs, k);
+				sv_rx(c, evs, k, 0);
 			pthread_mutex_unlock(&c->lk);
 		}
 		if (!__atomic_load_n(&cq->count, __ATOMIC_ACQUIRE)) {
@@ -1441,15 +1441,18 @@ static void sv_faults_apply(struct sv_ctx *c)
 	}
 }
 
-/* sv_rx reads the sockets epoll reported ready and handles their packets. Context lock held. */
-static void sv_rx(struct sv_ctx *c, const struct epoll_event *evs, int n)
+/* sv_rx reads the sockets epoll reported ready and handles their packets. Context lock held.
+ * Only the progress thread consumes its wake-up eventfd (a consumer's inline progress must
+ * leave it readable, or the thread would sleep through a new deadline). */
+static void sv_rx(struct sv_ctx *c, const struct epoll_event *evs, int n, int thread)
 {
 	static __thread uint8_t buf[SV_HDR_LEN + SV_MAX_PAYLOAD + 1];
 	int64_t now = sv_now_ns();
 	for (int i = 0; i < n; i++) {
 		uint32_t id = evs[i].data.u32;
 		if (id == SV_WAKE_ID) {
-			sv_evfd_clear(c->wakefd);
+			if (thread)
+				sv_evfd_clear(c->wakefd);
 			continue;
 		}
 		for (int k = 0; k < 64; k++) {
@@ -1496,7 +1499,7 @@ static void *sv_thread(void *arg)
 		int n = epoll_wait(c->epfd, evs, 32, ms);
 		pthread_mutex_lock(&c->lk);
 		c->sleep_until = 0;
-		sv_rx(c, evs, n);
+		sv_rx(c, evs, n, 1);
 	}
 	pthread_mutex_unlock(&c->lk);
 	return NULL;
