@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -58,12 +59,16 @@ type peerMachine struct {
 	reqs  map[reqID]*reqEntry
 
 	nextChan    chanID
-	inflight    int      // sends posted on channels and not completed, all peers
-	channels    int      // channels up or being created
-	unconfirmed int      // inbound channels their peer has not used yet
-	connects    int      // our handshakes in flight
-	connectQ    []string // names waiting for a handshake slot, in order
-	timerAt     time.Time
+	inflight    int // sends posted on channels and not completed, all peers
+	channels    int // channels up or being created
+	unconfirmed int // inbound channels their peer has not used yet
+	// Peer entries made by a peer's handshake and not yet confirmed (see peerEntry.confirmed),
+	// in all and per source address: capped, and evicted first when the table is full.
+	unconfirmedPeers int
+	unconfirmedBy    map[netip.Addr]int
+	connects         int      // our handshakes in flight
+	connectQ         []string // names waiting for a handshake slot, in order
+	timerAt          time.Time
 
 	acts  []mAction
 	spare []mAction // the other buffer of ready
@@ -184,6 +189,13 @@ type peerEntry struct {
 	fenceAt   time.Time
 	fenceWait time.Duration
 	forgotten bool // the peer refused our token: it no longer knows the pair (rebind)
+	// confirmed: the peer proved the entry is its own: it answered our handshake, used the
+	// pair's token or channel, or we sent to it. An entry a handshake made is unconfirmed
+	// until then: those are capped per source address and evicted first (oldest first)
+	// when the table is full, so a flood of handshakes can neither push out nor lock out
+	// peers that talk. from: the address of the handshake that made it (when known).
+	confirmed bool
+	from      netip.Addr
 	// maxNotify is the largest name+msg the peer delivers (its handshake's ts_max_notify;
 	// 0: not said): a larger notify is refused here, before a seq is drawn.
 	maxNotify int
@@ -279,15 +291,17 @@ type machineStats struct {
 	UnconfirmedRefused, UnconfirmedExpired uint64
 	PeersRefused, NamesRefused, ChannelsRefused, AuthRefused, Superseded, Reposted, Fallbacks, GivenUp,
 	FencesSent, FencesDropped, PairsRestarted, LegacyDelivered, OOBRefused, PeersPruned uint64
-	Duplicates     uint64 // received notifies dropped as duplicates (seq or id)
-	ConnectsQueued uint64 // handshakes that waited for a slot (maxConnects)
+	PeersEvicted     uint64
+	PeersUnconfirmed int
+	Duplicates       uint64 // received notifies dropped as duplicates (seq or id)
+	ConnectsQueued   uint64 // handshakes that waited for a slot (maxConnects)
 }
 
 func newPeerMachine(local uint64, cfg machineConfig, rnd func() uint64) *peerMachine {
 	cfg.setDefaults()
 	m := &peerMachine{
 		local: local, cfg: cfg, rand: rnd,
-		names: make(map[string]*nameEntry), peers: make(map[peerKey]*peerEntry),
+		names: make(map[string]*nameEntry), peers: make(map[peerKey]*peerEntry), unconfirmedBy: make(map[netip.Addr]int),
 		chans: make(map[chanID]*chanEntry), reqs: make(map[reqID]*reqEntry),
 		freeReqs: reactor.FreeList[reqEntry]{Max: maxFreeReqs},
 	}
@@ -407,6 +421,7 @@ func (m *peerMachine) send(now time.Time, id reqID, name, nid string, deadline t
 func (m *peerMachine) enqueue(now time.Time, p *peerEntry, r *reqEntry, name string) {
 	r.peer = p
 	p.lastActive = now
+	m.confirmPeer(p) // a peer we send to
 	if len(p.waiters) >= m.cfg.maxPendingSends {
 		m.complete(r.id, sendErr(ErrBackpressure, m.peerName(p), "",
 			fmt.Errorf("%d sends already wait (max_pending_sends)", len(p.waiters)), false))
@@ -1250,9 +1265,8 @@ func (m *peerMachine) bind(now time.Time, ne *nameEntry, session uint64, adverti
 		p = m.restartPair(now, p)
 	}
 	if p == nil {
-		if len(m.peers) >= m.cfg.maxPeers {
-			m.stats.PeersRefused++
-			return nil, sendErr(ErrLimit, ne.name, "handshake", fmt.Errorf("max_peers: %d peers known, the limit", m.cfg.maxPeers), false)
+		if err := m.roomForPeer(netip.Addr{}); err != nil {
+			return nil, sendErr(ErrLimit, ne.name, "handshake", err, false)
 		}
 		p = m.newPeer(now, key)
 		p.bornActive = true
@@ -1271,6 +1285,7 @@ func (m *peerMachine) bind(now time.Time, ne *nameEntry, session uint64, adverti
 		old.waiters = nil
 	}
 	ne.peer = p
+	m.confirmPeer(p) // it answered our handshake
 	m.markStragglers(ne, p)
 	m.alias(p, ne.name)
 	return p, nil
@@ -1292,6 +1307,9 @@ func (m *peerMachine) restartPair(now time.Time, old *peerEntry) *peerEntry {
 	m.stats.PairsRestarted++
 	m.flushWindow(old)
 	p := m.newPeer(now, old.key) // replaces old in m.peers
+	m.uncount(old)
+	old.confirmed = true // out of the counts for good
+	m.confirmPeer(p)
 	p.bornActive, p.adv, p.mode = true, old.adv, old.mode
 	for _, n := range old.names {
 		if ne := m.names[n]; ne != nil && ne.peer == old {
@@ -1373,8 +1391,86 @@ func (m *peerMachine) newPeer(now time.Time, key peerKey) *peerEntry {
 		p.mode = modeOOB
 	}
 	m.peers[key] = p
+	m.unconfirmedPeers++
 	m.armPrune(now)
 	return p
+}
+
+// unconfirmedPerAddr is how many unconfirmed peer entries the handshakes of one address
+// may hold: a quarter of max_peers.
+func (m *peerMachine) unconfirmedPerAddr() int { return max(1, m.cfg.maxPeers/4) }
+
+// setFrom records where the handshake that made p came from.
+func (m *peerMachine) setFrom(p *peerEntry, from netip.Addr) {
+	if p.confirmed || !from.IsValid() || p.from.IsValid() {
+		return
+	}
+	p.from = from
+	m.unconfirmedBy[from]++
+}
+
+// confirmPeer marks p as proven to be its peer's (peerEntry.confirmed).
+func (m *peerMachine) confirmPeer(p *peerEntry) {
+	if p.confirmed {
+		return
+	}
+	m.uncount(p)
+	p.confirmed = true
+}
+
+// uncount takes an unconfirmed p out of the unconfirmed counts.
+func (m *peerMachine) uncount(p *peerEntry) {
+	if p.confirmed {
+		return
+	}
+	m.unconfirmedPeers--
+	if p.from.IsValid() {
+		if m.unconfirmedBy[p.from]--; m.unconfirmedBy[p.from] <= 0 {
+			delete(m.unconfirmedBy, p.from)
+		}
+	}
+}
+
+// evictable reports whether p may be forgotten to make room: unconfirmed, and holding
+// nothing (no channel, send, seq or held notify).
+func (m *peerMachine) evictable(p *peerEntry) bool {
+	return !p.confirmed && p.ch == 0 && len(p.waiters) == 0 && p.inflight == 0 && p.oldInflight == 0 &&
+		p.win.held == 0 && p.seqs.unresolved() == 0 && !m.connectingTo(p)
+}
+
+// evictOldest forgets the oldest evictable entry (made by a handshake from "from" when it
+// is valid) and reports whether there was one.
+func (m *peerMachine) evictOldest(from netip.Addr) bool {
+	var old *peerEntry
+	for _, p := range m.peers {
+		if (from.IsValid() && p.from != from) || !m.evictable(p) {
+			continue
+		}
+		if old == nil || p.born.Before(old.born) {
+			old = p
+		}
+	}
+	if old == nil {
+		return false
+	}
+	m.forget(old.key, old)
+	m.stats.PeersEvicted++
+	return true
+}
+
+// roomForPeer makes room for a new peer entry (from: the handshake's address, when it is a
+// peer's handshake): an address at its share of unconfirmed entries gives up its oldest,
+// and a full table its oldest unconfirmed one. A non-nil error refuses the entry.
+func (m *peerMachine) roomForPeer(from netip.Addr) error {
+	if from.IsValid() && m.unconfirmedBy[from] >= m.unconfirmedPerAddr() && !m.evictOldest(from) {
+		m.stats.PeersRefused++
+		return fmt.Errorf("%w: max_peers: %d unconfirmed peer entries from %s, the share of one address", ErrLimit, m.unconfirmedBy[from], from)
+	}
+	if len(m.peers) >= m.cfg.maxPeers && !m.evictOldest(netip.Addr{}) {
+		m.stats.PeersRefused++
+		return fmt.Errorf("%w: max_peers: %d peers known, the limit", ErrLimit, m.cfg.maxPeers)
+	}
+	return nil
 }
 
 // openRace reports whether a handshake without proof for a known session is the other half
@@ -1530,6 +1626,7 @@ type inboundHS struct {
 	ctrl    bool // it offers a ctrl channel
 	// maxNotify: its max_notify_size (ts_max_notify; 0: not said)
 	maxNotify int
+	from      netip.Addr // where the handshake came from (zero: unknown)
 }
 
 // inboundReply is the machine's answer to a handshake request.
@@ -1562,9 +1659,8 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 	}
 	fresh := false // the entry is made here: our state for the pair starts at 1
 	if p == nil {
-		if len(m.peers) >= m.cfg.maxPeers {
-			m.stats.PeersRefused++
-			return inboundReply{refuse: refuseLimit, err: fmt.Errorf("%w: max_peers: %d peers known, the limit", ErrLimit, m.cfg.maxPeers)}
+		if err := m.roomForPeer(hs.from); err != nil {
+			return inboundReply{refuse: refuseLimit, err: err}
 		}
 		if hs.ctrl && m.cfg.channels && m.channels >= m.cfg.maxChannels {
 			// Refused, and nothing kept: the token is a cookie; a peer that uses it over OOB
@@ -1574,6 +1670,7 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 				err: fmt.Errorf("%w: max_channels: %d channels open, the limit", ErrLimit, m.cfg.maxChannels)}
 		}
 		p = m.newPeer(now, key)
+		m.setFrom(p, hs.from)
 		fresh = true
 		if hs.name != "" {
 			p.names = append(p.names, hs.name)
@@ -1655,6 +1752,9 @@ func (m *peerMachine) addUnconfirmed(now time.Time, ce *chanEntry) {
 
 // confirm marks ce used by its peer.
 func (m *peerMachine) confirm(ce *chanEntry) {
+	if ce.peer != nil {
+		m.confirmPeer(ce.peer) // it used the channel
+	}
 	if ce.inbound && !ce.confirmed {
 		ce.confirmed = true
 		if !ce.dropped {
@@ -1864,6 +1964,7 @@ func (m *peerMachine) oobArrive(now time.Time, a oobArrival) (string, error) {
 		return refuseAuth, fmt.Errorf("%w: ts_token: no handshake of session %x with this engine issued it", ErrAuth, a.session)
 	}
 	p.lastActive = now
+	m.confirmPeer(p) // it used the pair's token
 	if a.skipN > 0 {
 		m.skip(now, p, a.skipFrom, a.skipN)
 	}
@@ -1903,10 +2004,9 @@ func (m *peerMachine) provenByToken(now time.Time, p *peerEntry, a *oobArrival) 
 		return p, "", nil
 	}
 	if p == nil {
-		if len(m.peers) >= m.cfg.maxPeers {
+		if err := m.roomForPeer(netip.Addr{}); err != nil {
 			m.stats.OOBRefused++
-			m.stats.PeersRefused++
-			return nil, refuseLimit, fmt.Errorf("%w: max_peers: %d peers known, the limit", ErrLimit, m.cfg.maxPeers)
+			return nil, refuseLimit, err
 		}
 		p = m.newPeer(now, peerKey{session: a.session})
 	}
@@ -2081,6 +2181,7 @@ func (m *peerMachine) peerGone(now time.Time, name string) {
 // forget drops a peer entry and its names. Its sequence spaces go with it: a peer that
 // comes back handshakes again and starts new ones.
 func (m *peerMachine) forget(key peerKey, p *peerEntry) {
+	m.uncount(p)
 	for _, n := range p.names {
 		if ne := m.names[n]; ne != nil && ne.peer == p {
 			delete(m.names, n)

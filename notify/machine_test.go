@@ -3,7 +3,9 @@ package notify
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"net/netip"
 	"strconv"
 	"testing"
 	"time"
@@ -674,7 +676,11 @@ func FuzzMachineHostileInput(f *testing.F) {
 			op, x, y := ops[i], uint64(ops[i+1]), uint64(ops[i+2])
 			switch op % 5 {
 			case 0:
-				rep := b.m.inbound(n.now, inboundHS{name: fmt.Sprint("h", x%20), session: x % 12, token: y, proof: y % 3, epoch: y % 4, ctrl: op&8 != 0})
+				var from netip.Addr
+				if op&16 != 0 {
+					from = netip.AddrFrom4([4]byte{10, 0, 0, byte(y % 3)})
+				}
+				rep := b.m.inbound(n.now, inboundHS{name: fmt.Sprint("h", x%20), session: x % 12, token: y, proof: y % 3, epoch: y % 4, ctrl: op&8 != 0, from: from})
 				if rep.ch != 0 {
 					b.m.inboundUp(n.now, rep.ch, nil)
 					b.links[rep.ch] = &simLink{local: b, id: rep.ch, dead: true}
@@ -699,6 +705,18 @@ func FuzzMachineHostileInput(f *testing.F) {
 			b.perform()
 			if len(b.m.peers) > cfg.maxPeers || len(b.m.names) > cfg.maxNames || b.m.unconfirmed > cfg.maxUnconfirmed || b.m.unconfirmed < 0 {
 				t.Fatalf("caps broken: %d peers, %d names, %d unconfirmed", len(b.m.peers), len(b.m.names), b.m.unconfirmed)
+			}
+			unconfirmed, byAddr := 0, map[netip.Addr]int{}
+			for _, p := range b.m.peers {
+				if !p.confirmed {
+					unconfirmed++
+					if p.from.IsValid() {
+						byAddr[p.from]++
+					}
+				}
+			}
+			if unconfirmed != b.m.unconfirmedPeers || !maps.Equal(byAddr, b.m.unconfirmedBy) {
+				t.Fatalf("unconfirmed peers counted %d %v, there are %d %v", b.m.unconfirmedPeers, b.m.unconfirmedBy, unconfirmed, byAddr)
 			}
 		}
 		n.run()

@@ -116,8 +116,13 @@ type LimitStats struct {
 	LegacyDelivered                        uint64
 	OOBRefused                             uint64
 	PeersPruned                            uint64
-	Duplicates                             uint64 // received notifies dropped as duplicates (seq or id)
-	ConnectsQueued                         uint64 // our handshakes that waited for a slot (64 run at once)
+	// Peer entries made by peers' handshakes that no notify, channel frame or send of ours
+	// has used yet (now), and those forgotten to make room (oldest first) when the table
+	// or one address's share (a quarter of max_peers) was full.
+	PeersUnconfirmed int
+	PeersEvicted     uint64
+	Duplicates       uint64 // received notifies dropped as duplicates (seq or id)
+	ConnectsQueued   uint64 // our handshakes that waited for a slot (64 run at once)
 }
 
 func limitStatsOf(s machineStats) LimitStats {
@@ -126,7 +131,7 @@ func limitStatsOf(s machineStats) LimitStats {
 		NamesRefused: s.NamesRefused, ChannelsRefused: s.ChannelsRefused, AuthRefused: s.AuthRefused,
 		Superseded: s.Superseded, Reposted: s.Reposted, Fallbacks: s.Fallbacks, GivenUp: s.GivenUp,
 		FencesSent: s.FencesSent, FencesDropped: s.FencesDropped, PairsRestarted: s.PairsRestarted, LegacyDelivered: s.LegacyDelivered, OOBRefused: s.OOBRefused,
-		PeersPruned: s.PeersPruned, Duplicates: s.Duplicates, ConnectsQueued: s.ConnectsQueued}
+		PeersPruned: s.PeersPruned, PeersUnconfirmed: s.PeersUnconfirmed, PeersEvicted: s.PeersEvicted, Duplicates: s.Duplicates, ConnectsQueued: s.ConnectsQueued}
 }
 
 // ChannelStats are the counters of a ctrl channel (or a sum of channels).
@@ -338,6 +343,7 @@ func (e *Engine) counters(s *Stats) {
 func (e *Engine) loopStats() Stats {
 	ms := e.m.stats
 	ms.Names, ms.Channels, ms.Unconfirmed = len(e.m.names), e.m.channels, e.m.unconfirmed
+	ms.PeersUnconfirmed = e.m.unconfirmedPeers
 	s := Stats{Paused: e.paused, HeldOOB: len(e.heldOOB), OOBBusy: e.oobBusy, PeerCount: len(e.m.peers),
 		Limits: limitStatsOf(ms), Channels: e.ctr.closedChannels}
 	e.counters(&s)

@@ -3,6 +3,7 @@ package oob
 import (
 	"encoding/base64"
 	"fmt"
+	"net/netip"
 	"strconv"
 	"unicode/utf8"
 )
@@ -78,6 +79,9 @@ type HandshakeDesc struct {
 	// delivers (its max_notify_size): the other side refuses a larger notify itself,
 	// before it is sent, instead of having it refused on arrival. 0 = not said.
 	MaxNotify uint32
+	// Remote is the address a request came from, set by the Node for its Handler; it is
+	// not on the wire (zero in what a client sends or gets).
+	Remote netip.Addr
 }
 
 // stripExtensions leaves what a Mooncake peer reads: its own members and the ctrl-channel

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
@@ -258,7 +259,10 @@ func TestHandshakeAndProbe(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &HandshakeDesc{LocalNICPath: "__ctrl__", PeerNICPath: a.Addr() + "@soft0", LocalGID: "fe:80::1",
 		CtrlChannel: true, NotifyQPNum: 77, NotifyRQDepth: 64, MTU: 1024, Session: 10, Epoch: 1, PeerName: "server"}, resp)
-	require.Equal(t, *req, hb.handshakes()[0])
+	got := hb.handshakes()[0]
+	require.Equal(t, "127.0.0.1", got.Remote.Unmap().String(), "the Handler learns where the request came from")
+	got.Remote = netip.Addr{}
+	require.Equal(t, *req, got)
 
 	resp, err = a.Handshake(ctx, b.Addr(), &HandshakeDesc{LocalNICPath: "refuse"})
 	require.ErrorIs(t, err, ErrRejected)

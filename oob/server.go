@@ -125,6 +125,7 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 			n.st.shakingAddrs.Add(1)
 		}
 		seq := c.openRequest()
+		d.Remote = c.remote
 		n.h.HandleHandshake(d, func(resp *HandshakeDesc, err error) {
 			if n.loop.InLoop() {
 				c.replyHandshake(seq, m, resp, err)
