@@ -11,6 +11,9 @@
 # need ibverbs-utils. Without the headers both targets say SKIPPED and succeed, as `make rdma`
 # does.
 
+# The fragment leaves the including Makefile's default goal as it was.
+SOFTVERBS_SAVED_GOAL := $(.DEFAULT_GOAL)
+
 SOFTVERBS_DIR    := ibv/softverbs
 SOFTVERBS_OUT    := build/softverbs
 SOFTVERBS_LIB    := $(SOFTVERBS_OUT)/libibverbs.so.1
@@ -45,3 +48,5 @@ softverbs softverbs-test:
 	@echo "$@: SKIPPED: $(SOFTVERBS_VERBS_H) not found (install libibverbs-dev); softverbs was not built or tested"
 
 endif
+
+.DEFAULT_GOAL := $(SOFTVERBS_SAVED_GOAL)

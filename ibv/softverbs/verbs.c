@@ -1055,7 +1055,8 @@ static void sv_send_pkt(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *
 	uint8_t buf[SV_HDR_LEN + SV_MAX_PAYLOAD];
 	if (!sv_port_active(c))
 		return;
-	if (sv_faults.drop_pct && (int)(rand_r(&c->rnd) % 100) < sv_faults.drop_pct)
+	int drop = __atomic_load_n(&sv_faults.drop_pct, __ATOMIC_RELAXED);
+	if (drop && (int)(rand_r(&c->rnd) % 100) < drop)
 		return;
 	sv_encode(h, buf);
 	if (h->len)
@@ -1081,7 +1082,7 @@ static void sv_complete_send(struct sv_qp *q, uint32_t idx, enum ibv_wc_status s
 	if (st == IBV_WC_SUCCESS && !w->signaled)
 		return;
 	struct ibv_wc wc = {.wr_id = w->wr_id, .status = st,
-			    .opcode = w->imm_valid ? IBV_WC_SEND : IBV_WC_SEND,
+			    .opcode = IBV_WC_SEND,
 			    .byte_len = w->len, .qp_num = q->qp.qp_num};
 	if (sv_cq_push(q->scq, &wc, q, 1, idx + 1, 0))
 		q->overrun = 1;
