@@ -1129,6 +1129,10 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 	m.addTokenIn(p, ne.token)
 	p.epoch = max(p.epoch, res.epoch)
 	switch {
+	case res.session == m.local && res.refuse == "":
+		// The name is this engine's own: served over OOB, for good (see inbound).
+		closeCh(ErrNoCtrlChannel)
+		p.mode = modeOOB
 	case res.refuse == refuseNoCtrl || (res.refuse == "" && !res.ctrl):
 		closeCh(ErrNoCtrlChannel)
 		p.mode = modeOOB
@@ -1693,8 +1697,10 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 		m.learnName(now, p, hs.name)
 	}
 	rep := inboundReply{token: p.tokenIn[0], epoch: p.epoch, fresh: fresh}
-	if !m.cfg.channels || !hs.ctrl {
-		// A session without channel: the pair talks over OOB with seqs.
+	if !m.cfg.channels || !hs.ctrl || hs.session == m.local {
+		// A session without channel: the pair talks over OOB with seqs. So does this
+		// engine with itself (a name of its own): both ends of one QP would be one peer's
+		// two channels, and each would supersede the other.
 		if p.ch == 0 {
 			p.mode = modeOOB
 		}

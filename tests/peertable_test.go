@@ -96,4 +96,3 @@ func TestAttackPeerTableFlood(t *testing.T) {
 		})
 	}
 }
-
