@@ -28,6 +28,7 @@ enum {
 	SV_MAX_RD_ATOM = 16,
 	SV_MAX_MSG = 1 << 30,
 	SV_WINDOW = 128,           /* packets in flight per QP */
+	SV_ACK_EVERY = 32,         /* a responder ACKs every 32nd PSN inside a message */
 	SV_PKEY_TBL_LEN_ETH = 1,
 	SV_PKEY_TBL_LEN_IB = 128,
 };

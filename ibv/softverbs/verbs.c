@@ -1352,6 +1352,9 @@ static void sv_on_send(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *p
 		q->rq_head++;
 		q->in_msg = 0;
 		sv_send_ctl(q, SV_OP_ACK, 0, 0, h->psn);
+	} else if ((h->psn & (SV_ACK_EVERY - 1)) == SV_ACK_EVERY - 1) {
+		/* inside a long message, ACK now and then so that the requester's window moves */
+		sv_send_ctl(q, SV_OP_ACK, 0, 0, h->psn);
 	}
 }
 
