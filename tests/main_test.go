@@ -25,7 +25,9 @@ import (
 const (
 	peerEnv     = "TWOSIDED_TEST_PEER_TRANSPORT"
 	peerAddrEnv = "TWOSIDED_TEST_PEER_ADDR" // listen address (default 127.0.0.1:0)
-	peerModeEnv = "TWOSIDED_TEST_PEER_MODE" // "echo" (default) or "record": print "GOT <msg>" per notify
+	peerModeEnv = "TWOSIDED_TEST_PEER_MODE" // "echo" (default), "record": print "GOT <msg>" per notify, or "hold": never read
+	// peerQueueEnv, in hold mode: the receive queue's bound (WithRecvQueue).
+	peerQueueEnv = "TWOSIDED_TEST_PEER_QUEUE"
 	// peerStallEnv, in record mode: "D/N" stalls the peer's reactor for D every N notifies.
 	peerStallEnv = "TWOSIDED_TEST_PEER_STALL"
 )
@@ -49,6 +51,11 @@ func runPeer(transport string) int {
 		addr = "127.0.0.1:0"
 	}
 	opts := []notify.Option{notify.WithTransport(transport), notify.WithListenAddr(addr)}
+	hold := os.Getenv(peerModeEnv) == "hold"
+	if hold {
+		q, _ := strconv.Atoi(os.Getenv(peerQueueEnv))
+		opts = append(opts, notify.WithRecvQueue(max(q, 1)))
+	}
 	if os.Getenv(peerModeEnv) == "record" {
 		var stall time.Duration
 		every, count := 0, 0
@@ -78,7 +85,10 @@ func runPeer(transport string) int {
 		_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
 		stop()
 	}()
-	for {
+	if hold {
+		<-ctx.Done() // what arrives stays in the queue (or its channel) until the end
+	}
+	for !hold {
 		n, err := e.Recv(ctx)
 		if err != nil {
 			break
