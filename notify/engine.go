@@ -1,19 +1,3 @@
-// Package notify is twosided's public engine: it sends and receives notifies (a name and a
-// message) between processes, over exactly one transport per engine — "oob" (the classic
-// path: each notify is a request on the TCP OOB channel, as Mooncake's classic transport
-// does) or "rdma_twosided" (a per-peer ctrlchannel.Channel on an RC QP, with the OOB channel
-// for handshakes and, optionally, fallback).
-//
-// The engine owns one reactor loop, one OOB node and, for rdma_twosided, one device context.
-// Every peer's state lives in the loop's turn; callers' goroutines only submit requests and
-// wait for their replies, bounded by their context. A SendNotify caller may borrow the turn
-// while the loop sleeps, to send and to wait for its reply as the loop (reactor.Loop.Exec,
-// WaitTurn): one thread at a time does the loop's work, whichever it is.
-//
-// Delivery contract: SendNotify returns nil only once the notify was delivered (the SEND
-// completed, or the OOB peer replied success). Per-peer FIFO; the receiver drops duplicates
-// by (session, seq), so a retry over OOB is never delivered twice. The receive queue is
-// bounded: when it is full, credits stop and senders wait.
 package notify
 
 import (
