@@ -1244,6 +1244,7 @@ static void sv_on_nak(struct sv_qp *q, const struct sv_hdr *h, int64_t now)
 		return;
 	switch (h->synd) {
 	case SV_NAK_RNR:
+		q->retries = 0; /* the peer answered: the path works */
 		if (q->attr.rnr_retry != 7 && ++q->rnr_retries > q->attr.rnr_retry) {
 			sv_fail(q, IBV_WC_RNR_RETRY_EXC_ERR);
 			return;
