@@ -881,6 +881,53 @@ static void test_dead_peer(void)
 	close(down[1]);
 }
 
+/* WRs posted before RTS (mlx5 takes them; softverbs queues them): RECVs posted in RESET and
+ * INIT are used, SENDs posted in RESET, INIT and RTR leave at RTS, cut at the path MTU that
+ * RTR set (4096 here). */
+static void test_post_before_rts(void)
+{
+	cur_test = "post before RTS";
+	struct qopts o = defaults();
+	struct side a, b;
+	REQUIRE(!new_side(&a, o) && !new_side(&b, o), "sides");
+	struct ibv_qp_attr at = {.qp_state = IBV_QPS_RESET};
+	REQUIRE(!ibv_modify_qp(a.qp, &at, IBV_QP_STATE) && !ibv_modify_qp(b.qp, &at, IBV_QP_STATE), "RESET");
+	for (int i = 0; i < 12000; i++)
+		a.buf[i] = (uint8_t)(i * 13);
+	CHECK(post_recv(&b, b.qp, 100, 0, 20000) == 0, "recv in RESET");
+	CHECK(post_send(&a, a.qp, 1, 0, 9000, IBV_SEND_SIGNALED) == 0, "send in RESET");
+	REQUIRE(!to_init(a.qp) && !to_init(b.qp), "INIT");
+	CHECK(post_recv(&b, b.qp, 101, 20000, 20000) == 0, "recv in INIT");
+	CHECK(post_recv(&b, b.qp, 102, 40000, 20000) == 0, "recv in INIT");
+	CHECK(post_send(&a, a.qp, 2, 9000, 3000, IBV_SEND_SIGNALED) == 0, "send in INIT");
+	struct ibv_qp_attr r;
+	rtr_attr(&r, b.qp->qp_num, 3, o);
+	r.path_mtu = IBV_MTU_4096;
+	ibv_query_gid(b.ctx, 1, 3, &r.ah_attr.grh.dgid);
+	REQUIRE(ibv_modify_qp(a.qp, &r, RTR_MASK) == 0, "a RTR");
+	CHECK(post_send(&a, a.qp, 3, 0, 1, IBV_SEND_SIGNALED) == 0, "send in RTR");
+	r.dest_qp_num = a.qp->qp_num;
+	REQUIRE(ibv_modify_qp(b.qp, &r, RTR_MASK) == 0, "b RTR");
+	struct ibv_wc wc[3];
+	CHECK(cq_empty_for(b.rcq, 50), "nothing before RTS");
+	rts_attr(&at, o);
+	REQUIRE(ibv_modify_qp(a.qp, &at, RTS_MASK) == 0, "a RTS");
+	CHECK(wait_wcs(b.rcq, wc, 3, 20) == 3, "3 RECVs");
+	const int len[3] = {9000, 3000, 1};
+	const int off[3] = {0, 9000, 0};
+	for (int i = 0; i < 3; i++) {
+		CHECK(wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == (uint64_t)(100 + i) &&
+			      wc[i].byte_len == (uint32_t)len[i],
+		      "recv %d: %s len %u", i, ibv_wc_status_str(wc[i].status), wc[i].byte_len);
+		CHECK(!memcmp(b.buf + RECV_BASE + 20000 * i, a.buf + off[i], len[i]), "payload %d", i);
+	}
+	CHECK(wait_wcs(a.scq, wc, 3, 20) == 3 && wc[0].wr_id == 1 && wc[2].wr_id == 3 &&
+		      wc[2].status == IBV_WC_SUCCESS,
+	      "3 sends");
+	free_side(&a);
+	free_side(&b);
+}
+
 int main(void)
 {
 	snprintf(ctl_path, sizeof(ctl_path), "/tmp/softverbs-test-%d.ctl", (int)getpid());
@@ -891,7 +938,7 @@ int main(void)
 		void (*fn)(void);
 	} tests[] = {
 		{"modify rules", test_modify_rules}, {"bad arguments", test_bad_args},
-		{"delivery", test_delivery}, {"rnr", test_rnr}, {"flush", test_flush},
+		{"delivery", test_delivery}, {"post before RTS", test_post_before_rts}, {"rnr", test_rnr}, {"flush", test_flush},
 		{"overrun", test_overrun}, {"channel", test_channel}, {"dead peer", test_dead_peer},
 		{"loss", test_loss}, {"faults", test_faults},
 	};

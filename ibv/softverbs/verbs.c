@@ -1167,8 +1167,12 @@ static void sv_pump(struct sv_qp *q, int64_t now)
 		}
 		if (sv_psn_diff(q->next_psn, q->acked_psn) > SV_WINDOW)
 			return;
-		if (q->sq_pkt == 0)
+		if (q->sq_pkt == 0) {
+			/* PSNs and packets are assigned as the message leaves, at the path MTU of
+			 * the connection (WRs may be posted before RTR set it). */
 			w->first_psn = q->next_psn;
+			w->npkts = w->len ? (w->len + q->mtu_bytes - 1) / q->mtu_bytes : 1;
+		}
 		uint32_t off = q->sq_pkt * q->mtu_bytes;
 		uint32_t left = w->len - off;
 		uint32_t n = left < q->mtu_bytes ? left : q->mtu_bytes;
@@ -1576,7 +1580,6 @@ static int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
 			}
 		}
 		w->len = (uint32_t)(total > SV_MAX_MSG ? 0 : total);
-		w->npkts = w->len ? (w->len + q->mtu_bytes - 1) / q->mtu_bytes : 1;
 		uint32_t idx = q->sq_tail++;
 		if (q->state == IBV_QPS_ERR) {
 			/* Posted in ERR: flushed at once. */
@@ -1995,6 +1998,16 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 	int64_t now = sv_now_ns();
 	switch (next) {
 	case IBV_QPS_RESET:
+		/* Stop first (a QP in RESET takes no packet and makes no CQE), then clean its CQEs
+		 * from the CQs, then reset the queues: a poll racing with this cannot then free
+		 * slots of the new queues. */
+		q->state = next;
+		ibqp->state = next;
+		pthread_mutex_unlock(&c->lk);
+		sv_cq_clean(q->scq, q);
+		if (q->rcq != q->scq)
+			sv_cq_clean(q->rcq, q);
+		pthread_mutex_lock(&c->lk);
 		for (uint32_t i = 0; i < q->sq_cap; i++) {
 			free(q->sq[i].data);
 			q->sq[i].data = NULL;
@@ -2006,12 +2019,7 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 		q->ack_deadline = q->resume_at = 0;
 		q->in_msg = q->nak_sent = 0;
 		q->retries = q->rnr_retries = 0;
-		q->state = next;
-		pthread_mutex_unlock(&c->lk);
-		sv_cq_clean(q->scq, q);
-		if (q->rcq != q->scq)
-			sv_cq_clean(q->rcq, q);
-		pthread_mutex_lock(&c->lk);
+		q->overrun = 0;
 		memset(&q->attr, 0, sizeof(q->attr));
 		break;
 	case IBV_QPS_ERR:
