@@ -16,6 +16,7 @@ import (
 
 	"github.com/twosided/twosided/notify"
 	"github.com/twosided/twosided/notify/directory"
+	_ "github.com/twosided/twosided/notify/directory/etcd" // etcd connection strings (--metadata)
 )
 
 // The directory scenario: Senders engines, each in its own process and registered in the

@@ -13,7 +13,8 @@ import (
 // Peer names through a directory (package notify/directory).
 //
 // Without a directory (the default) a peer is its host:port, as before. With one
-// (WithMetadata, WithDirectory, or MC_METADATA_SERVER under FromEnv), SendNotify accepts a
+// (WithMetadata, WithDirectory, or MC_METADATA_SERVER under FromEnv; etcd needs the
+// registration import of notify/directory/etcd), SendNotify accepts a
 // server name or a host:port: the name is looked up first (Mooncake's getRpcMetaEntry does
 // the same, and a Mooncake server name is often itself "ip:port" with another rpc_port);
 // a string of the form host:port that is no server name is used as an address, and so is
@@ -71,10 +72,18 @@ func (ed *engineDir) get() directory.Directory {
 
 // WithMetadata sets Mooncake's metadata connection string: "P2PHANDSHAKE" (a name is
 // host:port), "etcd://h1:2379,h2:2379", or "h1:2379" (etcd, as Mooncake reads a string
-// without "://"). Environment (FromEnv): MC_METADATA_SERVER.
+// without "://"). Environment (FromEnv): MC_METADATA_SERVER. Default: none (a peer is its
+// host:port).
+//
+// etcd needs its backend linked into the program, which package notify does not do (it
+// would pull the etcd client, gRPC and zap into every program):
+//
+//	import _ "github.com/twosided/twosided/notify/directory/etcd"
+//
+// Without it New and FromEnv fail with ErrConfig naming that import.
 func WithMetadata(conn string) Option {
 	return func(c *config) {
-		if _, err := directory.ParseConn(conn); err != nil {
+		if err := directory.CheckConn(conn); err != nil {
 			c.fail("metadata", "%v", err)
 		}
 		c.dir.metadata = conn
@@ -82,7 +91,9 @@ func WithMetadata(conn string) Option {
 }
 
 // WithDirectory uses d to resolve peer names and register this engine's server name; the
-// engine does not close d.
+// engine does not close d. Default: none (WithMetadata's, if set). For etcd, d is
+// etcd.Open's (package notify/directory/etcd), which one directory can share between
+// engines.
 func WithDirectory(d directory.Directory) Option { return func(c *config) { c.dir.dir = d } }
 
 // WithServerName registers this engine in the directory under name (a Mooncake server
@@ -107,7 +118,7 @@ func WithDirectoryTTL(d time.Duration) Option { return func(c *config) { c.dir.t
 // dirFromEnv reads Mooncake's metadata variables.
 func (c *config) dirFromEnv(lookup func(string) (string, bool)) {
 	if s, ok := lookup("MC_METADATA_SERVER"); ok && s != "" {
-		if _, err := directory.ParseConn(s); err != nil {
+		if err := directory.CheckConn(s); err != nil {
 			c.fail("MC_METADATA_SERVER", "%v", err)
 		}
 		c.dir.metadata = s

@@ -14,6 +14,7 @@ import (
 
 	"github.com/twosided/twosided/notify"
 	"github.com/twosided/twosided/notify/directory"
+	_ "github.com/twosided/twosided/notify/directory/etcd" // etcd connection strings, for every test and example of the package
 	"github.com/twosided/twosided/notify/directory/etcdtest"
 )
 

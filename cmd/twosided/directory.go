@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/twosided/twosided/notify"
+	_ "github.com/twosided/twosided/notify/directory/etcd" // --metadata etcd://…, MC_METADATA_SERVER
 )
 
 // dirFlags are the directory settings: --metadata for serve and send, --name (the server

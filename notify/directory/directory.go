@@ -3,6 +3,7 @@ package directory
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -49,6 +50,13 @@ const (
 	DefaultMaxCache = 1 << 16
 )
 
+// WithDefaults returns c with every zero field set to its default, or ErrBadConn naming a
+// field out of range. Open applies it; a backend opened directly (etcd.Open) too.
+func (c Config) WithDefaults() (Config, error) {
+	err := c.fill()
+	return c, err
+}
+
 func (c *Config) fill() error {
 	if c.TTL == 0 {
 		c.TTL = DefaultTTL
@@ -74,9 +82,11 @@ func (c *Config) fill() error {
 	return nil
 }
 
-// Open returns the directory a metadata connection string names (see ParseConn). An etcd
-// directory does not wait for etcd: it connects in the background, and its calls report
-// ErrUnavailable until it can.
+// Open returns the directory a metadata connection string names (see ParseConn). P2P is
+// built in; etcd needs its backend linked in (import _
+// "github.com/twosided/twosided/notify/directory/etcd"), else Open fails with ErrBadConn
+// saying so. An etcd directory does not wait for etcd: it connects in the background, and
+// its calls report ErrUnavailable until it can.
 func Open(conn string, cfg Config) (Directory, error) {
 	c, err := ParseConn(conn)
 	if err != nil {
@@ -88,7 +98,59 @@ func Open(conn string, cfg Config) (Directory, error) {
 	if c.Backend == BackendP2P {
 		return P2P{}, nil
 	}
-	return newEtcd(c.Endpoints, cfg)
+	open, err := backend(conn, c.Backend)
+	if err != nil {
+		return nil, err
+	}
+	return open(c, cfg)
+}
+
+// CheckConn parses a metadata connection string as Open does and checks that its backend
+// is linked in, without opening anything.
+func CheckConn(conn string) error {
+	c, err := ParseConn(conn)
+	if err != nil || c.Backend == BackendP2P {
+		return err
+	}
+	_, err = backend(conn, c.Backend)
+	return err
+}
+
+// Opener opens a backend's directory for a parsed connection string; cfg has its defaults.
+type Opener func(c Conn, cfg Config) (Directory, error)
+
+var backends struct {
+	sync.RWMutex
+	m map[string]Opener
+}
+
+// RegisterBackend makes Open serve connection strings of backend name (BackendEtcd) with
+// open. A backend package calls it from its init; registering a name twice panics.
+func RegisterBackend(name string, open Opener) {
+	backends.Lock()
+	defer backends.Unlock()
+	if open == nil {
+		panic("directory: RegisterBackend " + name + ": nil Opener")
+	}
+	if _, dup := backends.m[name]; dup {
+		panic("directory: RegisterBackend " + name + " twice")
+	}
+	if backends.m == nil {
+		backends.m = make(map[string]Opener)
+	}
+	backends.m[name] = open
+}
+
+// backend is the Opener registered for name.
+func backend(conn, name string) (Opener, error) {
+	backends.RLock()
+	open := backends.m[name]
+	backends.RUnlock()
+	if open == nil {
+		return nil, fmt.Errorf("%w: %q: the %s backend is not linked into this program: import _ %q",
+			ErrBadConn, conn, name, "github.com/twosided/twosided/notify/directory/"+name)
+	}
+	return open, nil
 }
 
 // P2P is the directory of Mooncake's P2PHANDSHAKE mode: a server's name is its host:port.

@@ -13,6 +13,7 @@
 //
 // Two backends, chosen by the metadata connection string Mooncake uses (ParseConn):
 //   - P2P ("P2PHANDSHAKE"): a name is host:port; nothing runs, nothing is registered.
+//     Built in.
 //   - etcd ("etcd://h1:2379,h2:2379", or a bare "h1:2379" as Mooncake reads it): names live
 //     in etcd. A registration is put under a lease that is kept alive, so the entry of a
 //     crashed process disappears within the lease TTL (Mooncake's entries have no lease and
@@ -21,7 +22,17 @@
 //     new address is seen there as soon as the watch delivers its put, and cached names keep
 //     resolving while etcd is down.
 //
-// The package owns its etcd client and the goroutines that keep the watch and the leases.
+// The etcd backend is package notify/directory/etcd, which a program links in with a
+// registration import, as database/sql drivers are:
+//
+//	import _ "github.com/twosided/twosided/notify/directory/etcd"
+//
+// Neither this package nor notify imports it, so a program that never names peers through
+// etcd does not link the etcd client, gRPC and zap. Without the import, Open and CheckConn
+// fail with ErrBadConn naming it (and notify.New with notify.ErrConfig). A backend
+// registers itself with RegisterBackend.
+//
+// The etcd backend owns its etcd client and the goroutines that keep the watch and the leases.
 // It knows nothing of engines, channels or the reactor: Cached never waits, Resolve waits
 // on etcd only within its context, and no call is made on a reactor thread by this package.
 // Every map fed by etcd (the cache) is bounded.

@@ -66,13 +66,15 @@ func EntryFromAddr(addr string) (Entry, error) {
 		return Entry{}, fmt.Errorf("%q: port %q is not a number", addr, port)
 	}
 	e := Entry{Host: host, Port: p}
-	if err := e.check(); err != nil {
+	if err := e.Check(); err != nil {
 		return Entry{}, fmt.Errorf("%q: %w", addr, err)
 	}
 	return e, nil
 }
 
-func (e Entry) check() error {
+// Check reports whether e can be registered: a host name or address literal, a port in
+// 1..65535.
+func (e Entry) Check() error {
 	if err := checkHost(e.Host); err != nil {
 		return fmt.Errorf("ip_or_host_name: %w", err)
 	}

@@ -139,3 +139,38 @@ func TestP2P(t *testing.T) {
 	require.NoError(t, d.Register(context.Background(), "x", Entry{Host: "h", Port: 1}))
 	require.NoError(t, d.Close(context.Background()))
 }
+
+// Without its backend linked in (this test binary does not import notify/directory/etcd),
+// an etcd connection string parses but does not open, and the error names the import.
+func TestBackendNotLinked(t *testing.T) {
+	for _, conn := range []string{"etcd://127.0.0.1:2379", "127.0.0.1:2379"} {
+		_, err := ParseConn(conn)
+		require.NoError(t, err)
+		for _, err := range []error{CheckConn(conn), func() error { _, err := Open(conn, Config{}); return err }()} {
+			require.ErrorIs(t, err, ErrBadConn)
+			require.ErrorContains(t, err, `import _ "github.com/twosided/twosided/notify/directory/etcd"`)
+		}
+	}
+	require.NoError(t, CheckConn(P2PHandshake))
+	d, err := Open(P2PHandshake, Config{})
+	require.NoError(t, err)
+	require.Equal(t, P2P{}, d)
+}
+
+func TestRegisterBackend(t *testing.T) {
+	const name = "test-backend"
+	opened := 0
+	RegisterBackend(name, func(c Conn, cfg Config) (Directory, error) {
+		opened++
+		require.Equal(t, DefaultTTL, cfg.TTL) // defaults filled before the backend sees cfg
+		return P2P{}, nil
+	})
+	t.Cleanup(func() { backends.Lock(); delete(backends.m, name); backends.Unlock() })
+	open, err := backend("x", name)
+	require.NoError(t, err)
+	_, err = open(Conn{Backend: name}, func() Config { c, _ := Config{}.WithDefaults(); return c }())
+	require.NoError(t, err)
+	require.Equal(t, 1, opened)
+	require.Panics(t, func() { RegisterBackend(name, func(Conn, Config) (Directory, error) { return nil, nil }) })
+	require.Panics(t, func() { RegisterBackend("nil-opener", nil) })
+}

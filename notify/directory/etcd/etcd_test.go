@@ -1,4 +1,4 @@
-package directory
+package etcd
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/twosided/twosided/notify/directory"
 	"github.com/twosided/twosided/notify/directory/etcdtest"
 )
 
@@ -22,7 +23,7 @@ func ctxT(t *testing.T) context.Context {
 }
 
 // cachedIs reports whether d's cache resolves name to addr.
-func cachedIs(d *Etcd, name, addr string) func() bool {
+func cachedIs(d *Directory, name, addr string) func() bool {
 	return func() bool { a, err := d.Cached(name); return err == nil && a == addr }
 }
 
@@ -30,9 +31,9 @@ func TestRegisterResolveMooncakeLayout(t *testing.T) {
 	srv := sharedEtcd(t)
 	cli := rawClient(t, srv)
 	ctx := ctxT(t)
-	a := open(t, srv, Config{ClusterID: "prod"})
-	b := open(t, srv, Config{ClusterID: "prod/"})
-	require.NoError(t, a.Register(ctx, "decode-7", Entry{Host: "127.0.0.1", Port: 17001}))
+	a := open(t, srv, directory.Config{ClusterID: "prod"})
+	b := open(t, srv, directory.Config{ClusterID: "prod/"})
+	require.NoError(t, a.Register(ctx, "decode-7", directory.Entry{Host: "127.0.0.1", Port: 17001}))
 
 	// The key and the value are Mooncake's, byte for byte, under a kept-alive lease.
 	resp, err := cli.Get(ctx, "mooncake/prod/rpc_meta/decode-7")
@@ -47,18 +48,39 @@ func TestRegisterResolveMooncakeLayout(t *testing.T) {
 	eventually(t, "cached", cachedIs(b, "decode-7", "127.0.0.1:17001"))
 
 	// Another cluster id does not see it.
-	other := open(t, srv, Config{ClusterID: "staging"})
+	other := open(t, srv, directory.Config{ClusterID: "staging"})
 	_, err = other.Resolve(ctx, "decode-7")
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, directory.ErrNotFound)
 
 	// Unregister deletes the entry, and the watch tells the resolver.
 	require.NoError(t, a.Unregister(ctx, "decode-7"))
 	resp, err = cli.Get(ctx, "mooncake/prod/rpc_meta/decode-7")
 	require.NoError(t, err)
 	require.Empty(t, resp.Kvs)
-	eventually(t, "deletion seen", func() bool { _, err := b.Cached("decode-7"); return errors.Is(err, ErrNotFound) })
+	eventually(t, "deletion seen", func() bool { _, err := b.Cached("decode-7"); return errors.Is(err, directory.ErrNotFound) })
 	_, err = b.Resolve(ctx, "decode-7")
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, directory.ErrNotFound)
+}
+
+// mooncakeValue is what Mooncake's addRpcMetaEntry puts (jsoncpp FastWriter output).
+const mooncakeValue = "{\"ip_or_host_name\":\"10.0.0.7\",\"rpc_port\":12001}\n"
+
+// The registration import makes directory.Open serve etcd connection strings; etcd.Open
+// opens one directly (for notify.WithDirectory) and refuses any other backend.
+func TestOpenRegisteredAndExplicit(t *testing.T) {
+	srv := sharedEtcd(t)
+	require.NoError(t, directory.CheckConn(srv.Conn()))
+	require.NoError(t, directory.CheckConn(srv.Endpoint())) // no "://": etcd, as Mooncake reads it
+	d, err := Open(srv.Conn(), directory.Config{ClusterID: t.Name()})
+	require.NoError(t, err)
+	require.Equal(t, srv.Conn(), d.String())
+	var _ directory.Directory = d
+	require.NoError(t, d.Close(context.Background()))
+	_, err = Open(directory.P2PHandshake, directory.Config{})
+	require.ErrorIs(t, err, directory.ErrBadConn)
+	_, err = Open(srv.Conn(), directory.Config{TTL: time.Millisecond})
+	require.ErrorIs(t, err, directory.ErrBadConn)
+	require.ErrorContains(t, err, "ttl")
 }
 
 func TestMooncakeWrittenValueResolves(t *testing.T) {
@@ -69,7 +91,7 @@ func TestMooncakeWrittenValueResolves(t *testing.T) {
 	_, err := cli.Put(ctx, "mooncake/rpc_meta/prefill-0", mooncakeValue)
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = cli.Delete(context.Background(), "mooncake/rpc_meta/prefill-0") })
-	nd, err := Open(srv.Conn(), Config{}) // no cluster id, as the Mooncake node
+	nd, err := directory.Open(srv.Conn(), directory.Config{}) // no cluster id, as the Mooncake node
 	require.NoError(t, err)
 	defer nd.Close(context.Background())
 	addr, err := nd.Resolve(ctx, "prefill-0")
@@ -80,18 +102,18 @@ func TestMooncakeWrittenValueResolves(t *testing.T) {
 func TestUnknownThenRegistered(t *testing.T) {
 	srv := sharedEtcd(t)
 	ctx := ctxT(t)
-	r := open(t, srv, Config{})
+	r := open(t, srv, directory.Config{})
 	_, err := r.Resolve(ctx, "later")
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, directory.ErrNotFound)
 	require.Contains(t, err.Error(), "rpc_meta/later")
 	// The absence is cached once the watch is up; a registration replaces it.
 	eventually(t, "watch up", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return r.watchFrom > 0 })
 	_, err = r.Resolve(ctx, "later")
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, directory.ErrNotFound)
 	_, err = r.Cached("later")
-	require.ErrorIs(t, err, ErrNotFound)
-	w := open(t, srv, Config{})
-	require.NoError(t, w.Register(ctx, "later", Entry{Host: "127.0.0.1", Port: 9}))
+	require.ErrorIs(t, err, directory.ErrNotFound)
+	w := open(t, srv, directory.Config{})
+	require.NoError(t, w.Register(ctx, "later", directory.Entry{Host: "127.0.0.1", Port: 9}))
 	eventually(t, "registration seen", cachedIs(r, "later", "127.0.0.1:9"))
 }
 
@@ -99,8 +121,8 @@ func TestBadValuesNameKeyAndField(t *testing.T) {
 	srv := sharedEtcd(t)
 	cli := rawClient(t, srv)
 	ctx := ctxT(t)
-	d := open(t, srv, Config{})
-	prefix := Prefix(t.Name())
+	d := open(t, srv, directory.Config{})
+	prefix := directory.Prefix(t.Name())
 	cases := []struct{ name, val, field string }{
 		{"notjson", "decode-7 at 10.0.0.7", "value"},
 		{"bigport", `{"ip_or_host_name":"10.0.0.7","rpc_port":70000}`, "rpc_port"},
@@ -110,7 +132,7 @@ func TestBadValuesNameKeyAndField(t *testing.T) {
 		_, err := cli.Put(ctx, prefix+tc.name, tc.val)
 		require.NoError(t, err)
 		_, err = d.Resolve(ctx, tc.name)
-		require.ErrorIs(t, err, ErrBadValue, tc.name)
+		require.ErrorIs(t, err, directory.ErrBadValue, tc.name)
 		require.Contains(t, err.Error(), prefix+tc.name)
 		require.Contains(t, err.Error(), tc.field)
 	}
@@ -123,8 +145,8 @@ func TestBadValuesNameKeyAndField(t *testing.T) {
 	eventually(t, "cached", cachedIs(d, "flip", "10.0.0.7:12001"))
 	_, err = cli.Put(ctx, prefix+"flip", `{"ip_or_host_name":"10.0.0.7","rpc_port":"x"}`)
 	require.NoError(t, err)
-	eventually(t, "bad value seen", func() bool { _, err := d.Cached("flip"); return errors.Is(err, ErrBadValue) })
-	_, err = cli.Put(ctx, prefix+"flip", string(Encode(Entry{Host: "10.0.0.8", Port: 1})))
+	eventually(t, "bad value seen", func() bool { _, err := d.Cached("flip"); return errors.Is(err, directory.ErrBadValue) })
+	_, err = cli.Put(ctx, prefix+"flip", string(directory.Encode(directory.Entry{Host: "10.0.0.8", Port: 1})))
 	require.NoError(t, err)
 	eventually(t, "fix seen", cachedIs(d, "flip", "10.0.0.8:1"))
 }
@@ -136,25 +158,25 @@ func TestBadValuesNameKeyAndField(t *testing.T) {
 func TestRestartOnNewPort(t *testing.T) {
 	srv := sharedEtcd(t)
 	ctx := ctxT(t)
-	r := open(t, srv, Config{})
+	r := open(t, srv, directory.Config{})
 	eventually(t, "watch up", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return r.watchFrom > 0 })
-	first, err := Open(srv.Conn(), Config{ClusterID: t.Name(), TTL: 30 * time.Second})
+	first, err := directory.Open(srv.Conn(), directory.Config{ClusterID: t.Name(), TTL: 30 * time.Second})
 	require.NoError(t, err)
-	require.NoError(t, first.Register(ctx, "decode-7", Entry{Host: "127.0.0.1", Port: 1001}))
+	require.NoError(t, first.Register(ctx, "decode-7", directory.Entry{Host: "127.0.0.1", Port: 1001}))
 	addr, err := r.Resolve(ctx, "decode-7")
 	require.NoError(t, err)
 	require.Equal(t, "127.0.0.1:1001", addr)
 	eventually(t, "cached", cachedIs(r, "decode-7", "127.0.0.1:1001"))
 	// The first process "crashes": its keeper stops, its lease (30 s) stays.
-	first.(*Etcd).cancel()
-	first.(*Etcd).wg.Wait()
-	defer first.(*Etcd).cli.Close()
+	first.(*Directory).cancel()
+	first.(*Directory).wg.Wait()
+	defer first.(*Directory).cli.Close()
 
 	var worst time.Duration
 	for i := range 5 {
-		second := open(t, srv, Config{})
+		second := open(t, srv, directory.Config{})
 		port := 2000 + i
-		require.NoError(t, second.Register(ctx, "decode-7", Entry{Host: "127.0.0.1", Port: port}))
+		require.NoError(t, second.Register(ctx, "decode-7", directory.Entry{Host: "127.0.0.1", Port: port}))
 		d := eventually(t, "new address", cachedIs(r, "decode-7", fmt.Sprintf("127.0.0.1:%d", port)))
 		worst = max(worst, d)
 		require.NoError(t, second.Close(ctx))
@@ -171,9 +193,9 @@ func TestEtcdDownAndBack(t *testing.T) {
 	t.Cleanup(srv.Close)
 	ctx := ctxT(t)
 	ttl := time.Second
-	w := open(t, srv, Config{TTL: ttl})
-	r := open(t, srv, Config{})
-	require.NoError(t, w.Register(ctx, "p", Entry{Host: "127.0.0.1", Port: 7}))
+	w := open(t, srv, directory.Config{TTL: ttl})
+	r := open(t, srv, directory.Config{})
+	require.NoError(t, w.Register(ctx, "p", directory.Entry{Host: "127.0.0.1", Port: 7}))
 	eventually(t, "watch up", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return r.watchFrom > 0 })
 	_, err = r.Resolve(ctx, "p")
 	require.NoError(t, err)
@@ -193,18 +215,18 @@ func TestEtcdDownAndBack(t *testing.T) {
 	sctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	_, err = r.Resolve(sctx, "uncached")
 	cancel()
-	require.ErrorIs(t, err, ErrUnavailable)
+	require.ErrorIs(t, err, directory.ErrUnavailable)
 	require.Contains(t, err.Error(), srv.Endpoint())
 	// Once a read failed, uncached names fail at once instead of each waiting.
 	eventually(t, "marked down", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return r.down })
 	_, err = r.Resolve(ctx, "uncached-2")
-	require.ErrorIs(t, err, ErrUnavailable)
+	require.ErrorIs(t, err, directory.ErrUnavailable)
 	require.Contains(t, err.Error(), "did not answer the last read")
 
 	require.NoError(t, srv.Start())
 	back := time.Now()
 	cli := rawClient(t, srv)
-	key := Prefix(t.Name()) + "p"
+	key := directory.Prefix(t.Name()) + "p"
 	// Registered again under a lease that is kept alive: present with a live lease.
 	var lease clientv3.LeaseID
 	eventually(t, "registered again", func() bool {
@@ -235,24 +257,24 @@ func TestEtcdReturnsEmpty(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(srv.Close)
 	ctx := ctxT(t)
-	w := open(t, srv, Config{TTL: time.Second})
-	require.NoError(t, w.Register(ctx, "p", Entry{Host: "127.0.0.1", Port: 7}))
+	w := open(t, srv, directory.Config{TTL: time.Second})
+	require.NoError(t, w.Register(ctx, "p", directory.Entry{Host: "127.0.0.1", Port: 7}))
 	require.NoError(t, srv.Wipe())
 	require.NoError(t, srv.Start())
 	back := time.Now()
 	cli := rawClient(t, srv)
 	eventually(t, "registered again", func() bool {
-		resp, err := cli.Get(ctx, Prefix(t.Name())+"p")
+		resp, err := cli.Get(ctx, directory.Prefix(t.Name())+"p")
 		return err == nil && len(resp.Kvs) == 1
 	})
 	t.Logf("etcd back empty: registered again %v later", time.Since(back).Round(time.Millisecond))
-	r := open(t, srv, Config{})
+	r := open(t, srv, directory.Config{})
 	addr, err := r.Resolve(ctx, "p")
 	require.NoError(t, err)
 	require.Equal(t, "127.0.0.1:7", addr)
 }
 
-func cacheLen(d *Etcd) int {
+func cacheLen(d *Directory) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return len(d.cache)
@@ -260,7 +282,7 @@ func cacheLen(d *Etcd) int {
 
 // firstLease is the lease the registration of name held when it was made. (The keeper
 // replaces it; the test wants to see that.)
-func firstLease(d *Etcd, name string) clientv3.LeaseID {
+func firstLease(d *Directory, name string) clientv3.LeaseID {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.regs[name].firstLease
@@ -270,9 +292,9 @@ func TestLeaseRevokedRegistersAgain(t *testing.T) {
 	srv := sharedEtcd(t)
 	cli := rawClient(t, srv)
 	ctx := ctxT(t)
-	w := open(t, srv, Config{})
-	require.NoError(t, w.Register(ctx, "p", Entry{Host: "127.0.0.1", Port: 7}))
-	key := Prefix(t.Name()) + "p"
+	w := open(t, srv, directory.Config{})
+	require.NoError(t, w.Register(ctx, "p", directory.Entry{Host: "127.0.0.1", Port: 7}))
+	key := directory.Prefix(t.Name()) + "p"
 	resp, err := cli.Get(ctx, key)
 	require.NoError(t, err)
 	_, err = cli.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
@@ -289,11 +311,11 @@ func TestNameTakenIsNotStolenBack(t *testing.T) {
 	srv := sharedEtcd(t)
 	cli := rawClient(t, srv)
 	ctx := ctxT(t)
-	a := open(t, srv, Config{})
-	b := open(t, srv, Config{})
-	require.NoError(t, a.Register(ctx, "p", Entry{Host: "127.0.0.1", Port: 1}))
+	a := open(t, srv, directory.Config{})
+	b := open(t, srv, directory.Config{})
+	require.NoError(t, a.Register(ctx, "p", directory.Entry{Host: "127.0.0.1", Port: 1}))
 	lease := firstLease(a, "p")
-	require.NoError(t, b.Register(ctx, "p", Entry{Host: "127.0.0.1", Port: 2}))
+	require.NoError(t, b.Register(ctx, "p", directory.Entry{Host: "127.0.0.1", Port: 2}))
 	_, err := cli.Revoke(ctx, lease)
 	require.NoError(t, err)
 	a.mu.Lock()
@@ -304,9 +326,9 @@ func TestNameTakenIsNotStolenBack(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("a's keeper still runs")
 	}
-	resp, err := cli.Get(ctx, Prefix(t.Name())+"p")
+	resp, err := cli.Get(ctx, directory.Prefix(t.Name())+"p")
 	require.NoError(t, err)
-	require.Equal(t, string(Encode(Entry{Host: "127.0.0.1", Port: 2})), string(resp.Kvs[0].Value))
+	require.Equal(t, string(directory.Encode(directory.Entry{Host: "127.0.0.1", Port: 2})), string(resp.Kvs[0].Value))
 }
 
 // TestLeaseExpiresAfterKill9: a registered process killed with SIGKILL leaves an entry
@@ -314,7 +336,7 @@ func TestNameTakenIsNotStolenBack(t *testing.T) {
 func TestLeaseExpiresAfterKill9(t *testing.T) {
 	srv := sharedEtcd(t)
 	ctx := ctxT(t)
-	r := open(t, srv, Config{})
+	r := open(t, srv, directory.Config{})
 	eventually(t, "watch up", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return r.watchFrom > 0 })
 	cmd := startHelper(t, srv)
 	addr, err := r.Resolve(ctx, "victim")
@@ -324,20 +346,20 @@ func TestLeaseExpiresAfterKill9(t *testing.T) {
 	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 	killed := time.Now()
 	_ = cmd.Wait()
-	eventually(t, "entry gone", func() bool { _, err := r.Cached("victim"); return errors.Is(err, ErrNotFound) })
+	eventually(t, "entry gone", func() bool { _, err := r.Cached("victim"); return errors.Is(err, directory.ErrNotFound) })
 	t.Logf("kill -9: entry gone %v after the kill (TTL 2 s)", time.Since(killed).Round(time.Millisecond))
 	_, err = r.Resolve(ctx, "victim")
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, directory.ErrNotFound)
 }
 
 func TestThousandNames(t *testing.T) {
 	srv := sharedEtcd(t)
 	ctx := ctxT(t)
-	w := open(t, srv, Config{TTL: 10 * time.Second})
-	r := open(t, srv, Config{})
+	w := open(t, srv, directory.Config{TTL: 10 * time.Second})
+	r := open(t, srv, directory.Config{})
 	const n = 1000
 	for i := range n {
-		require.NoError(t, w.Register(ctx, fmt.Sprintf("node-%04d", i), Entry{Host: "127.0.0.1", Port: 10000 + i}))
+		require.NoError(t, w.Register(ctx, fmt.Sprintf("node-%04d", i), directory.Entry{Host: "127.0.0.1", Port: 10000 + i}))
 	}
 	eventually(t, "watch up", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return r.watchFrom > 0 })
 	for i := range n {
@@ -349,7 +371,7 @@ func TestThousandNames(t *testing.T) {
 	require.NoError(t, w.Close(ctx))
 	eventually(t, "all gone", func() bool {
 		for i := range n {
-			if _, err := r.Cached(fmt.Sprintf("node-%04d", i)); !errors.Is(err, ErrNotFound) {
+			if _, err := r.Cached(fmt.Sprintf("node-%04d", i)); !errors.Is(err, directory.ErrNotFound) {
 				return false
 			}
 		}
@@ -361,10 +383,10 @@ func TestCacheIsBounded(t *testing.T) {
 	srv := sharedEtcd(t)
 	cli := rawClient(t, srv)
 	ctx := ctxT(t)
-	r := open(t, srv, Config{MaxCache: 10})
+	r := open(t, srv, directory.Config{MaxCache: 10})
 	eventually(t, "watch up", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return r.watchFrom > 0 })
 	for i := range 50 {
-		_, err := cli.Put(ctx, Prefix(t.Name())+fmt.Sprint(i), string(Encode(Entry{Host: "h", Port: i + 1})))
+		_, err := cli.Put(ctx, directory.Prefix(t.Name())+fmt.Sprint(i), string(directory.Encode(directory.Entry{Host: "h", Port: i + 1})))
 		require.NoError(t, err)
 	}
 	for i := range 50 {
@@ -381,18 +403,18 @@ func TestUnreachableDirectory(t *testing.T) {
 	srv, err := etcdtest.New(t.TempDir())
 	require.NoError(t, err)
 	srv.Close()
-	d, err := Open(srv.Conn(), Config{Timeout: 200 * time.Millisecond})
+	d, err := directory.Open(srv.Conn(), directory.Config{Timeout: 200 * time.Millisecond})
 	require.NoError(t, err, "opening does not wait for etcd")
 	defer d.Close(context.Background())
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	_, err = d.Resolve(ctx, "decode-7")
-	require.ErrorIs(t, err, ErrUnavailable)
+	require.ErrorIs(t, err, directory.ErrUnavailable)
 	require.Contains(t, err.Error(), srv.Endpoint())
-	err = d.Register(context.Background(), "me", Entry{Host: "127.0.0.1", Port: 1})
-	require.ErrorIs(t, err, ErrUnavailable)
+	err = d.Register(context.Background(), "me", directory.Entry{Host: "127.0.0.1", Port: 1})
+	require.ErrorIs(t, err, directory.ErrUnavailable)
 	_, err = d.Cached("decode-7")
-	require.ErrorIs(t, err, ErrNotCached)
+	require.ErrorIs(t, err, directory.ErrNotCached)
 }
 
 // BenchmarkResolve: a cached resolve (map lookup under a mutex) and an uncached one (one
@@ -404,15 +426,15 @@ func BenchmarkResolve(b *testing.B) {
 	srv, err := etcdtest.New(dir)
 	require.NoError(b, err)
 	defer srv.Close()
-	w, err := Open(srv.Conn(), Config{})
+	w, err := directory.Open(srv.Conn(), directory.Config{})
 	require.NoError(b, err)
 	defer w.Close(context.Background())
 	ctx := context.Background()
-	require.NoError(b, w.Register(ctx, "decode-7", Entry{Host: "127.0.0.1", Port: 17001}))
-	rd, err := Open(srv.Conn(), Config{})
+	require.NoError(b, w.Register(ctx, "decode-7", directory.Entry{Host: "127.0.0.1", Port: 17001}))
+	rd, err := directory.Open(srv.Conn(), directory.Config{})
 	require.NoError(b, err)
 	defer rd.Close(context.Background())
-	r := rd.(*Etcd)
+	r := rd.(*Directory)
 	_, err = r.Resolve(ctx, "decode-7")
 	require.NoError(b, err)
 	b.Run("cached", func(b *testing.B) {
@@ -442,14 +464,14 @@ func TestRegisterRacesUnregister(t *testing.T) {
 	srv := sharedEtcd(t)
 	cli := rawClient(t, srv)
 	ctx := ctxT(t)
-	d := open(t, srv, Config{})
-	key := Prefix(t.Name()) + "p"
+	d := open(t, srv, directory.Config{})
+	key := directory.Prefix(t.Name()) + "p"
 	for i := 0; i < 20; i++ {
 		regErr := make(chan error, 1)
-		go func() { regErr <- d.Register(ctx, "p", Entry{Host: "127.0.0.1", Port: 7}) }()
+		go func() { regErr <- d.Register(ctx, "p", directory.Entry{Host: "127.0.0.1", Port: 7}) }()
 		var unErr error
 		for { // until the Register is seen (it may still be publishing)
-			if unErr = d.Unregister(ctx, "p"); !errors.Is(unErr, ErrNotFound) {
+			if unErr = d.Unregister(ctx, "p"); !errors.Is(unErr, directory.ErrNotFound) {
 				break
 			}
 			runtime.Gosched()
@@ -461,9 +483,9 @@ func TestRegisterRacesUnregister(t *testing.T) {
 		require.Empty(t, resp.Kvs, "round %d: the name outlived its Unregister", i)
 	}
 	// Close racing with a Register in flight.
-	d2 := open(t, srv, Config{})
+	d2 := open(t, srv, directory.Config{})
 	regErr := make(chan error, 1)
-	go func() { regErr <- d2.Register(ctx, "q", Entry{Host: "127.0.0.1", Port: 8}) }()
+	go func() { regErr <- d2.Register(ctx, "q", directory.Entry{Host: "127.0.0.1", Port: 8}) }()
 	for {
 		d2.mu.Lock()
 		seen := d2.regs["q"] != nil
@@ -475,7 +497,7 @@ func TestRegisterRacesUnregister(t *testing.T) {
 	}
 	require.NoError(t, d2.Close(ctx))
 	require.NoError(t, <-regErr)
-	resp, err := cli.Get(ctx, Prefix(t.Name())+"q")
+	resp, err := cli.Get(ctx, directory.Prefix(t.Name())+"q")
 	require.NoError(t, err)
 	require.Empty(t, resp.Kvs, "the name outlived Close")
 }

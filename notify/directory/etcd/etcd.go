@@ -1,4 +1,4 @@
-package directory
+package etcd
 
 import (
 	"bytes"
@@ -15,9 +15,37 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+
+	"github.com/twosided/twosided/notify/directory"
 )
 
-// Etcd is the etcd backend. Create it with Open.
+func init() { directory.RegisterBackend(directory.BackendEtcd, openBackend) }
+
+func openBackend(c directory.Conn, cfg directory.Config) (directory.Directory, error) {
+	return newEtcd(c.Endpoints, cfg)
+}
+
+// Open returns an etcd directory for conn, a metadata connection string
+// ("etcd://h1:2379,h2:2379", or "h1:2379" as Mooncake reads it), for notify.WithDirectory.
+// It does not wait for etcd: it connects in the background, and its calls report
+// directory.ErrUnavailable until it can. The caller closes it (after the engines that use
+// it).
+func Open(conn string, cfg directory.Config) (*Directory, error) {
+	c, err := directory.ParseConn(conn)
+	if err != nil {
+		return nil, err
+	}
+	if c.Backend != directory.BackendEtcd {
+		return nil, fmt.Errorf("%w: %q is not an etcd connection string", directory.ErrBadConn, conn)
+	}
+	if cfg, err = cfg.WithDefaults(); err != nil {
+		return nil, err
+	}
+	return newEtcd(c.Endpoints, cfg)
+}
+
+// Directory is the etcd backend, a directory.Directory. Create it with Open, or with
+// directory.Open (and notify's WithMetadata, MC_METADATA_SERVER) once this package is linked.
 //
 // Cache. A resolution is cached with the etcd revision it was read at; one watch on the
 // rpc_meta prefix applies every later put and delete of a cached name, so a cached entry
@@ -28,8 +56,8 @@ import (
 // revisions the watch missed, the cache is dropped and names are read again on demand.
 // Absent names are cached too (a put of the name replaces them), so sending to a host:port
 // that is no server name costs one etcd read, not one per send.
-type Etcd struct {
-	cfg    Config
+type Directory struct {
+	cfg    directory.Config
 	conn   string
 	prefix string
 	cli    *clientv3.Client
@@ -68,7 +96,7 @@ type flight struct {
 	ev   *cached
 }
 
-func newEtcd(endpoints []string, cfg Config) (*Etcd, error) {
+func newEtcd(endpoints []string, cfg directory.Config) (*Directory, error) {
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:            endpoints,
 		DialTimeout:          cfg.Timeout,
@@ -83,12 +111,12 @@ func newEtcd(endpoints []string, cfg Config) (*Etcd, error) {
 		})},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: etcd client for %v: %v", ErrBadConn, endpoints, err)
+		return nil, fmt.Errorf("%w: etcd client for %v: %v", directory.ErrBadConn, endpoints, err)
 	}
-	d := &Etcd{
+	d := &Directory{
 		cfg:     cfg,
 		conn:    "etcd://" + strings.Join(endpoints, ","),
-		prefix:  Prefix(cfg.ClusterID),
+		prefix:  directory.Prefix(cfg.ClusterID),
 		cli:     cli,
 		cache:   make(map[string]cached),
 		flights: make(map[string]*flight),
@@ -101,18 +129,18 @@ func newEtcd(endpoints []string, cfg Config) (*Etcd, error) {
 	return d, nil
 }
 
-func (d *Etcd) String() string { return d.conn }
+func (d *Directory) String() string { return d.conn }
 
 // Key is the etcd key of name.
-func (d *Etcd) Key(name string) string { return d.prefix + name }
+func (d *Directory) Key(name string) string { return d.prefix + name }
 
-func (d *Etcd) notFound(name string) error {
-	return fmt.Errorf("%w: %s (key %s in %s)", ErrNotFound, name, d.prefix+name, d.conn)
+func (d *Directory) notFound(name string) error {
+	return fmt.Errorf("%w: %s (key %s in %s)", directory.ErrNotFound, name, d.prefix+name, d.conn)
 }
 
 // Cached implements Directory.
-func (d *Etcd) Cached(name string) (string, error) {
-	if err := CheckName(name); err != nil {
+func (d *Directory) Cached(name string) (string, error) {
+	if err := directory.CheckName(name); err != nil {
 		return "", err
 	}
 	d.mu.Lock()
@@ -121,9 +149,9 @@ func (d *Etcd) Cached(name string) (string, error) {
 	d.mu.Unlock()
 	switch {
 	case closed:
-		return "", ErrClosed
+		return "", directory.ErrClosed
 	case !ok:
-		return "", fmt.Errorf("%w: %s", ErrNotCached, name)
+		return "", fmt.Errorf("%w: %s", directory.ErrNotCached, name)
 	}
 	return c.result()
 }
@@ -131,8 +159,8 @@ func (d *Etcd) Cached(name string) (string, error) {
 // Resolve implements Directory. Concurrent resolves of one name share one etcd read; each
 // waits for it within its own ctx. The first resolves of a new directory wait for its watch
 // to start, so that what they read is cached.
-func (d *Etcd) Resolve(ctx context.Context, name string) (string, error) {
-	if addr, err := d.Cached(name); !errors.Is(err, ErrNotCached) {
+func (d *Directory) Resolve(ctx context.Context, name string) (string, error) {
+	if addr, err := d.Cached(name); !errors.Is(err, directory.ErrNotCached) {
 		return addr, err // a hit, a bad name, or closed: no timer, no wait
 	}
 	d.mu.Lock()
@@ -145,15 +173,15 @@ func (d *Etcd) Resolve(ctx context.Context, name string) (string, error) {
 		case <-d.ready:
 		case <-ctx.Done():
 			d.setDown(true)
-			return "", fmt.Errorf("%w: %s: resolving %s: %v", ErrUnavailable, d.conn, name, ctx.Err())
+			return "", fmt.Errorf("%w: %s: resolving %s: %v", directory.ErrUnavailable, d.conn, name, ctx.Err())
 		case <-d.ctx.Done():
-			return "", ErrClosed
+			return "", directory.ErrClosed
 		}
 	}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		return "", ErrClosed
+		return "", directory.ErrClosed
 	}
 	if c, ok := d.cache[name]; ok {
 		d.mu.Unlock()
@@ -168,19 +196,19 @@ func (d *Etcd) Resolve(ctx context.Context, name string) (string, error) {
 	}
 	d.mu.Unlock()
 	if down {
-		return "", fmt.Errorf("%w: %s: resolving %s: etcd did not answer the last read (trying again)", ErrUnavailable, d.conn, name)
+		return "", fmt.Errorf("%w: %s: resolving %s: etcd did not answer the last read (trying again)", directory.ErrUnavailable, d.conn, name)
 	}
 	select {
 	case <-f.done:
 		return f.res.result()
 	case <-ctx.Done():
-		return "", fmt.Errorf("%w: %s: resolving %s: %v", ErrUnavailable, d.conn, name, ctx.Err())
+		return "", fmt.Errorf("%w: %s: resolving %s: %v", directory.ErrUnavailable, d.conn, name, ctx.Err())
 	}
 }
 
 // fetch reads name from etcd for flight f, bounded by the directory's timeout (a caller
 // that gives up earlier stops waiting; the read still completes for the others).
-func (d *Etcd) fetch(name string, f *flight) {
+func (d *Directory) fetch(name string, f *flight) {
 	defer d.wg.Done()
 	key := d.prefix + name
 	ctx, cancel := context.WithTimeout(d.ctx, d.cfg.Timeout)
@@ -189,11 +217,11 @@ func (d *Etcd) fetch(name string, f *flight) {
 	var res cached
 	switch {
 	case err != nil:
-		res.err = fmt.Errorf("%w: %s: get %s: %v", ErrUnavailable, d.conn, key, err)
+		res.err = fmt.Errorf("%w: %s: get %s: %v", directory.ErrUnavailable, d.conn, key, err)
 	case len(resp.Kvs) == 0:
 		res = cached{err: d.notFound(name), rev: resp.Header.Revision}
 	default:
-		e, derr := Decode(key, resp.Kvs[0].Value)
+		e, derr := directory.Decode(key, resp.Kvs[0].Value)
 		res = cached{addr: e.Addr(), err: derr, rev: resp.Header.Revision}
 		if derr != nil {
 			res.addr = ""
@@ -213,14 +241,14 @@ func (d *Etcd) fetch(name string, f *flight) {
 	close(f.done)
 }
 
-func (d *Etcd) setDown(v bool) {
+func (d *Directory) setDown(v bool) {
 	d.mu.Lock()
 	d.down = v
 	d.mu.Unlock()
 }
 
 // insert caches c under name; at the bound an arbitrary other entry makes room. d.mu held.
-func (d *Etcd) insert(name string, c cached) {
+func (d *Directory) insert(name string, c cached) {
 	if _, ok := d.cache[name]; !ok && len(d.cache) >= d.cfg.MaxCache {
 		for victim := range d.cache {
 			delete(d.cache, victim)
@@ -231,16 +259,16 @@ func (d *Etcd) insert(name string, c cached) {
 }
 
 // apply folds one watch event into the cache and into a read in flight for the name.
-func (d *Etcd) apply(ev *clientv3.Event) {
+func (d *Directory) apply(ev *clientv3.Event) {
 	key := string(ev.Kv.Key)
 	name, ok := strings.CutPrefix(key, d.prefix)
-	if !ok || CheckName(name) != nil {
+	if !ok || directory.CheckName(name) != nil {
 		return
 	}
 	c := cached{rev: ev.Kv.ModRevision}
 	if ev.Type == mvccpb.DELETE {
 		c.err = d.notFound(name)
-	} else if e, err := Decode(key, ev.Kv.Value); err != nil {
+	} else if e, err := directory.Decode(key, ev.Kv.Value); err != nil {
 		c.err = err
 	} else {
 		c.addr = e.Addr()
@@ -257,7 +285,7 @@ func (d *Etcd) apply(ev *clientv3.Event) {
 
 // watchLoop keeps the watch on the prefix: it takes the current revision, drops what the
 // cache cannot know is current, and watches from there; on compaction it starts again.
-func (d *Etcd) watchLoop() {
+func (d *Directory) watchLoop() {
 	defer d.wg.Done()
 	var bo retry
 	for d.ctx.Err() == nil {
@@ -335,14 +363,14 @@ type registration struct {
 // restarting under its old name must win over its dead predecessor's entry); a put after
 // the lease was lost (etcd unreachable longer than the TTL) does not take the name from a
 // process that registered it since (ErrNameTaken, logged).
-func (d *Etcd) Register(ctx context.Context, name string, e Entry) error {
-	if err := CheckName(name); err != nil {
+func (d *Directory) Register(ctx context.Context, name string, e directory.Entry) error {
+	if err := directory.CheckName(name); err != nil {
 		return err
 	}
-	if err := e.check(); err != nil {
-		return fmt.Errorf("%w: %s: %v", ErrBadValue, name, err)
+	if err := e.Check(); err != nil {
+		return fmt.Errorf("%w: %s: %v", directory.ErrBadValue, name, err)
 	}
-	r := &registration{name: name, key: d.prefix + name, value: Encode(e), done: make(chan struct{})}
+	r := &registration{name: name, key: d.prefix + name, value: directory.Encode(e), done: make(chan struct{})}
 	// Set before r is seen in d.regs: an Unregister or Close that races with this Register
 	// cancels it and waits for done, which the keeper (or a failed publish) closes.
 	r.ctx, r.cancel = context.WithCancel(d.ctx)
@@ -351,11 +379,11 @@ func (d *Etcd) Register(ctx context.Context, name string, e Entry) error {
 	case d.closed:
 		d.mu.Unlock()
 		r.cancel()
-		return ErrClosed
+		return directory.ErrClosed
 	case d.regs[name] != nil:
 		d.mu.Unlock()
 		r.cancel()
-		return fmt.Errorf("%w: %s: already registered by this directory", ErrBadName, name)
+		return fmt.Errorf("%w: %s: already registered by this directory", directory.ErrBadName, name)
 	}
 	d.regs[name] = r
 	d.wg.Add(1) // the keeper's, or this call's until its publish failed
@@ -381,9 +409,9 @@ func (d *Etcd) Register(ctx context.Context, name string, e Entry) error {
 
 // publish grants a lease and puts r's value under it. Unless takeOver, the put happens only
 // if the key is absent, still ours (on prev), or holds our value.
-func (d *Etcd) publish(ctx context.Context, r *registration, prev clientv3.LeaseID, takeOver bool) (clientv3.LeaseID, error) {
+func (d *Directory) publish(ctx context.Context, r *registration, prev clientv3.LeaseID, takeOver bool) (clientv3.LeaseID, error) {
 	unavailable := func(op string, err error) error {
-		return fmt.Errorf("%w: %s: %s %s: %v", ErrUnavailable, d.conn, op, r.key, err)
+		return fmt.Errorf("%w: %s: %s %s: %v", directory.ErrUnavailable, d.conn, op, r.key, err)
 	}
 	g, err := d.cli.Grant(ctx, int64(d.cfg.TTL/time.Second))
 	if err != nil {
@@ -415,7 +443,7 @@ func (d *Etcd) publish(ctx context.Context, r *registration, prev clientv3.Lease
 		kv := kvs[0]
 		if clientv3.LeaseID(kv.Lease) != prev && !bytes.Equal(kv.Value, r.value) {
 			d.revoke(g.ID)
-			return 0, fmt.Errorf("%w: %s holds %q", ErrNameTaken, r.key, bytes.TrimSpace(kv.Value))
+			return 0, fmt.Errorf("%w: %s holds %q", directory.ErrNameTaken, r.key, bytes.TrimSpace(kv.Value))
 		}
 		resp, err = d.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.ModRevision(r.key), "=", kv.ModRevision)).
@@ -433,7 +461,7 @@ func (d *Etcd) publish(ctx context.Context, r *registration, prev clientv3.Lease
 }
 
 // revoke drops a lease, best effort, bounded by the directory's timeout.
-func (d *Etcd) revoke(id clientv3.LeaseID) error {
+func (d *Directory) revoke(id clientv3.LeaseID) error {
 	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.Timeout)
 	defer cancel()
 	_, err := d.cli.Revoke(ctx, id)
@@ -442,7 +470,7 @@ func (d *Etcd) revoke(id clientv3.LeaseID) error {
 
 // keep keeps r's lease alive; when the lease is lost (etcd unreachable for longer than the
 // TTL, or the lease revoked by hand) it publishes r again, retrying until etcd answers.
-func (d *Etcd) keep(r *registration) {
+func (d *Directory) keep(r *registration) {
 	defer d.wg.Done()
 	defer close(r.done)
 	var bo retry
@@ -470,7 +498,7 @@ func (d *Etcd) keep(r *registration) {
 				d.cfg.Logger.Info().Str("name", r.name).Str("directory", d.conn).Msg("directory: registered again")
 				break
 			}
-			if errors.Is(err, ErrNameTaken) {
+			if errors.Is(err, directory.ErrNameTaken) {
 				d.cfg.Logger.Error().Err(err).Str("name", r.name).Msg("directory: the name was taken; not registering again")
 				return
 			}
@@ -483,13 +511,13 @@ func (d *Etcd) keep(r *registration) {
 
 // Unregister implements Directory: the keeper stops and the lease is revoked, which deletes
 // the entry if it is still ours. If etcd cannot be reached the entry expires within the TTL.
-func (d *Etcd) Unregister(ctx context.Context, name string) error {
+func (d *Directory) Unregister(ctx context.Context, name string) error {
 	d.mu.Lock()
 	r := d.regs[name]
 	delete(d.regs, name)
 	d.mu.Unlock()
 	if r == nil {
-		return fmt.Errorf("%w: %s: not registered by this directory", ErrNotFound, name)
+		return fmt.Errorf("%w: %s: not registered by this directory", directory.ErrNotFound, name)
 	}
 	r.cancel()
 	<-r.done
@@ -499,14 +527,14 @@ func (d *Etcd) Unregister(ctx context.Context, name string) error {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
 	defer cancel()
 	if _, err := d.cli.Revoke(ctx, r.lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		return fmt.Errorf("%w: %s: revoke the lease of %s (it expires within %v): %v", ErrUnavailable, d.conn, r.key, d.cfg.TTL, err)
+		return fmt.Errorf("%w: %s: revoke the lease of %s (it expires within %v): %v", directory.ErrUnavailable, d.conn, r.key, d.cfg.TTL, err)
 	}
 	return nil
 }
 
 // Close implements Directory: every registration is unregistered (bounded by ctx), the
 // watch stops and the client closes.
-func (d *Etcd) Close(ctx context.Context) error {
+func (d *Directory) Close(ctx context.Context) error {
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()

@@ -1,4 +1,4 @@
-package directory
+package etcd
 
 import (
 	"bufio"
@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 
+	"github.com/twosided/twosided/notify/directory"
 	"github.com/twosided/twosided/notify/directory/etcdtest"
 )
 
@@ -69,7 +70,7 @@ func sharedEtcd(t *testing.T) *etcdtest.Server {
 }
 
 // open opens an etcd directory on srv under the test's own cluster id.
-func open(t *testing.T, srv *etcdtest.Server, cfg Config) *Etcd {
+func open(t *testing.T, srv *etcdtest.Server, cfg directory.Config) *Directory {
 	t.Helper()
 	if cfg.ClusterID == "" {
 		cfg.ClusterID = t.Name()
@@ -77,14 +78,14 @@ func open(t *testing.T, srv *etcdtest.Server, cfg Config) *Etcd {
 	if cfg.TTL == 0 {
 		cfg.TTL = 2 * time.Second
 	}
-	d, err := Open(srv.Conn(), cfg)
+	d, err := directory.Open(srv.Conn(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = d.Close(ctx)
 	})
-	return d.(*Etcd)
+	return d.(*Directory)
 }
 
 // rawClient is a plain etcd client, as a Mooncake node or an operator would use.
@@ -113,14 +114,14 @@ func eventually(t *testing.T, what string, cond func() bool) time.Duration {
 // runRegisterHelper is the process TestLeaseExpiresAfterKill9 kills: it registers a name,
 // says so on stdout and waits to be killed.
 func runRegisterHelper() int {
-	d, err := Open(os.Getenv(helperConnEnv), Config{ClusterID: os.Getenv(helperCIDEnv), TTL: 2 * time.Second})
+	d, err := directory.Open(os.Getenv(helperConnEnv), directory.Config{ClusterID: os.Getenv(helperCIDEnv), TTL: 2 * time.Second})
 	if err != nil {
 		fmt.Println("error:", err)
 		return 1
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := d.Register(ctx, "victim", Entry{Host: "127.0.0.1", Port: 4242}); err != nil {
+	if err := d.Register(ctx, "victim", directory.Entry{Host: "127.0.0.1", Port: 4242}); err != nil {
 		fmt.Println("error:", err)
 		return 1
 	}
