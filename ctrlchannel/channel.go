@@ -13,14 +13,18 @@ import (
 
 // Config configures a Channel. Zero fields take the defaults in brackets.
 type Config struct {
-	RecvCount       int     // receive ring depth = advertised notify_rq_depth [64]; 1..4096 (3.. with Extensions)
-	BufSize         int     // bytes per RECV buffer = largest frame [4096]; 256..65536
-	MaxPendingSends int     // queued+in-flight sends before Send fails with ErrBackpressure [64]; 1..4096; also the send ring depth
-	MaxNotifySize   int     // largest name+msg after reassembly [1 MiB]
-	MaxInline       int     // frames up to this size are posted inline [64], capped by the QP
-	PortNum         uint8   // [1]
-	GIDIndex        int     // source GID index of the address vector
-	MTU             ibv.MTU // local cap [port active MTU]
+	RecvCount       int   // receive ring depth = advertised notify_rq_depth [64]; 1..4096 (3.. with Extensions)
+	BufSize         int   // bytes per RECV buffer = largest frame [4096]; 256..65536
+	MaxPendingSends int   // queued+in-flight sends before Send fails with ErrBackpressure [64]; 1..4096; also the send ring depth
+	MaxNotifySize   int   // largest name+msg after reassembly [1 MiB]
+	MaxInline       int   // frames up to this size are posted inline [64], capped by the QP
+	PortNum         uint8 // [1]
+	// GIDIndex is the port's GID table entry the channel sources its traffic from: both the
+	// GID it advertises (Local) and the sgid_index of its address vector. GIDAuto lets
+	// ibv.SelectGID choose; an index that is empty or of a type the port cannot use fails
+	// NewChannel with an error wrapping ibv.ErrGIDIndex.
+	GIDIndex int
+	MTU      ibv.MTU // local cap [port active MTU]
 	// QP attributes [12, 14, 7, 7] (Mooncake's). A zero value takes the default.
 	MinRNRTimer, Timeout, RetryCnt, RnrRetry uint8
 	Extensions                               bool          // we support twosided extension frames (fragmentation, credit grants)
@@ -85,8 +89,8 @@ func (c *Config) setDefaults() error {
 		return bad("RetryCnt", c.RetryCnt, "want 0..7")
 	case c.RnrRetry > 7:
 		return bad("RnrRetry", c.RnrRetry, "want 0..7")
-	case c.GIDIndex < 0 || c.GIDIndex > 255:
-		return bad("GIDIndex", c.GIDIndex, "want 0..255")
+	case c.GIDIndex < GIDAuto || c.GIDIndex > 255:
+		return bad("GIDIndex", c.GIDIndex, "want 0..255 or GIDAuto (-1)")
 	case c.ByeTimeout < 0:
 		return bad("ByeTimeout", c.ByeTimeout, "must not be negative")
 	}
@@ -154,6 +158,9 @@ type ChannelStats struct {
 	PathMTU          ibv.MTU
 }
 
+// GIDAuto as Config.GIDIndex lets ibv.SelectGID pick the source GID.
+const GIDAuto = -1
+
 const recvWRIDBit = uint64(1) << 63 // RECV WRIDs carry the slot; SEND WRIDs the frame number
 
 // Channel is one peer's control channel: an RC QP, its CQ on a completion channel watched
@@ -166,6 +173,7 @@ type Channel struct {
 	log  zerolog.Logger
 
 	port    ibv.PortAttr
+	gid     ibv.GIDEntry // the source GID: advertised, and the address vector's sgid_index
 	qpn     uint32
 	mtu     ibv.MTU
 	pathMTU ibv.MTU
@@ -245,6 +253,9 @@ func (c *Channel) create(dev ibv.Context, pd ibv.PD) error {
 		return fmt.Errorf("ctrlchannel: port %d is %s: %w", cfg.PortNum, port.State, ibv.ErrNoDevice)
 	}
 	c.port = port
+	if c.gid, err = ibv.SelectGID(port, cfg.GIDIndex); err != nil {
+		return fmt.Errorf("ctrlchannel: %w", err)
+	}
 	c.mtu = port.ActiveMTU
 	if cfg.MTU != 0 {
 		c.mtu = ibv.MinMTU(c.mtu, cfg.MTU)
@@ -367,7 +378,7 @@ func (c *Channel) release() {
 
 // Local is this side's handshake information.
 func (c *Channel) Local() LocalInfo {
-	return LocalInfo{QPN: c.qpn, GID: c.port.GID, LID: c.port.LID, MTU: c.mtu, RQDepth: uint16(c.cfg.RecvCount),
+	return LocalInfo{QPN: c.qpn, GID: c.gid.GID, LID: c.port.LID, MTU: c.mtu, RQDepth: uint16(c.cfg.RecvCount),
 		PSN: 0, BufSize: uint32(c.cfg.BufSize), Extensions: c.cfg.Extensions}
 }
 
@@ -405,7 +416,7 @@ func (c *Channel) Connect(peer PeerInfo, localSession, peerSession, epoch uint64
 	}
 	ah := ibv.AHAttr{DLID: peer.LID, PortNum: c.cfg.PortNum}
 	if !peer.GID.IsZero() {
-		ah.IsGlobal, ah.DGID, ah.SGIDIndex, ah.HopLimit = true, peer.GID, uint8(c.cfg.GIDIndex), 16
+		ah.IsGlobal, ah.DGID, ah.SGIDIndex, ah.HopLimit = true, peer.GID, uint8(c.gid.Index), 16
 	}
 	if err := c.qp.Modify(&ibv.QPAttr{QPState: ibv.QPSRTR, PathMTU: c.pathMTU, AHAttr: ah, DestQPNum: peer.QPN,
 		RqPSN: peer.PSN, MaxDestRdAtomic: 1, MinRNRTimer: c.cfg.MinRNRTimer},

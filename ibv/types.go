@@ -139,17 +139,21 @@ func ParseGID(s string) (GID, error) {
 	return g, nil
 }
 
-// PortAttr is the part of struct ibv_port_attr (plus the GID at the chosen index) that
-// twosided uses.
+// PortAttr is the part of struct ibv_port_attr (plus its GID table) that twosided uses.
 type PortAttr struct {
 	Num       uint8 // 1-based port number
 	State     PortState
 	MaxMTU    MTU
 	ActiveMTU MTU
 	LID       uint16
+	// GIDIndex and GID are SelectGID's automatic choice on this port (what a QP uses when
+	// no index is configured).
 	GIDIndex  int
 	GID       GID
 	LinkLayer string // "InfiniBand" or "Ethernet"
+	// GIDs are the port's valid GID table entries, by index (nil: the provider cannot list
+	// them; GIDTable then gives GIDIndex/GID alone).
+	GIDs []GIDEntry
 }
 
 // DeviceInfo describes one device of a provider, as ibv_devinfo prints it.

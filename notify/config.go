@@ -47,7 +47,7 @@ type config struct {
 	filters   []string
 	mtu       int // bytes; 0 = port active MTU
 	ibPort    int
-	gidIndex  int // -1 = auto
+	gidIndex  int // -1 = auto; once the device is open, the index chosen (device.go)
 	busyPoll  time.Duration
 	noCredits bool
 	logger    zerolog.Logger
@@ -64,6 +64,7 @@ type config struct {
 	peers          peerLimits
 	dir            dirConfig // directory.go
 	errs           []error
+	dev            *deviceState // rdma_twosided: set when the device is opened (device.go)
 }
 
 func defaultConfig() config {

@@ -1,6 +1,7 @@
 package notify
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -43,6 +44,7 @@ func (e *Engine) openDevice() error {
 		}
 		return 1
 	})
+	var gidErrs []error
 	for _, d := range devs {
 		if len(e.cfg.filters) > 0 && !slices.Contains(e.cfg.filters, d.Name) {
 			continue
@@ -57,6 +59,18 @@ func (e *Engine) openDevice() error {
 			errs = append(errs, fmt.Errorf("open %s: %w", d.Name, err))
 			continue
 		}
+		// The port as the open device sees it: its GIDs (a soft device has one only once open).
+		if pa, err := ctx.QueryPort(port.Num); err == nil {
+			port = pa
+		}
+		gid, err := ibv.SelectGID(port, e.cfg.gidIndex)
+		if err != nil {
+			_ = ctx.Close()
+			err = fmt.Errorf("%s: %w", d.Name, err)
+			gidErrs = append(gidErrs, err)
+			errs = append(errs, err)
+			continue
+		}
 		pd, err := ctx.AllocPD()
 		if err != nil {
 			_ = ctx.Close()
@@ -67,12 +81,18 @@ func (e *Engine) openDevice() error {
 			e.cfg.ibPort = int(port.Num)
 		}
 		e.dev, e.pd, e.devName = ctx, pd, d.Name
+		e.cfg.dev = &deviceState{gidRequested: e.cfg.gidIndex, port: port.Num}
+		e.useGID(gid, port)
 		if d.Provider == "soft" {
 			softNotice.Do(func() {
 				e.cfg.logger.Info().Str("device", d.Name).Msg("no RDMA device usable: using the soft provider (RC over TCP)")
 			})
 		}
 		return nil
+	}
+	if e.cfg.gidIndex >= 0 && len(gidErrs) > 0 {
+		// The index asked for does not fit the devices that were otherwise usable.
+		return fmt.Errorf("%w: gid_index (MC_GID_INDEX) %d: %w", ErrConfig, e.cfg.gidIndex, errors.Join(gidErrs...))
 	}
 	if len(e.cfg.filters) > 0 {
 		errs = append(errs, fmt.Errorf("MC_TE_FILTERS %v matched no device with an active port", e.cfg.filters))
@@ -88,5 +108,58 @@ func (e *Engine) closeDevice() {
 	if e.dev != nil {
 		_ = e.dev.Close()
 		e.dev = nil
+	}
+}
+
+// deviceState is the rdma_twosided device's state that changes while the engine runs: the
+// source GID in force and what the device's async events did (async.go). Loop-owned but for
+// the counters, which are atomic.
+type deviceState struct {
+	gidRequested int   // gid_index as configured: -1 = auto
+	port         uint8 // the port channels use
+	gid          ibv.GIDEntry
+	portDown     bool // a PORT_ERR (or DEVICE_FATAL) not yet followed by PORT_ACTIVE
+	fatal        bool
+	events       deviceEventCounters
+}
+
+// useGID makes gid the source GID of every channel made from now on: the GID advertised in
+// their handshakes and the sgid_index of their address vectors both come from this one
+// entry (the engine's channel config carries its index, and ctrlchannel reads the GID at
+// that index). It logs the choice, once per device and again when it changes.
+func (e *Engine) useGID(gid ibv.GIDEntry, port ibv.PortAttr) {
+	st := e.cfg.dev
+	if st.gid == gid && st.gid.Index == e.cfg.gidIndex {
+		return
+	}
+	how := "auto"
+	if st.gidRequested >= 0 {
+		how = "gid_index (MC_GID_INDEX)"
+	}
+	st.gid = gid
+	e.cfg.gidIndex = gid.Index
+	e.cfg.logger.Info().Str("device", e.devName).Uint8("port", port.Num).Str("link_layer", port.LinkLayer).
+		Int("gid_index", gid.Index).Stringer("gid_type", gid.Type).Stringer("gid", gid.GID).Str("chosen_by", how).
+		Msg("rdma_twosided: source GID of the ctrl channels")
+}
+
+// GID is the source GID the engine's ctrl channels use now (index, type and address), and
+// false on an engine without an RDMA device (the oob transport).
+func (e *Engine) GID() (ibv.GIDEntry, bool) {
+	if e.cfg.dev == nil {
+		return ibv.GIDEntry{}, false
+	}
+	if e.loop == nil {
+		return e.cfg.dev.gid, true
+	}
+	got := make(chan ibv.GIDEntry, 1)
+	if err := e.loop.SubmitWait(context.Background(), func() { got <- e.cfg.dev.gid }); err != nil {
+		return e.cfg.dev.gid, true // the loop stopped: nothing changes it any more
+	}
+	select {
+	case g := <-got:
+		return g, true
+	case <-e.loop.Done():
+		return e.cfg.dev.gid, true
 	}
 }

@@ -6,10 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"strings"
 
 	"github.com/twosided/twosided/ibv"
+	"github.com/twosided/twosided/notify/limits"
 )
 
 func init() {
@@ -27,7 +29,15 @@ func runDevices(_ context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	rep, err := listDevices(ibv.Providers(), *provider)
+	gidIndex := int(limits.GIDIndex.Default)
+	if s, ok := os.LookupEnv(limits.GIDIndex.Env); ok && strings.TrimSpace(s) != "" {
+		v, err := limits.GIDIndex.ParseEnv(s)
+		if err != nil {
+			return err
+		}
+		gidIndex = int(v)
+	}
+	rep, err := listDevices(ibv.Providers(), *provider, gidIndex)
 	if err != nil {
 		return err
 	}
@@ -73,9 +83,24 @@ type portReport struct {
 	MaxMTU    int    `json:"max_mtu"`
 	ActiveMTU int    `json:"active_mtu"`
 	LID       uint16 `json:"lid"`
-	GIDIndex  int    `json:"gid_index"`
-	GID       string `json:"gid"`
-	LinkLayer string `json:"link_layer"`
+	// GIDIndex, GIDType and GID are the source GID an engine's ctrl channels use on this
+	// port (ibv.SelectGID: MC_GID_INDEX when set, else the automatic choice): the GID
+	// advertised in handshakes and the QP's sgid_index. GIDIndex is -1 and GIDError says
+	// why when there is none.
+	GIDIndex  int         `json:"gid_index"`
+	GIDType   string      `json:"gid_type"`
+	GID       string      `json:"gid"`
+	GIDChoice string      `json:"gid_chosen_by"` // "auto" or "MC_GID_INDEX"
+	GIDError  string      `json:"gid_error,omitempty"`
+	GIDs      []gidReport `json:"gids,omitempty"`
+	LinkLayer string      `json:"link_layer"`
+}
+
+// gidReport is one valid entry of a port's GID table.
+type gidReport struct {
+	Index int    `json:"index"`
+	Type  string `json:"type"`
+	GID   string `json:"gid"`
 }
 
 func (r devicesReport) deviceCount() int {
@@ -91,7 +116,8 @@ const verbsProvider = "verbs"
 
 // listDevices queries every provider of providers (or only the one named only) and says
 // plainly when there is no RDMA device and why.
-func listDevices(providers []ibv.Provider, only string) (devicesReport, error) {
+// gidIndex is MC_GID_INDEX (-1: auto).
+func listDevices(providers []ibv.Provider, only string, gidIndex int) (devicesReport, error) {
 	var rep devicesReport
 	var selected []ibv.Provider
 	var names []string
@@ -116,7 +142,7 @@ func listDevices(providers []ibv.Provider, only string) (devicesReport, error) {
 			pr.Error = err.Error()
 		}
 		for _, d := range devs {
-			pr.Devices = append(pr.Devices, newDeviceReport(d))
+			pr.Devices = append(pr.Devices, newDeviceReport(d, gidIndex))
 		}
 		rep.Providers = append(rep.Providers, pr)
 		if p.Name() == verbsProvider && err != nil {
@@ -135,7 +161,7 @@ func listDevices(providers []ibv.Provider, only string) (devicesReport, error) {
 	return rep, nil
 }
 
-func newDeviceReport(d ibv.DeviceInfo) deviceReport {
+func newDeviceReport(d ibv.DeviceInfo, gidIndex int) deviceReport {
 	g := d.NodeGUID
 	dr := deviceReport{
 		Name:     d.Name,
@@ -143,16 +169,28 @@ func newDeviceReport(d ibv.DeviceInfo) deviceReport {
 		Ports:    []portReport{},
 	}
 	for _, p := range d.Ports {
-		dr.Ports = append(dr.Ports, portReport{
+		pr := portReport{
 			Port:      p.Num,
 			State:     p.State.String(),
 			MaxMTU:    p.MaxMTU.Bytes(),
 			ActiveMTU: p.ActiveMTU.Bytes(),
 			LID:       p.LID,
-			GIDIndex:  p.GIDIndex,
-			GID:       p.GID.String(),
+			GIDIndex:  -1,
+			GIDChoice: "auto",
 			LinkLayer: p.LinkLayer,
-		})
+		}
+		if gidIndex >= 0 {
+			pr.GIDChoice = limits.GIDIndex.Env
+		}
+		if sel, err := ibv.SelectGID(p, gidIndex); err != nil {
+			pr.GIDError = err.Error()
+		} else {
+			pr.GIDIndex, pr.GIDType, pr.GID = sel.Index, sel.Type.String(), sel.GID.String()
+		}
+		for _, g := range p.GIDs {
+			pr.GIDs = append(pr.GIDs, gidReport{Index: g.Index, Type: g.Type.String(), GID: g.GID.String()})
+		}
+		dr.Ports = append(dr.Ports, pr)
 	}
 	return dr
 }
@@ -179,9 +217,15 @@ func writeDevices(w io.Writer, rep devicesReport) {
 				fmt.Fprintf(w, "\t\t\tmax_mtu:\t\t%d\n", pt.MaxMTU)
 				fmt.Fprintf(w, "\t\t\tactive_mtu:\t\t%d\n", pt.ActiveMTU)
 				fmt.Fprintf(w, "\t\t\tport_lid:\t\t%d\n", pt.LID)
-				fmt.Fprintf(w, "\t\t\tgid_index:\t\t%d\n", pt.GIDIndex)
-				fmt.Fprintf(w, "\t\t\tGID:\t\t\t%s\n", pt.GID)
 				fmt.Fprintf(w, "\t\t\tlink_layer:\t\t%s\n", pt.LinkLayer)
+				for _, g := range pt.GIDs {
+					fmt.Fprintf(w, "\t\t\tGID[%3d]:\t\t%s, %s\n", g.Index, g.GID, g.Type)
+				}
+				if pt.GIDError != "" {
+					fmt.Fprintf(w, "\t\t\tsource GID:\t\tnone (%s): %s\n", pt.GIDChoice, pt.GIDError)
+					continue
+				}
+				fmt.Fprintf(w, "\t\t\tsource GID:\t\tindex %d, %s, %s (%s)\n", pt.GIDIndex, pt.GIDType, pt.GID, pt.GIDChoice)
 			}
 			fmt.Fprintln(w)
 		}

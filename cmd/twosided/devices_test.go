@@ -53,7 +53,7 @@ func TestListDevices(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rep, err := listDevices(tt.providers, tt.only)
+			rep, err := listDevices(tt.providers, tt.only, -1)
 			if tt.wantErr != nil {
 				require.ErrorIs(t, err, tt.wantErr)
 				return
@@ -70,7 +70,7 @@ func TestListDevices(t *testing.T) {
 }
 
 func TestWriteDevices(t *testing.T) {
-	rep, err := listDevices([]ibv.Provider{fakeSoft}, "")
+	rep, err := listDevices([]ibv.Provider{fakeSoft}, "", -1)
 	require.NoError(t, err)
 	var out bytes.Buffer
 	writeDevices(&out, rep)
@@ -84,9 +84,8 @@ func TestWriteDevices(t *testing.T) {
 		"\t\t\tmax_mtu:\t\t4096\n" +
 		"\t\t\tactive_mtu:\t\t1024\n" +
 		"\t\t\tport_lid:\t\t7\n" +
-		"\t\t\tgid_index:\t\t3\n" +
-		"\t\t\tGID:\t\t\tfe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:01\n" +
 		"\t\t\tlink_layer:\t\tEthernet\n" +
+		"\t\t\tsource GID:\t\tindex 3, unknown, fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:01 (auto)\n" +
 		"\n" +
 		"provider: verbs\n" +
 		"\terror:\tnot built in (build with -tags rdma)\n" +
@@ -156,4 +155,36 @@ func TestHelp(t *testing.T) {
 	code, _, errOut = runCmd("frobnicate")
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, `unknown command "frobnicate"`)
+}
+
+// The source GID shown is ibv.SelectGID's, the one an engine uses: the RoCE v2 IPv4 entry
+// of an mlx5-like table, or MC_GID_INDEX's entry; an empty index is shown with its error.
+func TestDevicesSourceGID(t *testing.T) {
+	ll := ibv.GID{0: 0xfe, 1: 0x80, 8: 2, 15: 1}
+	v4 := ibv.GID{10: 0xff, 11: 0xff, 12: 10, 15: 7}
+	dev := ibv.DeviceInfo{Name: "mlx5_0", Provider: "verbs", Ports: []ibv.PortAttr{{
+		Num: 1, State: ibv.PortActive, LinkLayer: "Ethernet", GIDIndex: 3, GID: v4,
+		GIDs: []ibv.GIDEntry{{Index: 0, Type: ibv.GIDTypeRoCEv1, GID: ll}, {Index: 1, Type: ibv.GIDTypeRoCEv2, GID: ll},
+			{Index: 2, Type: ibv.GIDTypeRoCEv1, GID: v4}, {Index: 3, Type: ibv.GIDTypeRoCEv2, GID: v4}},
+	}}}
+	p := fakeProvider{name: "verbs", devs: []ibv.DeviceInfo{dev}}
+	for _, tt := range []struct {
+		req       int
+		wantIndex int
+		wantType  string
+		wantErr   string
+	}{{-1, 3, "RoCE v2", ""}, {2, 2, "RoCE v1", ""}, {7, -1, "", "gid index 7 on port 1: empty"}} {
+		rep, err := listDevices([]ibv.Provider{p}, "verbs", tt.req)
+		require.NoError(t, err)
+		pt := rep.Providers[0].Devices[0].Ports[0]
+		require.Equal(t, tt.wantIndex, pt.GIDIndex)
+		require.Equal(t, tt.wantType, pt.GIDType)
+		require.Len(t, pt.GIDs, 4)
+		if tt.wantErr != "" {
+			require.Contains(t, pt.GIDError, tt.wantErr)
+		}
+		var out bytes.Buffer
+		writeDevices(&out, rep)
+		require.Contains(t, out.String(), "source GID:")
+	}
 }

@@ -124,6 +124,8 @@ type device struct {
 
 	wg  sync.WaitGroup
 	ctr counters
+
+	gidTable GIDTable // guarded by mu (SetGIDTable changes it)
 }
 
 func newDevice(p *Provider, name string, idx uint64, phantom bool, ap netip.AddrPort, c config) (*device, error) {
@@ -131,7 +133,7 @@ func newDevice(p *Provider, name string, idx uint64, phantom bool, ap netip.Addr
 		p: p, name: name, idx: idx, phantom: phantom, coalesce: c.coalesce, inproc: c.inproc, lfd: -1, pfd: -1,
 		conns: make(map[ibv.GID]*conn), all: make(map[*conn]struct{}), rx: make(map[int32]*conn),
 		qps: make(map[uint32]*qp), ctxs: make(map[*context]struct{}),
-		nextQPN: 0x10 + uint32(idx&0xff)<<16,
+		nextQPN: 0x10 + uint32(idx&0xff)<<16, gidTable: c.gidTable,
 	}
 	empty := []*mr{nil}
 	d.mrs.Store(&empty)
@@ -197,12 +199,12 @@ func listen(ap netip.AddrPort) (int, ibv.GID, error) {
 func (d *device) info() ibv.DeviceInfo {
 	st := ibv.PortActive
 	d.mu.Lock()
-	down := d.portDown
+	down, table := d.portDown, d.gidTable
 	d.mu.Unlock()
 	if d.phantom || down {
 		st = ibv.PortDown
 	}
-	return deviceInfo(d.name, d.idx, st, d.gid)
+	return deviceInfo(d.name, d.idx, st, d.gid, table)
 }
 
 func (d *device) open() *context {

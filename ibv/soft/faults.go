@@ -77,3 +77,32 @@ func (p *Provider) SetPortState(name string, up bool) error {
 	}
 	return nil
 }
+
+// SetGIDTable changes the shape of an open device's GID table (WithGIDTable) and raises
+// EventGIDChange on its contexts, as a NIC does when an address is added or removed.
+func (p *Provider) SetGIDTable(name string, t GIDTable) error {
+	d, err := p.lookup(name)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.gidTable = t
+	d.mu.Unlock()
+	for _, x := range d.contexts() {
+		x.raise(ibv.AsyncEvent{Type: ibv.EventGIDChange, Port: 1})
+	}
+	return nil
+}
+
+// RaiseAsyncEvent queues ev on every context of an open device, as the NIC would raise it
+// (e.g. EventDeviceFatal).
+func (p *Provider) RaiseAsyncEvent(name string, ev ibv.AsyncEvent) error {
+	d, err := p.lookup(name)
+	if err != nil {
+		return err
+	}
+	for _, x := range d.contexts() {
+		x.raise(ev)
+	}
+	return nil
+}

@@ -23,6 +23,8 @@ const (
 	// EnvNICThread = 1 makes every connection's NIC goroutine do all receive work (the
 	// provider's former model); by default the consumer's polls do it (see the package doc).
 	EnvNICThread = "TWOSIDED_SOFT_NIC_THREAD"
+	// EnvGIDTable = mlx5 gives every port an mlx5-like RoCE GID table (WithGIDTable).
+	EnvGIDTable = "TWOSIDED_SOFT_GID_TABLE"
 )
 
 // PhantomName is the phantom device: listed, port DOWN, unusable.
@@ -47,7 +49,22 @@ type config struct {
 	// nicThread makes the connections' NIC goroutines read every packet; otherwise the
 	// consumer's GetEvent and Poll do (manual progress) and the NIC goroutine is a backstop.
 	nicThread bool
+	// gidTable: the ports' GID table (GIDTableSingle or GIDTableMLX5).
+	gidTable GIDTable
 }
+
+// GIDTable is the shape of a soft port's GID table.
+type GIDTable uint8
+
+const (
+	// GIDTableSingle (the default): one entry, index 0, RoCE v2, the device's GID.
+	GIDTableSingle GIDTable = iota
+	// GIDTableMLX5: as an mlx5 RoCE port on an IPv4 netdev: 0 RoCE v1 and 1 RoCE v2 of a
+	// link-local fe80:: GID, 2 RoCE v1 and 3 RoCE v2 of the device's GID (its IPv4 form).
+	// An address vector must then name the right index: a link-local source towards an
+	// IPv4 destination is refused at RTR, as the kernel's RoCE address resolution does.
+	GIDTableMLX5
+)
 
 func defaultConfig() config {
 	return config{devices: 2, addr: "127.0.0.1:0", coalesce: true, inproc: true}
@@ -76,6 +93,9 @@ func WithCoalesce(on bool) Option { return func(c *config) { c.coalesce = on } }
 // through their TCP connection like traffic between processes (false). Devices of other
 // processes are always reached over TCP.
 func WithInProcess(on bool) Option { return func(c *config) { c.inproc = on } }
+
+// WithGIDTable sets the shape of every port's GID table (default GIDTableSingle).
+func WithGIDTable(t GIDTable) Option { return func(c *config) { c.gidTable = t } }
 
 // WithNICThread(true) makes each connection's NIC goroutine read and answer every packet,
 // waking once per packet beside the consumer; the default, false, lets the consumer's
@@ -133,6 +153,16 @@ func configFromEnv() (config, error) {
 			return c, fmt.Errorf("%w: %s = %q: want 0/1/true/false", ErrConfig, EnvNICThread, v)
 		}
 		c.nicThread = b
+	}
+	if v, ok := os.LookupEnv(EnvGIDTable); ok {
+		switch strings.ToLower(strings.TrimSpace(v)) {
+		case "", "single":
+			c.gidTable = GIDTableSingle
+		case "mlx5":
+			c.gidTable = GIDTableMLX5
+		default:
+			return c, fmt.Errorf("%w: %s = %q: want single or mlx5", ErrConfig, EnvGIDTable, v)
+		}
 	}
 	if _, err := c.validate(EnvDevices, EnvAddr); err != nil {
 		return c, err
@@ -206,28 +236,68 @@ func (p *Provider) GetDeviceList() ([]ibv.DeviceInfo, error) {
 			out = append(out, d.info())
 			continue
 		}
-		out = append(out, deviceInfo(name, uint64(i), ibv.PortActive, ibv.GID{}))
+		out = append(out, deviceInfo(name, uint64(i), ibv.PortActive, ibv.GID{}, c.gidTable))
 	}
 	if c.phantom {
-		out = append(out, deviceInfo(PhantomName, 0xff, ibv.PortDown, ibv.GID{}))
+		out = append(out, deviceInfo(PhantomName, 0xff, ibv.PortDown, ibv.GID{}, c.gidTable))
 	}
 	return out, nil
 }
 
-func deviceInfo(name string, idx uint64, st ibv.PortState, gid ibv.GID) ibv.DeviceInfo {
+func deviceInfo(name string, idx uint64, st ibv.PortState, gid ibv.GID, table GIDTable) ibv.DeviceInfo {
 	mtu := ibv.MTU4096
 	if st != ibv.PortActive {
 		mtu = ibv.MTU256
+	}
+	port := ibv.PortAttr{Num: 1, State: st, MaxMTU: ibv.MTU4096, ActiveMTU: mtu, LID: 0, LinkLayer: "Ethernet",
+		GIDs: gidTable(gid, table)}
+	if e, err := ibv.SelectGID(port, -1); err == nil {
+		port.GIDIndex, port.GID = e.Index, e.GID
 	}
 	return ibv.DeviceInfo{
 		Name:     name,
 		Provider: "soft",
 		NodeGUID: 0x50f7_0000_0000_0000 | uint64(os.Getpid())<<16 | idx,
-		Ports: []ibv.PortAttr{{
-			Num: 1, State: st, MaxMTU: ibv.MTU4096, ActiveMTU: mtu,
-			LID: 0, GIDIndex: 0, GID: gid, LinkLayer: "Ethernet",
-		}},
+		Ports:    []ibv.PortAttr{port},
 	}
+}
+
+// gidTable is a port's GID table for the device GID gid (none before the device is open).
+func gidTable(gid ibv.GID, t GIDTable) []ibv.GIDEntry {
+	if gid.IsZero() {
+		return nil
+	}
+	if t != GIDTableMLX5 {
+		return []ibv.GIDEntry{{Index: 0, Type: ibv.GIDTypeRoCEv2, GID: gid}}
+	}
+	ll := linkLocalGID(gid)
+	return []ibv.GIDEntry{
+		{Index: 0, Type: ibv.GIDTypeRoCEv1, GID: ll},
+		{Index: 1, Type: ibv.GIDTypeRoCEv2, GID: ll},
+		{Index: 2, Type: ibv.GIDTypeRoCEv1, GID: gid},
+		{Index: 3, Type: ibv.GIDTypeRoCEv2, GID: gid},
+	}
+}
+
+// linkLocalGID is the fe80:: GID of a device's mlx5-like table: the port and IPv4 address
+// of its GID in the interface identifier, so that it is unique per device.
+func linkLocalGID(gid ibv.GID) ibv.GID {
+	var ll ibv.GID
+	ll[0], ll[1], ll[8] = 0xfe, 0x80, 0x02
+	copy(ll[10:12], gid[0:2])
+	copy(ll[12:16], gid[12:16])
+	return ll
+}
+
+// ipv4Family reports whether g is an IPv4 GID of a soft device (::ffff:a.b.c.d with the
+// device's TCP port in bytes 0..1) or an IPv4-mapped one.
+func ipv4Family(g ibv.GID) bool {
+	for _, b := range g[2:10] {
+		if b != 0 {
+			return false
+		}
+	}
+	return g[10] == 0xff && g[11] == 0xff
 }
 
 // Open opens a device; the first open of a device creates its TCP listener. A device lives

@@ -206,6 +206,10 @@ func (q *qp) Modify(a *ibv.QPAttr, mask ibv.QPAttrMask) error {
 	if a == nil {
 		return fmt.Errorf("soft: qp %d: modify: attr: nil: %w", q.qpn, ibv.ErrInvalid)
 	}
+	var gids []ibv.GIDEntry
+	if mask&ibv.AttrAV != 0 {
+		gids = q.d.info().Ports[0].GIDs // before q.mu: the device's lock is not taken under a QP's
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.destroyed {
@@ -243,6 +247,21 @@ func (q *qp) Modify(a *ibv.QPAttr, mask ibv.QPAttrMask) error {
 		}
 		if a.AHAttr.PortNum != 0 && a.AHAttr.PortNum != 1 {
 			return bad("AHAttr.PortNum", fmt.Sprintf("%d: only port 1 exists", a.AHAttr.PortNum))
+		}
+		// As the kernel's RoCE address resolution: the source GID must be a table entry,
+		// of the destination's address family.
+		var sgid *ibv.GIDEntry
+		for i := range gids {
+			if gids[i].Index == int(a.AHAttr.SGIDIndex) {
+				sgid = &gids[i]
+			}
+		}
+		switch {
+		case sgid == nil:
+			return bad("AHAttr.SGIDIndex", fmt.Sprintf("%d: empty GID table entry", a.AHAttr.SGIDIndex))
+		case ipv4Family(sgid.GID) != ipv4Family(a.AHAttr.DGID):
+			return bad("AHAttr.SGIDIndex", fmt.Sprintf("%d (%s %s) and DGID %s are of different address families",
+				a.AHAttr.SGIDIndex, sgid.Type, sgid.GID, a.AHAttr.DGID))
 		}
 	}
 	if mask&ibv.AttrDestQPN != 0 && a.DestQPNum > psnMask {

@@ -215,13 +215,14 @@ func queryPort(ctx *C.struct_ibv_context, port uint8, gids []gidEntry) (ibv.Port
 		out.LinkLayer = "Ethernet"
 	}
 	if gids == nil {
-		// No GID table query: the GID at index 0, the one every port has.
+		// No GID table query: the GID at index 0, the one every port has, of unknown type.
 		var g C.union_ibv_gid
 		if C.ibv_query_gid(ctx, C.uint8_t(port), 0, &g) == 0 {
 			copy(out.GID[:], C.GoBytes(unsafe.Pointer(&g), 16))
 		}
 		return out, nil
 	}
+	out.GIDs = portTable(gids, port)
 	out.GIDIndex, out.GID = pickGID(gids, port, ethernet)
 	return out, nil
 }
