@@ -13,12 +13,15 @@ import (
 
 // Config configures a Channel. Zero fields take the defaults in brackets.
 type Config struct {
-	RecvCount       int   // receive ring depth = advertised notify_rq_depth [64]; 1..4096 (3.. with Extensions)
-	BufSize         int   // bytes per RECV buffer = largest frame [4096]; 256..65536
-	MaxPendingSends int   // queued+in-flight sends before Send fails with ErrBackpressure [64]; 1..4096; also the send ring depth
-	MaxNotifySize   int   // largest name+msg after reassembly [1 MiB]
-	MaxInline       int   // frames up to this size are posted inline [64], capped by the QP
-	PortNum         uint8 // [1]
+	RecvCount       int    // receive ring depth = advertised notify_rq_depth [64]; 1..4096 (3.. with Extensions)
+	BufSize         int    // bytes per RECV buffer = largest frame [4096]; 256..65536
+	MaxPendingSends int    // queued+in-flight sends before Send fails with ErrBackpressure [64]; 1..4096; also the send ring depth
+	MaxNotifySize   int    // largest name+msg after reassembly [1 MiB]
+	MaxInline       int    // max_inline_data asked of the QP [64]; negative: none; frames up to what the QP grants are posted inline
+	PortNum         uint8  // [1]
+	PKeyIndex       uint16 // the QP's P_Key index (INIT)
+	TrafficClass    uint8  // the address vector's GRH traffic class (RTR)
+	SL              uint8  // the address vector's service level (RTR)
 	// GIDIndex is the port's GID table entry the channel sources its traffic from: both the
 	// GID it advertises (Local) and the sgid_index of its address vector. GIDAuto lets
 	// ibv.SelectGID choose; an index that is empty or of a type the port cannot use fails
@@ -44,6 +47,9 @@ func (c *Config) setDefaults() error {
 	def(&c.MaxPendingSends, int(limits.MaxPendingSends.Default))
 	def(&c.MaxNotifySize, int(limits.MaxNotifySize.Default))
 	def(&c.MaxInline, 64)
+	if c.MaxInline < 0 {
+		c.MaxInline = 0
+	}
 	if c.PortNum == 0 {
 		c.PortNum = 1
 	}
@@ -77,8 +83,6 @@ func (c *Config) setDefaults() error {
 		}
 	}
 	switch {
-	case c.MaxInline < 0:
-		return bad("MaxInline", c.MaxInline, "must not be negative")
 	case c.MTU != 0 && !c.MTU.Valid():
 		return bad("MTU", c.MTU, "not an IB MTU")
 	case c.MinRNRTimer > 31:
@@ -89,6 +93,8 @@ func (c *Config) setDefaults() error {
 		return bad("RetryCnt", c.RetryCnt, "want 0..7")
 	case c.RnrRetry > 7:
 		return bad("RnrRetry", c.RnrRetry, "want 0..7")
+	case c.SL > 15:
+		return bad("SL", c.SL, "want 0..15")
 	case c.GIDIndex < GIDAuto || c.GIDIndex > 255:
 		return bad("GIDIndex", c.GIDIndex, "want 0..255 or GIDAuto (-1)")
 	case c.ByeTimeout < 0:
@@ -158,6 +164,12 @@ type ChannelStats struct {
 	PathMTU          ibv.MTU
 }
 
+// Defaults is what a PD handed to NewChannel may implement to fill in the Config fields
+// its caller left zero (notify's engine sets the QP attributes of its configuration so).
+type Defaults interface {
+	ChannelDefaults(cfg *Config)
+}
+
 // GIDAuto as Config.GIDIndex lets ibv.SelectGID pick the source GID.
 const GIDAuto = -1
 
@@ -221,6 +233,9 @@ func NewChannel(loop *reactor.Loop, dev ibv.Context, pd ibv.PD, cfg Config, ev E
 	if dev == nil || pd == nil || ev == nil {
 		return nil, fmt.Errorf("%w: new channel: dev, pd and ev must not be nil", ErrConfig)
 	}
+	if d, ok := pd.(Defaults); ok {
+		d.ChannelDefaults(&cfg)
+	}
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
@@ -277,7 +292,7 @@ func (c *Channel) create(dev ibv.Context, pd ibv.PD) error {
 	if _, caps, err := c.qp.Query(); err == nil {
 		c.inline = min(cfg.MaxInline, int(caps.MaxInlineData))
 	}
-	if err := c.qp.Modify(&ibv.QPAttr{QPState: ibv.QPSInit, PortNum: cfg.PortNum, QPAccessFlags: ibv.AccessLocalWrite},
+	if err := c.qp.Modify(&ibv.QPAttr{QPState: ibv.QPSInit, PortNum: cfg.PortNum, PKeyIndex: cfg.PKeyIndex, QPAccessFlags: ibv.AccessLocalWrite},
 		ibv.AttrState|ibv.AttrPKeyIndex|ibv.AttrPort|ibv.AttrAccessFlags); err != nil {
 		return fmt.Errorf("ctrlchannel: qp %d to INIT: %w", c.qp.QPNum(), err)
 	}
@@ -414,9 +429,10 @@ func (c *Channel) Connect(peer PeerInfo, localSession, peerSession, epoch uint64
 	if peer.MTU != 0 {
 		c.pathMTU = ibv.MinMTU(c.mtu, peer.MTU) // Mooncake never negotiates it (its issue #3868)
 	}
-	ah := ibv.AHAttr{DLID: peer.LID, PortNum: c.cfg.PortNum}
+	ah := ibv.AHAttr{DLID: peer.LID, PortNum: c.cfg.PortNum, SL: c.cfg.SL}
 	if !peer.GID.IsZero() {
 		ah.IsGlobal, ah.DGID, ah.SGIDIndex, ah.HopLimit = true, peer.GID, uint8(c.gid.Index), 16
+		ah.TrafficClass = c.cfg.TrafficClass
 	}
 	if err := c.qp.Modify(&ibv.QPAttr{QPState: ibv.QPSRTR, PathMTU: c.pathMTU, AHAttr: ah, DestQPNum: peer.QPN,
 		RqPSN: peer.PSN, MaxDestRdAtomic: 1, MinRNRTimer: c.cfg.MinRNRTimer},
@@ -527,6 +543,19 @@ func (c *Channel) Drain() {
 	if c.watch != nil {
 		c.watch.Kick()
 	}
+}
+
+// QPAttr is the channel's QP as the device reports it (ibv_query_qp) and the inline size
+// its sends use: for diagnostics and tests. Loop-only.
+func (c *Channel) QPAttr() (attr ibv.QPAttr, caps ibv.QPCap, inline int, err error) {
+	if err := c.loopOnly("qp attr"); err != nil {
+		return attr, caps, 0, err
+	}
+	if c.qp == nil {
+		return attr, caps, 0, fmt.Errorf("ctrlchannel: qp attr: %w", ErrClosed)
+	}
+	attr, caps, err = c.qp.Query()
+	return attr, caps, c.inline, err
 }
 
 // MaxNotify is the largest name+msg a notify sent on the channel may have once it is

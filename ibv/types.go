@@ -265,7 +265,9 @@ type AHAttr struct {
 	DGID      GID // grh.dgid
 	SGIDIndex uint8
 	HopLimit  uint8
-	PortNum   uint8
+	// TrafficClass is grh.traffic_class (on RoCE v2: DSCP << 2 | ECN).
+	TrafficClass uint8
+	PortNum      uint8
 }
 
 // QPAttr is struct ibv_qp_attr (the fields RC needs).

@@ -48,6 +48,7 @@ type config struct {
 	mtu       int // bytes; 0 = port active MTU
 	ibPort    int
 	gidIndex  int // -1 = auto; once the device is open, the index chosen (device.go)
+	qp        qpKnobs
 	busyPoll  time.Duration
 	noCredits bool
 	logger    zerolog.Logger
@@ -84,9 +85,12 @@ func defaultConfig() config {
 		mtu:                     int(limits.MTU.Default),
 		ibPort:                  int(limits.IBPort.Default),
 		gidIndex:                int(limits.GIDIndex.Default),
-		logger:                  zerolog.Nop(),
-		maxChannels:             int(limits.MaxChannels.Default),
-		keepalive:               time.Duration(limits.Keepalive.Default),
+		qp: qpKnobs{trafficClass: int(limits.TrafficClass.Default), serviceLevel: int(limits.ServiceLevel.Default),
+			pkeyIndex: int(limits.PKeyIndex.Default), maxInline: int(limits.MaxInline.Default),
+			retryCount: int(limits.RetryCount.Default), ackTimeout: int(limits.AckTimeout.Default)},
+		logger:      zerolog.Nop(),
+		maxChannels: int(limits.MaxChannels.Default),
+		keepalive:   time.Duration(limits.Keepalive.Default),
 	}
 }
 
@@ -157,6 +161,12 @@ func (c *config) fromEnv(lookup func(string) (string, bool)) {
 	limitVar(&limits.MTU, setInt(&c.mtu))
 	limitVar(&limits.IBPort, setInt(&c.ibPort))
 	limitVar(&limits.GIDIndex, setInt(&c.gidIndex))
+	limitVar(&limits.TrafficClass, setInt(&c.qp.trafficClass))
+	limitVar(&limits.ServiceLevel, setInt(&c.qp.serviceLevel))
+	limitVar(&limits.PKeyIndex, setInt(&c.qp.pkeyIndex))
+	limitVar(&limits.MaxInline, setInt(&c.qp.maxInline))
+	limitVar(&limits.RetryCount, setInt(&c.qp.retryCount))
+	limitVar(&limits.AckTimeout, setInt(&c.qp.ackTimeout))
 	limitVar(&limits.HandshakePort, func(port int64) {
 		if port != 0 {
 			c.listenAddr = "0.0.0.0:" + strconv.FormatInt(port, 10)
@@ -208,6 +218,12 @@ func (c *config) validate() error {
 		{&limits.MTU, int64(c.mtu)},
 		{&limits.IBPort, int64(c.ibPort)},
 		{&limits.GIDIndex, int64(c.gidIndex)},
+		{&limits.TrafficClass, int64(c.qp.trafficClass)},
+		{&limits.ServiceLevel, int64(c.qp.serviceLevel)},
+		{&limits.PKeyIndex, int64(c.qp.pkeyIndex)},
+		{&limits.MaxInline, int64(c.qp.maxInline)},
+		{&limits.RetryCount, int64(c.qp.retryCount)},
+		{&limits.AckTimeout, int64(c.qp.ackTimeout)},
 		{&limits.HandshakeConnectTimeout, int64(c.handshakeConnectTimeout)},
 		{&limits.HandshakeMaxLength, int64(c.handshakeMaxLength)},
 		{&limits.BusyPoll, int64(c.busyPoll)},
@@ -286,6 +302,43 @@ func WithDeviceFilters(names ...string) Option {
 
 // WithMTU caps the path MTU in bytes (as MC_MTU); the channel uses min of both sides.
 func WithMTU(bytes int) Option { return func(c *config) { c.mtu = bytes } }
+
+// qpKnobs are the ctrl channels' QP attributes (the limits table's TrafficClass …
+// AckTimeout entries); -1 in trafficClass and serviceLevel leaves the device's default.
+type qpKnobs struct {
+	trafficClass, serviceLevel, pkeyIndex, maxInline, retryCount, ackTimeout int
+}
+
+// WithTrafficClass sets the traffic class of the ctrl channels' address vectors (as
+// MC_IB_TC, 0..255; on RoCE v2 the DSCP in its upper six bits and ECN in its lower two),
+// so that control traffic can ride a lossless class. -1 (the default) leaves 0.
+func WithTrafficClass(tc int) Option { return func(c *config) { c.qp.trafficClass = tc } }
+
+// WithServiceLevel sets the service level of the ctrl channels' address vectors (as
+// MC_IB_SL, 0..15: the virtual lane on InfiniBand, the priority on RoCE). -1 (the default)
+// leaves 0.
+func WithServiceLevel(sl int) Option { return func(c *config) { c.qp.serviceLevel = sl } }
+
+// WithPKeyIndex sets the ctrl channels' P_Key index (as MC_PKEY_INDEX, 0..65535; default 0),
+// for a partitioned InfiniBand fabric. Both ends need an index of the same partition.
+func WithPKeyIndex(i int) Option { return func(c *config) { c.qp.pkeyIndex = i } }
+
+// WithMaxInline sets the max_inline_data the ctrl channels ask of their QPs (as
+// MC_MAX_INLINE, 0..65535 bytes; default 64; 0: no inline sends). Frames up to what the
+// device grants are posted inline; a device that cannot grant the size asked refuses the
+// QP, and the peer's notifies then go over OOB.
+func WithMaxInline(n int) Option { return func(c *config) { c.qp.maxInline = n } }
+
+// WithRetryCount sets the ctrl channels' transport retry count, retry_cnt (1..7; default 7;
+// environment MC_IB_RETRY_CNT). With WithAckTimeout it bounds how long a SEND to a peer
+// that stopped answering is retried before the channel fails: about the ACK timeout ×
+// (count+1).
+func WithRetryCount(n int) Option { return func(c *config) { c.qp.retryCount = n } }
+
+// WithAckTimeout sets the ctrl channels' local ACK timeout in IB's encoding, 4.096 µs ×
+// 2^n (1..31; default 14, ~67 ms, as Mooncake; environment MC_IB_TIMEOUT). Lower values find
+// a dead peer sooner (n=10: ~4 ms per try) at the risk of retries on a congested fabric.
+func WithAckTimeout(n int) Option { return func(c *config) { c.qp.ackTimeout = n } }
 
 // WithBusyPoll spins up to d before sleeping (default 0: never): a SendNotify caller on its
 // completion, and the reactor while none of its callers spins, before epoll_wait.

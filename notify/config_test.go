@@ -155,6 +155,12 @@ func TestConfigEnvRangeIsOptionRange(t *testing.T) {
 		&limits.MTU:                     num(WithMTU),
 		&limits.IBPort:                  field(func(c *config, v int64) { c.ibPort = int(v) }),
 		&limits.GIDIndex:                field(func(c *config, v int64) { c.gidIndex = int(v) }),
+		&limits.TrafficClass:            num(WithTrafficClass),
+		&limits.ServiceLevel:            num(WithServiceLevel),
+		&limits.PKeyIndex:               num(WithPKeyIndex),
+		&limits.MaxInline:               num(WithMaxInline),
+		&limits.RetryCount:              num(WithRetryCount),
+		&limits.AckTimeout:              num(WithAckTimeout),
 		&limits.HandshakePort:           nil, // a port, checked by the listener's address
 		&limits.HandshakeConnectTimeout: field(func(c *config, v int64) { c.handshakeConnectTimeout = time.Duration(v) }),
 		&limits.HandshakeMaxLength:      field(func(c *config, v int64) { c.handshakeMaxLength = int(v) }),

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/twosided/twosided/ctrlchannel"
 	"github.com/twosided/twosided/ibv"
 	_ "github.com/twosided/twosided/ibv/soft" // the software RC provider, always present
 )
@@ -80,7 +81,7 @@ func (e *Engine) openDevice() error {
 		if e.cfg.ibPort == 1 && port.Num != 1 {
 			e.cfg.ibPort = int(port.Num)
 		}
-		e.dev, e.pd, e.devName = ctx, pd, d.Name
+		e.dev, e.pd, e.devName = ctx, &channelPD{PD: pd, qp: e.cfg.qp}, d.Name
 		e.cfg.dev = &deviceState{gidRequested: e.cfg.gidIndex, port: port.Num}
 		e.useGID(gid, port)
 		if d.Provider == "soft" {
@@ -161,5 +162,39 @@ func (e *Engine) GID() (ibv.GIDEntry, bool) {
 		return g, true
 	case <-e.loop.Done():
 		return e.cfg.dev.gid, true
+	}
+}
+
+// channelPD is the engine's protection domain: it gives every ctrl channel made on it the
+// QP attributes of the engine's configuration (ctrlchannel.Defaults): traffic class, SL,
+// P_Key index, max inline data, retry count and ACK timeout.
+type channelPD struct {
+	ibv.PD
+	qp qpKnobs
+}
+
+// ChannelDefaults fills the QP attributes cfg leaves zero.
+func (p *channelPD) ChannelDefaults(cfg *ctrlchannel.Config) {
+	k := p.qp
+	if cfg.TrafficClass == 0 && k.trafficClass > 0 {
+		cfg.TrafficClass = uint8(k.trafficClass)
+	}
+	if cfg.SL == 0 && k.serviceLevel > 0 {
+		cfg.SL = uint8(k.serviceLevel)
+	}
+	if cfg.PKeyIndex == 0 {
+		cfg.PKeyIndex = uint16(k.pkeyIndex)
+	}
+	if cfg.MaxInline == 0 {
+		cfg.MaxInline = k.maxInline
+		if k.maxInline == 0 {
+			cfg.MaxInline = -1 // none
+		}
+	}
+	if cfg.RetryCnt == 0 {
+		cfg.RetryCnt = uint8(k.retryCount)
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = uint8(k.ackTimeout)
 	}
 }

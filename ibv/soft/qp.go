@@ -296,6 +296,9 @@ func (q *qp) Modify(a *ibv.QPAttr, mask ibv.QPAttrMask) error {
 	if mask&ibv.AttrPort != 0 {
 		q.attr.PortNum = a.PortNum
 	}
+	if mask&ibv.AttrPKeyIndex != 0 {
+		q.attr.PKeyIndex = a.PKeyIndex
+	}
 	if mask&ibv.AttrPathMTU != 0 {
 		q.attr.PathMTU = a.PathMTU
 	}

@@ -160,6 +160,7 @@ func (q *qp) Modify(attr *ibv.QPAttr, mask ibv.QPAttrMask) error {
 		ca.ah_attr.grh.dgid = *(*C.union_ibv_gid)(unsafe.Pointer(&ah.DGID))
 		ca.ah_attr.grh.sgid_index = C.uint8_t(ah.SGIDIndex)
 		ca.ah_attr.grh.hop_limit = C.uint8_t(ah.HopLimit)
+		ca.ah_attr.grh.traffic_class = C.uint8_t(ah.TrafficClass)
 	}
 	if rc, errno := C.ibv_modify_qp(q.qp, &ca, C.int(mask)); rc != 0 {
 		return fmt.Errorf("verbs: ibv_modify_qp %d (to %s, mask %#x): %w", q.QPNum(), attr.QPState, uint32(mask), rcErr(rc, errno))
@@ -199,13 +200,14 @@ func (q *qp) Query() (ibv.QPAttr, ibv.QPCap, error) {
 		RetryCnt:        uint8(ca.retry_cnt),
 		RnrRetry:        uint8(ca.rnr_retry),
 		AHAttr: ibv.AHAttr{
-			DLID:      uint16(ca.ah_attr.dlid),
-			SL:        uint8(ca.ah_attr.sl),
-			IsGlobal:  ca.ah_attr.is_global != 0,
-			DGID:      *(*ibv.GID)(unsafe.Pointer(&ca.ah_attr.grh.dgid)),
-			SGIDIndex: uint8(ca.ah_attr.grh.sgid_index),
-			HopLimit:  uint8(ca.ah_attr.grh.hop_limit),
-			PortNum:   uint8(ca.ah_attr.port_num),
+			DLID:         uint16(ca.ah_attr.dlid),
+			SL:           uint8(ca.ah_attr.sl),
+			IsGlobal:     ca.ah_attr.is_global != 0,
+			DGID:         *(*ibv.GID)(unsafe.Pointer(&ca.ah_attr.grh.dgid)),
+			SGIDIndex:    uint8(ca.ah_attr.grh.sgid_index),
+			HopLimit:     uint8(ca.ah_attr.grh.hop_limit),
+			TrafficClass: uint8(ca.ah_attr.grh.traffic_class),
+			PortNum:      uint8(ca.ah_attr.port_num),
 		},
 	}
 	return a, q.cap, nil

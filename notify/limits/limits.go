@@ -61,6 +61,23 @@ var (
 	MTU      = Limit{Name: "mtu", Env: "MC_MTU", Default: 0, Min: 256, Max: 4096, Unit: Bytes, OneOf: []int64{256, 512, 1024, 2048, 4096}, Special: []Special{{0, "port"}}}
 	IBPort   = Limit{Name: "ib_port", Env: "MC_IB_PORT", Default: 1, Min: 1, Max: 255}
 	GIDIndex = Limit{Name: "gid_index", Env: "MC_GID_INDEX", Default: -1, Min: 0, Max: 255, Special: []Special{{-1, "auto"}}}
+	// QP attributes of the ctrl channels (Mooncake's names where it has one). TrafficClass
+	// and ServiceLevel go into the address vector (GRH traffic class: DSCP and ECN on
+	// RoCE v2; SL: the virtual lane on IB, the PCP priority on RoCE); -1 leaves the device's
+	// default (0), as Mooncake does. PKeyIndex is the QP's P_Key table index (INIT).
+	// MaxInline is max_inline_data asked of ibv_create_qp (0: no inline sends); frames up to
+	// what the device grants are posted inline. RetryCount (the transport retry count,
+	// retry_cnt) and AckTimeout (the local ACK timeout, 4.096 µs × 2^n) bound how long a
+	// SEND to a dead peer is retried: about AckTimeout × (RetryCount+1), ~0.5 s at the
+	// defaults (14, 7). Mooncake's MC_RETRY_CNT counts its transfer slices' retries over
+	// other paths, not a QP attribute, so the QP's has its own variable; Mooncake has no
+	// variable for the ACK timeout (14 in its code).
+	TrafficClass = Limit{Name: "traffic_class", Env: "MC_IB_TC", Default: -1, Min: 0, Max: 255, Special: []Special{{-1, "default"}}}
+	ServiceLevel = Limit{Name: "service_level", Env: "MC_IB_SL", Default: -1, Min: 0, Max: 15, Special: []Special{{-1, "default"}}}
+	PKeyIndex    = Limit{Name: "pkey_index", Env: "MC_PKEY_INDEX", Default: 0, Min: 0, Max: 65535}
+	MaxInline    = Limit{Name: "max_inline", Env: "MC_MAX_INLINE", Default: 64, Min: 0, Max: 65535, Unit: Bytes}
+	RetryCount   = Limit{Name: "retry_count", Env: "MC_IB_RETRY_CNT", Default: 7, Min: 1, Max: 7}
+	AckTimeout   = Limit{Name: "ack_timeout", Env: "MC_IB_TIMEOUT", Default: 14, Min: 1, Max: 31}
 	// HandshakePort is the OOB listen port; 0 keeps the listen address given.
 	HandshakePort           = Limit{Name: "handshake_port", Env: "MC_HANDSHAKE_PORT", Default: 0, Min: 1, Max: 65535, Special: []Special{{0, ""}}}
 	HandshakeConnectTimeout = Limit{Name: "handshake_connect_timeout", Env: "MC_HANDSHAKE_CONNECT_TIMEOUT", EnvUnit: time.Second,
@@ -90,7 +107,8 @@ var (
 // All lists every entry, for tests and documentation.
 func All() []*Limit {
 	return []*Limit{&RecvCount, &BufferSize, &MaxPendingSends, &ConnectTimeout, &MaxNotifySize, &RecvQueue,
-		&MTU, &IBPort, &GIDIndex, &HandshakePort, &HandshakeConnectTimeout, &HandshakeMaxLength, &BusyPoll,
+		&MTU, &IBPort, &GIDIndex, &TrafficClass, &ServiceLevel, &PKeyIndex, &MaxInline, &RetryCount, &AckTimeout,
+		&HandshakePort, &HandshakeConnectTimeout, &HandshakeMaxLength, &BusyPoll,
 		&AuthKeyLen, &MaxChannels, &Keepalive, &OOBMaxConns, &OOBMaxPendingHandshakes,
 		&OOBMaxPendingHandshakesPerAddr, &OOBMaxPeers, &OOBMaxOpenRequests, &OOBIdleTimeout, &OOBRequestTimeout, &OOBMaxConnBuffer}
 }
