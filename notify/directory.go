@@ -222,8 +222,20 @@ func (e *Engine) resolve(ctx context.Context, peer string, wait bool) (string, e
 		return addr, nil
 	}
 	if wait && errors.Is(err, directory.ErrNotCached) {
+		if cerr := ctx.Err(); cerr != nil {
+			if _, aerr := directory.EntryFromAddr(peer); aerr == nil {
+				return peer, nil // the send says its context ended
+			}
+			return "", sendErr(ErrTimeout, peer, "directory", cerr, false)
+		}
 		if addr, err = d.Resolve(ctx, peer); err == nil {
 			return addr, nil
+		}
+		if cerr := ctx.Err(); errors.Is(cerr, context.Canceled) {
+			if _, aerr := directory.EntryFromAddr(peer); aerr != nil {
+				// The caller gave up, not the directory: "canceled", as any send.
+				return "", sendErr(ErrTimeout, peer, "directory", cerr, false)
+			}
 		}
 	}
 	return e.resolveFailed(peer, err)

@@ -278,3 +278,21 @@ func TestDirectoryCloseRemovesName(t *testing.T) {
 	err = b.SendNotify(ctx, "leaving", notify.Notify{Name: "kv", Msg: []byte("x")})
 	require.ErrorIs(t, err, notify.ErrPeerUnknown)
 }
+
+// A send whose context was cancelled while a name waited on the directory says
+// "canceled", and the directory is not taken for down: the next send resolves at once.
+func TestDirectoryCanceled(t *testing.T) {
+	srv := dirEtcd(t)
+	ctx := dirCtx(t)
+	a := dirEngine(t, srv, notify.WithServerName("a"))
+	b := dirEngine(t, srv)
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	err := b.SendNotify(cctx, "a", notify.Notify{Name: "kv", Msg: []byte("x")})
+	require.ErrorIs(t, err, notify.ErrTimeout)
+	require.ErrorIs(t, err, context.Canceled)
+	require.NotErrorIs(t, err, notify.ErrDirectoryUnavailable)
+	require.ErrorContains(t, err, "notify: canceled: send to a (directory)")
+	require.NoError(t, b.SendNotify(ctx, "a", notify.Notify{Name: "kv", Msg: []byte("after")}))
+	recvFrom(t, ctx, a, "after")
+}

@@ -220,6 +220,9 @@ func (e *Engine) validateNotify(peer string, n *Notify) error {
 	if len(peer) > oob.MaxFromLen {
 		return sendErr(ErrInvalid, peer[:32]+"...", "", fmt.Errorf("peer: %d bytes, at most %d", len(peer), oob.MaxFromLen), false)
 	}
+	if err := checkPeerAddr(peer); err != nil {
+		return sendErr(ErrInvalid, peer, "", err, false)
+	}
 	if len(n.ID) > MaxIDLen {
 		return sendErr(ErrInvalid, peer, "", fmt.Errorf("id: %d bytes, at most %d", len(n.ID), MaxIDLen), false)
 	}

@@ -42,12 +42,30 @@ func (ps *peerState) frameLimit() int {
 // checkFrame refuses, before it is sent, a request whose encoded frame is over the peer's
 // frame limit: the peer would refuse it and close the connection, failing every other
 // request on it.
+//
+// A Notify to a twosided peer that announced its limit may take NotifyFrameLimit of it:
+// such a peer absorbs the encoding of a notify as large as its frame limit. A Mooncake
+// peer (or one that said nothing) takes DefaultMaxFrame, all of the frame counted.
 func (n *Node) checkFrame(c *call, ps *peerState, frame []byte) error {
-	if l := len(frame) - 8; l > ps.frameLimit() {
+	limit := ps.frameLimit()
+	if c.typ == TypeNotify && ps.maxFrame > 0 {
+		limit = NotifyFrameLimit(limit)
+	}
+	if l := len(frame) - 8; l > limit {
 		n.st.tooLarge.Add(1)
 		n.warn(warnTooLarge, ps.addr)
-		return fmt.Errorf("%w: %s %s: encoded frame is %d bytes (name %d, msg %d before encoding), the peer's frame limit is %d",
-			ErrTooLarge, c.typ, ps.addr, l, len(c.nreq.Name), len(c.nreq.Msg), ps.frameLimit())
+		if c.typ == TypeNotify && ps.maxFrame == 0 {
+			return fmt.Errorf("%w: %s %s: encoded frame is %d bytes (name+msg %d before encoding), above %d, the frame limit of a peer that does not announce one "+
+				"(a Mooncake peer takes the whole frame, JSON included, within its MC_HANDSHAKE_MAX_LENGTH)",
+				ErrTooLarge, c.typ, ps.addr, l, len(c.nreq.Name)+len(c.nreq.Msg), limit)
+		}
+		if c.typ == TypeNotify {
+			return fmt.Errorf("%w: %s %s: encoded frame is %d bytes (name+msg %d before encoding), the peer's OOB frame limit for a notify is %d "+
+				"(name+msg of up to %d bytes fit when the encoding adds at most a third: binary as base64, text with few quotes, backslashes or control characters)",
+				ErrTooLarge, c.typ, ps.addr, l, len(c.nreq.Name)+len(c.nreq.Msg), limit, ps.frameLimit())
+		}
+		return fmt.Errorf("%w: %s %s: encoded frame is %d bytes, the peer's frame limit is %d",
+			ErrTooLarge, c.typ, ps.addr, l, limit)
 	}
 	return nil
 }

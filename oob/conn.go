@@ -141,6 +141,13 @@ func (c *conn) consume(b []byte) {
 	for len(b) > 0 {
 		t, body, used, ok, err := c.parser.Next(b)
 		if err != nil {
+			if c.kind != connServer {
+				if head := c.parser.failedHead(b[used:]); isText(head) {
+					// Not a daemon's reply: say what answered instead of a huge length.
+					c.close(&NotOOBError{Addr: c.peer.addr, Said: head})
+					return
+				}
+			}
 			c.frameFailed(err)
 			return
 		}
@@ -175,7 +182,8 @@ func (c *conn) frameFailed(err error) {
 		t = fe.Type
 	}
 	if fe != nil && errors.Is(fe.Err, ErrFrameTooLarge) && c.parser.MaxFrame < c.n.cfg.MaxFrame {
-		if fe.Length <= uint64(c.n.cfg.MaxFrame) {
+		limit := frameLimit(fe.Type, c.n.cfg.MaxFrame)
+		if fe.Length <= uint64(limit) {
 			// A frame only the pre-authentication cap refuses: say what is missing,
 			// without having buffered its body.
 			c.n.noteAuthFailed()
@@ -183,7 +191,7 @@ func (c *conn) frameFailed(err error) {
 			return
 		}
 		err = &FrameError{Err: ErrFrameTooLarge, Length: fe.Length, Type: fe.Type, HasType: fe.HasType,
-			Reason: fmt.Sprintf("length %d above maximum %d", fe.Length, c.n.cfg.MaxFrame)}
+			Reason: fmt.Sprintf("length %d above maximum %d", fe.Length, limit)}
 	}
 	c.reject(t, reqMeta{}, err)
 }

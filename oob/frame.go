@@ -1,7 +1,9 @@
 package oob
 
 import (
+	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 )
 
@@ -63,6 +65,32 @@ const (
 	MaxMaxFrame     = 128 << 20
 )
 
+// NotifyFrameLimit is the largest Notify frame a limit of maxFrame (Config.MaxFrame, MC_HANDSHAKE_MAX_LENGTH)
+// takes: maxFrame plus a third plus 64 KiB, so that a notify whose name+msg is maxFrame
+// bytes fits however twosided encodes it (a binary msg as base64, 4 bytes per 3, JSON
+// text with a few escapes, and the ts_* fields). It is what a twosided Node accepts on a
+// Notify frame and what it lets through to a twosided peer that announced maxFrame; to a
+// Mooncake peer a frame stays within its MaxFrame. Limits below MinMaxFrame (the 64 KiB a
+// connection takes before it authenticates) get no allowance.
+func NotifyFrameLimit(maxFrame int) int {
+	if maxFrame < MinMaxFrame {
+		return maxFrame
+	}
+	return maxFrame + maxFrame/3 + notifyFraming
+}
+
+// notifyFraming is the JSON of a Notify frame besides its name and msg: keys, the ts_*
+// members (an id and a from of up to 255 bytes each, escaped), with room to spare.
+const notifyFraming = 64 << 10
+
+// frameLimit is the length limit of a frame of type t under maxFrame.
+func frameLimit(t MsgType, maxFrame int) int {
+	if t == TypeNotify {
+		return NotifyFrameLimit(maxFrame)
+	}
+	return maxFrame
+}
+
 // AppendFrame appends one frame (length, type, body) to dst.
 func AppendFrame(dst []byte, t MsgType, body []byte) []byte {
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(len(body))+1)
@@ -99,6 +127,61 @@ type FrameError struct {
 func (e *FrameError) Error() string { return e.Err.Error() + ": " + e.Reason }
 func (e *FrameError) Unwrap() error { return e.Err }
 
+// ErrNotOOB: the peer answered with bytes that are no daemon frame: another protocol's
+// server (HTTP, SSH, ...) listens at the address. The error is a *NotOOBError.
+var ErrNotOOB = errors.New("oob: the peer does not speak the OOB protocol")
+
+// NotOOBError is a reply that is text where a frame's u64 length should be: the peer at
+// Addr is not a handshake daemon. Said is the start of what it sent. It wraps ErrNotOOB and
+// ErrPeerUnreachable; the request was not delivered to any notify engine.
+type NotOOBError struct {
+	Addr string
+	Said []byte
+}
+
+func (e *NotOOBError) Error() string {
+	said := e.Said
+	if i := bytes.IndexAny(said, "\r\n"); i >= 0 {
+		said = said[:i]
+	}
+	if len(said) > maxSaid {
+		said = said[:maxSaid]
+	}
+	return fmt.Sprintf("%v: %s answered %q: it is no handshake daemon (a twosided or Mooncake engine's OOB port)",
+		ErrNotOOB, e.Addr, said)
+}
+
+func (e *NotOOBError) Unwrap() []error { return []error{ErrNotOOB, ErrPeerUnreachable} }
+
+// maxSaid bounds what a NotOOBError quotes.
+const maxSaid = 64
+
+// isText reports whether b starts with 8 bytes of printable ASCII where a frame's u64
+// little-endian length should be. A frame's length is at most MaxMaxFrame (128 MiB), so
+// its top bytes are zero and it never reads as text; a status line ("HTTP/1.1 400") or a
+// banner ("SSH-2.0-") always does.
+func isText(b []byte) bool {
+	if len(b) < 8 {
+		return false
+	}
+	for _, c := range b[:8] {
+		if c < 0x20 || c > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// failedHead is the start of the frame Next failed on: the bytes it held, then rest, the
+// input it had not consumed.
+func (p *Parser) failedHead(rest []byte) []byte {
+	if len(p.buf) == 0 {
+		return rest
+	}
+	h := append([]byte(nil), p.buf[:min(len(p.buf), maxSaid)]...)
+	return append(h, rest[:min(len(rest), maxSaid)]...)
+}
+
 // ParseHeader validates a frame header. hdr must hold at least 8 bytes; the type byte is
 // read when len(hdr) >= 9. It returns the body length (without the type byte). For an
 // old-protocol frame (TypeOldProtocol) the body is the whole length, starting at hdr[8].
@@ -113,7 +196,7 @@ func ParseHeader(hdr []byte, maxFrame int) (t MsgType, bodyLen int, ok bool, err
 		return 0, 0, false, &FrameError{Err: ErrBadFrame, Reason: "length 0 (must count the type byte)"}
 	}
 	if len(hdr) < HeaderSize {
-		if n > uint64(maxFrame) {
+		if n > uint64(NotifyFrameLimit(maxFrame)) {
 			// Wait for the type byte so the reply can carry it.
 			return 0, 0, false, nil
 		}
@@ -124,9 +207,9 @@ func ParseHeader(hdr []byte, maxFrame int) (t MsgType, bodyLen int, ok bool, err
 	if old {
 		t = TypeOldProtocol
 	}
-	if n > uint64(maxFrame) {
+	if limit := frameLimit(t, maxFrame); n > uint64(limit) {
 		return t, 0, false, &FrameError{Err: ErrFrameTooLarge, Length: n, Type: t, HasType: true,
-			Reason: fmt.Sprintf("length %d above maximum %d", n, maxFrame)}
+			Reason: fmt.Sprintf("length %d above maximum %d", n, limit)}
 	}
 	if old {
 		return t, int(n), true, nil
@@ -183,7 +266,7 @@ func (p *Parser) Next(in []byte) (t MsgType, body []byte, consumed int, ok bool,
 		if n > 0 {
 			return t, body, n, true, nil
 		}
-		// Incomplete: hold what we have (bounded: at most HeaderSize+MaxFrame bytes).
+		// Incomplete: hold what we have (bounded: at most HeaderSize+NotifyFrameLimit(MaxFrame) bytes).
 		p.buf = append(p.buf, in...)
 		return 0, nil, len(in), false, nil
 	}

@@ -58,16 +58,17 @@ func TestTooLargeOnTheWire(t *testing.T) {
 		<-hb.ch
 	}
 	<-hb.ch // warm
-	bin := bytes.Repeat([]byte{0xff, 0x00, 0xc3}, 800_000/3)
+	// A Notify may take NotifyFrameLimit of the peer's 1 MiB: 1 MiB + a third + 64 KiB.
+	bin := bytes.Repeat([]byte{0xff, 0x00, 0xc3}, 1_100_000/3)
 	for name, msg := range map[string][]byte{
-		"text 1 MiB-1":         bytes.Repeat([]byte("a"), 1<<20-1),
-		"binary 800 KB":        bin,
-		"control bytes 200 KB": bytes.Repeat([]byte{0x01}, 200_000),
+		"text 1.5 MiB":         bytes.Repeat([]byte("a"), 3<<19),
+		"binary 1.1 MB":        bin,
+		"control bytes 300 KB": bytes.Repeat([]byte{0x01}, 300_000),
 	} {
 		err := a.Notify(ctx, b.Addr(), &NotifyRequest{Name: "big", Msg: msg})
 		require.ErrorIs(t, err, ErrTooLarge, name)
-		require.ErrorContains(t, err, "the peer's frame limit is 1048576", name)
-		require.ErrorContains(t, err, fmt.Sprintf("msg %d before encoding", len(msg)), name)
+		require.ErrorContains(t, err, fmt.Sprintf("the peer's OOB frame limit for a notify is %d", NotifyFrameLimit(1<<20)), name)
+		require.ErrorContains(t, err, fmt.Sprintf("name+msg %d before encoding", len("big")+len(msg)), name)
 		// Same for a one-request connection.
 		require.ErrorIs(t, a.NotifyClassic(ctx, b.Addr(), &NotifyRequest{Name: "big", Msg: msg}), ErrTooLarge, name)
 	}
@@ -81,7 +82,7 @@ func TestTooLargeOnTheWire(t *testing.T) {
 
 	// A peer that announces a larger limit takes a larger frame.
 	c := listen(t, newLoop(t), newHandler(), Config{MaxFrame: 4 << 20})
-	require.NoError(t, a.Notify(ctx, c.Addr(), &NotifyRequest{Name: "big", Msg: bytes.Repeat([]byte("a"), 1<<20-1)}))
+	require.NoError(t, a.Notify(ctx, c.Addr(), &NotifyRequest{Name: "big", Msg: bytes.Repeat([]byte("a"), 3<<19)}))
 }
 
 // A notify without "name" or "notify_msg" is refused naming the missing member; empty

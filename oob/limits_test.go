@@ -99,8 +99,9 @@ func TestLimitsIsolatePeers(t *testing.T) {
 			p := dialRaw(t, b.Addr())
 			p.write(appendHello(nil, nil))
 			_, _, _ = p.reply()
-			p.write(hdr(DefaultMaxFrame+1, byte(TypeNotify)))
-			p.requireRefused(TypeNotify, "oob: frame too large: length 1048577 above maximum 1048576")
+			limit := NotifyFrameLimit(DefaultMaxFrame)
+			p.write(hdr(uint64(limit)+1, byte(TypeNotify)))
+			p.requireRefused(TypeNotify, fmt.Sprintf("oob: frame too large: length %d above maximum %d", limit+1, limit))
 		}, func(s Stats) uint64 { return s.BadFrames }},
 		{"connections", Config{MaxConns: 3}, func(t *testing.T, b *Node) {
 			for i := 0; i < 2; i++ {

@@ -172,8 +172,10 @@ func (d *Directory) Resolve(ctx context.Context, name string) (string, error) {
 		select {
 		case <-d.ready:
 		case <-ctx.Done():
-			d.setDown(true)
-			return "", fmt.Errorf("%w: %s: resolving %s: %v", directory.ErrUnavailable, d.conn, name, ctx.Err())
+			if !errors.Is(ctx.Err(), context.Canceled) { // a caller that gives up says nothing of etcd
+				d.setDown(true)
+			}
+			return "", fmt.Errorf("%w: %s: resolving %s: %w", directory.ErrUnavailable, d.conn, name, ctx.Err())
 		case <-d.ctx.Done():
 			return "", directory.ErrClosed
 		}
@@ -202,7 +204,7 @@ func (d *Directory) Resolve(ctx context.Context, name string) (string, error) {
 	case <-f.done:
 		return f.res.result()
 	case <-ctx.Done():
-		return "", fmt.Errorf("%w: %s: resolving %s: %v", directory.ErrUnavailable, d.conn, name, ctx.Err())
+		return "", fmt.Errorf("%w: %s: resolving %s: %w", directory.ErrUnavailable, d.conn, name, ctx.Err())
 	}
 }
 

@@ -501,3 +501,20 @@ func TestRegisterRacesUnregister(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, resp.Kvs, "the name outlived Close")
 }
+
+// A caller that cancels its resolve says nothing of etcd: the directory is not marked
+// down, and the next resolve reads etcd.
+func TestResolveCanceledIsNotDown(t *testing.T) {
+	srv := sharedEtcd(t)
+	d := open(t, srv, directory.Config{})
+	w := open(t, srv, directory.Config{})
+	ctx := ctxT(t)
+	require.NoError(t, w.Register(ctx, "p", directory.Entry{Host: "127.0.0.1", Port: 7}))
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err := d.Resolve(cctx, "q")
+	require.Error(t, err)
+	addr, err := d.Resolve(ctx, "p") // not cached: read from etcd, unless taken for down
+	require.NoError(t, err, "a cancelled resolve marked the directory down")
+	require.Equal(t, "127.0.0.1:7", addr)
+}
