@@ -6,6 +6,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -62,17 +63,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "-h", "-help", "--help", "help":
 		if len(rest) > 0 {
 			if c, ok := commands[rest[0]]; ok {
-				newFlagSet(c, stdout).Usage()
+				// The command defines its flags, then prints them for --help.
+				_ = c.Run(ctx, newFlagSet(c, stdout), []string{"--help"}, stdout)
 				return 0
 			}
 		}
 		usage(stdout)
 		return 0
+	case "-v", "-version", "--version":
+		name = "version"
 	}
 	c, ok := commands[name]
 	if !ok {
-		fmt.Fprintf(stderr, "twosided: unknown command %q\n", name)
-		usage(stderr)
+		fmt.Fprintf(stderr, "twosided: unknown command %q\nRun 'twosided --help' for the commands.\n", name)
 		return 2
 	}
 	fs := newFlagSet(c, stderr)
@@ -96,6 +99,7 @@ func newFlagSet(c *command, out io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("twosided "+c.Name, flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.Usage = func() {
+		out := fs.Output()
 		fmt.Fprintf(out, "usage: twosided %s %s\n\n%s\n", c.Name, c.Usage, c.Summary)
 		var n int
 		fs.VisitAll(func(*flag.Flag) { n++ })
@@ -107,22 +111,36 @@ func newFlagSet(c *command, out io.Writer) *flag.FlagSet {
 	return fs
 }
 
-// parseFlags is fs.Parse that turns a parse failure into errUsage (fs printed why) and
-// keeps flag.ErrHelp for --help.
-// parseFlags parses a command's flags; no command takes positional arguments.
+// parseFlags parses a command's flags; no command takes positional arguments. --help
+// prints the command's usage and flags and returns flag.ErrHelp; a bad flag or argument
+// prints its error and one line pointing to --help (usageError), and returns errUsage.
 func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "unexpected arguments: %q\n", fs.Args())
-		fs.Usage()
-		return errUsage
+	// The flag package prints the error and then the whole usage; keep only the error.
+	out := fs.Output()
+	var said bytes.Buffer
+	fs.SetOutput(&said)
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		_, _ = out.Write(said.Bytes())
+		return err
+	case err != nil:
+		return usageError(fs, err.Error())
+	case fs.NArg() > 0:
+		return usageError(fs, fmt.Sprintf("unexpected arguments: %q", fs.Args()))
 	}
 	return nil
+}
+
+// usageError prints what is wrong with the command line and where the help is, and
+// returns errUsage (exit status 2).
+func usageError(fs *flag.FlagSet, what ...string) error {
+	for _, w := range what {
+		fmt.Fprintf(fs.Output(), "%s: %s\n", fs.Name(), w)
+	}
+	fmt.Fprintf(fs.Output(), "Run '%s --help' for usage.\n", fs.Name())
+	return errUsage
 }
 
 func usage(out io.Writer) {

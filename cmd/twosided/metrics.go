@@ -27,6 +27,7 @@ type observeFlags struct {
 	metricsAddr string
 	peerLabels  nonNegInt
 	interval    positiveDuration
+	ln          net.Listener // bound by listen, served by start
 }
 
 func (f *observeFlags) define(fs *flag.FlagSet) {
@@ -63,27 +64,45 @@ func (v *positiveDuration) Set(s string) error {
 	return nil
 }
 
-// start serves /metrics (saying where on stdout) and prints the stats line on stderr, as
-// asked; stop ends both, printing the stats totals last.
-func (f *observeFlags) start(e *notify.Engine, stdout, stderr io.Writer) (stop func(), err error) {
+// listen binds the --metrics listener, before the engine starts, so that serve claims to
+// serve only once every listener is bound. close releases it when start is not called.
+func (f *observeFlags) listen() (close func(), err error) {
+	close = func() {}
+	if f.metricsAddr == "" {
+		return close, nil
+	}
+	ln, err := net.Listen("tcp", f.metricsAddr)
+	if err != nil {
+		return close, fmt.Errorf("--metrics %s: %w", f.metricsAddr, err)
+	}
+	f.ln = ln
+	return func() {
+		if f.ln != nil {
+			_ = f.ln.Close()
+		}
+	}, nil
+}
+
+// start serves /metrics on the listener listen bound and prints the stats line on stderr,
+// as asked; stop ends both, printing the stats totals last. metricsURL is where the
+// metrics are served ("" without --metrics).
+func (f *observeFlags) start(e *notify.Engine, stderr io.Writer) (stop func(), metricsURL string) {
 	var stops []func()
 	stop = func() {
 		for i := len(stops) - 1; i >= 0; i-- {
 			stops[i]()
 		}
 	}
-	if f.metricsAddr != "" {
-		s, err := serveMetrics(e, f.metricsAddr, int(f.peerLabels))
-		if err != nil {
-			return stop, err
-		}
-		fmt.Fprintf(stdout, "metrics on http://%s/metrics\n", s.addr)
+	if f.ln != nil {
+		s := serveMetrics(e, f.ln, int(f.peerLabels))
+		f.ln = nil // the server owns it now
+		metricsURL = "http://" + s.addr + "/metrics"
 		stops = append(stops, s.stop)
 	}
 	if f.interval > 0 {
 		stops = append(stops, startStatsLine(e, time.Duration(f.interval), stderr))
 	}
-	return stop, nil
+	return stop, metricsURL
 }
 
 type metricsServer struct {
@@ -92,9 +111,9 @@ type metricsServer struct {
 	done chan struct{}
 }
 
-// serveMetrics listens on addr and serves the engine's collector, with the Go runtime's
-// and the process's, on /metrics.
-func serveMetrics(e *notify.Engine, addr string, peerLabels int) (*metricsServer, error) {
+// serveMetrics serves the engine's collector, with the Go runtime's and the process's, on
+// /metrics of ln.
+func serveMetrics(e *notify.Engine, ln net.Listener, peerLabels int) *metricsServer {
 	reg := prometheus.NewRegistry()
 	var opts []metrics.Option
 	if peerLabels > 0 {
@@ -102,10 +121,6 @@ func serveMetrics(e *notify.Engine, addr string, peerLabels int) (*metricsServer
 	}
 	reg.MustRegister(metrics.New(e, opts...), collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("--metrics %s: %w", addr, err)
-	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	s := &metricsServer{addr: ln.Addr().String(), done: make(chan struct{}),
@@ -114,7 +129,7 @@ func serveMetrics(e *notify.Engine, addr string, peerLabels int) (*metricsServer
 		defer close(s.done)
 		_ = s.srv.Serve(ln)
 	}()
-	return s, nil
+	return s
 }
 
 func (s *metricsServer) stop() {

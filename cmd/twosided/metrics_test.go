@@ -186,6 +186,7 @@ func TestServeRejectsBadObserveFlags(t *testing.T) {
 	var out, errOut bytes.Buffer
 	require.Equal(t, 1, run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--metrics", taken}, &out, &errOut))
 	require.Contains(t, errOut.String(), "--metrics "+taken)
+	require.Empty(t, out.String(), "nothing claims to serve before every listener is bound")
 	stop()
 	require.Equal(t, 0, <-code)
 }

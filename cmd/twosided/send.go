@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/twosided/twosided/notify"
@@ -15,7 +14,7 @@ func init() {
 	register(&command{
 		Name:    "send",
 		Summary: "Send notifies to a peer and report each result and its latency.",
-		Usage:   "--peer host:port|server-name [--metadata etcd://host:2379] [-n count] [--name name] [--msg text | -s size] [--transport oob|rdma_twosided]",
+		Usage:   "--peer host:port|server-name [--metadata etcd://host:2379] [-n count] [--notify-name name] [--msg text | -s size] [--transport oob|rdma_twosided]",
 		Run:     runSend,
 	})
 }
@@ -26,7 +25,9 @@ func runSend(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wri
 	peer := fs.String("peer", "", "the receiving engine's host:port, or its server name with --metadata (required)")
 	count := fs.Int("count", 1, "notifies to send, one after another")
 	fs.IntVar(count, "n", 1, "short for --count (perftest's -n)")
-	name := fs.String("name", "twosided", "notify name")
+	name := fs.String("notify-name", "twosided", "the notify's name (Notify.Name), as the receiver sees it")
+	oldName := deprecatedString{to: name, flag: "--notify-name"}
+	fs.Var(&oldName, "name", "deprecated: use --notify-name (serve's --name is the server name)")
 	msg := fs.String("msg", "hello", "notify message")
 	size := fs.Int("size", 0, "pad or cut the message to this many bytes (default: the message as given)")
 	fs.IntVar(size, "s", 0, "short for --size (perftest's -s)")
@@ -48,13 +49,11 @@ func runSend(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wri
 	if *timeout <= 0 {
 		bad = append(bad, fmt.Sprintf("--timeout %v: must be positive", *timeout))
 	}
-	if fs.NArg() > 0 {
-		bad = append(bad, fmt.Sprintf("unexpected arguments: %q", fs.Args()))
-	}
 	if len(bad) > 0 {
-		fmt.Fprintln(fs.Output(), strings.Join(bad, "\n"))
-		fs.Usage()
-		return errUsage
+		return usageError(fs, bad...)
+	}
+	if oldName.set {
+		fmt.Fprintln(fs.Output(), "twosided send: --name is deprecated, use --notify-name")
 	}
 	body := []byte(*msg)
 	if *size > 0 {
@@ -97,8 +96,54 @@ func runSend(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wri
 	prog.finish()
 	fmt.Fprintf(stdout, "sent %d, failed %d, transport %s, mean %.1f µs\n", *count-failed, failed, e.Transport(),
 		float64(total.Nanoseconds())/1e3/float64(*count))
+	if line := pathLine(e.Transport(), e.Stats()); line != "" {
+		fmt.Fprintln(stdout, line)
+	}
 	if failed > 0 {
 		return fmt.Errorf("%d of %d notifies failed", failed, *count)
 	}
 	return nil
+}
+
+// deprecatedString is a string flag kept as an alias of another (to); set says it was used.
+type deprecatedString struct {
+	to   *string
+	flag string
+	set  bool
+}
+
+func (d *deprecatedString) String() string {
+	if d.to == nil {
+		return ""
+	}
+	return *d.to
+}
+
+func (d *deprecatedString) Set(s string) error {
+	*d.to, d.set = s, true
+	return nil
+}
+
+// pathLine says which path the notifies took when it differs from the transport asked
+// for: rdma_twosided notifies that went over OOB (the peer serves no ctrl channel, OOB
+// fallback after a channel failed, a notify above what a channel carries). It counts what
+// left this engine on each path (Stats.Channels.NotifiesSent, Stats.OOB.NotifySent); ""
+// when every notify took the transport's own path.
+func pathLine(transport string, st notify.Stats) string {
+	onChannel, overOOB := st.Channels.NotifiesSent, st.OOB.NotifySent
+	if transport != notify.TransportRDMATwoSided || overOOB == 0 {
+		return ""
+	}
+	why := "fallback"
+	if st.Limits.Fallbacks > 0 {
+		why = fmt.Sprintf("fallback; %d retried after their channel failed", st.Limits.Fallbacks)
+	}
+	for _, p := range st.Peers {
+		if p.State == "oob" {
+			why += "; " + p.Peer + " serves no ctrl channel"
+			break
+		}
+	}
+	return fmt.Sprintf("transport %s: %d notifies, %d over the ctrl channel, %d over OOB (%s)",
+		transport, onChannel+overOOB, onChannel, overOOB, why)
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -16,7 +17,7 @@ func init() {
 	register(&command{
 		Name:    "serve",
 		Summary: "Run a notify engine, show its address and print the notifies it receives (or count them).",
-		Usage:   "[--listen host:port] [--name N --metadata etcd://host:2379] [--transport oob|rdma_twosided] [--count-only] [--expect n] [--duration d] [--metrics host:port] [--stats interval]",
+		Usage:   "[--listen host:port] [--name N --metadata etcd://host:2379] [--transport oob|rdma_twosided] [--count-only] [--expect n] [--duration d] [--full] [--metrics host:port] [--stats interval]",
 		Run:     runServe,
 	})
 }
@@ -68,14 +69,14 @@ func runServe(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 	countOnly := fs.Bool("count-only", false, "count notifies (a line per second while they arrive) instead of printing each")
 	expect := fs.Int("expect", 0, "exit after this many notifies (default 0: run until interrupted)")
 	duration := fs.Duration("duration", 0, "exit after this long (default 0: run until interrupted)")
+	full := fs.Bool("full", false, fmt.Sprintf("print each message whole (default: at most %d bytes, then how many more)", maxShown))
 	var of observeFlags
 	of.define(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *expect < 0 {
-		fmt.Fprintf(fs.Output(), "--expect %d: must not be negative\n", *expect)
-		return errUsage
+		return usageError(fs, fmt.Sprintf("--expect %d: must not be negative", *expect))
 	}
 	if *duration > 0 {
 		var cancel context.CancelFunc
@@ -94,19 +95,26 @@ func runServe(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 			}
 		}))
 	}
+	// Every listener is bound before anything says "serving": --metrics first, then the
+	// engine's OOB listener (and its registration).
+	closeMetrics, err := of.listen()
+	defer closeMetrics()
+	if err != nil {
+		return err
+	}
 	e, err := notify.FromEnv(opts...)
 	if err != nil {
 		return err
 	}
 	defer closeEngine(e)
+	stopObserve, metricsURL := of.start(e, fs.Output())
+	defer stopObserve()
 	fmt.Fprintf(stdout, "serving on %s (transport %s)\n", e.Addr(), e.Transport())
 	if e.ServerName() != "" {
 		fmt.Fprintf(stdout, "registered as %s\n", e.ServerName())
 	}
-	stopObserve, err := of.start(e, stdout, fs.Output())
-	defer stopObserve()
-	if err != nil {
-		return err
+	if metricsURL != "" {
+		fmt.Fprintf(stdout, "metrics on %s\n", metricsURL)
 	}
 	if *countOnly {
 		return countLoop(ctx, stdout, &count)
@@ -120,10 +128,21 @@ func runServe(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 			return err
 		}
 		count.Add(1)
-		fmt.Fprintf(stdout, "%s\t%s\t%q\n", n.Peer, n.Name, n.Msg)
+		fmt.Fprintf(stdout, "%s\t%s\t%s\n", n.Peer, n.Name, shown(n.Msg, *full))
 	}
 	fmt.Fprintf(stdout, "received %d notifies\n", count.Load())
 	return nil
+}
+
+// maxShown bounds the bytes of a message serve prints without --full.
+const maxShown = 256
+
+// shown is msg quoted, cut to maxShown bytes unless full, saying how much was left out.
+func shown(msg []byte, full bool) string {
+	if full || len(msg) <= maxShown {
+		return strconv.Quote(string(msg))
+	}
+	return fmt.Sprintf("%s… (%d bytes, %d not shown; --full prints them)", strconv.Quote(string(msg[:maxShown])), len(msg), len(msg)-maxShown)
 }
 
 // countLoop prints the count once a second while it changes, and the total at the end.
