@@ -40,6 +40,22 @@ const MaxIDLen = 255
 
 // Engine is one notify endpoint. Create it with New or FromEnv; all methods are safe for
 // concurrent use.
+//
+// Close takes a context and Engine is not an io.Closer, by choice: closing drains what the
+// NICs acknowledged and says goodbye to every peer, which takes time, and only the caller
+// knows how long it may take. Close(ctx) is both of net/http.Server's: a ctx with time
+// left is Shutdown (graceful), a ctx already done is Close (at once: the drain and the
+// goodbyes are skipped, the engine stops in the background, and Close returns an error
+// wrapping ErrTimeout). A Close() error with a hidden deadline would clash with it (one
+// name, one method). Where an io.Closer is wanted, wrap it with the bound you choose:
+//
+//	type engineCloser struct{ *notify.Engine }
+//
+//	func (c engineCloser) Close() error {
+//		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+//		defer cancel()
+//		return c.Engine.Close(ctx)
+//	}
 type Engine struct {
 	cfg     config
 	loop    *reactor.Loop
@@ -482,7 +498,10 @@ func (e *Engine) GetNotifies() []Notify { return e.rq.drain() }
 
 // Close stops the engine: every peer is told (SESSION_CLOSE on its channel), what the
 // channels' NICs acknowledged is delivered, pending sends end with ErrClosed, sockets close,
-// the reactor stops. Bounded by ctx.
+// the reactor stops. Bounded by ctx: if ctx ends first, the rest is cut short, the engine
+// stops in the background, and the error wraps ErrTimeout and ctx's error (its message
+// says "canceled" for a cancelled ctx). A second Close returns nil. See Engine for why
+// Close takes a context (Engine is not an io.Closer).
 func (e *Engine) Close(ctx context.Context) error {
 	if !e.closed.CompareAndSwap(false, true) {
 		return nil
@@ -514,15 +533,15 @@ func (e *Engine) Close(ctx context.Context) error {
 		}
 	}
 	if err := e.node.Close(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("oob: %w", err))
+		errs = append(errs, err)
 	}
 	if err := e.loop.Stop(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("reactor: %w", err))
+		errs = append(errs, err)
 	}
 	e.closeDevice()
 	e.rq.close()
 	e.waitReqs.close()
-	return errors.Join(errs...)
+	return closeErr(ctx, errs)
 }
 
 // byeWait bounds how long Close waits for its channels' goodbyes to complete.

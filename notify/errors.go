@@ -135,6 +135,55 @@ func (l *attemptLog) sendErr(kind error, peer, path string, cause error, maybe b
 	return se
 }
 
+// closeError is Close's error: the steps that did not finish, and whether its context
+// ended first (then it wraps ErrTimeout and the context's error).
+type closeError struct {
+	ctx  error // the context's error; nil: it did not end
+	errs []error
+}
+
+func (e *closeError) Error() string {
+	var b strings.Builder
+	switch {
+	case errors.Is(e.ctx, context.Canceled):
+		b.WriteString("notify: canceled: close cut short, the engine stops in the background")
+	case e.ctx != nil:
+		b.WriteString("notify: timeout: close cut short, the engine stops in the background")
+	default:
+		b.WriteString("notify: close")
+	}
+	for i, err := range e.errs {
+		if i == 0 {
+			b.WriteString(": ")
+		} else {
+			b.WriteString("; ")
+		}
+		b.WriteString(err.Error())
+	}
+	return b.String()
+}
+
+func (e *closeError) Unwrap() []error {
+	if e.ctx != nil {
+		return append([]error{ErrTimeout, e.ctx}, e.errs...)
+	}
+	return e.errs
+}
+
+// closeErr is Close's result from the errors of its steps (nil ones dropped).
+func closeErr(ctx context.Context, errs []error) error {
+	var kept []error
+	for _, err := range errs {
+		if err != nil && (ctx.Err() == nil || !errors.Is(err, ctx.Err()) || len(kept) == 0) {
+			kept = append(kept, err)
+		}
+	}
+	if len(kept) == 0 {
+		return nil
+	}
+	return &closeError{ctx: ctx.Err(), errs: kept}
+}
+
 // checkPeerAddr checks that peer, as resolved (a directory turns a server name into its
 // address), is host:port with a port in 1..65535: a string without a port would otherwise
 // fail later as an unreachable peer. It allocates only on failure.

@@ -279,3 +279,49 @@ func TestErrorAttemptThatMayHaveLanded(t *testing.T) {
 		})
 	}
 }
+
+// Close with a context already done closes at once: its error says "canceled" (or
+// "timeout"), wraps ErrTimeout and the context's error, and names each step cut short
+// once; a second Close returns nil.
+func TestErrorCloseCutShort(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ctx  func() context.Context
+		head string
+		is   error
+	}{
+		{"canceled", func() context.Context {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			return ctx
+		}, "notify: canceled: close cut short, the engine stops in the background", context.Canceled},
+		{"deadline", func() context.Context {
+			ctx, cancel := context.WithDeadline(context.Background(), time.Unix(1, 0))
+			t.Cleanup(cancel)
+			return ctx
+		}, "notify: timeout: close cut short, the engine stops in the background", context.DeadlineExceeded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			recv, err := New(WithListenAddr("127.0.0.1:0"), WithTransport(TransportRDMATwoSided))
+			require.NoError(t, err)
+			t.Cleanup(func() { closeEngine(t, recv) })
+			e, err := New(WithListenAddr("127.0.0.1:0"), WithTransport(TransportRDMATwoSided))
+			require.NoError(t, err)
+			require.NoError(t, e.SendNotify(errCtx(t), recv.Addr(), Notify{Name: "n"}))
+			err = e.Close(tc.ctx())
+			if err == nil {
+				return // every step finished before it looked at its context
+			}
+			require.ErrorIs(t, err, ErrTimeout)
+			require.ErrorIs(t, err, tc.is)
+			require.True(t, strings.HasPrefix(err.Error(), tc.head), err.Error())
+			require.Equal(t, 1, strings.Count(err.Error(), tc.is.Error()), err.Error())
+			requireSentinel(t, err)
+			require.NoError(t, e.Close(tc.ctx()))
+		})
+	}
+	require.NoError(t, closeErr(context.Background(), []error{nil, nil}))
+	err := closeErr(context.Background(), []error{nil, errors.New("directory: unregister: etcd down")})
+	require.EqualError(t, err, "notify: close: directory: unregister: etcd down")
+	require.NotErrorIs(t, err, ErrTimeout)
+}
