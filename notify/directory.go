@@ -97,7 +97,8 @@ func WithMetadata(conn string) Option {
 func WithDirectory(d directory.Directory) Option { return func(c *config) { c.dir.dir = d } }
 
 // WithServerName registers this engine in the directory under name (a Mooncake server
-// name): peers then reach it by name. It needs a directory other than P2P.
+// name): peers then reach it by name. It needs a directory other than P2P. Default: none
+// (nothing is registered; peers reach the engine by its host:port).
 func WithServerName(name string) Option {
 	return func(c *config) {
 		if err := directory.CheckName(name); err != nil {
@@ -108,7 +109,7 @@ func WithServerName(name string) Option {
 }
 
 // WithMetadataClusterID puts keys under mooncake/<id>/rpc_meta/ (Mooncake's
-// MC_METADATA_CLUSTER_ID, read by FromEnv).
+// MC_METADATA_CLUSTER_ID, read by FromEnv). Default: "" (keys under mooncake/rpc_meta/).
 func WithMetadataClusterID(id string) Option { return func(c *config) { c.dir.clusterID = id } }
 
 // WithDirectoryTTL sets the lease TTL of the registration (whole seconds, 1 s..1 h; default

@@ -1,7 +1,8 @@
 // Package etcdtest runs a single-member etcd server inside the test process, on a temporary
 // directory and free loopback ports, so the directory's tests (and the bench) need nothing
-// installed by hand. It exists for tests and the bench only: the notify library does not
-// import it, so an engine's importers never link the etcd server.
+// installed by hand. Status: a helper for tests, examples and the bench, kept importable
+// for them; not API. Neither notify nor notify/directory/etcd imports it, so an engine's
+// importers never link the etcd server.
 package etcdtest
 
 import (
