@@ -1,6 +1,8 @@
 package ctrlchannel
 
 import (
+	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"time"
 
@@ -185,6 +187,7 @@ type Channel struct {
 	log  zerolog.Logger
 
 	port    ibv.PortAttr
+	psn     uint32       // our initial send PSN (24 bits, random), advertised as ts_psn
 	gid     ibv.GIDEntry // the source GID: advertised, and the address vector's sgid_index
 	qpn     uint32
 	mtu     ibv.MTU
@@ -289,8 +292,10 @@ func (c *Channel) create(dev ibv.Context, pd ibv.PD) error {
 		return fmt.Errorf("ctrlchannel: create qp: %w", err)
 	}
 	c.qpn = c.qp.QPNum()
-	if _, caps, err := c.qp.Query(); err == nil {
-		c.inline = min(cfg.MaxInline, int(caps.MaxInlineData))
+	// The caps create_qp granted, not ibv_query_qp: some drivers refuse a query in RESET.
+	c.inline = min(cfg.MaxInline, int(c.qp.Cap().MaxInlineData))
+	if c.psn, err = randomPSN(); err != nil {
+		return fmt.Errorf("ctrlchannel: initial psn: %w", err)
 	}
 	if err := c.qp.Modify(&ibv.QPAttr{QPState: ibv.QPSInit, PortNum: cfg.PortNum, PKeyIndex: cfg.PKeyIndex, QPAccessFlags: ibv.AccessLocalWrite},
 		ibv.AttrState|ibv.AttrPKeyIndex|ibv.AttrPort|ibv.AttrAccessFlags); err != nil {
@@ -394,7 +399,7 @@ func (c *Channel) release() {
 // Local is this side's handshake information.
 func (c *Channel) Local() LocalInfo {
 	return LocalInfo{QPN: c.qpn, GID: c.gid.GID, LID: c.port.LID, MTU: c.mtu, RQDepth: uint16(c.cfg.RecvCount),
-		PSN: 0, BufSize: uint32(c.cfg.BufSize), Extensions: c.cfg.Extensions}
+		PSN: c.psn, BufSize: uint32(c.cfg.BufSize), Extensions: c.cfg.Extensions}
 }
 
 // SetDeliveredSeq tells the channel the highest seq of the peer's session the engine has
@@ -439,7 +444,12 @@ func (c *Channel) Connect(peer PeerInfo, localSession, peerSession, epoch uint64
 		ibv.AttrState|ibv.AttrAV|ibv.AttrPathMTU|ibv.AttrDestQPN|ibv.AttrRqPSN|ibv.AttrMaxDestRdAtomic|ibv.AttrMinRNRTimer); err != nil {
 		return fmt.Errorf("ctrlchannel: qp %d to RTR: %w", c.qpn, err)
 	}
-	if err := c.qp.Modify(&ibv.QPAttr{QPState: ibv.QPSRTS, SqPSN: 0, Timeout: c.cfg.Timeout, RetryCnt: c.cfg.RetryCnt,
+	// Our send PSN is the one Local advertised; a Mooncake peer reads no ts_psn and expects 0.
+	sqPSN := c.psn
+	if peer.Legacy {
+		sqPSN = 0
+	}
+	if err := c.qp.Modify(&ibv.QPAttr{QPState: ibv.QPSRTS, SqPSN: sqPSN, Timeout: c.cfg.Timeout, RetryCnt: c.cfg.RetryCnt,
 		RnrRetry: c.cfg.RnrRetry, MaxRdAtomic: 1},
 		ibv.AttrState|ibv.AttrSqPSN|ibv.AttrTimeout|ibv.AttrRetryCnt|ibv.AttrRnrRetry|ibv.AttrMaxQPRdAtomic); err != nil {
 		return fmt.Errorf("ctrlchannel: qp %d to RTS: %w", c.qpn, err)
@@ -792,3 +802,13 @@ func (c *Channel) flushSends() {
 
 var _ reactor.CQHandler = (*Channel)(nil)
 var _ reactor.CQErrorHandler = (*Channel)(nil)
+
+// randomPSN draws an initial PSN (24 bits) as rc_pingpong does, so that a stale packet of an
+// earlier QP that had the same number is not taken as this one's.
+func randomPSN() (uint32, error) {
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return 0, err
+	}
+	return binary.LittleEndian.Uint32(b[:]) & (1<<24 - 1), nil
+}

@@ -146,15 +146,21 @@ func pairAs(t testing.TB, ca, cb Config, wantA, wantB int, view func(*PeerInfo))
 	onLoop(t, a.loop, func() { la = a.ch.Local() })
 	onLoop(t, b.loop, func() { lb = b.ch.Local() })
 	var errA, errB error
+	legacy := false
 	onLoop(t, a.loop, func() {
 		pi := peerInfo(lb)
 		if view != nil {
 			view(&pi)
 		}
+		legacy = pi.Legacy
 		errA = a.ch.Connect(pi, 100, 200, 1)
 	})
 	onLoop(t, b.loop, func() {
-		errB = b.ch.Connect(peerInfo(la), 200, 100, 1)
+		pa := peerInfo(la)
+		if legacy {
+			pa.PSN = 0 // b plays Mooncake, which reads no ts_psn (and a sends from 0 to it)
+		}
+		errB = b.ch.Connect(pa, 200, 100, 1)
 	})
 	require.NoError(t, errA)
 	require.NoError(t, errB)

@@ -154,7 +154,14 @@
 // signaled completion at or after it arrived, so the send queue never overflows. RECV WRIDs
 // carry the slot with bit 63 set, SEND WRIDs the frame number. The path MTU is the smaller
 // of both sides' MTUs. QP attributes default to Mooncake's: min_rnr_timer 12, timeout 14,
-// retry_cnt 7, rnr_retry 7, PSNs 0, access LOCAL_WRITE.
+// retry_cnt 7, rnr_retry 7, access LOCAL_WRITE, traffic class, SL and P_Key index 0, 64
+// bytes of inline data (Config, or a PD that implements Defaults, changes them). The
+// initial PSN is random (24 bits, crypto/rand) per channel, advertised in Local (ts_psn)
+// and the QP sends from it; towards a Mooncake peer (PeerInfo.Legacy: it reads no ts_psn)
+// it sends from 0, as Mooncake's QPs do. The source GID is one table entry
+// (Config.GIDIndex, or ibv.SelectGID's choice): Local advertises its GID and the address
+// vector's sgid_index is its index, so the two never differ. The inline size comes from
+// the caps ibv_create_qp granted (QP.Cap), never from ibv_query_qp on a RESET QP.
 //
 // # Sequence numbers
 //

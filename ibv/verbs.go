@@ -36,6 +36,12 @@ type Provider interface {
 	Open(name string) (Context, error)
 }
 
+// ForkIniter is a provider that can make registered memory safe across fork()
+// (ibv_fork_init). It must be called before any memory is registered.
+type ForkIniter interface {
+	ForkInit() error
+}
+
 // Context is struct ibv_context: an open device.
 type Context interface {
 	Device() DeviceInfo
@@ -105,8 +111,12 @@ type QP interface {
 	State() QPState
 	// Modify is ibv_modify_qp: applies the fields of attr named by mask.
 	Modify(attr *QPAttr, mask QPAttrMask) error
-	// Query returns the current attributes and the capabilities granted at creation.
+	// Query returns the current attributes and the capabilities granted at creation
+	// (ibv_query_qp; some drivers refuse it in RESET).
 	Query() (QPAttr, QPCap, error)
+	// Cap is the capabilities ibv_create_qp granted (what it wrote back into the init
+	// attributes), without a query.
+	Cap() QPCap
 	// PostSend is ibv_post_send. On error bad is the first WR not posted.
 	PostSend(wr *SendWR) (bad *SendWR, err error)
 	// PostRecv is ibv_post_recv. On error bad is the first WR not posted.

@@ -49,6 +49,7 @@ type config struct {
 	ibPort    int
 	gidIndex  int // -1 = auto; once the device is open, the index chosen (device.go)
 	qp        qpKnobs
+	forkSafe  int // 1: ibv_fork_init before the device is opened
 	busyPoll  time.Duration
 	noCredits bool
 	logger    zerolog.Logger
@@ -167,6 +168,7 @@ func (c *config) fromEnv(lookup func(string) (string, bool)) {
 	limitVar(&limits.MaxInline, setInt(&c.qp.maxInline))
 	limitVar(&limits.RetryCount, setInt(&c.qp.retryCount))
 	limitVar(&limits.AckTimeout, setInt(&c.qp.ackTimeout))
+	limitVar(&limits.ForkSafe, setInt(&c.forkSafe))
 	limitVar(&limits.HandshakePort, func(port int64) {
 		if port != 0 {
 			c.listenAddr = "0.0.0.0:" + strconv.FormatInt(port, 10)
@@ -224,6 +226,7 @@ func (c *config) validate() error {
 		{&limits.MaxInline, int64(c.qp.maxInline)},
 		{&limits.RetryCount, int64(c.qp.retryCount)},
 		{&limits.AckTimeout, int64(c.qp.ackTimeout)},
+		{&limits.ForkSafe, int64(c.forkSafe)},
 		{&limits.HandshakeConnectTimeout, int64(c.handshakeConnectTimeout)},
 		{&limits.HandshakeMaxLength, int64(c.handshakeMaxLength)},
 		{&limits.BusyPoll, int64(c.busyPoll)},
@@ -339,6 +342,23 @@ func WithRetryCount(n int) Option { return func(c *config) { c.qp.retryCount = n
 // 2^n (1..31; default 14, ~67 ms, as Mooncake; environment MC_IB_TIMEOUT). Lower values find
 // a dead peer sooner (n=10: ~4 ms per try) at the risk of retries on a congested fabric.
 func WithAckTimeout(n int) Option { return func(c *config) { c.qp.ackTimeout = n } }
+
+// WithForkSafe(true) makes the engine call ibv_fork_init before it opens its RDMA device
+// (environment TWOSIDED_FORK_SAFE=1; default off): libibverbs then keeps registered memory
+// out of fork() children, so a child's copy-on-write pages never replace pages the NIC
+// writes into. It matters only for a process that calls fork(2) itself (C code, a raw
+// syscall) on a kernel older than 5.13; Go's os/exec shares no memory with its child. It
+// must take effect before any memory is registered in the process: an engine whose call
+// comes too late fails New with ErrConfig. The soft provider needs nothing. libibverbs also
+// honours its own RDMAV_FORK_SAFE variable.
+func WithForkSafe(on bool) Option {
+	return func(c *config) {
+		c.forkSafe = 0
+		if on {
+			c.forkSafe = 1
+		}
+	}
+}
 
 // WithBusyPoll spins up to d before sleeping (default 0: never): a SendNotify caller on its
 // completion, and the reactor while none of its callers spins, before epoll_wait.

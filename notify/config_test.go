@@ -161,6 +161,7 @@ func TestConfigEnvRangeIsOptionRange(t *testing.T) {
 		&limits.MaxInline:               num(WithMaxInline),
 		&limits.RetryCount:              num(WithRetryCount),
 		&limits.AckTimeout:              num(WithAckTimeout),
+		&limits.ForkSafe:                field(func(c *config, v int64) { c.forkSafe = int(v) }),
 		&limits.HandshakePort:           nil, // a port, checked by the listener's address
 		&limits.HandshakeConnectTimeout: field(func(c *config, v int64) { c.handshakeConnectTimeout = time.Duration(v) }),
 		&limits.HandshakeMaxLength:      field(func(c *config, v int64) { c.handshakeMaxLength = int(v) }),

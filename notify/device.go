@@ -24,6 +24,11 @@ func (e *Engine) openDevice() error {
 		if e.cfg.provider != "" && p.Name() != e.cfg.provider {
 			continue
 		}
+		if f, ok := p.(ibv.ForkIniter); ok && e.cfg.forkSafe == 1 {
+			if err := f.ForkInit(); err != nil {
+				return fmt.Errorf("%w: fork_safe (TWOSIDED_FORK_SAFE): %w", ErrConfig, err)
+			}
+		}
 		d, err := p.GetDeviceList()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", p.Name(), err))

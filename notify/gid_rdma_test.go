@@ -57,3 +57,15 @@ func TestGIDDefaultPairVerbs(t *testing.T) {
 	require.Equal(t, 1, send.Stats().ChannelsUp)
 	require.Zero(t, send.Stats().Limits.Fallbacks)
 }
+
+// WithForkSafe calls the libibverbs provider's ibv_fork_init before the device is opened;
+// the engine then works as usual.
+func TestForkSafeVerbs(t *testing.T) {
+	opts := verbsOpts(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	e, err := New(append(opts, WithForkSafe(true))...)
+	require.NoError(t, err)
+	require.NoError(t, e.SendNotify(ctx, e.Addr(), Notify{Name: "fork"}))
+	require.NoError(t, e.Close(ctx))
+}

@@ -163,6 +163,8 @@ func newQP(p *pd, a ibv.QPInitAttr) (*qp, error) {
 
 func (q *qp) QPNum() uint32 { return q.qpn }
 
+func (q *qp) Cap() ibv.QPCap { return q.caps }
+
 func (q *qp) State() ibv.QPState {
 	q.mu.Lock()
 	defer q.mu.Unlock()

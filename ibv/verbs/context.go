@@ -11,6 +11,7 @@ import "C"
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/twosided/twosided/ibv"
@@ -21,6 +22,8 @@ type deviceContext struct {
 	ctx  *C.struct_ibv_context
 	info ibv.DeviceInfo
 
+	cqs atomic.Uint64 // CQs created: the i-th goes to completion vector i % num_comp_vectors
+
 	asyncMu  sync.Mutex
 	asyncRaw *C.struct_ibv_async_event // Go memory without Go pointers, reused per event
 	asyncOut *C.struct_tsv_async
@@ -29,6 +32,20 @@ type deviceContext struct {
 var _ ibv.Context = (*deviceContext)(nil)
 
 func (c *deviceContext) Device() ibv.DeviceInfo { return c.info }
+
+// nextCompVector spreads CQs over the device's completion vectors, round robin (as
+// Mooncake's RdmaContext does), so that their interrupts do not all land on one core.
+func (c *deviceContext) nextCompVector() int {
+	return compVector(c.cqs.Add(1)-1, int(C.tsv_num_comp_vectors(c.ctx)))
+}
+
+// compVector is the vector of the i-th CQ (from 0) of a device with n completion vectors.
+func compVector(i uint64, n int) int {
+	if n <= 1 {
+		return 0
+	}
+	return int(i % uint64(n))
+}
 
 func (c *deviceContext) QueryPort(port uint8) (ibv.PortAttr, error) {
 	if c.ctx == nil {
@@ -157,3 +174,6 @@ func (c *deviceContext) Close() error {
 	c.ctx = nil
 	return nil
 }
+
+// tsvNumCompVectors is the context's num_comp_vectors.
+func tsvNumCompVectors(c *deviceContext) int { return int(C.tsv_num_comp_vectors(c.ctx)) }

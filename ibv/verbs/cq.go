@@ -84,6 +84,7 @@ type cq struct {
 	ch     *compChannel
 	handle uintptr
 	cqe    int
+	vector int // the completion vector (interrupt) its events are raised on
 
 	raw  *C.struct_ibv_wc  // C array of batch entries, for ibv_poll_cq
 	flat []C.struct_tsv_wc // C array of batch entries, the flattened copy Go reads
@@ -101,7 +102,8 @@ func newCQ(c *deviceContext, cqe int, ch *compChannel) (*cq, error) {
 	if ch != nil {
 		cch = ch.ch
 	}
-	r, errno := C.tsv_create_cq(c.ctx, C.int(cqe), C.uintptr_t(q.handle), cch)
+	q.vector = c.nextCompVector()
+	r, errno := C.tsv_create_cq(c.ctx, C.int(cqe), C.uintptr_t(q.handle), cch, C.int(q.vector))
 	if r == nil {
 		freeHandle(q.handle)
 		return nil, fmt.Errorf("verbs: %s: ibv_create_cq (cqe %d): %w", c.info.Name, cqe, errnoErr(errno))

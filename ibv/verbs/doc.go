@@ -23,6 +23,23 @@
 // (work requests, SGEs, work completions) lives in C memory allocated per object, so Poll,
 // PostSend and PostRecv allocate nothing and pass no Go pointer.
 //
+// Completion vectors. The i-th CQ of a context is created on completion vector
+// i % num_comp_vectors, so that the interrupts of many CQs are spread over the device's
+// vectors (and so over cores) instead of all landing on vector 0.
+//
+// Fork safety. Registered memory and fork(2) do not mix on kernels older than 5.13: a
+// child's copy-on-write could leave the NIC writing into pages the parent no longer maps.
+// Provider.ForkInit (ibv.ForkIniter) calls ibv_fork_init, which marks registered memory
+// MADV_DONTFORK; it must run before any memory is registered. notify calls it before it
+// opens its device when asked (notify.WithForkSafe, TWOSIDED_FORK_SAFE=1, in the limits
+// table); setting libibverbs' own RDMAV_FORK_SAFE does the same. Go's os/exec forks with
+// CLONE_VM|CLONE_VFORK and shares no pages with the child, so only code that calls fork
+// itself needs this.
+//
+// A failed ibv_dereg_mr leaves the buffer pinned and the MR kept in a package list (the NIC
+// may still write into it; a dropped Pinner would make Go panic), until a later Dereg or
+// its PD's Dealloc succeeds; StuckMRs counts them.
+//
 // Without RDMA support in the kernel, ibv_get_device_list fails with ENOSYS; the provider
 // then reports an error wrapping ibv.ErrNoDevice that says so.
 package verbs

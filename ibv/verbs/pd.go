@@ -11,6 +11,9 @@ import "C"
 import (
 	"fmt"
 	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"unsafe"
 
 	"github.com/twosided/twosided/ibv"
@@ -52,9 +55,14 @@ func (p *pd) CreateQP(attr ibv.QPInitAttr) (ibv.QP, error) {
 	return newQP(p, attr)
 }
 
+// Dealloc is ibv_dealloc_pd. It first tries again to deregister the PD's MRs whose Dereg
+// failed (see mr.Dereg), since the PD cannot go while they exist.
 func (p *pd) Dealloc() error {
 	if p.pd == nil {
 		return fmt.Errorf("verbs: dealloc pd: %w", ibv.ErrClosed)
+	}
+	for _, m := range stuck.of(p) {
+		_ = m.Dereg()
 	}
 	if rc, errno := C.ibv_dealloc_pd(p.pd); rc != 0 {
 		return fmt.Errorf("verbs: ibv_dealloc_pd: %w", rcErr(rc, errno))
@@ -84,14 +92,82 @@ func (m *mr) Access() ibv.AccessFlags { return m.access }
 func (m *mr) Buf() []byte             { return m.buf }
 
 // Dereg is ibv_dereg_mr; the buffer is unpinned once the NIC no longer refers to it.
+//
+// When ibv_dereg_mr fails the NIC may still write into the buffer, so it stays pinned; and
+// a caller that drops the MR then must not leave the Pinner to the garbage collector (Go
+// panics "found leaking pinned pointer" when a Pinner holding a pin is collected). A failed
+// MR is therefore kept in a package list, with its pin and its buffer, until a later Dereg
+// of it succeeds: the caller's again, or its PD's Dealloc, which tries its failed MRs first.
+// Memory that the NIC could not release stays allocated; StuckMRs counts it.
 func (m *mr) Dereg() error {
 	if m.mr == nil {
 		return fmt.Errorf("verbs: dereg mr: %w", ibv.ErrClosed)
 	}
-	if rc, errno := C.ibv_dereg_mr(m.mr); rc != 0 {
-		return fmt.Errorf("verbs: ibv_dereg_mr: %w", rcErr(rc, errno))
+	rc, err := deregMR(m.mr)
+	if rc != 0 {
+		stuck.add(m)
+		return fmt.Errorf("verbs: ibv_dereg_mr (%d bytes kept pinned until a Dereg succeeds): %w", len(m.buf), err)
 	}
+	stuck.remove(m)
 	m.mr = nil
 	m.pin.Unpin()
 	return nil
+}
+
+// deregFault, when not 0, makes ibv_dereg_mr fail with that errno without calling it (a
+// test hook: softverbs never fails it for a live MR).
+var deregFault atomic.Int32
+
+func deregMR(r *C.struct_ibv_mr) (C.int, error) {
+	if e := deregFault.Load(); e != 0 {
+		return C.int(e), syscall.Errno(e)
+	}
+	rc, errno := C.ibv_dereg_mr(r)
+	if rc != 0 {
+		return rc, rcErr(rc, errno)
+	}
+	return 0, nil
+}
+
+// stuck holds the MRs whose deregistration failed, so that their pins and buffers live on.
+var stuck stuckMRs
+
+type stuckMRs struct {
+	mu sync.Mutex
+	m  map[*mr]struct{}
+}
+
+func (s *stuckMRs) add(m *mr) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = make(map[*mr]struct{})
+	}
+	s.m[m] = struct{}{}
+}
+
+func (s *stuckMRs) remove(m *mr) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m, m)
+}
+
+func (s *stuckMRs) of(p *pd) []*mr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*mr
+	for m := range s.m {
+		if m.pd == p {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// StuckMRs is the number of MRs whose ibv_dereg_mr failed and that no later Dereg (nor their
+// PD's Dealloc) released yet: their buffers stay pinned and allocated.
+func StuckMRs() int {
+	stuck.mu.Lock()
+	defer stuck.mu.Unlock()
+	return len(stuck.m)
 }

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"syscall"
 	"unsafe"
 
@@ -26,6 +27,33 @@ func init() { ibv.Register(Provider{}) }
 
 // Name is "verbs".
 func (Provider) Name() string { return "verbs" }
+
+var forkInit struct {
+	sync.Mutex
+	done bool
+}
+
+// ForkInit is ibv_fork_init (ibv.ForkIniter): libibverbs marks registered memory
+// MADV_DONTFORK so that a fork() child's copy-on-write pages never replace pages a NIC
+// writes into. It must run before the process registers any memory (after that it fails
+// with EINVAL); once it succeeded, later calls return nil. Kernels from 5.13 on need none
+// of this (libibverbs then does nothing). Setting RDMAV_FORK_SAFE in the environment makes
+// libibverbs call it by itself. Go's os/exec forks with CLONE_VM|CLONE_VFORK and shares no
+// memory with the child, so only a real fork() (C code, a raw syscall) needs it.
+func (Provider) ForkInit() error {
+	forkInit.Lock()
+	defer forkInit.Unlock()
+	if forkInit.done {
+		return nil
+	}
+	if rc := C.ibv_fork_init(); rc != 0 {
+		return fmt.Errorf("verbs: ibv_fork_init: %w (it must run before any memory is registered)", syscall.Errno(rc))
+	}
+	forkInit.done = true
+	return nil
+}
+
+var _ ibv.ForkIniter = Provider{}
 
 // GetDeviceList queries every device libibverbs lists. When no device has an active port
 // it returns the devices it found together with an error wrapping ibv.ErrNoDevice that says

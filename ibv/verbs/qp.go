@@ -104,6 +104,9 @@ func cArray[T any](n int) []T {
 
 func cFree[T any](s []T) { C.free(unsafe.Pointer(unsafe.SliceData(s))) }
 
+// Cap is what ibv_create_qp granted.
+func (q *qp) Cap() ibv.QPCap { return q.cap }
+
 func (q *qp) QPNum() uint32 {
 	if q.qp == nil {
 		return 0

@@ -32,9 +32,14 @@ ssize_t tsv_query_gid_table(struct ibv_context *ctx, struct ibv_gid_entry *entri
 }
 
 struct ibv_cq *tsv_create_cq(struct ibv_context *ctx, int cqe, uintptr_t handle,
-			     struct ibv_comp_channel *ch)
+			     struct ibv_comp_channel *ch, int comp_vector)
 {
-	return ibv_create_cq(ctx, cqe, (void *)handle, ch, 0);
+	return ibv_create_cq(ctx, cqe, (void *)handle, ch, comp_vector);
+}
+
+int tsv_num_comp_vectors(struct ibv_context *ctx)
+{
+	return ctx->num_comp_vectors;
 }
 
 // tsv_get_cq_event returns 0, or errno (EAGAIN on an empty non-blocking channel).

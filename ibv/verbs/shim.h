@@ -59,7 +59,8 @@ struct ibv_mr *tsv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
 int tsv_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *out);
 ssize_t tsv_query_gid_table(struct ibv_context *ctx, struct ibv_gid_entry *entries, size_t max);
 struct ibv_cq *tsv_create_cq(struct ibv_context *ctx, int cqe, uintptr_t handle,
-			     struct ibv_comp_channel *ch);
+			     struct ibv_comp_channel *ch, int comp_vector);
+int tsv_num_comp_vectors(struct ibv_context *ctx);
 int tsv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq, uintptr_t *handle);
 int tsv_req_notify(struct ibv_cq *cq, int solicited_only);
 int tsv_poll(struct ibv_cq *cq, int n, struct ibv_wc *raw, struct tsv_wc *out);

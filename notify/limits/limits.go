@@ -78,6 +78,11 @@ var (
 	MaxInline    = Limit{Name: "max_inline", Env: "MC_MAX_INLINE", Default: 64, Min: 0, Max: 65535, Unit: Bytes}
 	RetryCount   = Limit{Name: "retry_count", Env: "MC_IB_RETRY_CNT", Default: 7, Min: 1, Max: 7}
 	AckTimeout   = Limit{Name: "ack_timeout", Env: "MC_IB_TIMEOUT", Default: 14, Min: 1, Max: 31}
+	// ForkSafe = 1 calls ibv_fork_init before the engine's device is opened (libibverbs
+	// providers only): registered memory is kept out of fork() children, for a process that
+	// forks with C code or a raw fork(2) on a kernel older than 5.13. libibverbs also reads
+	// its own RDMAV_FORK_SAFE (any value: on).
+	ForkSafe = Limit{Name: "fork_safe", Env: "TWOSIDED_FORK_SAFE", Default: 0, Min: 0, Max: 1}
 	// HandshakePort is the OOB listen port; 0 keeps the listen address given.
 	HandshakePort           = Limit{Name: "handshake_port", Env: "MC_HANDSHAKE_PORT", Default: 0, Min: 1, Max: 65535, Special: []Special{{0, ""}}}
 	HandshakeConnectTimeout = Limit{Name: "handshake_connect_timeout", Env: "MC_HANDSHAKE_CONNECT_TIMEOUT", EnvUnit: time.Second,
@@ -108,7 +113,7 @@ var (
 func All() []*Limit {
 	return []*Limit{&RecvCount, &BufferSize, &MaxPendingSends, &ConnectTimeout, &MaxNotifySize, &RecvQueue,
 		&MTU, &IBPort, &GIDIndex, &TrafficClass, &ServiceLevel, &PKeyIndex, &MaxInline, &RetryCount, &AckTimeout,
-		&HandshakePort, &HandshakeConnectTimeout, &HandshakeMaxLength, &BusyPoll,
+		&ForkSafe, &HandshakePort, &HandshakeConnectTimeout, &HandshakeMaxLength, &BusyPoll,
 		&AuthKeyLen, &MaxChannels, &Keepalive, &OOBMaxConns, &OOBMaxPendingHandshakes,
 		&OOBMaxPendingHandshakesPerAddr, &OOBMaxPeers, &OOBMaxOpenRequests, &OOBIdleTimeout, &OOBRequestTimeout, &OOBMaxConnBuffer}
 }
