@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/twosided/twosided/ctrlchannel"
 	"github.com/twosided/twosided/ibv"
@@ -86,8 +87,8 @@ func (e *Engine) openDevice() error {
 		if e.cfg.ibPort == 1 && port.Num != 1 {
 			e.cfg.ibPort = int(port.Num)
 		}
-		e.dev, e.pd, e.devName = ctx, &channelPD{PD: pd, qp: e.cfg.qp}, d.Name
-		e.cfg.dev = &deviceState{gidRequested: e.cfg.gidIndex, port: port.Num}
+		e.cfg.dev = &deviceState{gidRequested: e.cfg.gidIndex, port: port.Num, asyncFd: -1}
+		e.dev, e.pd, e.devName = ctx, &channelPD{PD: pd, qp: e.cfg.qp, st: e.cfg.dev}, d.Name
 		e.useGID(gid, port)
 		if d.Provider == "soft" {
 			softNotice.Do(func() {
@@ -124,8 +125,10 @@ type deviceState struct {
 	gidRequested int   // gid_index as configured: -1 = auto
 	port         uint8 // the port channels use
 	gid          ibv.GIDEntry
-	portDown     bool // a PORT_ERR (or DEVICE_FATAL) not yet followed by PORT_ACTIVE
-	fatal        bool
+	portDown     bool        // a PORT_ERR not yet followed by PORT_ACTIVE
+	fatal        bool        // a DEVICE_FATAL
+	down         atomic.Bool // portDown || fatal, for any goroutine
+	asyncFd      int         // the loop's duplicate of the async fd; -1: not watched
 	events       deviceEventCounters
 }
 
@@ -176,6 +179,7 @@ func (e *Engine) GID() (ibv.GIDEntry, bool) {
 type channelPD struct {
 	ibv.PD
 	qp qpKnobs
+	st *deviceState
 }
 
 // ChannelDefaults fills the QP attributes cfg leaves zero.

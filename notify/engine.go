@@ -189,6 +189,7 @@ func newEngine(cfg config, opts []Option) (*Engine, error) {
 		_ = e.Close(context.Background())
 		return nil, fmt.Errorf("notify: start: the reactor did not run for 10 s")
 	}
+	e.startAsync() // async.go: the device's async events on the reactor
 	if err := e.startDirectory(); err != nil {
 		return nil, err
 	}

@@ -55,6 +55,9 @@ type Stats struct {
 	Peers   []PeerStats
 	Reactor ReactorStats
 	OOB     OOBStats
+	// DeviceEvents counts the RDMA device's async events and the channels they failed
+	// (async.go; Engine.DeviceEvents).
+	DeviceEvents DeviceEventStats
 }
 
 // Histogram is a latency distribution over fixed buckets: Counts[i] observations fell at or
@@ -308,6 +311,7 @@ func (e *Engine) Stats() Stats {
 	s.Reactor = reactorStatsOf(e.loop.Stats())
 	s.OOB = oobStatsOf(e.node.Stats())
 	s.DeviceRNRNaks = e.deviceRNRNaks()
+	s.DeviceEvents = e.DeviceEvents()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	done := make(chan Stats, 1)

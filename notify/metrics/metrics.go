@@ -41,6 +41,7 @@ type Collector struct {
 	oobHandshakes, oobAuthFailed, oobConns, sendLat, deliverLat *prometheus.Desc
 	peerSent, peerRecv, peerDups, peerUp, peersUnlabeled        *prometheus.Desc
 	refusals, pruned, givenUp, heldOOB, oobBusy                 *prometheus.Desc
+	devEvents, devChansFailed, devPortDown                      *prometheus.Desc
 
 	mu      sync.Mutex
 	labeled map[string]struct{} // peers with series, at most peerCap
@@ -77,6 +78,9 @@ func New(e *notify.Engine, opts ...Option) *Collector {
 	c.wakeups = d("reactor_wakeups_total", "Returns of the reactor from a blocking epoll_wait.")
 	c.busy = d("reactor_busy_seconds_total", "Time the reactor spent working, outside epoll_wait and busy-polling.")
 	c.oobHandshakes = d("oob_handshakes_served_total", "Handshakes received on the OOB channel.")
+	c.devEvents = d("device_events_total", "Async events of the RDMA device, by event: port_err, port_active, device_fatal, gid_change, other.", "event")
+	c.devChansFailed = d("device_channels_failed_total", "Ctrl channels closed at once by a PORT_ERR or DEVICE_FATAL event (their notifies go on over OOB).")
+	c.devPortDown = d("device_port_down", "1 while a PORT_ERR or DEVICE_FATAL event holds: no ctrl channel is made.")
 	c.oobAuthFailed = d("oob_auth_failures_total", "OOB connections refused for a wrong or missing key proof.")
 	c.oobConns = d("oob_connections", "OOB connections open.", "side")
 	c.refusals = d("refusals_total", "Peers, names, channels or OOB notifies refused: a limit reached or a failed proof.", "reason")
@@ -102,6 +106,9 @@ func New(e *notify.Engine, opts ...Option) *Collector {
 var dropReasons = []string{"bad_magic", "decode", "unknown_type", "stale_epoch", "foreign_session",
 	"duplicate", "extension", "fragment", "too_large", "oob_bad_frame"}
 
+// deviceEvents are the events of twosided_device_events_total.
+var deviceEvents = []string{"port_err", "port_active", "device_fatal", "gid_change", "other"}
+
 // refusalReasons are the reasons of twosided_refusals_total.
 var refusalReasons = []string{"peer_limit", "name_limit", "channel_limit", "auth", "oob"}
 
@@ -114,6 +121,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.queueCap, c.paused, c.pending, c.wakeups, c.busy,
 		c.oobHandshakes, c.oobAuthFailed, c.oobConns, c.sendLat, c.deliverLat,
 		c.refusals, c.pruned, c.givenUp, c.heldOOB, c.oobBusy,
+		c.devEvents, c.devChansFailed, c.devPortDown,
 	} {
 		ch <- d
 	}
@@ -172,6 +180,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.oobAuthFailed, s.OOB.AuthFailed)
 	gauge(c.oobConns, float64(s.OOB.ServerConns), "server")
 	gauge(c.oobConns, float64(s.OOB.ClientConns), "client")
+	de := c.e.DeviceEvents()
+	for i, v := range []uint64{de.PortErr, de.PortActive, de.DeviceFatal, de.GIDChange, de.Other} {
+		counter(c.devEvents, v, deviceEvents[i])
+	}
+	counter(c.devChansFailed, de.ChannelsFailed)
+	gauge(c.devPortDown, boolFloat(de.PortDown))
 	ch <- histogram(c.sendLat, &s.SendLatency)
 	ch <- histogram(c.deliverLat, &s.DeliverLatency)
 	if c.peerCap > 0 {
