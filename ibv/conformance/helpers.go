@@ -46,6 +46,7 @@ type side struct {
 	rcq  ibv.CQ
 	qp   ibv.QP
 	port ibv.PortAttr
+	gid  ibv.GIDEntry // this side's source GID (ibv.SelectGID of its own port)
 	o    opts
 }
 
@@ -66,6 +67,8 @@ func newSide(t *testing.T, f Fixture, dev string, o opts) *side {
 	s.port, err = s.ctx.QueryPort(1)
 	require.NoError(t, err)
 	require.Equal(t, ibv.PortActive, s.port.State, "device %s port 1", dev)
+	s.gid, err = ibv.SelectGID(s.port, -1)
+	require.NoError(t, err, "device %s port 1: a source GID", dev)
 	s.pd, err = s.ctx.AllocPD()
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, s.pd.Dealloc()) })
@@ -108,11 +111,14 @@ const rtrMask = ibv.AttrState | ibv.AttrAV | ibv.AttrPathMTU | ibv.AttrDestQPN |
 const rtsMask = ibv.AttrState | ibv.AttrSqPSN | ibv.AttrTimeout | ibv.AttrRetryCnt | ibv.AttrRnrRetry |
 	ibv.AttrMaxQPRdAtomic
 
-func rtrAttr(remote ibv.PortAttr, destQPN uint32, o opts) *ibv.QPAttr {
+// rtrAttr is local's QP to RTR towards QPN destQPN of remote: the destination is remote's
+// source GID, and the address vector's sgid_index local's own (each side picks its own
+// index; the two need not be equal, and are not on a NIC whose ports differ).
+func rtrAttr(local, remote *side, destQPN uint32, o opts) *ibv.QPAttr {
 	return &ibv.QPAttr{QPState: ibv.QPSRTR, PathMTU: ibv.MTU1024, DestQPNum: destQPN, RqPSN: 0,
 		MaxDestRdAtomic: 1, MinRNRTimer: o.minRNRTimer,
-		AHAttr: ibv.AHAttr{IsGlobal: true, DGID: remote.GID, DLID: remote.LID, HopLimit: 1, PortNum: 1,
-			SGIDIndex: uint8(remote.GIDIndex)}}
+		AHAttr: ibv.AHAttr{IsGlobal: true, DGID: remote.gid.GID, DLID: remote.port.LID, HopLimit: 1, PortNum: 1,
+			SGIDIndex: uint8(local.gid.Index)}}
 }
 
 func rtsAttr(o opts) *ibv.QPAttr {
@@ -123,7 +129,7 @@ func rtsAttr(o opts) *ibv.QPAttr {
 // connectQP takes qp (of side s, in INIT) to RTS towards QPN dest on remote's device.
 func connectQP(t *testing.T, s *side, qp ibv.QP, remote *side, dest uint32) {
 	t.Helper()
-	require.NoError(t, qp.Modify(rtrAttr(remote.port, dest, s.o), rtrMask))
+	require.NoError(t, qp.Modify(rtrAttr(s, remote, dest, s.o), rtrMask))
 	require.NoError(t, qp.Modify(rtsAttr(s.o), rtsMask))
 	require.Equal(t, ibv.QPSRTS, qp.State())
 }
