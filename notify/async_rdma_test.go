@@ -1,0 +1,76 @@
+//go:build rdma
+
+package notify
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// envAsyncChild names softverbs' control file in the child process of
+// TestAsyncPortErrVerbs (softverbs reads SOFTVERBS_CTL once, when the library is first used,
+// so the test runs itself again with the variable set).
+const envAsyncChild = "TWOSIDED_TEST_ASYNC_CTL"
+
+// Through libibverbs: softverbs' port going down raises IBV_EVENT_PORT_ERR on every
+// context; the engine's channels fail at once (keepalive off: nothing else would notice),
+// notifies go over OOB, and after IBV_EVENT_PORT_ACTIVE a channel is made again.
+func TestAsyncPortErrVerbs(t *testing.T) {
+	ctl := os.Getenv(envAsyncChild)
+	if ctl == "" {
+		opts := verbsOpts(t)
+		if !strings.Contains(strings.Join(optNames(opts), ","), "softverbs") {
+			t.Skip("needs softverbs (its control file takes the port down)")
+		}
+		ctl = filepath.Join(t.TempDir(), "ctl")
+		require.NoError(t, os.WriteFile(ctl, []byte("port=up\n"), 0o600))
+		cmd := exec.Command(os.Args[0], "-test.run=^TestAsyncPortErrVerbs$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "SOFTVERBS_CTL="+ctl, envAsyncChild+"="+ctl)
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		require.Contains(t, string(out), "--- PASS: TestAsyncPortErrVerbs")
+		return
+	}
+	opts := append(verbsOpts(t), WithOOBFallback(true), WithKeepalive(0))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	recv, err := New(opts...)
+	require.NoError(t, err)
+	defer func() { _ = recv.Close(ctx) }()
+	send, err := New(opts...)
+	require.NoError(t, err)
+	defer func() { _ = send.Close(ctx) }()
+	sendRecv(t, ctx, send, recv, "up")
+	require.Equal(t, 1, send.Stats().ChannelsUp)
+
+	require.NoError(t, os.WriteFile(ctl, []byte("port=down\n"), 0o600))
+	require.Eventually(t, func() bool {
+		ev := send.DeviceEvents()
+		return ev.PortErr == 1 && ev.ChannelsFailed == 1 && send.Stats().ChannelsUp == 0
+	}, bounded, 10*time.Millisecond, "PORT_ERR must fail the channel: %+v", send.DeviceEvents())
+	sendRecv(t, ctx, send, recv, "oob")
+	require.Zero(t, send.Stats().ChannelsUp)
+
+	require.NoError(t, os.WriteFile(ctl, []byte("port=up\n"), 0o600))
+	require.Eventually(t, func() bool { return send.DeviceEvents().PortActive == 1 }, bounded, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		sendRecv(t, ctx, send, recv, "again")
+		return send.Stats().ChannelsUp == 1
+	}, bounded, 100*time.Millisecond, "a channel is made again once the port is active")
+}
+
+// optNames are the device names of WithDeviceFilters among opts.
+func optNames(opts []Option) []string {
+	var c config
+	for _, o := range opts {
+		o(&c)
+	}
+	return c.filters
+}
