@@ -93,7 +93,8 @@
 //
 // # Fault hooks
 //
-// CutLink/CutPath/DelayLink/RestoreLink, KillDevice, SetPortState, InjectWC,
+// CutLink/CutPath/DelayLink/RestoreLink, KillDevice, SetPortState, SetGIDTable,
+// RaiseAsyncEvent, InjectWC,
 // DeviceCounters and Provider.Counters let tests break what a NIC or a network would break.
 //
 // # GID encoding
@@ -103,6 +104,14 @@
 // address. 127.0.0.1:12345 is 3039:0000:0000:0000:0000:ffff:7f00:0001. LID is 0 and the link
 // layer is Ethernet (as RoCE), so RTR needs a global address vector (AHAttr.IsGlobal, DGID).
 // An unspecified listen IP (0.0.0.0) is advertised as 127.0.0.1.
+//
+// A port's GID table has that one GID at index 0 (RoCE v2) by default. WithGIDTable(
+// GIDTableMLX5) or TWOSIDED_SOFT_GID_TABLE=mlx5 gives it mlx5's shape on an IPv4 netdev
+// instead: 0 RoCE v1 and 1 RoCE v2 of a link-local fe80:: GID, 2 RoCE v1 and 3 RoCE v2 of the
+// device's GID. RTR then checks the address vector as the kernel's RoCE resolution does: the
+// sgid_index must name an entry, of the DGID's address family (IPv4 or not), else EINVAL.
+// SetGIDTable changes an open device's table and raises EventGIDChange; RaiseAsyncEvent
+// raises any event (SetPortState raises PORT_ERR and PORT_ACTIVE).
 //
 // # Wire format
 //
