@@ -123,7 +123,9 @@ func (e *Engine) finishConnect(name string, id chanID, epoch uint64, resp *oob.H
 		if res.refuse == "" && id != 0 && resp.CtrlChannel && resp.NotifyQPNum != 0 {
 			if ch := e.chans[id]; ch != nil {
 				if cerr := e.connectChannel(id, ch, resp, epoch); cerr != nil {
-					res.err = fmt.Errorf("%w: handshake reply: %w", ErrRejected, cerr)
+					// Ours failed (a verbs call, our resources), or the reply's channel
+					// fields could not be used: not the peer's refusal.
+					res.localErr = fmt.Errorf("local: %w", cerr)
 				} else {
 					res.ctrl = true
 				}

@@ -148,8 +148,14 @@ type nameEntry struct {
 	waiters    []reqID // sends to this name before its peer is known
 	legacyOOB  bool    // the name is a Mooncake engine without ctrl channel: seq-less OOB
 	retryAt    time.Time
-	retryErr   error // what sends get until retryAt (nil: serve them over OOB)
 	lastUsed   time.Time
+	// Connect backoff: failures counts our handshakes via this name that failed in a row
+	// (unreachable, refused, no ctrl channel with fallback off, a local verbs failure); no
+	// handshake goes before backoffAt, and meanwhile sends fail with backoffErr (or go
+	// over OOB when fallback is on and the pair has a token). A success resets it.
+	failures   int
+	backoffAt  time.Time
+	backoffErr error
 	// stragglers counts sends via this name still on their way to the pair it led to
 	// before a rebind. Their refusals come back in any order and are sent again in the
 	// new pair: until all are answered, the name's waiters stay here (not moved to the
@@ -293,8 +299,11 @@ type machineStats struct {
 	FencesSent, FencesDropped, PairsRestarted, LegacyDelivered, OOBRefused, PeersPruned uint64
 	PeersEvicted     uint64
 	PeersUnconfirmed int
-	Duplicates       uint64 // received notifies dropped as duplicates (seq or id)
-	ConnectsQueued   uint64 // handshakes that waited for a slot (maxConnects)
+	// HandshakesFailed: our handshakes that failed (each starts or lengthens a backoff);
+	// BackoffRefused: sends refused at once while their peer's handshakes backed off.
+	HandshakesFailed, BackoffRefused uint64
+	Duplicates                       uint64 // received notifies dropped as duplicates (seq or id)
+	ConnectsQueued                   uint64 // handshakes that waited for a slot (maxConnects)
 }
 
 func newPeerMachine(local uint64, cfg machineConfig, rnd func() uint64) *peerMachine {
@@ -400,11 +409,6 @@ func (m *peerMachine) send(now time.Time, id reqID, name, nid string, deadline t
 	}
 	if p := ne.peer; p != nil && len(ne.waiters) == 0 && ne.stragglers == 0 {
 		m.enqueue(now, p, r, name)
-		return
-	}
-	if !ne.connecting && now.Before(ne.retryAt) && ne.retryErr != nil {
-		m.complete(id, ne.retryErr)
-		m.dropName(ne)
 		return
 	}
 	if len(ne.waiters) >= m.cfg.maxPendingSends {
@@ -930,6 +934,10 @@ func (m *peerMachine) connectName(now time.Time, ne *nameEntry, p *peerEntry) {
 		m.failPeerWaiters(now, p, p.lastErr)
 		return
 	}
+	if ne.failures > 0 && now.Before(ne.backoffAt) {
+		m.backingOff(now, ne, p)
+		return
+	}
 	if m.connects >= m.cfg.maxConnects {
 		if !ne.queued {
 			ne.queued = true
@@ -1020,6 +1028,83 @@ func (m *peerMachine) nextConnect(now time.Time) {
 	}
 }
 
+// Connect backoff bounds: the first retry waits 75-100 ms, each failure doubles it, up to
+// 6-8 s. A peer that is down sees at most about 20 handshakes in its first minute from a
+// sender that sends all the time (not one per send), and one that comes back is reached
+// again within 8 s.
+const (
+	connectBackoffMin = 100 * time.Millisecond
+	connectBackoffMax = 8 * time.Second
+)
+
+// handshakeFailed counts a failed handshake via ne and sets its backoff: a random delay in
+// [3d/4, d], d doubling per failure in a row from connectBackoffMin up to connectBackoffMax
+// (the random part spreads the retries of many senders).
+func (m *peerMachine) handshakeFailed(now time.Time, ne *nameEntry, err error) {
+	m.stats.HandshakesFailed++
+	ne.failures++
+	d := connectBackoffMax
+	if ne.failures < 20 {
+		d = min(connectBackoffMin<<(ne.failures-1), connectBackoffMax)
+	}
+	d = d - d/4 + time.Duration(m.rand()%uint64(d/4+1))
+	ne.backoffAt, ne.backoffErr = now.Add(d), err
+	m.setTimer(ne.backoffAt) // the name entry is kept until then (tick)
+}
+
+// backingOff: no new QP or handshake per send while the peer behind ne keeps failing. With
+// fallback on, a pair with a token sends over OOB meanwhile; otherwise a send that can
+// wait for the next handshake (at backoffAt) waits for it, and the others fail now with
+// the failure that started the backoff.
+func (m *peerMachine) backingOff(now time.Time, ne *nameEntry, p *peerEntry) {
+	err := &backoffError{err: ne.backoffErr, wait: ne.backoffAt.Sub(now)}
+	if p != nil && m.cfg.fallback && (p.tokenOut != 0 || p.key.legacy != "") {
+		m.failPeerWaiters(now, p, err)
+		return
+	}
+	keep := func(ws []reqID) []reqID {
+		out := ws[:0]
+		for _, id := range ws {
+			r := m.reqs[id]
+			switch {
+			case r == nil:
+			case r.deadline.After(ne.backoffAt):
+				out = append(out, id)
+			default:
+				m.stats.BackoffRefused++
+				if r.seq != 0 && r.peer != nil {
+					r.peer.seqs.giveUp(r.seq)
+				}
+				m.complete(id, err)
+			}
+		}
+		return out
+	}
+	ne.waiters = keep(ne.waiters)
+	if p != nil {
+		p.waiters = keep(p.waiters)
+		m.fence(p)
+	}
+	m.setTimer(ne.backoffAt) // tick starts the next handshake for what waits
+}
+
+// handshakeOK ends ne's backoff.
+func (m *peerMachine) handshakeOK(ne *nameEntry) {
+	ne.failures, ne.backoffAt, ne.backoffErr = 0, time.Time{}, nil
+}
+
+// backoffError is what a send gets while its peer's handshakes back off: the failure that
+// started the backoff, and when the next handshake may go.
+type backoffError struct {
+	err  error
+	wait time.Duration
+}
+
+func (e *backoffError) Error() string {
+	return fmt.Sprintf("%v (handshakes paused after repeated failures; the next in %v, after this send's deadline)", e.err, e.wait.Round(time.Millisecond))
+}
+func (e *backoffError) Unwrap() error { return e.err }
+
 // hsResult is what our handshake via a name came back with.
 type hsResult struct {
 	err       error  // transport failure, or a reply we could not use (the kind wrapped)
@@ -1033,6 +1118,9 @@ type hsResult struct {
 	fresh     bool   // the peer made its state for us just now (ts_fresh)
 	maxNotify int    // the peer's max_notify_size (ts_max_notify; 0: not said)
 	refuseMsg string // the text of the peer's refusal (which limit, ...)
+	// localErr: the handshake succeeded but our own side of the channel failed (a verbs
+	// call: modify to RTR, ...): not the peer's refusal.
+	localErr error
 }
 
 // Refusal codes (oob ts_refuse).
@@ -1073,7 +1161,22 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 		if errors.As(res.err, &ke) {
 			kind = ke.kind // a limit the peer's OOB port said, an auth failure, ...
 		}
-		m.failName(now, ne, sendErr(kind, name, "handshake", res.err, false))
+		err := sendErr(kind, name, "handshake", res.err, false)
+		m.handshakeFailed(now, ne, err)
+		m.failName(now, ne, err)
+		return
+	}
+	if res.localErr != nil && res.session == 0 {
+		// Our side of a Mooncake peer's channel failed: its OOB path serves when fallback
+		// allows, the channel is tried again after the backoff.
+		closeCh(res.localErr)
+		err := sendErr(ErrNoCtrlChannel, name, "rdma_twosided", res.localErr, false)
+		m.handshakeFailed(now, ne, err)
+		if m.cfg.fallback {
+			m.legacyOOB(now, ne, ne.backoffAt)
+			return
+		}
+		m.failName(now, ne, err)
 		return
 	}
 	if res.session == 0 {
@@ -1108,11 +1211,19 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 		return
 	case refuseClosed:
 		closeCh(ErrClosed)
-		m.failName(now, ne, sendErr(ErrPeerUnreachable, name, "handshake", errors.New("the peer is closing"), false))
+		err := sendErr(ErrPeerUnreachable, name, "handshake", errors.New("the peer is closing"), false)
+		m.handshakeFailed(now, ne, err)
+		m.failName(now, ne, err)
 		return
 	case refuseInvalid, refuseStale:
 		closeCh(ErrRejected)
-		m.failName(now, ne, sendErr(ErrRejected, name, "handshake", fmt.Errorf("refused (%s)", res.refuse), false))
+		why := res.refuse
+		if res.refuseMsg != "" {
+			why += ": " + res.refuseMsg
+		}
+		err := sendErr(ErrRejected, name, "handshake", fmt.Errorf("refused (%s)", why), false)
+		m.handshakeFailed(now, ne, err)
+		m.failName(now, ne, err)
 		return
 	}
 	p, err := m.bind(now, ne, res.session, res.peerName, res.fresh && (res.refuse == "" || res.refuse == refuseNoCtrl))
@@ -1133,6 +1244,28 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 		// The name is this engine's own: served over OOB, for good (see inbound).
 		closeCh(ErrNoCtrlChannel)
 		p.mode = modeOOB
+		m.handshakeOK(ne)
+	case res.localErr != nil || (m.cfg.channels && !m.cfg.fallback && (res.refuse == refuseNoCtrl || (res.refuse == "" && !res.ctrl))):
+		// Our side of the channel failed, or the peer serves none: with fallback off
+		// nothing goes over OOB; the channel is tried again after the backoff.
+		cause := res.localErr
+		if cause == nil {
+			cause = errors.New("the peer serves no ctrl channel, and OOB fallback is off")
+		}
+		closeCh(cause)
+		err := sendErr(ErrNoCtrlChannel, name, "rdma_twosided", cause, false)
+		m.handshakeFailed(now, ne, err)
+		p.lastErr = err
+		m.moveWaiters(ne, p)
+		if m.cfg.fallback && p.tokenOut != 0 {
+			m.stats.Fallbacks += uint64(len(p.waiters))
+			p.mode = modeOOB
+			p.retryAt = ne.backoffAt // then a channel is tried again (tick)
+			m.flush(now, p, name)
+			return
+		}
+		m.failPeerWaiters(now, p, err)
+		return
 	case res.refuse == refuseNoCtrl || (res.refuse == "" && !res.ctrl):
 		closeCh(ErrNoCtrlChannel)
 		p.mode = modeOOB
@@ -1191,6 +1324,7 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 			m.adopt(now, p, ce)
 		}
 	}
+	m.handshakeOK(ne) // the peer answered: it is there
 	m.moveWaiters(ne, p)
 	m.flush(now, p, name)
 	m.fence(p) // seqs given up while the pair had no path (a rebind) now have one
@@ -1198,20 +1332,25 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 
 func (m *peerMachine) connectedLegacy(now time.Time, ne *nameEntry, ce *chanEntry, res hsResult, closeCh func(error)) {
 	if !res.ctrl || ce == nil {
-		// A Mooncake engine without ctrl channel: seq-less OOB at once, no handshake per notify.
 		closeCh(ErrNoCtrlChannel)
-		ne.legacyOOB = true
-		ne.retryAt = now.Add(m.cfg.noCtrlRetry)
-		ws := ne.waiters
-		ne.waiters = nil
-		for _, id := range ws {
-			if r := m.reqs[id]; r != nil {
-				r.legacy, r.oob = true, true
-				m.emit(mAction{kind: aOOB, req: id, name: ne.name, legacy: true, deadline: r.deadline})
+		if !m.cfg.fallback && m.cfg.channels {
+			// Fallback off: nothing goes over OOB, whatever the reply says; the channel is
+			// asked for again after the backoff.
+			msg := "the peer (a Mooncake engine) serves no ctrl channel, and OOB fallback is off"
+			if res.noCtrlMsg != "" {
+				msg += ": " + res.noCtrlMsg
 			}
+			err := sendErr(ErrNoCtrlChannel, ne.name, "handshake", errors.New(msg), false)
+			m.handshakeFailed(now, ne, err)
+			m.failName(now, ne, err)
+			return
 		}
+		// A Mooncake engine without ctrl channel: seq-less OOB at once, no handshake per notify.
+		m.handshakeOK(ne)
+		m.legacyOOB(now, ne, now.Add(m.cfg.noCtrlRetry))
 		return
 	}
+	m.handshakeOK(ne)
 	key := peerKey{legacy: ne.name}
 	p := m.peers[key]
 	if p == nil {
@@ -1229,6 +1368,21 @@ func (m *peerMachine) connectedLegacy(now time.Time, ne *nameEntry, ce *chanEntr
 	m.adopt(now, p, ce)
 	m.moveWaiters(ne, p)
 	m.flush(now, p, ne.name)
+}
+
+// legacyOOB serves the Mooncake engine at ne seq-less over OOB until until, its waiting
+// sends first.
+func (m *peerMachine) legacyOOB(now time.Time, ne *nameEntry, until time.Time) {
+	ne.legacyOOB = true
+	ne.retryAt = until
+	ws := ne.waiters
+	ne.waiters = nil
+	for _, id := range ws {
+		if r := m.reqs[id]; r != nil {
+			r.legacy, r.oob = true, true
+			m.emit(mAction{kind: aOOB, req: id, name: ne.name, legacy: true, deadline: r.deadline})
+		}
+	}
 }
 
 // busyRetryAfter is the least pause before a handshake refused "busy" is tried again (a
@@ -1514,7 +1668,7 @@ func (m *peerMachine) failName(now time.Time, ne *nameEntry, err error) {
 }
 
 func (m *peerMachine) dropName(ne *nameEntry) {
-	if ne.peer == nil && !ne.connecting && len(ne.waiters) == 0 && !ne.legacyOOB {
+	if ne.peer == nil && !ne.connecting && len(ne.waiters) == 0 && !ne.legacyOOB && ne.failures == 0 {
 		delete(m.names, ne.name)
 	}
 }
@@ -2139,7 +2293,19 @@ func (m *peerMachine) tick(now time.Time) {
 		later(r.deadline)
 	}
 	for _, ne := range m.names {
+		if ne.peer == nil && !ne.connecting && len(ne.waiters) > 0 && ne.failures > 0 && ne.stragglers == 0 {
+			if now.Before(ne.backoffAt) {
+				later(ne.backoffAt)
+			} else {
+				m.connectName(now, ne, nil) // the backoff is over: what waited goes
+			}
+			continue
+		}
 		if ne.peer == nil && !ne.connecting && len(ne.waiters) == 0 && ne.stragglers == 0 && (ne.retryAt.IsZero() || !now.Before(ne.retryAt)) {
+			if now.Before(ne.backoffAt) {
+				later(ne.backoffAt) // its backoff outlives the entry's use
+				continue
+			}
 			delete(m.names, ne.name)
 		}
 	}

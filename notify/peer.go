@@ -501,6 +501,8 @@ func oobOutcome(err error) (maybe, local bool) {
 		return false, true
 	case errors.Is(err, oob.ErrRejected):
 		return false, false // the peer answered: not delivered
+	case errors.Is(err, oob.ErrNotSent):
+		return false, false // never written: not delivered, and another path may serve
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, oob.ErrTimeout),
 		errors.Is(err, oob.ErrPeerUnreachable):
 		// The request may have been written before the connection broke or time ran out.

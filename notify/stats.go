@@ -116,7 +116,7 @@ type LimitStats struct {
 	FencesSent                             uint64
 	FencesDropped                          uint64 // fences abandoned: the peer forgot the pair, or answered none for a gap timeout
 	PairsRestarted                         uint64 // pairs started over because the peer had forgotten them (ts_fresh)
-	LegacyDelivered                        uint64
+	LegacyDelivered                        uint64 // notifies from Mooncake peers (no session), over a channel or OOB
 	OOBRefused                             uint64
 	PeersPruned                            uint64
 	// Peer entries made by peers' handshakes that no notify, channel frame or send of ours
@@ -124,8 +124,12 @@ type LimitStats struct {
 	// or one address's share (a quarter of max_peers) was full.
 	PeersUnconfirmed int
 	PeersEvicted     uint64
-	Duplicates       uint64 // received notifies dropped as duplicates (seq or id)
-	ConnectsQueued   uint64 // our handshakes that waited for a slot (64 run at once)
+	// Our handshakes that failed (unreachable, refused, no ctrl channel with fallback off,
+	// a local verbs failure; each starts or lengthens that name's connect backoff), and
+	// sends refused at once meanwhile instead of making a QP and a handshake each.
+	HandshakesFailed, BackoffRefused uint64
+	Duplicates                       uint64 // received notifies dropped as duplicates (seq or id)
+	ConnectsQueued                   uint64 // our handshakes that waited for a slot (64 run at once)
 }
 
 func limitStatsOf(s machineStats) LimitStats {
@@ -134,21 +138,25 @@ func limitStatsOf(s machineStats) LimitStats {
 		NamesRefused: s.NamesRefused, ChannelsRefused: s.ChannelsRefused, AuthRefused: s.AuthRefused,
 		Superseded: s.Superseded, Reposted: s.Reposted, Fallbacks: s.Fallbacks, GivenUp: s.GivenUp,
 		FencesSent: s.FencesSent, FencesDropped: s.FencesDropped, PairsRestarted: s.PairsRestarted, LegacyDelivered: s.LegacyDelivered, OOBRefused: s.OOBRefused,
-		PeersPruned: s.PeersPruned, PeersUnconfirmed: s.PeersUnconfirmed, PeersEvicted: s.PeersEvicted, Duplicates: s.Duplicates, ConnectsQueued: s.ConnectsQueued}
+		PeersPruned: s.PeersPruned, PeersUnconfirmed: s.PeersUnconfirmed, PeersEvicted: s.PeersEvicted,
+		HandshakesFailed: s.HandshakesFailed, BackoffRefused: s.BackoffRefused, Duplicates: s.Duplicates, ConnectsQueued: s.ConnectsQueued}
 }
 
 // ChannelStats are the counters of a ctrl channel (or a sum of channels).
 type ChannelStats struct {
 	FramesSent, FragmentsSent, GrantsSent, NotifiesSent uint64
 	FencesSent, FencesReceived                          uint64
-	FramesReceived, Delivered, LegacyDelivered          uint64
-	Ignored                                             uint64 // known frames without effect here
-	CreditWaits                                         uint64 // times a send found no credit and waited (credit stalls)
-	CreditOverruns                                      uint64 // frames received beyond the credit announced
-	Backpressured, Expired, TooLarge, Failed            uint64 // sends the channel refused or failed
-	KeepalivesSent, KeepalivesReceived                  uint64
-	KeepalivesNoCredit                                  uint64
-	ByeAcked                                            uint64 // sends completed by the count in the peer's goodbye
+	// RawDelivered: notifies that came without a CtrlFrame header (Mooncake's first
+	// format), of Delivered. Notifies from Mooncake peers on any path are
+	// LimitStats.LegacyDelivered.
+	FramesReceived, Delivered, RawDelivered  uint64
+	Ignored                                  uint64 // known frames without effect here
+	CreditWaits                              uint64 // times a send found no credit and waited (credit stalls)
+	CreditOverruns                           uint64 // frames received beyond the credit announced
+	Backpressured, Expired, TooLarge, Failed uint64 // sends the channel refused or failed
+	KeepalivesSent, KeepalivesReceived       uint64
+	KeepalivesNoCredit                       uint64
+	ByeAcked                                 uint64 // sends completed by the count in the peer's goodbye
 
 	// Received frames dropped, by reason; the channel stays up.
 	DroppedBadMagic, DroppedDecode, DroppedUnknownType, DroppedStaleEpoch uint64
@@ -173,7 +181,7 @@ func channelStatsOf(s ctrlchannel.ChannelStats) ChannelStats {
 	return ChannelStats{
 		FramesSent: m.FramesSent, FragmentsSent: m.FragmentsSent, GrantsSent: m.GrantsSent,
 		NotifiesSent: m.NotifiesSent, FencesSent: m.FencesSent, FencesReceived: m.FencesReceived,
-		FramesReceived: m.FramesReceived, Delivered: m.Delivered, LegacyDelivered: m.LegacyDelivered,
+		FramesReceived: m.FramesReceived, Delivered: m.Delivered, RawDelivered: m.LegacyDelivered,
 		Ignored: m.Ignored, CreditWaits: m.CreditWaits, CreditOverruns: m.CreditOverruns,
 		Backpressured: m.Backpressured, Expired: m.Expired, TooLarge: m.TooLarge, Failed: m.Failed,
 		KeepalivesSent: m.KeepalivesSent, KeepalivesReceived: m.KeepalivesReceived,
@@ -193,7 +201,7 @@ func (s *ChannelStats) add(o ChannelStats, open bool) {
 	for _, f := range []struct{ dst, src *uint64 }{
 		{&s.FramesSent, &o.FramesSent}, {&s.FragmentsSent, &o.FragmentsSent}, {&s.GrantsSent, &o.GrantsSent},
 		{&s.NotifiesSent, &o.NotifiesSent}, {&s.FencesSent, &o.FencesSent}, {&s.FencesReceived, &o.FencesReceived},
-		{&s.FramesReceived, &o.FramesReceived}, {&s.Delivered, &o.Delivered}, {&s.LegacyDelivered, &o.LegacyDelivered},
+		{&s.FramesReceived, &o.FramesReceived}, {&s.Delivered, &o.Delivered}, {&s.RawDelivered, &o.RawDelivered},
 		{&s.Ignored, &o.Ignored}, {&s.CreditWaits, &o.CreditWaits}, {&s.CreditOverruns, &o.CreditOverruns},
 		{&s.Backpressured, &o.Backpressured}, {&s.Expired, &o.Expired}, {&s.TooLarge, &o.TooLarge}, {&s.Failed, &o.Failed},
 		{&s.KeepalivesSent, &o.KeepalivesSent}, {&s.KeepalivesReceived, &o.KeepalivesReceived},

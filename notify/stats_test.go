@@ -62,8 +62,9 @@ func TestChannelStatsOf(t *testing.T) {
 	numbered(&in)
 	in.PathMTU = ibv.MTU2048
 	got := channelStatsOf(in)
-	sameFields(t, in, got, "PathMTU")
+	sameFields(t, in, got, "PathMTU", "LegacyDelivered")
 	require.Equal(t, 2048, got.PathMTU)
+	require.Equal(t, in.LegacyDelivered, got.RawDelivered, "one name per fact: raw (headerless) notifies")
 }
 
 // TestChannelStatsAdd: every counter sums; gauges only for live channels, so a closed

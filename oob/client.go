@@ -347,7 +347,7 @@ func parsePeer(ctx context.Context, peer string) (netip.AddrPort, error) {
 	}
 	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 	if err != nil || len(ips) == 0 {
-		return netip.AddrPort{}, fmt.Errorf("%w: peer %q: resolve: %v", ErrPeerUnreachable, peer, err)
+		return netip.AddrPort{}, fmt.Errorf("%w: %w: peer %q: resolve: %v", ErrPeerUnreachable, ErrNotSent, peer, err)
 	}
 	for _, ip := range ips {
 		if ip.Unmap().Is4() {
@@ -538,7 +538,7 @@ func (n *Node) dial(ps *peerState, kind connKind) (*conn, error) {
 	fd, err := unix.Socket(sockFamily(ps.sa), unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		n.st.dialFailed.Add(1)
-		return nil, fmt.Errorf("%w: %s: socket: %w", ErrPeerUnreachable, ps.addr, err)
+		return nil, fmt.Errorf("%w: %w: %s: socket: %w", ErrPeerUnreachable, ErrNotSent, ps.addr, err)
 	}
 	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 	err = unix.Connect(fd, ps.sa)
@@ -548,14 +548,14 @@ func (n *Node) dial(ps *peerState, kind connKind) (*conn, error) {
 	if err != nil && err != unix.EINPROGRESS {
 		_ = unix.Close(fd)
 		n.st.dialFailed.Add(1)
-		return nil, fmt.Errorf("%w: %s: connect: %w", ErrPeerUnreachable, ps.addr, err)
+		return nil, fmt.Errorf("%w: %w: %s: connect: %w", ErrPeerUnreachable, ErrNotSent, ps.addr, err)
 	}
 	c := n.newConn(fd, kind, ps)
 	c.state = stateConnecting
 	if err := n.loop.Add(fd, reactor.Writable, c.onEvent); err != nil {
 		_ = unix.Close(fd)
 		n.st.dialFailed.Add(1)
-		return nil, fmt.Errorf("%w: %s: register: %w", ErrPeerUnreachable, ps.addr, err)
+		return nil, fmt.Errorf("%w: %w: %s: register: %w", ErrPeerUnreachable, ErrNotSent, ps.addr, err)
 	}
 	n.conns[c] = struct{}{}
 	n.st.clientConns.Add(1)
@@ -571,7 +571,7 @@ func (c *conn) finishConnect() {
 	}
 	if err != nil {
 		n.st.dialFailed.Add(1)
-		c.close(fmt.Errorf("%w: %s: connect: %w", ErrPeerUnreachable, c.peer.addr, err))
+		c.close(fmt.Errorf("%w: %w: %s: connect: %w", ErrPeerUnreachable, ErrNotSent, c.peer.addr, err))
 		return
 	}
 	n.st.dialed.Add(1)

@@ -516,7 +516,7 @@ func (c *conn) expire(why expiry) {
 	switch why {
 	case expConnect:
 		n.st.dialFailed.Add(1)
-		c.close(fmt.Errorf("%w: %w: %s: connect not done within ConnectTimeout %v", ErrPeerUnreachable, ErrTimeout, c.peer.addr, n.cfg.ConnectTimeout))
+		c.close(fmt.Errorf("%w: %w: %w: %s: connect not done within ConnectTimeout %v", ErrPeerUnreachable, ErrTimeout, ErrNotSent, c.peer.addr, n.cfg.ConnectTimeout))
 	case expDrain, expSilent:
 		n.st.idleCuts.Add(1)
 		c.close(nil)

@@ -28,6 +28,10 @@ var (
 	ErrAuth = errors.New("oob: authentication failed")
 	// ErrBadRequest: a request argument the caller got wrong; the message names the field.
 	ErrBadRequest = errors.New("oob: bad request")
+	// ErrNotSent marks a failure before any byte of the request was written: the peer's
+	// name did not resolve, or the connection was never made (refused, timed out,
+	// unroutable). The request was certainly not delivered.
+	ErrNotSent = errors.New("oob: nothing sent")
 )
 
 // Sentinels of typed refusals (ts_refuse) and of limits. A refusal from a twosided peer

@@ -3,6 +3,7 @@ package tests
 import (
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,6 +49,15 @@ func TestKillReceiverAndRestart(t *testing.T) {
 				}
 				if i == n/2+20 {
 					second = startPeerProc(t, tr, env...)
+					// The sender's handshakes back off while the peer is down (at most
+					// 8 s apart): it is reached again once the next one goes.
+					probes := 0
+					require.True(t, waitUntil(30*time.Second, func() bool {
+						sctx, cancel := contextWithTimeout(ctx, 3*time.Second)
+						defer cancel()
+						probes++
+						return a.SendNotify(sctx, addr, notify.Notify{Name: "k", Msg: []byte(fmt.Sprint("probe", probes))}) == nil
+					}), "the restarted peer was not reached again")
 				}
 				msg := fmt.Sprint(i)
 				sctx, cancel := contextWithTimeout(ctx, 3*time.Second)
@@ -77,6 +87,9 @@ func TestKillReceiverAndRestart(t *testing.T) {
 			}
 			for m, c := range seen {
 				require.Equal(t, 1, c, "notify %s delivered %d times", m, c)
+				if strings.HasPrefix(m, "probe") {
+					delete(seen, m)
+				}
 			}
 			var missing []string
 			for m := range acked {

@@ -65,6 +65,7 @@ type mooncakePeer struct {
 	malformed   int
 	wg          sync.WaitGroup
 	stopped     chan struct{}
+	closeOnce   sync.Once
 }
 
 type mcMode int
@@ -77,6 +78,10 @@ const (
 	// did on twosided's old 8×4 GID text: "invalid peer GID"): Mooncake drops its channel
 	// and sends over OOB, while twosided has adopted a channel nobody serves (half-open).
 	mcAbandon
+	// mcBadReply is PR #3440 whose accepting reply carries a GID twosided cannot use, so
+	// twosided's own side of the channel fails after a successful handshake (as a
+	// refused modify to RTR would): a local failure, not the peer's refusal.
+	mcBadReply
 )
 
 type mcNotify struct {
@@ -117,7 +122,9 @@ func newMooncakePeer(t *testing.T, mode mcMode) *mooncakePeer {
 	return p
 }
 
-func (p *mooncakePeer) close() {
+func (p *mooncakePeer) close() { p.closeOnce.Do(p.doClose) }
+
+func (p *mooncakePeer) doClose() {
 	close(p.stopped)
 	_ = p.ln.Close()
 	p.mu.Lock()
@@ -273,6 +280,9 @@ func (p *mooncakePeer) onConnection(peer *mcDesc) mcDesc {
 	}
 	c.limit(peer.NotifyRQDepth)
 	local := p.localDesc(c)
+	if p.mode == mcBadReply {
+		local.LocalGID = "not-a-gid"
+	}
 	if err := c.connectQP(peer.LocalGID, peer.LocalLID, *peer.NotifyQPNum); err != nil {
 		c.disconnect()
 		local.ReplyMsg = "CtrlChannel connectQp failed"

@@ -185,7 +185,7 @@ func logChannels(t *testing.T, e *notify.Engine) {
 		if c := p.Channel; c != nil {
 			t.Logf("engine peer %s: state %s, delivered %d (legacy raw %d), dropped: stale-epoch %d, foreign-session %d, "+
 				"duplicate %d, bad-magic %d, decode %d, unknown-type %d, extension %d, fragment %d; engine duplicates %d",
-				p.Peer, p.State, c.Delivered, c.LegacyDelivered, c.DroppedStaleEpoch, c.DroppedForeignSession, c.DroppedDuplicate,
+				p.Peer, p.State, c.Delivered, c.RawDelivered, c.DroppedStaleEpoch, c.DroppedForeignSession, c.DroppedDuplicate,
 				c.DroppedBadMagic, c.DroppedDecode, c.DroppedUnknownType, c.DroppedExtension, c.DroppedFragment, p.Duplicates)
 		} else {
 			t.Logf("engine peer %s: state %s, no channel, last error %s", p.Peer, p.State, p.LastError)
