@@ -158,7 +158,7 @@ func (e *Engine) GID() (ibv.GIDEntry, bool) {
 	if e.cfg.dev == nil {
 		return ibv.GIDEntry{}, false
 	}
-	if e.loop == nil {
+	if e.loop == nil || e.loop.InLoop() {
 		return e.cfg.dev.gid, true
 	}
 	got := make(chan ibv.GIDEntry, 1)

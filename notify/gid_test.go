@@ -102,3 +102,28 @@ func TestGIDIndexUnusableType(t *testing.T) {
 
 // withGIDIndex is MC_GID_INDEX as an option (the environment's variable sets the same field).
 func withGIDIndex(i int) Option { return func(c *config) { c.gidIndex = i } }
+
+// GID may be called from a handler, on the reactor thread, without waiting on itself.
+func TestGIDFromHandler(t *testing.T) {
+	opts := softMLX5(t)
+	got := make(chan ibv.GIDEntry, 1)
+	var recv *Engine
+	recv, err := New(append(opts, WithDeviceFilters("soft5"), WithHandler(func(Notify) {
+		g, _ := recv.GID()
+		got <- g
+	}))...)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	defer func() { _ = recv.Close(ctx) }()
+	send, err := New(append(opts, WithDeviceFilters("soft4"))...)
+	require.NoError(t, err)
+	defer func() { _ = send.Close(ctx) }()
+	require.NoError(t, send.SendNotify(ctx, recv.Addr(), Notify{Name: "h"}))
+	select {
+	case g := <-got:
+		require.Equal(t, 3, g.Index)
+	case <-ctx.Done():
+		t.Fatal("the handler's GID call did not return")
+	}
+}
