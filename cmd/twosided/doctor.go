@@ -174,6 +174,8 @@ type doctorStep struct {
 	// channel), "oob" (OOB fallback) or "none" (not delivered).
 	Path      string  `json:"path,omitempty"`
 	ElapsedMS float64 `json:"elapsed_ms"`
+	// Summary is the failure in a few words, for the verdict.
+	Summary string `json:"summary,omitempty"`
 }
 
 // doctorConfig is the MC_* environment doctor applies to its own QPs and reports.
@@ -325,6 +327,7 @@ func inspectDevice(ctx context.Context, o doctorOptions, cfg doctorConfig, p ibv
 		}
 	}
 	anyActive := false
+	hintsBefore := len(h.lines)
 	for _, pa := range ports {
 		dp := portOf(pa, cfg, p.Name(), d.Name)
 		if pa.State != ibv.PortActive {
@@ -342,7 +345,8 @@ func inspectDevice(ctx context.Context, o doctorOptions, cfg doctorConfig, p ibv
 		dd.Ports = append(dd.Ports, dp)
 	}
 	if anyActive && err == nil {
-		st := echo(ctx, o.timeout, p.Name(), d.Name, h)
+		hinted := len(h.lines) > hintsBefore // the port's own hint says more than the echo's
+		st := echo(ctx, o.timeout, p.Name(), d.Name, hinted, h)
 		dd.Echo = &st
 		for _, dp := range dd.Ports {
 			if dp.Loopback != nil && dp.Loopback.OK && st.OK {
@@ -581,7 +585,7 @@ type echoResult struct {
 
 // echo runs two rdma_twosided engines on one device in this process and sends one notify
 // each way; it reports the path each took.
-func echo(ctx context.Context, timeout time.Duration, provider, dev string, h *hints) doctorStep {
+func echo(ctx context.Context, timeout time.Duration, provider, dev string, hinted bool, h *hints) doctorStep {
 	st := doctorStep{Name: "echo", Status: "FAIL", Path: "none"}
 	start := time.Now()
 	r, err := bounded(ctx, timeout, "echo", func(ctx context.Context) (echoResult, error) {
@@ -591,6 +595,9 @@ func echo(ctx context.Context, timeout time.Duration, provider, dev string, h *h
 	if err != nil {
 		st.Error = err.Error()
 		st.Detail = fmt.Sprintf("notify echo over rdma_twosided on %s failed: %v", dev, err)
+		if hinted {
+			return st
+		}
 		h.add("%s: two engines on this device could not exchange a notify: rerun with the MC_* variables of your application; MC_TE_FILTERS must name this device for it to be used", dev)
 		return st
 	}
@@ -700,9 +707,11 @@ func peerCheck(ctx context.Context, o doctorOptions, dev doctorDevice, h *hints)
 		st.Detail = fmt.Sprintf("one notify from an engine on %s to %s failed: %v%s", dev.Name, o.peer, err, r.detail)
 		if errors.Is(err, oob.ErrNotSent) || errors.Is(err, notify.ErrPeerUnreachable) || errors.Is(err, oob.ErrPeerUnreachable) ||
 			errors.Is(err, notify.ErrTimeout) || strings.Contains(err.Error(), "no answer within") {
+			st.Summary = fmt.Sprintf("its OOB port %s is unreachable (%s)", port, lastCause(err))
 			h.add("%s: its OOB (handshake) port %s does not answer: run `twosided serve --transport rdma_twosided --listen 0.0.0.0:%s` there, allow TCP port %s through its firewall, or set MC_HANDSHAKE_PORT on the peer to a port the firewall opens and pass that port to --peer",
 				o.peer, port, port, port)
 		} else {
+			st.Summary = "the notify failed: " + lastCause(err)
 			h.add("%s: the peer answered but the notify failed (%v): check MC_OOB auth keys (TWOSIDED_OOB_AUTH_KEY_FILE) and that both sides run the same MC_RDMA_NOTIFY_BUFFER_SIZE", o.peer, err)
 		}
 		return st
@@ -802,7 +811,7 @@ func verdict(rep doctorReport, o doctorOptions, best *doctorDevice, port *doctor
 		}
 		if rep.Peer != nil {
 			if !rep.Peer.OK {
-				return false, fmt.Sprintf("FAIL: peer %s: %s (locally %s)", o.peer, peerWhy(*rep.Peer), what)
+				return false, fmt.Sprintf("FAIL: peer %s: %s (locally, %s)", o.peer, peerWhy(*rep.Peer), what)
 			}
 			what += ", and with peer " + o.peer + " over the ctrl channel"
 		}
@@ -872,7 +881,8 @@ func deviceWhy(devs []doctorDevice) string {
 				reasons = append(reasons, fmt.Sprintf("%s port %d is %s", d.Name, p.Port, p.State))
 			case p.GIDError != "":
 				active = true
-				reasons = append(reasons, fmt.Sprintf("%s port %d has no source GID: %s", d.Name, p.Port, p.GIDError))
+				why, _, _ := strings.Cut(p.GIDError, " (the port's GIDs")
+				reasons = append(reasons, fmt.Sprintf("%s port %d has no source GID: %s", d.Name, p.Port, why))
 			case p.Loopback != nil && !p.Loopback.OK:
 				active = true
 				reasons = append(reasons, fmt.Sprintf("%s port %d: loopback: %s", d.Name, p.Port, p.Loopback.Error))
@@ -897,10 +907,22 @@ func deviceWhy(devs []doctorDevice) string {
 	if len(reasons) == 0 {
 		return "no device works"
 	}
-	return strings.Join(reasons, "; ")
+	return reasons[0]
+}
+
+// lastCause is the innermost part of an error's message: what follows its last ": ".
+func lastCause(err error) string {
+	s := err.Error()
+	if i := strings.LastIndex(s, ": "); i >= 0 {
+		return s[i+2:]
+	}
+	return s
 }
 
 func peerWhy(st doctorStep) string {
+	if st.Summary != "" {
+		return st.Summary
+	}
 	if st.Error != "" {
 		return st.Error
 	}
