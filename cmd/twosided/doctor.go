@@ -406,6 +406,9 @@ func gidHint(h *hints, dev string, pa ibv.PortAttr, cfg doctorConfig) {
 	}
 }
 
+// errStepTimeout is wrapped by the error of a step that did not end within --timeout.
+var errStepTimeout = errors.New("no answer")
+
 // bounded runs f with a context bounded by d and returns its result, or an error naming
 // what when d passes first (f then goes on in the background and cleans up after itself).
 func bounded[T any](ctx context.Context, d time.Duration, what string, f func(context.Context) (T, error)) (T, error) {
@@ -426,7 +429,7 @@ func bounded[T any](ctx context.Context, d time.Duration, what string, f func(co
 	case <-ctx.Done():
 		var zero T
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return zero, fmt.Errorf("%s: no answer within %v (--timeout)", what, d)
+			return zero, fmt.Errorf("%s: %w within %v (--timeout)", what, errStepTimeout, d)
 		}
 		return zero, fmt.Errorf("%s: %w", what, ctx.Err())
 	}
@@ -447,7 +450,7 @@ func loopback(ctx context.Context, timeout time.Duration, p ibv.Provider, dev st
 		}
 	}
 	start := time.Now()
-	stage, err := bounded(ctx, timeout, "loopback", func(ctx context.Context) (string, error) {
+	stage, err := bounded(ctx, timeout, "verbs calls", func(ctx context.Context) (string, error) {
 		return runLoopback(ctx, p, dev, pa, gid, mtu, cfg)
 	})
 	st.ElapsedMS = ms(time.Since(start))
@@ -455,11 +458,13 @@ func loopback(ctx context.Context, timeout time.Duration, p ibv.Provider, dev st
 	if err != nil {
 		st.Error = err.Error()
 		st.Detail = fmt.Sprintf("RC SEND/RECV between two QPs of %s (GID %d, path MTU %d) failed: %v", where, gid.Index, mtu.Bytes(), err)
-		switch stage {
-		case "rtr":
+		switch {
+		case errors.Is(err, errStepTimeout):
+			h.add("%s: a verb did not return within --timeout (modify to RTR resolves the GID's address: check the netdev's neighbour/ARP, the GID's address, and that the driver is healthy)", where)
+		case stage == "rtr":
 			h.add("%s: the QP could not reach RTR with GID index %d (%s) and path MTU %d: set MC_GID_INDEX to another entry of the table (RoCE v2 of the interface's IPv4 address first) and MC_MTU to one the link carries (1024 for an Ethernet MTU of 1500, 4096 for jumbo frames)",
 				where, gid.Index, gid.Type, mtu.Bytes())
-		case "completion":
+		case stage == "completion":
 			h.add("%s: the SEND did not complete: with MC_IB_TC/MC_IB_SL set the fabric must carry that class (unset them, or use the lossless class the switches are configured for); check MC_MTU against the link's MTU", where)
 		default:
 			h.add("%s: the loopback failed before any traffic (%v): check the driver and its limits (ulimit -l for memory registration)", where, err)
@@ -588,7 +593,7 @@ type echoResult struct {
 func echo(ctx context.Context, timeout time.Duration, provider, dev string, hinted bool, h *hints) doctorStep {
 	st := doctorStep{Name: "echo", Status: "FAIL", Path: "none"}
 	start := time.Now()
-	r, err := bounded(ctx, timeout, "echo", func(ctx context.Context) (echoResult, error) {
+	r, err := bounded(ctx, timeout, "engines", func(ctx context.Context) (echoResult, error) {
 		return runEcho(ctx, provider, dev)
 	})
 	st.ElapsedMS = ms(time.Since(start))
@@ -706,7 +711,7 @@ func peerCheck(ctx context.Context, o doctorOptions, dev doctorDevice, h *hints)
 		st.Error = err.Error()
 		st.Detail = fmt.Sprintf("one notify from an engine on %s to %s failed: %v%s", dev.Name, o.peer, err, r.detail)
 		if errors.Is(err, oob.ErrNotSent) || errors.Is(err, notify.ErrPeerUnreachable) || errors.Is(err, oob.ErrPeerUnreachable) ||
-			errors.Is(err, notify.ErrTimeout) || strings.Contains(err.Error(), "no answer within") {
+			errors.Is(err, notify.ErrTimeout) || errors.Is(err, errStepTimeout) {
 			st.Summary = fmt.Sprintf("its OOB port %s is unreachable (%s)", port, lastCause(err))
 			h.add("%s: its OOB (handshake) port %s does not answer: run `twosided serve --transport rdma_twosided --listen 0.0.0.0:%s` there, allow TCP port %s through its firewall, or set MC_HANDSHAKE_PORT on the peer to a port the firewall opens and pass that port to --peer",
 				o.peer, port, port, port)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/twosided/twosided/ibv"
 	"github.com/twosided/twosided/ibv/soft"
+	"github.com/twosided/twosided/notify"
 )
 
 // runDoctorJSON runs `twosided doctor --json args...` and returns its exit status and the
@@ -205,4 +206,42 @@ func TestDoctorBadFlags(t *testing.T) {
 	require.Equal(t, 0, run(context.Background(), []string{"help", "doctor"}, &out, &errOut))
 	require.Contains(t, out.String(), "Exit status: 0 only when the NIC path works")
 	require.Contains(t, out.String(), "-allow-soft")
+}
+
+// A remote engine over rdma_twosided (on another soft device of this process): the
+// handshake, the ctrl channel and the notify over it; exit status 0.
+func TestDoctorPeer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	peer, err := notify.New(notify.WithTransport(notify.TransportRDMATwoSided), notify.WithProvider("soft"),
+		notify.WithDeviceFilters("soft1"), notify.WithListenAddr("127.0.0.1:0"), notify.WithoutProcsReserve())
+	require.NoError(t, err)
+	defer func() { _ = peer.Close(ctx) }()
+	code, rep, out := runDoctorJSON(t, "--allow-soft", "--device", "soft0", "--peer", peer.Addr())
+	require.Equal(t, 0, code, out)
+	require.True(t, rep.OK, out)
+	require.NotNil(t, rep.Peer)
+	require.True(t, rep.Peer.OK, out)
+	require.Equal(t, "channel", rep.Peer.Path)
+	require.Contains(t, rep.Verdict, "and with peer "+peer.Addr()+" over the ctrl channel")
+	n, err := peer.Recv(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "twosided-doctor", n.Name)
+}
+
+// A remote engine on the oob transport: the notify arrives, but over OOB: the peer check
+// fails, the hint says the peer must run rdma_twosided.
+func TestDoctorPeerOOBOnly(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	peer, err := notify.New(notify.WithTransport(notify.TransportOOB), notify.WithListenAddr("127.0.0.1:0"), notify.WithoutProcsReserve())
+	require.NoError(t, err)
+	defer func() { _ = peer.Close(ctx) }()
+	code, rep, out := runDoctorJSON(t, "--allow-soft", "--device", "soft0", "--peer", peer.Addr())
+	require.Equal(t, 1, code, out)
+	require.False(t, rep.OK)
+	require.NotNil(t, rep.Peer)
+	require.Equal(t, "oob", rep.Peer.Path, out)
+	require.True(t, strings.HasPrefix(rep.Verdict, "FAIL: peer "+peer.Addr()+": the notify went over OOB"), rep.Verdict)
+	require.Contains(t, strings.Join(rep.Hints, "\n"), "MC_USE_RDMA_TWOSIDED=1")
 }
