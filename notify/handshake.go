@@ -282,7 +282,7 @@ func (h *oobHandler) HandleHandshake(req *oob.HandshakeDesc, reply func(*oob.Han
 		}
 	}
 	dec := e.m.inbound(e.loop.Now(), inboundHS{name: name, session: req.Session, token: req.Token,
-		proof: req.Proof, epoch: req.Epoch, ctrl: ctrl, maxNotify: int(req.MaxNotify)})
+		proof: req.Proof, epoch: req.Epoch, ctrl: ctrl, maxNotify: int(req.MaxNotify), from: req.Remote})
 	defer e.perform()
 	if dec.refuse != "" {
 		err := dec.err
@@ -303,24 +303,26 @@ func (h *oobHandler) HandleHandshake(req *oob.HandshakeDesc, reply func(*oob.Han
 	ch, err := e.newChannel(dec.ch)
 	if err == nil {
 		err = ch.Connect(pi, e.session, req.Session, dec.epoch)
-		if err != nil {
+	}
+	if err != nil {
+		// Our own resources failed (a QP, a CQ, an fd, a verbs call), not the peer's
+		// request: a limit of this engine. The reply carries a token (the pair's, or a
+		// cookie when the entry went with the channel), so a sender with fallback on is
+		// served over OOB and asks again for a channel after its backoff. The machine
+		// learns it before the channel's close reaches it.
+		resp.Token = e.m.inboundFailed(e.loop.Now(), dec.ch, dec.fresh, inboundHS{name: name, session: req.Session})
+		if ch != nil {
 			delete(e.chans, dec.ch)
 			ch.Close(ctrlchannel.ErrClosed)
-		} else {
-			e.remote[dec.ch] = pi.QPN
-			e.m.setChanLimit(dec.ch, ch.MaxNotify())
 		}
-	}
-	e.m.inboundUp(e.loop.Now(), dec.ch, err)
-	if err != nil {
-		// Our own resources failed (a QP, a CQ, an fd), not the peer's request: a limit
-		// of this engine. The reply keeps the pair's token, so a sender with fallback on
-		// is served over OOB and asks again for a channel after its backoff.
 		resp.Refuse = oob.RefuseLimit
 		resp.ReplyMsg = fmt.Sprintf("%v: cannot make a ctrl channel here: %v", ErrLimit, err)
 		reply(resp, nil)
 		return
 	}
+	e.remote[dec.ch] = pi.QPN
+	e.m.setChanLimit(dec.ch, ch.MaxNotify())
+	e.m.inboundUp(e.loop.Now(), dec.ch, nil)
 	e.fillChannelDesc(resp, ch)
 	reply(resp, nil)
 }

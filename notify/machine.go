@@ -250,7 +250,8 @@ type reqEntry struct {
 	nid      string
 	deadline time.Time
 	postNo   uint64
-	maybe    bool // an earlier attempt may have been delivered
+	maybe    bool       // an earlier attempt may have been delivered
+	tries    attemptLog // its failed attempts, for the final error (errors.go)
 	// straggler: on its way to a pair its name no longer leads to (the peer restarted);
 	// the name's new sends wait until it is answered (nameEntry.stragglers).
 	straggler bool
@@ -646,6 +647,9 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 		}
 	}
 	r.ch, r.oob = 0, false
+	if err != nil {
+		r.tries.record(pathName(onCh != 0), err, maybe)
+	}
 	if err != nil && maybe {
 		r.maybe = true
 	}
@@ -674,7 +678,7 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 		kind = ke.kind
 	}
 	if p == nil || r.legacy {
-		m.complete(id, sendErr(kind, r.name, pathName(onCh != 0), err, maybe))
+		m.complete(id, r.tries.sendErr(kind, r.name, pathName(onCh != 0), err, maybe))
 		return
 	}
 	// A refusal is the peer's answer (the notify is invalid there, or its seq was given
@@ -729,7 +733,7 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 	m.stats.GivenUp++
 	p.seqs.giveUp(r.seq)
 	m.fence(p)
-	m.complete(id, sendErr(kind, m.peerName(p), pathName(onCh != 0), err, maybe))
+	m.complete(id, r.tries.sendErr(kind, m.peerName(p), pathName(onCh != 0), err, maybe))
 	m.flush(now, p, "")
 }
 
@@ -1961,16 +1965,18 @@ func (m *peerMachine) inboundLegacy(now time.Time, hs inboundHS) inboundReply {
 	}
 	key := peerKey{legacy: hs.name}
 	p := m.peers[key]
+	fresh := false
 	if p == nil {
-		if len(m.peers) >= m.cfg.maxPeers {
-			m.stats.PeersRefused++
-			return inboundReply{refuse: refuseLimit, err: fmt.Errorf("%w: max_peers: %d peers known, the limit", ErrLimit, m.cfg.maxPeers)}
-		}
 		if m.channels >= m.cfg.maxChannels {
 			m.stats.ChannelsRefused++
 			return inboundReply{refuse: refuseLimit, err: fmt.Errorf("%w: max_channels: %d channels open, the limit", ErrLimit, m.cfg.maxChannels)}
 		}
+		if err := m.roomForPeer(hs.from); err != nil {
+			return inboundReply{refuse: refuseLimit, err: err}
+		}
 		p = m.newPeer(now, key)
+		m.setFrom(p, hs.from)
+		fresh = true
 		p.names = append(p.names, hs.name)
 		p.adv = hs.name
 		if ne := m.names[hs.name]; ne == nil && len(m.names) < m.cfg.maxNames {
@@ -1992,7 +1998,7 @@ func (m *peerMachine) inboundLegacy(now time.Time, hs inboundHS) inboundReply {
 	ce := &chanEntry{id: m.nextChan, epoch: p.epoch, initiator: 0, peer: p, legacy: true}
 	m.addUnconfirmed(now, ce)
 	m.chans[ce.id] = ce
-	return inboundReply{ch: ce.id, epoch: p.epoch}
+	return inboundReply{ch: ce.id, epoch: p.epoch, fresh: fresh}
 }
 
 // inboundUp: the channel of an accepted handshake is connected (err nil) or could not be
@@ -2016,6 +2022,28 @@ func (m *peerMachine) inboundUp(now time.Time, ch chanID, err error) {
 	}
 	m.adopt(now, p, ce)
 	m.flush(now, p, "")
+}
+
+// inboundFailed: our side of the channel a peer's handshake asked for could not be made
+// (a QP, a CQ, an fd, a verbs call). The channel goes; an entry this handshake made (fresh)
+// goes too, so a failing handshake leaves nothing behind, and the peer gets a cookie
+// (as for max_channels): its first OOB notify with it makes the entry (oobArrive). An entry
+// that existed keeps its token. It returns the token for the refusal.
+func (m *peerMachine) inboundFailed(now time.Time, ch chanID, fresh bool, hs inboundHS) uint64 {
+	ce := m.chans[ch]
+	if ce == nil {
+		return 0
+	}
+	p := ce.peer
+	m.dropChan(ce, true)
+	if p == nil {
+		return 0
+	}
+	if fresh && !p.hasState() && len(p.waiters) == 0 && p.inflight == 0 && !m.connectingTo(p) {
+		m.forget(p.key, p)
+		return m.cookie(hs.session, hs.name)
+	}
+	return p.tokenIn[0]
 }
 
 // ---- receiving ----

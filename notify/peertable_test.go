@@ -62,3 +62,30 @@ func TestPeerTableUnconfirmedEviction(t *testing.T) {
 	require.Zero(t, m.unconfirmedPeers)
 	require.Empty(t, m.unconfirmedBy)
 }
+
+// A handshake whose channel fails on our side (a verbs call, our resources) leaves no peer
+// entry behind when it made one: the refusal carries a cookie instead, and the peer's first
+// OOB notify with it makes the entry; an entry that existed keeps its token.
+func TestInboundChannelFailureKeepsNothing(t *testing.T) {
+	m, _ := directMachine(machineConfig{channels: true})
+	now := time.Unix(1000, 0)
+	hs := inboundHS{name: "peer:1", session: 77, token: 5, ctrl: true}
+	rep := m.inbound(now, hs)
+	require.NotZero(t, rep.ch)
+	require.True(t, rep.fresh)
+	tok := m.inboundFailed(now, rep.ch, rep.fresh, hs)
+	require.Empty(t, m.peers, "nothing kept for a failed handshake")
+	require.Empty(t, m.chans)
+	require.Equal(t, m.cookie(77, "peer:1"), tok)
+	code, err := m.oobArrive(now, oobArrival{session: 77, token: tok, seq: 1, from: "peer:1", n: Notify{Msg: []byte("x")}})
+	require.Empty(t, code, "%v", err)
+	require.Len(t, m.peers, 1, "the cookie made the entry")
+
+	// A known pair keeps its entry and token.
+	p := m.peers[peerKey{session: 77}]
+	rep = m.inbound(now, inboundHS{name: "peer:1", session: 77, token: 5, proof: tok, ctrl: true})
+	require.NotZero(t, rep.ch)
+	require.False(t, rep.fresh)
+	require.Equal(t, p.tokenIn[0], m.inboundFailed(now, rep.ch, rep.fresh, hs))
+	require.Same(t, p, m.peers[peerKey{session: 77}])
+}

@@ -173,8 +173,11 @@ func onlyMooncakeFrames(t *testing.T, p *mooncakePeer) {
 	}
 }
 
+// rdmaEngine is an rdma_twosided engine beside a Mooncake personality: on the soft
+// provider, whose device the personality opens too (a QP connects only to a QP of its own
+// provider; the engine's tests on the verbs provider cover its side of the channel).
 func rdmaEngine(t *testing.T, opts ...notify.Option) *notify.Engine {
-	e := newEngine(t, notify.TransportRDMATwoSided, opts...)
+	e := newEngine(t, notify.TransportRDMATwoSided, append([]notify.Option{notify.WithProvider("soft")}, opts...)...)
 	t.Cleanup(func() { logChannels(t, e) }) // runs before the engine closes
 	return e
 }
