@@ -2,7 +2,10 @@
 #
 #   make test        vet, gofmt check, unit tests with -race, the allocation tests without
 #                    it (the race detector allocates, so they skip under -race), short
-#                    fuzzing, then the cgo verbs provider (build tag rdma): vet and tests
+#                    fuzzing, then the cgo verbs provider (build tag rdma) on softverbs, the
+#                    userspace libibverbs of ibv/softverbs: vet, its tests and the conformance
+#                    suite, ibv_devinfo and ibv_rc_pingpong, and the engine's tests (notify,
+#                    tests/) with the verbs provider as the engines' device
 #   make build       build every package (go build ./cmd/twosided for the binary)
 #   make fuzz        every Fuzz target in the tree for FUZZTIME each (default 200000x)
 #   make fuzz-short  every Fuzz target for FUZZTIME_SHORT each (default 10000x)
@@ -23,6 +26,10 @@ FUZZTIME       ?= 200000x
 FUZZTIME_SHORT ?= 10000x
 BENCHTIME      ?= 1s
 VERBS_H        ?= /usr/include/infiniband/verbs.h
+PINGPONG       ?= /usr/bin/ibv_rc_pingpong
+SOFTVERBS_LIBDIR := $(CURDIR)/build/softverbs
+
+include ibv/softverbs/softverbs.mk
 
 .PHONY: test build vet fmt-check unit allocs fuzz fuzz-short bench rdma rdma-deps
 
@@ -70,14 +77,15 @@ fuzz-short:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
 
-# rdma-deps installs the libibverbs headers when they are missing and we are root.
+# rdma-deps installs the libibverbs headers (libibverbs-dev) and rdma-core's example programs
+# (ibverbs-utils: ibv_devinfo, ibv_rc_pingpong) when they are missing and we are root.
 rdma-deps:
-	@if [ -f "$(VERBS_H)" ]; then exit 0; fi; \
+	@if [ -f "$(VERBS_H)" ] && [ -x "$(PINGPONG)" ]; then exit 0; fi; \
 	if [ "$$(id -u)" != 0 ]; then exit 0; fi; \
 	if ! command -v apt-get >/dev/null; then exit 0; fi; \
-	echo "rdma: $(VERBS_H) missing; installing libibverbs-dev"; \
+	echo "rdma: installing libibverbs-dev and ibverbs-utils"; \
 	apt-get update; \
-	DEBIAN_FRONTEND=noninteractive apt-get install -y libibverbs-dev
+	DEBIAN_FRONTEND=noninteractive apt-get install -y libibverbs-dev ibverbs-utils
 
 # rdma vets and tests the cgo verbs provider; without headers (and no root to install them)
 # it says so and skips only this part.
@@ -92,4 +100,9 @@ rdma: rdma-deps
 		exit 0; \
 	fi; \
 	echo "$(GO) vet -tags rdma $(PKGS)"; $(GO) vet -tags rdma $(PKGS); \
-	echo "$(GO) test -race -tags rdma ./ibv/..."; $(GO) test -race -tags rdma ./ibv/...
+	$(MAKE) --no-print-directory softverbs-test; \
+	export LD_LIBRARY_PATH="$(SOFTVERBS_LIBDIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}"; \
+	echo "rdma: the verbs provider on softverbs: $(GO) test -race -tags rdma ./ibv/... ./notify/..."; \
+	$(GO) test -race -tags rdma ./ibv/... ./notify/...; \
+	echo "rdma: the end-to-end tests with the verbs provider: $(GO) test -tags rdma ./tests/"; \
+	$(GO) test -tags rdma -count=1 ./tests/
