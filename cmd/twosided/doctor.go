@@ -24,7 +24,7 @@ func init() {
 	register(&command{
 		Name:    "doctor",
 		Summary: "Check the RDMA path: devices, ports, GIDs, a loopback RC SEND/RECV, a notify echo over rdma_twosided, a remote engine (--peer); hints and one verdict line.",
-		Usage:   "[--peer host:port] [--provider name] [--device name] [--timeout d] [--allow-soft] [--json]",
+		Usage:   "[--peer host:port [--listen host:port]] [--provider name] [--device name] [--timeout d] [--allow-soft] [--json]",
 		Run:     runDoctor,
 	})
 }
@@ -48,7 +48,8 @@ Exit status: 0 only when the NIC path works: a device of the verbs provider (lib
 passes the loopback and the echo over the ctrl channel (and the peer check, with --peer).
 The soft provider (RC over TCP, always built in) is no NIC: with it alone doctor exits 1
 with "verdict: FAIL: no RDMA device ...", unless --allow-soft accepts it (tests, machines
-that are meant to run on it). 1: the path does not work; 2: a bad command line.`
+that are meant to run on it) and no NIC has an active port (an engine would take that NIC
+first, so its failure stays the verdict). 1: the path does not work; 2: a bad command line.`
 
 func runDoctor(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	var o doctorOptions
@@ -56,7 +57,7 @@ func runDoctor(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.W
 	fs.StringVar(&o.provider, "provider", "", "check only this provider's devices: soft or verbs (default every provider)")
 	fs.StringVar(&o.device, "device", "", "check only the device of this name (default every device)")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "bound of each step (opening a device, the loopback, the echo, the peer check)")
-	fs.BoolVar(&o.allowSoft, "allow-soft", false, "accept the soft provider (RC over TCP) as the device: exit 0 when it works and no NIC does")
+	fs.BoolVar(&o.allowSoft, "allow-soft", false, "accept the soft provider (RC over TCP) as the device: exit 0 when it works and no NIC has an active port")
 	fs.StringVar(&o.listen, "listen", "", "OOB listen address of the engine of the peer check (default from MC_HANDSHAKE_PORT, else 127.0.0.1:0)")
 	asJSON := fs.Bool("json", false, "print the report as JSON (the verdict and hints included)")
 	usage := fs.Usage
@@ -764,9 +765,19 @@ func runPeer(ctx context.Context, o doctorOptions, dev doctorDevice) (peerResult
 
 // pickDevice is the first device that passed every local step: a NIC (the verbs provider)
 // first, then with allowSoft a soft device. port is its first port whose loopback passed.
+// A soft device counts only when no NIC has an active port: an engine takes such a NIC
+// before any soft device (notify's device choice), so that NIC's failure is the verdict.
 func pickDevice(provs []doctorProvider, allowSoft bool) (*doctorDevice, *doctorPort) {
+	nicActive := false
+	for _, p := range provs {
+		for _, d := range p.Devices {
+			if p.Name != "soft" && d.Echo != nil {
+				nicActive = true
+			}
+		}
+	}
 	for _, soft := range []bool{false, true} {
-		if soft && !allowSoft {
+		if soft && (!allowSoft || nicActive) {
 			break
 		}
 		for i := range provs {
@@ -813,6 +824,15 @@ func verdict(rep doctorReport, o doctorOptions, best *doctorDevice, port *doctor
 		what := fmt.Sprintf("rdma_twosided works on %s port %d (GID %d, %s, %s)", best.Name, port.Port, port.GIDIndex, port.GIDType, port.GIDAddr)
 		if best.Provider == "soft" {
 			what += " (soft provider: RC over TCP, no RDMA NIC; accepted by --allow-soft)"
+			var nics []doctorDevice
+			for _, p := range rep.Providers {
+				if p.Name != "soft" {
+					nics = append(nics, p.Devices...)
+				}
+			}
+			if len(nics) > 0 {
+				what += "; the NIC does not: " + deviceWhy(nics)
+			}
 		}
 		if rep.Peer != nil {
 			if !rep.Peer.OK {

@@ -245,3 +245,36 @@ func TestDoctorPeerOOBOnly(t *testing.T) {
 	require.True(t, strings.HasPrefix(rep.Verdict, "FAIL: peer "+peer.Addr()+": the notify went over OOB"), rep.Verdict)
 	require.Contains(t, strings.Join(rep.Hints, "\n"), "MC_USE_RDMA_TWOSIDED=1")
 }
+
+// --allow-soft accepts a working soft device only where no NIC has an active port: an
+// engine takes such a NIC first, so a NIC that fails its loopback stays the verdict; a NIC
+// whose port is down is skipped by engines, and the verdict says so beside the soft OK.
+func TestDoctorAllowSoftBesideNIC(t *testing.T) {
+	okStep := &doctorStep{Name: "loopback", OK: true, Status: "OK"}
+	softDev := doctorDevice{Name: "soft0", Provider: "soft", OK: true, Echo: &doctorStep{OK: true, Path: "channel"},
+		Ports: []doctorPort{{Port: 1, State: "PORT_ACTIVE", GIDIndex: 0, GIDType: "RoCE v2", GIDAddr: "::1", Loopback: okStep}}}
+	rtrFailed := doctorDevice{Name: "mlx5_0", Provider: verbsProvider, Echo: &doctorStep{Error: "refused"},
+		Ports: []doctorPort{{Port: 1, State: "PORT_ACTIVE", Loopback: &doctorStep{Error: "qp 7 to RTR: invalid argument"}}}}
+	portDown := doctorDevice{Name: "mlx5_0", Provider: verbsProvider, Ports: []doctorPort{{Port: 1, State: "PORT_DOWN"}}}
+	o := doctorOptions{allowSoft: true}
+	for _, tc := range []struct {
+		nic    doctorDevice
+		ok     bool
+		prefix string
+	}{
+		{rtrFailed, false, "FAIL: mlx5_0 port 1: loopback: qp 7 to RTR: invalid argument"},
+		{portDown, true, "OK: rdma_twosided works on soft0 port 1 (GID 0, RoCE v2, ::1) (soft provider"},
+	} {
+		rep := doctorReport{Providers: []doctorProvider{
+			{Name: "soft", Built: true, Devices: []doctorDevice{softDev}},
+			{Name: verbsProvider, Built: true, Devices: []doctorDevice{tc.nic}},
+		}}
+		best, port := pickDevice(rep.Providers, true)
+		ok, v := verdict(rep, o, best, port)
+		require.Equal(t, tc.ok, ok, v)
+		require.True(t, strings.HasPrefix(v, tc.prefix), v)
+		if ok {
+			require.True(t, strings.HasSuffix(v, "; the NIC does not: mlx5_0 port 1 is PORT_DOWN"), v)
+		}
+	}
+}
