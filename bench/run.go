@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/twosided/twosided/ibv"
 )
 
 // ErrConfig is wrapped by every bad Config; the message names the field and why.
@@ -273,7 +275,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 
 func settingsOf(c *Config) Settings {
 	s := Settings{GoVersion: runtime.Version(), GOOS: runtime.GOOS, GOARCH: runtime.GOARCH,
-		NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Provider: "soft", Commit: commit(),
+		NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Provider: deviceInUse(), Commit: commit(),
 		Started: time.Now().UTC().Format(time.RFC3339), Procs: c.Procs, Scenarios: c.Scenarios,
 		Transports: c.Transports, Count: c.Count, Sizes: c.Sizes, Peers: c.Peers, Window: c.Window,
 		Warmup: c.Warmup, DurationS: c.Duration.Seconds(), BusyPollUS: float64(c.BusyPoll) / 1e3, Floor: FloorBlock}
@@ -281,6 +283,32 @@ func settingsOf(c *Config) Settings {
 		s.Floor = FloorSpin
 	}
 	return s
+}
+
+// deviceInUse names the provider and device an rdma_twosided engine of this binary takes
+// (as notify picks it: a device with an active port, real providers before the soft one),
+// e.g. "verbs:mlx5_0" or "soft:soft0".
+func deviceInUse() string {
+	devs, err := ibv.GetDeviceList()
+	if err != nil {
+		return "none: " + err.Error()
+	}
+	best := ""
+	for _, d := range devs {
+		if _, ok := d.ActivePort(); !ok {
+			continue
+		}
+		if d.Provider != "soft" {
+			return d.Provider + ":" + d.Name
+		}
+		if best == "" {
+			best = d.Provider + ":" + d.Name
+		}
+	}
+	if best == "" {
+		return "none"
+	}
+	return best
 }
 
 // commit is the source revision: git rev-parse, else the build's vcs.revision, else
