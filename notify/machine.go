@@ -151,8 +151,9 @@ type nameEntry struct {
 	lastUsed   time.Time
 	// Connect backoff: failures counts our handshakes via this name that failed in a row
 	// (unreachable, refused, no ctrl channel with fallback off, a local verbs failure); no
-	// handshake goes before backoffAt, and meanwhile sends fail with backoffErr (or go
-	// over OOB when fallback is on and the pair has a token). A success resets it.
+	// handshake goes before backoffAt; meanwhile a send waits for it when its deadline
+	// allows, else fails with backoffErr (or goes over OOB when fallback is on and the pair
+	// has a token). A success resets it.
 	failures   int
 	backoffAt  time.Time
 	backoffErr error
@@ -446,7 +447,7 @@ func (m *peerMachine) flush(now time.Time, p *peerEntry, via string) {
 			if r == nil {
 				continue
 			}
-			if err, _ := m.sizeCheck(p, r, nil); err != nil {
+			if _, err := m.sizeCheck(p, r, nil); err != nil {
 				m.complete(r.id, err)
 				continue
 			}
@@ -462,7 +463,7 @@ func (m *peerMachine) flush(now time.Time, p *peerEntry, via string) {
 			if r == nil {
 				continue
 			}
-			if err, viaOOB := m.sizeCheck(p, r, ce); err != nil {
+			if viaOOB, err := m.sizeCheck(p, r, ce); err != nil {
 				if !viaOOB {
 					m.complete(r.id, err)
 					continue
@@ -488,19 +489,19 @@ func (m *peerMachine) flush(now time.Time, p *peerEntry, via string) {
 // sizeCheck says whether r is too large for p (the limit the peer announced: refused, on
 // every path) or for ce, the channel it would be posted on (nil: over OOB): then it goes
 // over OOB when fallback is on (viaOOB), else it is refused. Refused before a seq is drawn.
-func (m *peerMachine) sizeCheck(p *peerEntry, r *reqEntry, ce *chanEntry) (err error, viaOOB bool) {
+func (m *peerMachine) sizeCheck(p *peerEntry, r *reqEntry, ce *chanEntry) (viaOOB bool, err error) {
 	switch {
 	case p.maxNotify > 0 && r.size > p.maxNotify:
-		return sendErr(ErrTooLarge, m.peerName(p), "", fmt.Errorf("name+msg %d bytes: above the peer's max_notify_size %d (this engine's is %d)",
-			r.size, p.maxNotify, m.cfg.maxNotifySize), false), false
+		return false, sendErr(ErrTooLarge, m.peerName(p), "", fmt.Errorf("name+msg %d bytes: above the peer's max_notify_size %d (this engine's is %d)",
+			r.size, p.maxNotify, m.cfg.maxNotifySize), false)
 	case ce == nil || ce.maxSize == 0 || r.size <= ce.maxSize:
-		return nil, false
+		return false, nil
 	case m.cfg.fallback:
-		return errTooLargeForChannel, true
+		return true, errTooLargeForChannel
 	}
-	return sendErr(ErrTooLarge, m.peerName(p), pathName(true), fmt.Errorf("name+msg %d bytes: the ctrl channel carries at most %d "+
+	return false, sendErr(ErrTooLarge, m.peerName(p), pathName(true), fmt.Errorf("name+msg %d bytes: the ctrl channel carries at most %d "+
 		"(one RECV buffer: the peer cannot reassemble fragments, being a Mooncake engine or having a RECV ring below %d), and OOB fallback is off",
-		r.size, ce.maxSize, minFragmentRing), false), false
+		r.size, ce.maxSize, minFragmentRing), false)
 }
 
 // errTooLargeForChannel: a notify that goes over OOB because its channel cannot carry it.
