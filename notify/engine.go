@@ -488,7 +488,11 @@ func (e *Engine) Recv(ctx context.Context) (Notify, error) {
 		return Notify{}, fmt.Errorf("%w: ctx: nil", ErrInvalid)
 	}
 	n, err := e.rq.pop(ctx, &e.closed)
-	if err != nil && !errors.Is(err, ErrClosed) {
+	switch {
+	case err == nil, errors.Is(err, ErrClosed):
+	case errors.Is(err, context.Canceled):
+		err = &canceledError{op: "recv", err: err} // ErrTimeout, as for a send
+	default:
 		err = fmt.Errorf("%w: recv: %w", ErrTimeout, err)
 	}
 	return n, err

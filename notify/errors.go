@@ -135,6 +135,16 @@ func (l *attemptLog) sendErr(kind error, peer, path string, cause error, maybe b
 	return se
 }
 
+// canceledError is a call other than a send whose context was cancelled: it wraps
+// ErrTimeout (the caller stopped waiting) and the context's error, and says "canceled".
+type canceledError struct {
+	op  string
+	err error
+}
+
+func (e *canceledError) Error() string   { return "notify: canceled: " + e.op + ": " + e.err.Error() }
+func (e *canceledError) Unwrap() []error { return []error{ErrTimeout, e.err} }
+
 // closeError is Close's error: the steps that did not finish, and whether its context
 // ended first (then it wraps ErrTimeout and the context's error).
 type closeError struct {

@@ -325,3 +325,23 @@ func TestErrorCloseCutShort(t *testing.T) {
 	require.EqualError(t, err, "notify: close: directory: unregister: etcd down")
 	require.NotErrorIs(t, err, ErrTimeout)
 }
+
+// Recv with a cancelled context says "canceled" and wraps ErrTimeout and context.Canceled,
+// as a send does; a deadline still reads "timeout".
+func TestRecvCanceled(t *testing.T) {
+	e, err := New(WithListenAddr("127.0.0.1:0"))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, e.Close(context.Background())) }()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = e.Recv(ctx)
+	require.ErrorIs(t, err, ErrTimeout)
+	require.ErrorIs(t, err, context.Canceled)
+	require.True(t, strings.HasPrefix(err.Error(), "notify: canceled: recv"), err.Error())
+	dctx, dcancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer dcancel()
+	_, err = e.Recv(dctx)
+	require.ErrorIs(t, err, ErrTimeout)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.True(t, strings.HasPrefix(err.Error(), "notify: timeout: recv"), err.Error())
+}
