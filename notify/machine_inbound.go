@@ -1,0 +1,357 @@
+// The peer machine's side of peers' handshakes (see peerMachine in machine.go): which
+// channel of a pair wins, whether a handshake gets a channel, a session without one or a
+// refusal, and what a channel's end or our own failure leaves behind.
+
+package notify
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// wins reports whether channel a beats channel b of the same pair.
+func wins(a, b *chanEntry) bool {
+	if a.epoch != b.epoch {
+		return a.epoch > b.epoch
+	}
+	return a.initiator > b.initiator
+}
+
+// adopt makes ce p's channel; a channel it replaces is drained and closed.
+func (m *peerMachine) adopt(now time.Time, p *peerEntry, ce *chanEntry) {
+	if p.ch != 0 && p.ch != ce.id {
+		if old := m.chans[p.ch]; old != nil {
+			for _, r := range m.reqs {
+				if r.ch == old.id {
+					p.oldInflight++
+				}
+			}
+			m.dropChan(old, false)
+			m.emit(mAction{kind: aClose, ch: old.id, err: errSuperseded})
+		}
+	}
+	ce.up = true
+	p.ch = ce.id
+	p.mode = modeChannel
+	p.epoch = max(p.epoch, ce.epoch)
+	p.awaiting = time.Time{}
+	p.retryAt = time.Time{}
+	p.lastErr = nil
+	p.lastActive = now
+	m.fence(p)
+}
+
+// dropChan takes ce out of service. A channel that carried traffic stays known (forget
+// false) until the driver reports it closed, so what its drain delivers still finds its
+// peer.
+func (m *peerMachine) dropChan(ce *chanEntry, forget bool) {
+	if !ce.dropped {
+		ce.dropped = true
+		m.channels--
+		if ce.inbound && !ce.confirmed {
+			m.unconfirmed--
+		}
+		if p := ce.peer; p != nil && p.ch == ce.id {
+			p.ch = 0
+		}
+	}
+	ce.up = false
+	if forget {
+		if p := ce.peer; p != nil {
+			for _, f := range ce.fences {
+				p.seqs.refence(f.r)
+			}
+		}
+		ce.fences = nil
+		delete(m.chans, ce.id)
+	}
+}
+
+// chanClosed: channel ch ended (an error, the peer's goodbye, our close). Its pending
+// sends were reported through sendResult before.
+func (m *peerMachine) chanClosed(now time.Time, ch chanID, err error) {
+	ce := m.chans[ch]
+	if ce == nil {
+		return
+	}
+	p := ce.peer
+	m.dropChan(ce, true)
+	if p != nil {
+		m.fence(p)
+	}
+	if p != nil && p.ch == 0 {
+		p.lastErr = err
+		if len(p.waiters) > 0 {
+			m.flush(now, p, "")
+		}
+	}
+}
+
+// inboundHS is a peer's handshake request.
+type inboundHS struct {
+	name    string // the name it advertised
+	session uint64 // 0: a Mooncake peer
+	token   uint64 // the token it issues us
+	proof   uint64 // the token we issued it before (0: none)
+	epoch   uint64
+	ctrl    bool // it offers a ctrl channel
+	// maxNotify: its max_notify_size (ts_max_notify; 0: not said)
+	maxNotify int
+	from      netip.Addr // where the handshake came from (zero: unknown)
+}
+
+// inboundReply is the machine's answer to a handshake request.
+type inboundReply struct {
+	refuse string
+	err    error
+	ch     chanID // accept with a channel: the driver creates and connects it, then calls inboundUp
+	token  uint64 // the token we issue the peer
+	epoch  uint64
+	fresh  bool // the entry was made by this handshake (ts_fresh)
+}
+
+// inbound decides a peer's handshake request.
+func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
+	if hs.session == 0 {
+		return m.inboundLegacy(now, hs)
+	}
+	key := peerKey{session: hs.session}
+	p := m.peers[key]
+	proven := p != nil && m.tokenOK(p, hs.proof) // a pair we know, proving its token
+	if p != nil && p.tokenIn[0] != 0 && !proven && !m.openRace(now, p, hs) {
+		m.stats.AuthRefused++
+		return inboundReply{refuse: refuseAuth, err: fmt.Errorf("%w: ts_proof: session %x is known here and the proof does not match", ErrAuth, hs.session)}
+	}
+	if hs.ctrl && m.cfg.channels && !proven && m.unconfirmed >= m.cfg.maxUnconfirmed {
+		// A flood of handshakes whose channels nobody uses: refuse until they expire,
+		// keeping nothing; a real peer retries (or is served over OOB meanwhile).
+		m.stats.UnconfirmedRefused++
+		return inboundReply{refuse: refuseBusy, err: fmt.Errorf("%w: %d channels handshaken and not yet used by their peers", ErrBackpressure, m.unconfirmed)}
+	}
+	fresh := false // the entry is made here: our state for the pair starts at 1
+	if p == nil {
+		if err := m.roomForPeer(hs.from); err != nil {
+			return inboundReply{refuse: refuseLimit, err: err}
+		}
+		if hs.ctrl && m.cfg.channels && m.channels >= m.cfg.maxChannels {
+			// Refused, and nothing kept: the token is a cookie; a peer that uses it over OOB
+			// gets its entry then (oobArrive).
+			m.stats.ChannelsRefused++
+			return inboundReply{refuse: refuseLimit, token: m.cookie(hs.session, hs.name),
+				err: fmt.Errorf("%w: max_channels: %d channels open, the limit", ErrLimit, m.cfg.maxChannels)}
+		}
+		p = m.newPeer(now, key)
+		m.setFrom(p, hs.from)
+		fresh = true
+		if hs.name != "" {
+			p.names = append(p.names, hs.name)
+		}
+	}
+	p.lastActive = now
+	p.tokenOut = hs.token
+	p.fenceAt = time.Time{} // a new token: refused fences may pass now
+	if hs.maxNotify > 0 {
+		p.maxNotify = hs.maxNotify
+	}
+	if hs.name != "" {
+		p.adv = hs.name
+	}
+	m.fence(p) // seqs given up while the pair had no path (a rebind) now have one
+	if p.tokenIn[0] == 0 {
+		m.addTokenIn(p, m.rand())
+	}
+	if hs.name != "" {
+		m.learnName(now, p, hs.name)
+	}
+	rep := inboundReply{token: p.tokenIn[0], epoch: p.epoch, fresh: fresh}
+	if !m.cfg.channels || !hs.ctrl || hs.session == m.local {
+		// A session without channel: the pair talks over OOB with seqs. So does this
+		// engine with itself (a name of its own): both ends of one QP would be one peer's
+		// two channels, and each would supersede the other.
+		if p.ch == 0 {
+			p.mode = modeOOB
+		}
+		if !m.cfg.channels {
+			rep.refuse = refuseNoCtrl
+		}
+		m.flush(now, p, "")
+		return rep
+	}
+	epoch := hs.epoch
+	if epoch == 0 {
+		epoch = p.epoch + 1
+	}
+	cand := &chanEntry{epoch: epoch, initiator: hs.session, peer: p}
+	if p.ch != 0 {
+		if cur := m.chans[p.ch]; cur != nil && !wins(cand, cur) {
+			m.stats.Superseded++
+			rep.refuse = refuseSuperseded
+			return rep
+		}
+	}
+	for _, ce := range m.chans {
+		if ce.peer == p && !ce.up && !ce.dropped && !wins(cand, ce) {
+			// Our own handshake to it is in flight and will win on both sides.
+			m.stats.Superseded++
+			rep.refuse = refuseSuperseded
+			return rep
+		}
+	}
+	if p.ch == 0 && m.channels >= m.cfg.maxChannels {
+		m.stats.ChannelsRefused++
+		rep.refuse = refuseLimit
+		rep.err = fmt.Errorf("%w: max_channels: %d channels open, the limit", ErrLimit, m.cfg.maxChannels)
+		return rep
+	}
+	m.nextChan++
+	m.channels++
+	cand.id = m.nextChan
+	if proven {
+		cand.inbound, cand.confirmed = true, true // its peer proved the pair: a real QP
+	} else {
+		m.addUnconfirmed(now, cand)
+	}
+	m.chans[cand.id] = cand
+	rep.ch = cand.id
+	rep.epoch = epoch
+	return rep
+}
+
+func (m *peerMachine) addUnconfirmed(now time.Time, ce *chanEntry) {
+	ce.inbound, ce.born = true, now
+	m.unconfirmed++
+	m.setTimer(now.Add(m.cfg.connectTimeout))
+}
+
+// confirm marks ce used by its peer.
+func (m *peerMachine) confirm(ce *chanEntry) {
+	if ce.peer != nil {
+		m.confirmPeer(ce.peer) // it used the channel
+	}
+	if ce.inbound && !ce.confirmed {
+		ce.confirmed = true
+		if !ce.dropped {
+			m.unconfirmed--
+		}
+	}
+}
+
+// learnName makes the advertised name an alias of p, taking over sends waiting on it.
+func (m *peerMachine) learnName(now time.Time, p *peerEntry, name string) {
+	ne := m.names[name]
+	if ne == nil {
+		if len(m.names) >= m.cfg.maxNames {
+			return
+		}
+		ne = &nameEntry{name: name, lastUsed: now}
+		m.names[name] = ne
+	}
+	if ne.peer != p {
+		if ne.peer != nil {
+			m.unalias(ne.peer, name)
+		}
+		ne.peer = p
+	}
+	if ne.connecting {
+		// Our own handshake to this name is on its way with ne.token: the peer may use it
+		// before our reply arrives (a simultaneous open).
+		m.addTokenIn(p, ne.token)
+	}
+	m.alias(p, name)
+	m.moveWaiters(ne, p) // in their order, ahead of any later send to the name
+}
+
+func (m *peerMachine) inboundLegacy(now time.Time, hs inboundHS) inboundReply {
+	if hs.name == "" {
+		return inboundReply{refuse: refuseInvalid, err: fmt.Errorf("%w: local_nic_path: empty, no peer name", ErrInvalid)}
+	}
+	if !m.cfg.channels || !hs.ctrl {
+		return inboundReply{refuse: refuseNoCtrl, err: fmt.Errorf("%w: this engine has no ctrl channel", ErrNoCtrlChannel)}
+	}
+	if m.unconfirmed >= m.cfg.maxUnconfirmed {
+		m.stats.UnconfirmedRefused++
+		return inboundReply{refuse: refuseBusy, err: fmt.Errorf("%w: %d channels handshaken and not yet used by their peers", ErrBackpressure, m.unconfirmed)}
+	}
+	key := peerKey{legacy: hs.name}
+	p := m.peers[key]
+	fresh := false
+	if p == nil {
+		if m.channels >= m.cfg.maxChannels {
+			m.stats.ChannelsRefused++
+			return inboundReply{refuse: refuseLimit, err: fmt.Errorf("%w: max_channels: %d channels open, the limit", ErrLimit, m.cfg.maxChannels)}
+		}
+		if err := m.roomForPeer(hs.from); err != nil {
+			return inboundReply{refuse: refuseLimit, err: err}
+		}
+		p = m.newPeer(now, key)
+		m.setFrom(p, hs.from)
+		fresh = true
+		p.names = append(p.names, hs.name)
+		p.adv = hs.name
+		if ne := m.names[hs.name]; ne == nil && len(m.names) < m.cfg.maxNames {
+			m.names[hs.name] = &nameEntry{name: hs.name, peer: p, lastUsed: now}
+		} else if ne != nil && ne.peer == nil {
+			ne.peer = p
+			if !ne.connecting {
+				m.moveWaiters(ne, p)
+			}
+		}
+	} else if p.ch == 0 && m.channels >= m.cfg.maxChannels {
+		m.stats.ChannelsRefused++
+		return inboundReply{refuse: refuseLimit, err: fmt.Errorf("%w: max_channels: %d channels open, the limit", ErrLimit, m.cfg.maxChannels)}
+	}
+	// A Mooncake peer's latest channel is the one it uses.
+	p.epoch++
+	m.nextChan++
+	m.channels++
+	ce := &chanEntry{id: m.nextChan, epoch: p.epoch, initiator: 0, peer: p, legacy: true}
+	m.addUnconfirmed(now, ce)
+	m.chans[ce.id] = ce
+	return inboundReply{ch: ce.id, epoch: p.epoch, fresh: fresh}
+}
+
+// inboundUp: the channel of an accepted handshake is connected (err nil) or could not be
+// (err: it is forgotten, and the reply carries the error).
+func (m *peerMachine) inboundUp(now time.Time, ch chanID, err error) {
+	ce := m.chans[ch]
+	if ce == nil {
+		return
+	}
+	if err != nil {
+		m.dropChan(ce, true)
+		return
+	}
+	p := ce.peer
+	if p.ch != 0 && p.ch != ch {
+		if cur := m.chans[p.ch]; cur != nil && !ce.legacy && !wins(ce, cur) {
+			m.dropChan(ce, false)
+			m.emit(mAction{kind: aClose, ch: ch, err: errSuperseded})
+			return
+		}
+	}
+	m.adopt(now, p, ce)
+	m.flush(now, p, "")
+}
+
+// inboundFailed: our side of the channel a peer's handshake asked for could not be made
+// (a QP, a CQ, an fd, a verbs call). The channel goes; an entry this handshake made (fresh)
+// goes too, so a failing handshake leaves nothing behind, and the peer gets a cookie
+// (as for max_channels): its first OOB notify with it makes the entry (oobArrive). An entry
+// that existed keeps its token. It returns the token for the refusal.
+func (m *peerMachine) inboundFailed(now time.Time, ch chanID, fresh bool, hs inboundHS) uint64 {
+	ce := m.chans[ch]
+	if ce == nil {
+		return 0
+	}
+	p := ce.peer
+	m.dropChan(ce, true)
+	if p == nil {
+		return 0
+	}
+	if fresh && !p.hasState() && len(p.waiters) == 0 && p.inflight == 0 && !m.connectingTo(p) {
+		m.forget(p.key, p)
+		return m.cookie(hs.session, hs.name)
+	}
+	return p.tokenIn[0]
+}
