@@ -9,8 +9,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/twosided/twosided/ibv"
-	"github.com/twosided/twosided/notify/limits"
 	"github.com/twosided/twosided/reactor"
+	"github.com/twosided/twosided/reactor/limits"
 )
 
 // Config configures a Channel. Zero fields take the defaults in brackets.

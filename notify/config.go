@@ -10,7 +10,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/twosided/twosided/notify/limits"
+	"github.com/twosided/twosided/reactor/limits"
 )
 
 // Transport names. Exactly one is installed per engine.

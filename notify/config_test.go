@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/twosided/twosided/notify/limits"
+	"github.com/twosided/twosided/reactor/limits"
 )
 
 func envOf(m map[string]string) func(string) (string, bool) {

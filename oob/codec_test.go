@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/twosided/twosided/notify/limits"
+	"github.com/twosided/twosided/reactor/limits"
 )
 
 // A Mooncake notify frame written out by hand: len=31 (1 type byte + 30 JSON bytes).

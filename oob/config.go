@@ -8,7 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/twosided/twosided/notify/limits"
+	"github.com/twosided/twosided/reactor/limits"
 )
 
 // Config of a Node. A zero field takes its default; a value out of range is an
@@ -87,7 +87,7 @@ type Config struct {
 }
 
 // Defaults.
-// Defaults, from the limits table (notify/limits).
+// Defaults, from the limits table (reactor/limits).
 const (
 	DefaultListenAddr = ":12001"
 )

@@ -135,7 +135,7 @@
 // request is never retried by this package: a broken connection fails what was in flight
 // on it with ErrPeerUnreachable, and the caller (which numbers notifies for dedup) decides.
 //
-// Limits, each a Config field with a default from the one table of limits (notify/limits):
+// Limits, each a Config field with a default from the one table of limits (reactor/limits):
 // MaxConns caps the accepted connections (one more gets an error reply naming max_conns,
 // with ts_refuse "limit", and is closed; a twosided client returns ErrLimit); MaxFrame caps a frame (a longer one gets an error reply and
 // its connection is closed); MaxConnBuffer caps the bytes queued for writing on one

@@ -11,7 +11,7 @@ import (
 	"strings"
 
 	"github.com/twosided/twosided/ibv"
-	"github.com/twosided/twosided/notify/limits"
+	"github.com/twosided/twosided/reactor/limits"
 )
 
 func init() {

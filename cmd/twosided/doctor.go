@@ -16,8 +16,8 @@ import (
 
 	"github.com/twosided/twosided/ibv"
 	"github.com/twosided/twosided/notify"
-	"github.com/twosided/twosided/notify/limits"
 	"github.com/twosided/twosided/oob"
+	"github.com/twosided/twosided/reactor/limits"
 )
 
 func init() {

@@ -3,7 +3,8 @@
 // the environment parser and every layer's Config validation (notify, ctrlchannel, oob)
 // check a value with the same entry, so a value accepted in one place is accepted in all.
 //
-// It is a leaf: it imports nothing of the project, so any layer may import it.
+// It is a leaf: it imports nothing of the project, so any layer may import it. It sits
+// under reactor, the bottom layer, so that oob and ctrlchannel import it downwards.
 package limits
 
 import (
