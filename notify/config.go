@@ -255,8 +255,8 @@ func (c *config) validate() error {
 // Option configures an Engine. Options are applied after the environment (FromEnv).
 type Option func(*config)
 
-// WithListenAddr sets the OOB listener address, e.g. "127.0.0.1:0". Its bound host:port is
-// the engine's peer name.
+// WithListenAddr sets the OOB listener address, e.g. "127.0.0.1:0" (default 127.0.0.1:0;
+// FromEnv: 0.0.0.0:MC_HANDSHAKE_PORT when set). Its bound host:port is the engine's peer name.
 func WithListenAddr(addr string) Option { return func(c *config) { c.listenAddr = addr } }
 
 // WithPeerName sets the name this engine gives peers (the host:port they dial back, the
@@ -264,7 +264,8 @@ func WithListenAddr(addr string) Option { return func(c *config) { c.listenAddr 
 // (0.0.0.0, ::) replaced by the machine's host name, as Mooncake names servers.
 func WithPeerName(name string) Option { return func(c *config) { c.peerName = name } }
 
-// WithTransport selects "oob" (classic) or "rdma_twosided". Asking for both is an error.
+// WithTransport selects "oob" (classic; the default) or "rdma_twosided". Asking for both is
+// an error.
 func WithTransport(name string) Option {
 	return func(c *config) {
 		for _, t := range strings.Split(name, ",") {
@@ -276,34 +277,38 @@ func WithTransport(name string) Option {
 // WithOOBFallback sets whether a notify that cannot go over RDMA goes over OOB (default true).
 func WithOOBFallback(on bool) Option { return func(c *config) { c.oobFallback = on } }
 
-// WithRecvCount sets the RECV ring depth per channel, the advertised notify_rq_depth (1..4096).
+// WithRecvCount sets the RECV ring depth per channel, the advertised notify_rq_depth (default
+// 64; 1..4096; below 3 the channel carries no fragments).
 func WithRecvCount(n int) Option { return func(c *config) { c.recvCount = n } }
 
-// WithBufferSize sets the bytes per RECV buffer, the largest frame (256..65536).
+// WithBufferSize sets the bytes per RECV buffer, the largest frame (default 4096; 256..65536).
 func WithBufferSize(n int) Option { return func(c *config) { c.bufferSize = n } }
 
-// WithMaxPendingSends bounds queued plus in-flight sends per peer (1..4096).
+// WithMaxPendingSends bounds queued plus in-flight sends per peer (default 64; 1..4096).
 func WithMaxPendingSends(n int) Option { return func(c *config) { c.maxPendingSends = n } }
 
-// WithConnectTimeout bounds a channel connect (100ms..600s).
+// WithConnectTimeout bounds a channel connect and its handshake (default 10 s; 100ms..600s).
 func WithConnectTimeout(d time.Duration) Option { return func(c *config) { c.connectTimeout = d } }
 
 // WithMaxNotifySize bounds name+msg of one notify (default 1 MiB).
 func WithMaxNotifySize(n int) Option { return func(c *config) { c.maxNotifySize = n } }
 
-// WithRecvQueue bounds the received-notify queue; when it is full, credits stop and senders
-// wait (backpressure), nothing is dropped.
+// WithRecvQueue bounds the received-notify queue (default 4096); when it is full, credits stop
+// and senders wait (backpressure), nothing is dropped. It holds at most the bound plus one
+// channel's RECV ring (what a channel's NIC acknowledged before the pause reached it).
 func WithRecvQueue(n int) Option { return func(c *config) { c.recvQueue = n } }
 
-// WithProvider forces an ibv provider ("soft" or "verbs").
+// WithProvider forces an ibv provider ("soft" or "verbs"; default: none forced, a device
+// with an active port of a real provider first, else the soft one).
 func WithProvider(name string) Option { return func(c *config) { c.provider = name } }
 
-// WithDeviceFilters restricts device choice to these names (as MC_TE_FILTERS).
+// WithDeviceFilters restricts device choice to these names (as MC_TE_FILTERS; default: any).
 func WithDeviceFilters(names ...string) Option {
 	return func(c *config) { c.filters = append([]string(nil), names...) }
 }
 
-// WithMTU caps the path MTU in bytes (as MC_MTU); the channel uses min of both sides.
+// WithMTU caps the path MTU in bytes (as MC_MTU; default: the port's active MTU); the
+// channel uses min of both sides.
 func WithMTU(bytes int) Option { return func(c *config) { c.mtu = bytes } }
 
 // qpKnobs are the ctrl channels' QP attributes (the limits table's TrafficClass …
@@ -368,7 +373,7 @@ func WithBusyPoll(d time.Duration) Option { return func(c *config) { c.busyPoll 
 func WithLogger(l zerolog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithHandler delivers each notify by calling h on the engine's reactor thread instead of
-// queueing it for Recv/GetNotifies: the lowest-latency path. h must not block. "The reactor
+// queueing it for Recv/GetNotifies (the default, without a handler): the lowest-latency path. h must not block. "The reactor
 // thread" is the loop's turn: usually the loop's own thread, sometimes a SendNotify caller's
 // that borrowed the turn while it waits (reactor.Loop.WaitTurn); calls are never concurrent
 // with each other or with the engine's other callbacks, but do not rely on one OS thread.
@@ -378,7 +383,7 @@ func WithHandler(h func(Notify)) Option { return func(c *config) { c.onNotify = 
 // raises it to NumCPU+2 (unless the GOMAXPROCS variable is set); see procs.go for why.
 func WithoutProcsReserve() Option { return func(c *config) { c.keepProcs = true } }
 
-// WithOOBAuthKey turns on authentication of the OOB channel with a pre-shared key
+// WithOOBAuthKey turns on authentication of the OOB channel with a pre-shared key (default: off)
 // (HMAC-SHA256 challenge-response when a connection opens, both ways; 16..1024 bytes).
 // With a key, unauthenticated peers — Mooncake's included — can neither open a ctrl channel
 // nor inject a notify, unless WithAllowUnauthenticated(true). Environment:
@@ -388,7 +393,7 @@ func WithOOBAuthKey(key []byte) Option {
 }
 
 // WithAllowUnauthenticated lets Mooncake-compatible unauthenticated peers in even with a key
-// set (environment TWOSIDED_OOB_ALLOW_UNAUTHENTICATED).
+// set (default false; environment TWOSIDED_OOB_ALLOW_UNAUTHENTICATED).
 func WithAllowUnauthenticated(on bool) Option { return func(c *config) { c.allowUnauth = on } }
 
 // WithMaxConns bounds the OOB connections the listener accepts (default 4096).
