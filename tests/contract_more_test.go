@@ -217,6 +217,11 @@ func TestContractRetrySameIDOnTheWay(t *testing.T) {
 		rec = recvInto(t, b)
 		ctx = ctxFor(t, 60*time.Second)
 		warmUp(t, ctx, a, b.Addr(), 10)
+		// The faults below must meet a SEND on the wire, which needs credit; b returns it
+		// from its own loop, which a loaded machine can delay: a send without credit waits
+		// unposted, and the subtests' "maybe delivered" would not follow.
+		require.Eventually(t, func() bool { return a.Stats().Channels.CreditAvail > 1 }, 30*time.Second, time.Millisecond,
+			"b returns the ctrl channel's credit")
 		t.Cleanup(func() { _ = soft.Default().RestoreLink("soft0", "soft1") })
 		return a, b, rec, ctx
 	}

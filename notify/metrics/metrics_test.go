@@ -97,6 +97,12 @@ func TestScrapeAfterWorkload(t *testing.T) {
 	for range 2 {
 		require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "kv", ID: "retried"}))
 	}
+	// The cut must meet a SEND on the wire, which needs credit: b returns it from its own
+	// loop, so on a loaded machine a's channel can be at its reserve now. A send without
+	// credit waits, nothing is posted, and the stall probe, not a failed SEND, finds the
+	// cut. So wait (bounded) until a may send.
+	require.Eventually(t, func() bool { return a.Stats().Channels.CreditAvail > 1 }, 30*time.Second, time.Millisecond,
+		"b returns the ctrl channel's credit")
 	require.NoError(t, soft.Default().CutLink("soft0", "soft1"))
 	require.NoError(t, a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "cut"}))
 	require.NoError(t, soft.Default().RestoreLink("soft0", "soft1"))
