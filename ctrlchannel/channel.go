@@ -186,28 +186,14 @@ type Channel struct {
 	ev   Events
 	log  zerolog.Logger
 
-	port    ibv.PortAttr
-	psn     uint32       // our initial send PSN (24 bits, random), advertised as ts_psn
-	gid     ibv.GIDEntry // the source GID: advertised, and the address vector's sgid_index
-	qpn     uint32
-	mtu     ibv.MTU
-	pathMTU ibv.MTU
-	inline  int
+	rcQP // the verbs side (prepare.go)
 
-	cc      ibv.CompChannel
-	cq      ibv.CQ
-	qp      ibv.QP
-	pd      ibv.PD
-	sendBuf []byte // allocated and registered by Connect (allocRings)
-	recvBuf []byte
-	sendMR  ibv.MR
-	recvMR  ibv.MR
-	watch   *reactor.CQWatch
-	timer   *reactor.Timer
+	watch *reactor.CQWatch
+	timer *reactor.Timer
 
 	m         *Machine
 	running   bool
-	starting  bool // NewChannel: a failure is its error, not OnClosed
+	starting  bool // NewChannel, Adopt: a failure is their error, not OnClosed
 	connected bool
 	closed    bool
 	tornDown  bool
@@ -227,8 +213,10 @@ type Channel struct {
 	wcErrors, rnrExceeded, postErrors uint64
 }
 
-// NewChannel creates the QP (in INIT, its RECVs posted), its CQ and rings, and starts
-// watching the CQ on loop. Loop-only.
+// NewChannel creates the QP (in INIT) and its CQ, and starts watching the CQ on loop; its
+// rings and RECVs wait for Connect. Loop-only. It runs the verbs on the loop: an engine
+// with many peers uses Prepare, Ready and Adopt instead, so that a slow verb (a RoCE RTR
+// resolving the peer's MAC) stalls no other channel.
 func NewChannel(loop *reactor.Loop, dev ibv.Context, pd ibv.PD, cfg Config, ev Events) (*Channel, error) {
 	if loop == nil || !loop.InLoop() {
 		return nil, fmt.Errorf("ctrlchannel: new channel: %w", reactor.ErrNotInLoop)
@@ -236,24 +224,17 @@ func NewChannel(loop *reactor.Loop, dev ibv.Context, pd ibv.PD, cfg Config, ev E
 	if dev == nil || pd == nil || ev == nil {
 		return nil, fmt.Errorf("%w: new channel: dev, pd and ev must not be nil", ErrConfig)
 	}
-	if d, ok := pd.(Defaults); ok {
-		d.ChannelDefaults(&cfg)
-	}
-	if err := cfg.setDefaults(); err != nil {
+	p, err := Prepare(dev, pd, cfg)
+	if err != nil {
 		return nil, err
 	}
-	if cfg.Extensions && cfg.RecvCount < minCreditRQ {
-		return nil, fmt.Errorf("%w: Config.RecvCount %d: credit flow control needs at least %d", ErrConfig, cfg.RecvCount, minCreditRQ)
-	}
-	c := &Channel{loop: loop, cfg: cfg, ev: ev, log: cfg.Logger, names: make(map[string]string)}
-	// A peer that sends garbage must not flood the log: 10 lines a second, then 1 in 1000.
-	c.drops = cfg.Logger.Sample(&zerolog.BurstSampler{Burst: 10, Period: time.Second, NextSampler: &zerolog.BasicSampler{N: 1000}})
-	if err := c.create(dev, pd); err != nil {
+	c := newChannel(loop, p, ev)
+	if c.watch, err = c.loop.WatchCQ(c.cq, c); err != nil {
 		c.release()
-		return nil, err
+		return nil, fmt.Errorf("ctrlchannel: watch cq: %w", err)
 	}
 	c.starting = true
-	c.run() // posts the RECVs
+	c.run() // the machine's first RECV posts wait for the rings (Connect)
 	c.starting = false
 	if c.closed {
 		return nil, c.closeErr
@@ -261,55 +242,15 @@ func NewChannel(loop *reactor.Loop, dev ibv.Context, pd ibv.PD, cfg Config, ev E
 	return c, nil
 }
 
-func (c *Channel) create(dev ibv.Context, pd ibv.PD) error {
-	cfg := &c.cfg
-	port, err := dev.QueryPort(cfg.PortNum)
-	if err != nil {
-		return fmt.Errorf("ctrlchannel: query port %d: %w", cfg.PortNum, err)
-	}
-	if port.State != ibv.PortActive {
-		return fmt.Errorf("ctrlchannel: port %d is %s: %w", cfg.PortNum, port.State, ibv.ErrNoDevice)
-	}
-	c.port = port
-	if c.gid, err = ibv.SelectGID(port, cfg.GIDIndex); err != nil {
-		return fmt.Errorf("ctrlchannel: %w", err)
-	}
-	c.mtu = port.ActiveMTU
-	if cfg.MTU != 0 {
-		c.mtu = ibv.MinMTU(c.mtu, cfg.MTU)
-	}
+// newChannel makes the driver around p's verbs side and machine, which it takes over (p is
+// spent).
+func newChannel(loop *reactor.Loop, p *Prepared, ev Events) *Channel {
+	cfg := p.cfg
+	c := &Channel{loop: loop, cfg: cfg, ev: ev, log: cfg.Logger, names: make(map[string]string), rcQP: p.rcQP, m: p.m}
+	p.rcQP, p.m, p.state = rcQP{}, nil, prepSpent
+	// A peer that sends garbage must not flood the log: 10 lines a second, then 1 in 1000.
+	c.drops = cfg.Logger.Sample(&zerolog.BurstSampler{Burst: 10, Period: time.Second, NextSampler: &zerolog.BasicSampler{N: 1000}})
 	slots := cfg.MaxPendingSends
-	if c.cc, err = dev.CreateCompChannel(); err != nil {
-		return fmt.Errorf("ctrlchannel: create comp channel: %w", err)
-	}
-	if c.cq, err = dev.CreateCQ(slots+cfg.RecvCount, c.cc); err != nil {
-		return fmt.Errorf("ctrlchannel: create cq: %w", err)
-	}
-	c.qp, err = pd.CreateQP(ibv.QPInitAttr{SendCQ: c.cq, RecvCQ: c.cq, Type: ibv.QPTypeRC,
-		Cap: ibv.QPCap{MaxSendWR: uint32(slots), MaxRecvWR: uint32(cfg.RecvCount), MaxSendSGE: 1, MaxRecvSGE: 1,
-			MaxInlineData: uint32(cfg.MaxInline)}})
-	if err != nil {
-		return fmt.Errorf("ctrlchannel: create qp: %w", err)
-	}
-	c.qpn = c.qp.QPNum()
-	// The caps create_qp granted, not ibv_query_qp: some drivers refuse a query in RESET.
-	c.inline = min(cfg.MaxInline, int(c.qp.Cap().MaxInlineData))
-	if c.psn, err = randomPSN(); err != nil {
-		return fmt.Errorf("ctrlchannel: initial psn: %w", err)
-	}
-	if err := c.qp.Modify(&ibv.QPAttr{QPState: ibv.QPSInit, PortNum: cfg.PortNum, PKeyIndex: cfg.PKeyIndex, QPAccessFlags: ibv.AccessLocalWrite},
-		ibv.AttrState|ibv.AttrPKeyIndex|ibv.AttrPort|ibv.AttrAccessFlags); err != nil {
-		return fmt.Errorf("ctrlchannel: qp %d to INIT: %w", c.qp.QPNum(), err)
-	}
-	// The rings and their MRs wait for Connect: a channel whose peer never answers the
-	// handshake holds only its QP and CQ (the rings are ~0.5 MiB at the defaults).
-	c.pd = pd
-	c.m, err = NewMachine(Params{RecvCount: cfg.RecvCount, BufSize: cfg.BufSize, SendSlots: slots,
-		MaxPendingSends: cfg.MaxPendingSends, MaxNotifySize: cfg.MaxNotifySize, Extensions: cfg.Extensions,
-		DisableCredits: cfg.DisableCredits})
-	if err != nil {
-		return err
-	}
 	c.swr = make([]ibv.SendWR, slots)
 	c.ssge = make([]ibv.SGE, slots)
 	c.rwr = make([]ibv.RecvWR, cfg.RecvCount)
@@ -321,86 +262,25 @@ func (c *Channel) create(dev ibv.Context, pd ibv.PD) error {
 	for i := range c.rwr {
 		c.rwr[i].SGList = c.rsge[i : i+1 : i+1]
 	}
-	if c.watch, err = c.loop.WatchCQ(c.cq, c); err != nil {
-		return fmt.Errorf("ctrlchannel: watch cq: %w", err)
-	}
-	return nil
+	return c
 }
 
-// allocRings allocates and registers the send and receive rings and posts every RECV
-// (the QP is in INIT: RECVs may be posted before RTR, so none is missing when the peer's
-// first frame comes).
-func (c *Channel) allocRings() error {
-	if c.recvMR != nil {
-		return nil
-	}
-	var err error
-	c.sendBuf = make([]byte, c.cfg.MaxPendingSends*c.cfg.BufSize)
-	c.recvBuf = make([]byte, c.cfg.RecvCount*c.cfg.BufSize)
-	if c.sendMR, err = c.pd.RegMR(c.sendBuf, ibv.AccessLocalWrite); err != nil {
-		return fmt.Errorf("ctrlchannel: register send ring: %w", err)
-	}
-	if err := c.m.SetSendRing(c.sendBuf); err != nil {
-		return err
-	}
-	recvMR, err := c.pd.RegMR(c.recvBuf, ibv.AccessLocalWrite)
-	if err != nil {
-		return fmt.Errorf("ctrlchannel: register receive ring: %w", err)
-	}
-	c.recvMR = recvMR
-	for i := 0; i < c.cfg.RecvCount; i++ {
-		c.perform(&Action{Kind: ActPostRecv, Slot: i})
-	}
-	if err := c.flushRecvs(); err != nil {
-		return err
-	}
-	if c.closed || c.m.Closed() {
-		return fmt.Errorf("ctrlchannel: connect: %w", ErrClosed)
-	}
-	return nil
-}
-
-// release destroys whatever create made, in reverse order.
+// release destroys what the channel holds, in reverse order of making.
 func (c *Channel) release() {
-	logErr := func(what string, err error) {
-		if err != nil {
-			c.log.Warn().Err(err).Str("what", what).Msg("ctrlchannel: teardown")
-		}
-	}
 	if c.timer != nil {
 		c.timer.Stop()
 	}
 	if c.watch != nil {
-		logErr("cq watch", c.watch.Close())
+		if err := c.watch.Close(); err != nil {
+			c.log.Warn().Err(err).Str("what", "cq watch").Msg("ctrlchannel: teardown")
+		}
 		c.watch = nil
 	}
-	if c.qp != nil {
-		logErr("qp", c.qp.Destroy())
-		c.qp = nil
-	}
-	if c.cq != nil {
-		logErr("cq", c.cq.Destroy())
-		c.cq = nil
-	}
-	if c.cc != nil {
-		logErr("comp channel", c.cc.Close())
-		c.cc = nil
-	}
-	if c.sendMR != nil {
-		logErr("send mr", c.sendMR.Dereg())
-		c.sendMR = nil
-	}
-	if c.recvMR != nil {
-		logErr("recv mr", c.recvMR.Dereg())
-		c.recvMR = nil
-	}
+	c.rcQP.destroy(c.log)
 }
 
 // Local is this side's handshake information.
-func (c *Channel) Local() LocalInfo {
-	return LocalInfo{QPN: c.qpn, GID: c.gid.GID, LID: c.port.LID, MTU: c.mtu, RQDepth: uint16(c.cfg.RecvCount),
-		PSN: c.psn, BufSize: uint32(c.cfg.BufSize), Extensions: c.cfg.Extensions}
-}
+func (c *Channel) Local() LocalInfo { return c.local(&c.cfg) }
 
 // SetDeliveredSeq tells the channel the highest seq of the peer's session the engine has
 // already delivered (over OOB or an earlier connection). Call it before Connect. Loop-only.
@@ -417,47 +297,27 @@ func (c *Channel) Connect(peer PeerInfo, localSession, peerSession, epoch uint64
 	if c.connected {
 		return fmt.Errorf("%w: connect: already connected", ErrConfig)
 	}
-	switch {
-	case peer.QPN == 0 || peer.QPN > 1<<24-1:
-		return fmt.Errorf("%w: PeerInfo.QPN %d: want 1..2^24-1", ErrConfig, peer.QPN)
-	case peer.RQDepth == 0:
-		return fmt.Errorf("%w: PeerInfo.RQDepth 0: want 1..65535", ErrConfig)
-	case peer.MTU != 0 && !peer.MTU.Valid():
-		return fmt.Errorf("%w: PeerInfo.MTU %d: not an IB MTU", ErrConfig, peer.MTU)
-	case peer.GID.IsZero() && peer.LID == 0:
-		return fmt.Errorf("%w: PeerInfo: neither GID nor LID set", ErrConfig)
-	}
-	if err := c.allocRings(); err != nil {
+	if err := checkPeer(peer); err != nil {
 		return err
 	}
-	c.pathMTU = c.mtu
-	if peer.MTU != 0 {
-		c.pathMTU = ibv.MinMTU(c.mtu, peer.MTU) // Mooncake never negotiates it (its issue #3868)
+	if c.recvMR == nil {
+		if err := c.allocRings(&c.cfg); err != nil {
+			return err
+		}
+		if err := c.m.SetSendRing(c.sendBuf); err != nil {
+			return err
+		}
+		// The machine's first RECV posts were dropped before the rings existed: every
+		// slot is posted here (the QP is in INIT, so none is missing at the first frame).
+		if err := c.postRecvs(&c.cfg); err != nil {
+			c.postErrors++
+			return err
+		}
 	}
-	ah := ibv.AHAttr{DLID: peer.LID, PortNum: c.cfg.PortNum, SL: c.cfg.SL}
-	if !peer.GID.IsZero() {
-		ah.IsGlobal, ah.DGID, ah.SGIDIndex, ah.HopLimit = true, peer.GID, uint8(c.gid.Index), 16
-		ah.TrafficClass = c.cfg.TrafficClass
+	if err := c.rcQP.connect(&c.cfg, peer); err != nil {
+		return err
 	}
-	if err := c.qp.Modify(&ibv.QPAttr{QPState: ibv.QPSRTR, PathMTU: c.pathMTU, AHAttr: ah, DestQPNum: peer.QPN,
-		RqPSN: peer.PSN, MaxDestRdAtomic: 1, MinRNRTimer: c.cfg.MinRNRTimer},
-		ibv.AttrState|ibv.AttrAV|ibv.AttrPathMTU|ibv.AttrDestQPN|ibv.AttrRqPSN|ibv.AttrMaxDestRdAtomic|ibv.AttrMinRNRTimer); err != nil {
-		return fmt.Errorf("ctrlchannel: qp %d to RTR: %w", c.qpn, err)
-	}
-	// Our send PSN is the one Local advertised; a Mooncake peer reads no ts_psn and expects 0.
-	sqPSN := c.psn
-	if peer.Legacy {
-		sqPSN = 0
-	}
-	if err := c.qp.Modify(&ibv.QPAttr{QPState: ibv.QPSRTS, SqPSN: sqPSN, Timeout: c.cfg.Timeout, RetryCnt: c.cfg.RetryCnt,
-		RnrRetry: c.cfg.RnrRetry, MaxRdAtomic: 1},
-		ibv.AttrState|ibv.AttrSqPSN|ibv.AttrTimeout|ibv.AttrRetryCnt|ibv.AttrRnrRetry|ibv.AttrMaxQPRdAtomic); err != nil {
-		return fmt.Errorf("ctrlchannel: qp %d to RTS: %w", c.qpn, err)
-	}
-	err := c.m.Connected(c.loop.Now(), PeerParams{LocalSession: localSession, PeerSession: peerSession, Epoch: epoch,
-		RQDepth: int(peer.RQDepth), BufSize: int(peer.BufSize), Extensions: peer.Extensions, DeliveredSeq: c.delivered,
-		Legacy: peer.Legacy, MaxNotifySize: int(peer.MaxNotifySize)})
-	if err != nil {
+	if err := c.m.Connected(c.loop.Now(), peerParams(peer, localSession, peerSession, epoch, c.delivered)); err != nil {
 		return err
 	}
 	c.connected = true
@@ -682,7 +542,7 @@ func (c *Channel) perform(a *Action) {
 	switch a.Kind {
 	case ActPostRecv:
 		if c.closed || c.recvMR == nil {
-			return // before Connect: allocRings posts every slot
+			return // before the rings exist: Connect or Ready posts every slot
 		}
 		off := uint64(a.Slot * c.cfg.BufSize)
 		c.rsge[c.nrwr] = ibv.SGE{Addr: c.recvMR.Addr() + off, Length: uint32(c.cfg.BufSize), LKey: c.recvMR.LKey()}

@@ -146,9 +146,17 @@
 //
 // One RC QP per peer with one CQ for both queues, on its own completion channel watched by
 // the reactor (reactor.WatchCQ: reap, Repost, arm). The send ring and the receive ring are
-// one registered MR each, BufSize bytes a slot, made by Connect (a channel whose peer never
-// answers its handshake holds only its QP and CQ); the send ring has MaxPendingSends slots
-// and is the send queue's depth. Frames up to MaxInline bytes go inline. SENDs are
+// one registered MR each, BufSize bytes a slot, made once the peer answered (a channel
+// whose peer never answers its handshake holds only its QP and CQ); the send ring has
+// MaxPendingSends slots and is the send queue's depth.
+//
+// The verbs that can block on a NIC (ibv_create_qp, ibv_reg_mr, and the modify to RTR,
+// which on RoCE waits while the kernel resolves the peer's MAC: milliseconds, up to a
+// second) need not run on the loop: Prepare (QP in INIT, CQ) and Prepared.Ready (rings
+// registered, every RECV posted, RTR, RTS) run on any goroutine, and Adopt, on the loop,
+// puts the CQ's completion channel in the epoll set and starts the machine; its first
+// cycle reaps what arrived before. A Prepared that is not adopted is released
+// (Prepared.Release). NewChannel and Channel.Connect do the same on the loop. Frames up to MaxInline bytes go inline. SENDs are
 // signaled every SendSlots/4 and the newest posted SEND is always signaled, so every SEND
 // is covered by a completion; a send slot (and its send-queue slot) is free only once a
 // signaled completion at or after it arrived, so the send queue never overflows. RECV WRIDs
