@@ -140,3 +140,40 @@ func TestPlotWithoutData(t *testing.T) {
 		XMLName xml.Name `xml:"svg"`
 	})))
 }
+
+// TestVerbsFloors: the verbs floors run on the device an engine takes (here the soft
+// provider; over a libibverbs with --provider verbs), in two processes, and rdma_twosided's
+// key figure is taken against them.
+func TestVerbsFloors(t *testing.T) {
+	cfg := tinyConfig(t, TransportRDMA, FloorVerbs, FloorVerbsSpin)
+	cfg.Procs = 2
+	cfg.Provider = "soft"
+	cfg.Sizes = []int{64}
+	cfg.Scenarios = []string{ScenarioLatency, ScenarioBurst, ScenarioIdle}
+	var out bytes.Buffer
+	rep, err := Run(context.Background(), cfg, &out)
+	require.NoError(t, err)
+	t.Log("\n" + out.String())
+	require.Empty(t, rep.Failures)
+	require.Len(t, rep.Results, 2*3+1, "the verbs floors run latency and burst only")
+	require.Equal(t, "soft:soft0", rep.Settings.Provider)
+	for _, r := range rep.Results {
+		require.Zero(t, r.Errors, "%s %s: %s", r.Scenario, r.Transport, r.FirstError)
+		if r.Scenario == ScenarioIdle {
+			continue
+		}
+		upTo(t, 50, r.Notifies, r)
+		if r.Transport == TransportRDMA {
+			require.Positive(t, r.VsFloor, r.Scenario)
+			require.Contains(t, r.VsFloorOf, FloorVerbs, r.Scenario)
+		}
+	}
+}
+
+func TestProviderChecked(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.Provider = "nosuch"
+	err := cfg.normalize()
+	require.ErrorIs(t, err, ErrConfig)
+	require.Contains(t, err.Error(), `provider: "nosuch": not built into this binary`)
+}

@@ -37,6 +37,7 @@ type childSpec struct {
 	Parent     []string `json:"parent"`     // the parent's receiving nodes
 	SendCount  int      `json:"send_count"` // bidi: notifies to send to Parent[0] after start
 	Single     bool     `json:"single"`     // one client per node (nodeOpts.single)
+	Provider   string   `json:"provider"`   // nodeOpts.provider
 }
 
 type childRequest struct {
@@ -81,7 +82,7 @@ func runChild(raw string, in io.Reader, out io.Writer) int {
 	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
 		return fail(fmt.Errorf("bench child: spec: %w", err))
 	}
-	o := nodeOpts{busyPoll: spec.BusyPollNS, size: spec.Size, window: spec.Window, single: spec.Single}
+	o := nodeOpts{busyPoll: spec.BusyPollNS, size: spec.Size, window: spec.Window, single: spec.Single, provider: spec.Provider}
 	s := newSink()
 	var nodes []node
 	defer func() {

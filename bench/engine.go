@@ -9,10 +9,11 @@ import (
 
 // nodeOpts are the settings of one node of a run.
 type nodeOpts struct {
-	busyPoll int64 // nanoseconds; 0: never spin
-	size     int   // largest message of the run
-	window   int   // sends in flight per sender
-	single   bool  // the run has one client per node (latency, idle, connect)
+	busyPoll int64  // nanoseconds; 0: never spin
+	size     int    // largest message of the run
+	window   int    // sends in flight per sender
+	single   bool   // the run has one client per node (latency, idle, connect)
+	provider string // ibv provider of rdma_twosided and the verbs floors; "": as notify picks
 }
 
 // engineNode is a notify engine: transports rdma_twosided, oob and oob-classic (an oob
@@ -35,6 +36,9 @@ func newEngineNode(transport string, o nodeOpts, s *sink) (*engineNode, error) {
 		notify.WithOOBFallback(false), // measure the transport asked for, never the fallback
 		notify.WithHandler(func(n notify.Notify) { s.deliver(n.Msg) }),
 		notify.WithMaxPendingSends(max(64, 2*o.window)),
+	}
+	if o.provider != "" && t == notify.TransportRDMATwoSided {
+		opts = append(opts, notify.WithProvider(o.provider))
 	}
 	if o.busyPoll > 0 {
 		opts = append(opts, notify.WithBusyPoll(durationNS(o.busyPoll)))

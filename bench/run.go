@@ -31,6 +31,9 @@ type Config struct {
 	Warmup     int           // sequential warm-up notifies; default 32
 	Duration   time.Duration // idle time (default 1 s); a cap on every other measured phase (default 10 s)
 	BusyPoll   time.Duration // reactor busy-poll budget; floor-spin is its reference
+	// Provider is the ibv provider rdma_twosided and the verbs floors run on ("soft",
+	// "verbs"); empty: the device an engine picks (real providers before the soft one).
+	Provider   string
 	RunTimeout time.Duration // bound on one run; default 2 min
 
 	JSONPath string    // write every figure and the settings here
@@ -67,12 +70,15 @@ func (c *Config) normalize() error {
 			bad("scenario", "%q: want one of %s or all", s, strings.Join(Scenarios, ", "))
 		}
 	}
-	if len(c.Transports) == 0 || slices.Equal(c.Transports, []string{"all"}) {
+	switch {
+	case len(c.Transports) == 0:
 		c.Transports = Transports
+	case slices.Equal(c.Transports, []string{"all"}):
+		c.Transports = AllTransports
 	}
 	for _, t := range c.Transports {
-		if !slices.Contains(Transports, t) {
-			bad("transport", "%q: want one of %s or all", t, strings.Join(Transports, ", "))
+		if !slices.Contains(AllTransports, t) {
+			bad("transport", "%q: want one of %s or all", t, strings.Join(AllTransports, ", "))
 		}
 	}
 	switch c.Procs {
@@ -111,6 +117,15 @@ func (c *Config) normalize() error {
 	if c.BusyPoll < 0 || c.BusyPoll > time.Second {
 		bad("busy-poll", "%v out of range 0..1s", c.BusyPoll)
 	}
+	if c.Provider != "" {
+		if _, err := ibv.LookupProvider(c.Provider); err != nil {
+			names := []string{}
+			for _, p := range ibv.Providers() {
+				names = append(names, p.Name())
+			}
+			bad("provider", "%q: not built into this binary (built in: %s; the verbs provider needs -tags rdma)", c.Provider, strings.Join(names, ", "))
+		}
+	}
 	if c.RunTimeout <= 0 {
 		c.RunTimeout = 2 * time.Minute
 	}
@@ -139,8 +154,11 @@ func (c *Config) specs() []runSpec {
 			if t == FloorStream && sc != ScenarioBurst {
 				continue // the pipelined floor of one sender and one receiver
 			}
+			if isVerbsFloor(t) && sc != ScenarioBurst && sc != ScenarioLatency {
+				continue // ibv_rc_pingpong's two figures: ping-pong and a window in flight
+			}
 			s := runSpec{Scenario: sc, Transport: t, Procs: c.Procs, Size: size, Count: c.Count,
-				Warmup: c.Warmup, Window: c.Window, Duration: c.Duration, BusyPoll: c.BusyPoll, Peers: c.Peers}
+				Warmup: c.Warmup, Window: c.Window, Duration: c.Duration, BusyPoll: c.BusyPoll, Peers: c.Peers, Provider: c.Provider}
 			if s.Count == 0 {
 				s.Count = defaultCount
 			}
@@ -275,7 +293,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 
 func settingsOf(c *Config) Settings {
 	s := Settings{GoVersion: runtime.Version(), GOOS: runtime.GOOS, GOARCH: runtime.GOARCH,
-		NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Provider: deviceInUse(), Commit: commit(),
+		NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Provider: deviceInUse(c.Provider), Commit: commit(),
 		Started: time.Now().UTC().Format(time.RFC3339), Procs: c.Procs, Scenarios: c.Scenarios,
 		Transports: c.Transports, Count: c.Count, Sizes: c.Sizes, Peers: c.Peers, Window: c.Window,
 		Warmup: c.Warmup, DurationS: c.Duration.Seconds(), BusyPollUS: float64(c.BusyPoll) / 1e3, Floor: FloorBlock}
@@ -286,16 +304,16 @@ func settingsOf(c *Config) Settings {
 }
 
 // deviceInUse names the provider and device an rdma_twosided engine of this binary takes
-// (as notify picks it: a device with an active port, real providers before the soft one),
-// e.g. "verbs:mlx5_0" or "soft:soft0".
-func deviceInUse() string {
+// (as notify picks it: a device with an active port, real providers before the soft one;
+// only provider's when it is set), e.g. "verbs:mlx5_0" or "soft:soft0".
+func deviceInUse(provider string) string {
 	devs, err := ibv.GetDeviceList()
 	if err != nil {
 		return "none: " + err.Error()
 	}
 	best := ""
 	for _, d := range devs {
-		if _, ok := d.ActivePort(); !ok {
+		if _, ok := d.ActivePort(); !ok || (provider != "" && d.Provider != provider) {
 			continue
 		}
 		if d.Provider != "soft" {
@@ -342,6 +360,20 @@ func compareFloors(rs []*Result, floor string) {
 		if r.Scenario == ScenarioBurst && hasFloor(rs, FloorStream, r) {
 			want = FloorStream // pipelined against pipelined
 		}
+		if r.Transport == TransportRDMA {
+			// On the same device, the verbs floor is the reference: what the engine adds to
+			// the NIC and its library. Spinning against spinning, events against events.
+			vf, other := FloorVerbs, FloorVerbsSpin
+			if floor == FloorSpin {
+				vf, other = other, vf
+			}
+			switch {
+			case hasFloor(rs, vf, r):
+				want = vf
+			case hasFloor(rs, other, r):
+				want = other
+			}
+		}
 		for _, f := range rs {
 			if f.Transport != want || f.Scenario != r.Scenario || f.Size != r.Size || f.Peers != r.Peers {
 				continue
@@ -349,7 +381,7 @@ func compareFloors(rs []*Result, floor string) {
 			switch r.Scenario {
 			case ScenarioLatency:
 				if r.OneWay != nil && f.OneWay != nil && f.OneWay.P50 > 0 {
-					r.VsFloor, r.VsFloorOf = r.OneWay.P50/f.OneWay.P50, "one-way p50 / "+floor
+					r.VsFloor, r.VsFloorOf = r.OneWay.P50/f.OneWay.P50, "one-way p50 / "+want
 				}
 			case ScenarioConnect:
 				if r.Connect != nil && f.Connect != nil && f.Connect.P50 > 0 {

@@ -30,6 +30,7 @@ type runSpec struct {
 	Warmup, Window      int
 	Duration            time.Duration // idle: the idle time; otherwise a cap on the measured phase
 	BusyPoll            time.Duration
+	Provider            string // ibv provider of rdma_twosided and the verbs floors; "": as notify picks
 }
 
 // run is the state of one run: its nodes (local, and in the child), sinks and meters.
@@ -55,7 +56,7 @@ type run struct {
 func newRun(ctx context.Context, spec runSpec, exe string, args []string) *run {
 	return &run{
 		ctx: ctx, spec: spec, exe: exe, args: args,
-		opts: nodeOpts{busyPoll: int64(spec.BusyPoll), size: spec.Size, window: spec.Window,
+		opts: nodeOpts{busyPoll: int64(spec.BusyPoll), size: spec.Size, window: spec.Window, provider: spec.Provider,
 			single: spec.Scenario == ScenarioLatency || spec.Scenario == ScenarioIdle || spec.Scenario == ScenarioConnect},
 		sSink: newSink(), rSink: newSink(),
 	}
@@ -86,6 +87,7 @@ func (r *run) setup(nSenders, nReceivers int, cs childSpec) error {
 	}
 	cs.Transport, cs.Receivers = r.spec.Transport, nReceivers
 	cs.Size, cs.Window, cs.BusyPollNS, cs.Single = r.spec.Size, r.spec.Window, int64(r.spec.BusyPoll), r.opts.single
+	cs.Provider = r.spec.Provider
 	cs.Parent = addrs(r.senders)
 	ctx, cancel := context.WithTimeout(r.ctx, 30*time.Second)
 	defer cancel()
@@ -319,6 +321,9 @@ func (r *run) pipelined(nSenders, nReceivers int, spread bool) (*Result, error) 
 	s := r.spec
 	if s.Transport == FloorStream {
 		return r.stream()
+	}
+	if isVerbsFloor(s.Transport) {
+		return r.verbsStream()
 	}
 	if err := r.setup(nSenders, nReceivers, childSpec{}); err != nil {
 		return nil, err

@@ -116,7 +116,6 @@ func (c *floorClient) stream(ctx context.Context, count int64, size, window int,
 
 // stream is the burst scenario over floor-stream: one client, the window in one connection.
 func (r *run) stream() (*Result, error) {
-	s := r.spec
 	if err := r.setup(1, 1, childSpec{}); err != nil {
 		return nil, err
 	}
@@ -124,14 +123,28 @@ func (r *run) stream() (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer fc.close()
+	return r.runStream(fc)
+}
+
+// streamer is a floor client that also pipelines: floor-stream's and the verbs floors'.
+type streamer interface {
+	send(ctx context.Context, peer int, msg []byte) error
+	stream(ctx context.Context, count int64, size, window int, deadline int64) *pumpResult
+	close()
+}
+
+// runStream warms c up one message at a time, then streams the run's count to peer 0 on
+// this goroutine, locked to its thread. It closes c.
+func (r *run) runStream(c streamer) (*Result, error) {
+	defer c.close()
+	s := r.spec
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	msg := newMsg(s.Size)
 	var warm int64
 	for range s.Warmup {
 		putSeq(msg, uint64(s.Count)+uint64(warm)) // outside the measured sequence numbers
-		if err := fc.send(r.ctx, 0, msg); err != nil {
+		if err := c.send(r.ctx, 0, msg); err != nil {
 			return nil, err
 		}
 		warm++
@@ -139,10 +152,10 @@ func (r *run) stream() (*Result, error) {
 	if err := r.begin(); err != nil {
 		return nil, err
 	}
-	p := fc.stream(r.ctx, int64(s.Count), s.Size, s.Window, r.deadline())
+	p := c.stream(r.ctx, int64(s.Count), s.Size, s.Window, r.deadline())
 	res := r.result()
 	res.Notifies, res.Errors = p.sent, p.errors
 	setErr(res, p.firstErr)
-	err = r.end(res, warm+p.sent, p.bytes)
+	err := r.end(res, warm+p.sent, p.bytes)
 	return res, err
 }

@@ -8,18 +8,28 @@ import (
 
 // Transports a scenario runs over.
 const (
-	TransportRDMA       = "rdma_twosided" // notify engine, ctrl channel on the soft provider's RC QPs
-	TransportOOB        = "oob"           // notify engine, persistent OOB connections
-	TransportOOBClassic = "oob-classic"   // one TCP connection per notify, as Mooncake's classic notify
-	FloorBlock          = "floor-block"   // TCP ping-pong, blocking reads on locked threads
-	FloorSpin           = "floor-spin"    // TCP ping-pong, non-blocking reads in a spin loop
-	FloorStream         = "floor-stream"  // pipelined TCP, window in flight, each message acked (burst only)
+	TransportRDMA       = "rdma_twosided"    // notify engine, ctrl channel on the soft provider's RC QPs
+	TransportOOB        = "oob"              // notify engine, persistent OOB connections
+	TransportOOBClassic = "oob-classic"      // one TCP connection per notify, as Mooncake's classic notify
+	FloorBlock          = "floor-block"      // TCP ping-pong, blocking reads on locked threads
+	FloorSpin           = "floor-spin"       // TCP ping-pong, non-blocking reads in a spin loop
+	FloorStream         = "floor-stream"     // pipelined TCP, window in flight, each message acked (burst only)
+	FloorVerbs          = "floor-verbs"      // RC SEND/RECV on ibv directly, completion events (latency, burst)
+	FloorVerbsSpin      = "floor-verbs-spin" // the same, busy-polling the CQ (latency, burst)
 )
 
-// Transports lists every transport in table order.
+// Transports lists the default suite's transports in table order.
 var Transports = []string{TransportRDMA, TransportOOB, TransportOOBClassic, FloorBlock, FloorSpin, FloorStream}
 
-func isFloor(t string) bool { return t == FloorBlock || t == FloorSpin || t == FloorStream }
+// AllTransports adds the verbs floors, asked for by name (or "all"): they measure the
+// device (bench --provider verbs), not the transports.
+var AllTransports = append(append([]string(nil), Transports...), FloorVerbs, FloorVerbsSpin)
+
+func isFloor(t string) bool {
+	return t == FloorBlock || t == FloorSpin || t == FloorStream || isVerbsFloor(t)
+}
+
+func isVerbsFloor(t string) bool { return t == FloorVerbs || t == FloorVerbsSpin }
 
 // node is one endpoint of a run: it receives into a sink and makes clients that send to
 // other nodes.
@@ -45,6 +55,8 @@ func newNode(transport string, o nodeOpts, s *sink) (node, error) {
 		return newFloorNode(transport == FloorSpin, o.single, false, s)
 	case FloorStream:
 		return newFloorNode(false, false, true, s)
+	case FloorVerbs, FloorVerbsSpin:
+		return newVerbsNode(transport == FloorVerbsSpin, o, s)
 	case TransportRDMA, TransportOOB, TransportOOBClassic:
 		return newEngineNode(transport, o, s)
 	}

@@ -20,7 +20,7 @@ func init() {
 		Summary: "Benchmark notify transports (rdma_twosided on the soft provider, oob, oob-classic) against\n" +
 			"TCP floors (floor-block, floor-spin). With no flags: the default suite, two processes, ~30 s.",
 		Usage: "[--scenario list] [--transport list] [--procs 1|2] [-n count] [-s sizes] [--peers k]\n" +
-			"       [-D duration] [--busy-poll 50us] [--window w] [--json file] [--plot file.svg]",
+			"       [-D duration] [--busy-poll 50us] [--window w] [--provider soft|verbs] [--json file] [--plot file.svg]",
 		Run: runBench,
 	})
 }
@@ -88,7 +88,7 @@ func runBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 	var scenarios, transports list
 	var sizes sizeList
 	fs.Var(&scenarios, "scenario", "scenarios, comma list: "+strings.Join(bench.Scenarios, ", ")+" (default all)")
-	fs.Var(&transports, "transport", "transports, comma list: "+strings.Join(bench.Transports, ", ")+" (default all)")
+	fs.Var(&transports, "transport", "transports, comma list: "+strings.Join(bench.AllTransports, ", ")+" (default all but the verbs floors)")
 	fs.IntVar(&cfg.Procs, "procs", 2, "1: sender and receiver in one process (one clock); 2: the receivers in a child process")
 	fs.IntVar(&cfg.Count, "count", 0, "notifies per run (default 2000; burst at most 16 MiB per run)")
 	fs.IntVar(&cfg.Count, "n", 0, "short for --count (perftest's -n)")
@@ -100,6 +100,7 @@ func runBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 	fs.DurationVar(&cfg.Duration, "duration", 0, "idle time (default 1s) and a cap on every other measured phase (default 10s)")
 	fs.DurationVar(&cfg.Duration, "D", 0, "short for --duration (perftest's -D)")
 	fs.DurationVar(&cfg.BusyPoll, "busy-poll", 0, "reactor busy-poll budget, e.g. 50us (floor-spin is its reference)")
+	fs.StringVar(&cfg.Provider, "provider", "", "ibv provider of rdma_twosided and the verbs floors: soft, or verbs (built with -tags rdma); default: the device an engine picks")
 	fs.DurationVar(&cfg.RunTimeout, "timeout", 0, "bound on one run (default 2m)")
 	fs.StringVar(&cfg.JSONPath, "json", "", "write every figure and the run's settings to this file")
 	fs.StringVar(&cfg.PlotPath, "plot", "", "write latency CDFs and throughput vs size to this SVG file")
