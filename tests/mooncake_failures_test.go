@@ -167,6 +167,32 @@ func TestHandshakeToSilentPeerBounded(t *testing.T) {
 			require.Error(t, err)
 			require.NoError(t, ctx.Err(), "the caller's deadline is not what ended it")
 		})
+		// A send that comes while a handshake is on its way waits for that handshake and
+		// fails with it: it does not start a second one when the first fails (that was a
+		// send blocked for two connect timeouts, 9.70 s with a 5 s timeout). Sends during
+		// the backoff that follows fail at once, refused by it.
+		t.Run(tr+"/joins", func(t *testing.T) {
+			// The sends are queued one after another from here, long before the silent
+			// peer's handshake can time out.
+			e := newEngine(t, tr, notify.WithConnectTimeout(2*time.Second))
+			const n = 4
+			errs := make(chan error, n)
+			for range n {
+				require.NoError(t, e.SendNotifyAsync(ln.Addr().String(), notify.Notify{Name: "n", Msg: []byte("m")}, func(err error) { errs <- err }))
+			}
+			for range n {
+				select {
+				case err := <-errs:
+					require.Error(t, err)
+					require.ErrorIs(t, err, notify.ErrPeerUnreachable, "%v", err)
+				case <-time.After(time.Minute):
+					t.Fatal("a send to a silent peer never ended")
+				}
+			}
+			lim := e.Stats().Limits
+			t.Logf("%s: %d handshakes failed, %d sends refused by the backoff", tr, lim.HandshakesFailed, lim.BackoffRefused)
+			require.EqualValues(t, 1, lim.HandshakesFailed, "one handshake for the sends that came while it was on its way")
+		})
 	}
 	_ = ln.Close()
 	for c := range accepted {
