@@ -500,11 +500,19 @@ func (pc *conn) sendCall(c *call) {
 		c.finish(err, nil)
 		return
 	}
-	if pc.out.Buffered()+len(n.out) > n.cfg.MaxConnBuffer {
+	if pc.queued()+len(n.out) > n.cfg.MaxConnBuffer && len(pc.batch) > 0 {
+		pc.writeBatch() // what the socket takes of it leaves room
+	}
+	if pc.state == stateClosed {
+		c.conn = nil
+		c.finish(fmt.Errorf("%w: %w: %s %s: connection closed", ErrPeerUnreachable, ErrNotSent, c.typ, pc.peer.addr), nil)
+		return
+	}
+	if pc.queued()+len(n.out) > n.cfg.MaxConnBuffer {
 		n.st.sendBufferFull.Add(1)
 		c.conn = nil
 		c.finish(fmt.Errorf("%w: %s %s: %d bytes queued for the peer and this request is %d, over MaxConnBuffer %d (the peer does not read)",
-			ErrLimit, c.typ, pc.peer.addr, pc.out.Buffered(), len(n.out), n.cfg.MaxConnBuffer), nil)
+			ErrLimit, c.typ, pc.peer.addr, pc.queued(), len(n.out), n.cfg.MaxConnBuffer), nil)
 		return
 	}
 	if len(pc.pending) == 0 && pc.kaID == 0 {

@@ -44,6 +44,10 @@ type conn struct {
 	parser  Parser
 	out     elastic.RingBuffer // bytes the socket did not take yet
 	writing bool               // registered for Writable
+	// batch holds the frames of this reactor turn, written in one system call when the
+	// turn's work is done (Node.flushBatches); only while out is empty, so order holds.
+	batch   []byte
+	batched bool // in n.dirty
 
 	lastRead, lastWrite, lastUse, waitSince, drainSince, born int64
 	frameStart                                                int64 // first byte of the partial frame in parser
@@ -127,6 +131,7 @@ func (c *conn) onReadable() {
 			continue // discard until the peer closes
 		}
 		c.lastRead = n.now()
+		n.dataReads++
 		c.consume(n.scratch[:k])
 		if c.state == stateClosed || k < len(n.scratch) {
 			return
@@ -214,12 +219,28 @@ func (c *conn) refuse(t MsgType, m reqMeta, err error) {
 }
 
 // send writes b, buffering what the socket does not take. b may be reused after return.
+// On an open connection with nothing queued the bytes join the turn's batch: every frame
+// a reactor turn produces for the connection (the replies to all the requests one read
+// brought, the requests its callbacks sent) leaves in one write at the end of the turn.
 func (c *conn) send(b []byte) {
 	if c.state == stateClosed {
 		return
 	}
-	if c.out.IsEmpty() && c.state != stateConnecting {
-		for len(b) > 0 {
+	if c.state != stateConnecting && c.out.IsEmpty() {
+		if len(c.batch)+len(b) <= maxBatch {
+			c.batch = append(c.batch, b...)
+			if !c.batched {
+				c.batched = true
+				c.n.markDirty(c)
+			}
+			return
+		}
+		// A full batch, or a large frame: write now, in order.
+		if c.writeBatch(); c.state == stateClosed {
+			return
+		}
+		for c.out.IsEmpty() && len(b) > 0 {
+			c.n.writeCalls++
 			k, err := unix.Write(c.fd, b)
 			if err == unix.EINTR {
 				continue
@@ -232,8 +253,8 @@ func (c *conn) send(b []byte) {
 				return
 			}
 			b = b[k:]
+			c.lastWrite = c.n.now()
 		}
-		c.lastWrite = c.n.now()
 		if len(b) == 0 {
 			return
 		}
@@ -244,15 +265,89 @@ func (c *conn) send(b []byte) {
 		c.close(fmt.Errorf("%w: %s: send buffer over MaxConnBuffer %d", ErrPeerUnreachable, c.name(), c.n.cfg.MaxConnBuffer))
 		return
 	}
-	_, _ = c.out.Write(b)
+	_, _ = c.out.Write(b) // behind what waits for the socket
 	if c.state != stateConnecting {
 		c.setWriting(true)
 	}
 }
 
+// maxBatch bounds a turn's batch: past it the batch is written at once (a socket
+// buffer's worth; a frame this large gains nothing from waiting).
+const maxBatch = 64 << 10
+
+// queued is the bytes waiting to be written: the turn's batch and what the socket did not
+// take.
+func (c *conn) queued() int { return len(c.batch) + c.out.Buffered() }
+
+// maxIdleBatch bounds the batch buffer a connection keeps between turns.
+const maxIdleBatch = 256 << 10
+
+// writeBatch writes the turn's batch; what the socket does not take waits in out for
+// Writable.
+func (c *conn) writeBatch() {
+	c.batched = false
+	b := c.batch
+	c.batch = c.batch[:0]
+	if cap(c.batch) > maxIdleBatch {
+		c.batch = nil
+	}
+	if c.state == stateClosed || len(b) == 0 {
+		return
+	}
+	for len(b) > 0 {
+		c.n.writeCalls++
+		k, err := unix.Write(c.fd, b)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			break
+		}
+		if err != nil {
+			c.ioFailed("write", err)
+			return
+		}
+		b = b[k:]
+	}
+	c.lastWrite = c.n.now()
+	if len(b) == 0 {
+		return
+	}
+	_, _ = c.out.Write(b)
+	c.setWriting(true)
+}
+
+// markDirty notes that c has a batch to write this turn; the first one of a turn queues
+// the flush behind the work already queued on the loop (the deliveries of the replies one
+// read brought, and the sends they make).
+func (n *Node) markDirty(c *conn) {
+	n.dirty = append(n.dirty, c)
+	if n.flushQueued {
+		return
+	}
+	n.flushQueued = true
+	if n.loop.Submit(n.flushFn) != nil {
+		n.flushBatches() // the loop takes no more work (stopping): write now
+	}
+}
+
+// flushBatches writes every connection's batch of this turn. Loop-only.
+func (n *Node) flushBatches() {
+	n.flushQueued = false
+	for i, c := range n.dirty {
+		n.dirty[i] = nil
+		if c.batched {
+			c.writeBatch()
+			c.touch()
+		}
+	}
+	n.dirty = n.dirty[:0]
+}
+
 func (c *conn) flush() {
 	for !c.out.IsEmpty() {
 		head, _ := c.out.Peek(-1)
+		c.n.writeCalls++
 		k, err := unix.Write(c.fd, head)
 		if err == unix.EINTR {
 			continue
@@ -297,6 +392,9 @@ func (c *conn) drain() {
 	if c.state == stateClosed || c.state == stateDraining {
 		return
 	}
+	if c.writeBatch(); c.state == stateClosed { // the reply goes before the shutdown
+		return
+	}
 	c.state = stateDraining
 	c.drainSince = c.n.now()
 	c.parser.Reset()
@@ -316,6 +414,7 @@ func (c *conn) shutdownWrite() {
 func (c *conn) onEOF() {
 	switch {
 	case c.kind == connServer:
+		c.writeBatch() // replies to what it sent before its FIN (a client that half-closes)
 		c.close(nil)
 	case c.kind == connPersistent && c.state == stateHello:
 		// Closed before answering the hello: not a twosided server. Try the classic way.
@@ -360,6 +459,7 @@ func (c *conn) close(cause error) {
 		_ = unix.Close(c.fd)
 	}
 	c.out.Done()
+	c.batch, c.batched = nil, false // a dirty entry left in n.dirty is skipped
 	c.parser = Parser{}
 	delete(n.conns, c)
 	if c.kind == connServer {

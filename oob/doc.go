@@ -165,8 +165,11 @@
 // # Buffers and allocation
 //
 // Reads go into one loop-wide buffer; a frame that spans reads is completed in the
-// connection's Parser. Bytes the socket does not take are queued in a gnet
-// elastic.RingBuffer and flushed on Writable. Sending a notify on a persistent connection
+// connection's Parser; one read takes every frame that arrived. Writes are batched per
+// connection and reactor turn: the replies to every request of a read, and the requests
+// the turn's callbacks send, leave in one write once the turn's queued work has run (a
+// batch past 64 KiB, or a frame that large, is written at once). Bytes the socket does
+// not take are queued in a gnet elastic.RingBuffer and flushed on Writable. Sending a notify on a persistent connection
 // allocates nothing per message (the request is copied into a pooled call); serving one
 // allocates its Msg (the Handler keeps it) and the reply closure.
 package oob

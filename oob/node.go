@@ -137,6 +137,12 @@ type Node struct {
 	down      bool                   // loop-side close ran
 	freeCalls reactor.FreeList[call] // NotifyOnLoop calls to reuse (getLoopCall)
 	slab      reactor.Slab           // copies of received notify messages
+	// Connections with a batch to write this turn, and the flush queued for it.
+	dirty       []*conn
+	flushQueued bool
+	flushFn     func()
+	// reads that brought bytes and write system calls, all connections (tests).
+	dataReads, writeCalls uint64
 }
 
 const readChunk = 64 << 10
@@ -186,6 +192,7 @@ func Listen(loop *reactor.Loop, cfg Config, h Handler) (*Node, error) {
 		auth: newAuthKeys(&cfg), freeCalls: reactor.FreeList[call]{Max: maxFreeLoopCalls},
 	}
 	n.nd.key = make([]byte, 0, 32)
+	n.flushFn = n.flushBatches
 	errc := make(chan error, 1)
 	start := func() {
 		if err := loop.Add(fd, reactor.Readable, n.onAccept); err != nil {
@@ -309,7 +316,8 @@ func (c *conn) bye() {
 	default:
 		return
 	}
-	if !c.out.IsEmpty() {
+	c.writeBatch()
+	if c.state != stateOpen || !c.out.IsEmpty() {
 		return // a reply is still queued: a bye after it would not go out at once either
 	}
 	n.out = appendBye(n.out[:0], n.name())
