@@ -62,7 +62,7 @@ func (c *deviceContext) AllocPD() (ibv.PD, error) {
 	if c.ctx == nil {
 		return nil, fmt.Errorf("verbs: alloc pd: %w", ibv.ErrClosed)
 	}
-	p, errno := C.ibv_alloc_pd(c.ctx)
+	p, errno := C.tsv_alloc_pd(c.ctx)
 	if p == nil {
 		return nil, fmt.Errorf("verbs: %s: ibv_alloc_pd: %w", c.info.Name, errnoErr(errno))
 	}
@@ -75,12 +75,12 @@ func (c *deviceContext) CreateCompChannel() (ibv.CompChannel, error) {
 	if c.ctx == nil {
 		return nil, fmt.Errorf("verbs: create comp channel: %w", ibv.ErrClosed)
 	}
-	ch, errno := C.ibv_create_comp_channel(c.ctx)
+	ch, errno := C.tsv_create_comp_channel(c.ctx)
 	if ch == nil {
 		return nil, fmt.Errorf("verbs: %s: ibv_create_comp_channel: %w", c.info.Name, errnoErr(errno))
 	}
 	if rc := C.tsv_set_nonblock(ch.fd); rc != 0 {
-		C.ibv_destroy_comp_channel(ch)
+		C.tsv_destroy_comp_channel(ch)
 		return nil, fmt.Errorf("verbs: %s: comp channel fd O_NONBLOCK: %w", c.info.Name, syscall.Errno(rc))
 	}
 	return &compChannel{ctx: c, ch: ch, ev: new(cqEvent)}, nil
@@ -168,7 +168,7 @@ func (c *deviceContext) Close() error {
 	if c.ctx == nil {
 		return fmt.Errorf("verbs: close %s: %w", c.info.Name, ibv.ErrClosed)
 	}
-	if rc, errno := C.ibv_close_device(c.ctx); rc != 0 {
+	if rc, errno := C.tsv_close_device(c.ctx); rc != 0 {
 		return fmt.Errorf("verbs: %s: ibv_close_device: %w", c.info.Name, rcErr(rc, errno))
 	}
 	c.ctx = nil

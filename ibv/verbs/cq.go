@@ -55,7 +55,7 @@ func (ch *compChannel) GetEvent() (ibv.CQ, error) {
 	q, ok := lookupHandle(uintptr(ch.ev.handle)).(*cq)
 	if !ok {
 		// Not ours any more: acknowledge it here, or destroying that CQ would wait forever.
-		C.ibv_ack_cq_events(ch.ev.cq, 1)
+		C.tsv_ack_cq_events(ch.ev.cq, 1)
 		return nil, fmt.Errorf("verbs: cq event for unknown cq handle %d: %w", uintptr(ch.ev.handle), ibv.ErrClosed)
 	}
 	q.events.Add(1)
@@ -67,7 +67,7 @@ func (ch *compChannel) Close() error {
 	if ch.ch == nil {
 		return fmt.Errorf("verbs: close comp channel: %w", ibv.ErrClosed)
 	}
-	if rc, errno := C.ibv_destroy_comp_channel(ch.ch); rc != 0 {
+	if rc, errno := C.tsv_destroy_comp_channel(ch.ch); rc != 0 {
 		return fmt.Errorf("verbs: ibv_destroy_comp_channel: %w", rcErr(rc, errno))
 	}
 	ch.ch = nil
@@ -174,7 +174,7 @@ func (q *cq) AckEvents(n int) {
 	if n <= 0 {
 		return
 	}
-	C.ibv_ack_cq_events(q.cq, C.uint(n))
+	C.tsv_ack_cq_events(q.cq, C.uint(n))
 	q.events.Add(int64(-n))
 }
 
@@ -196,7 +196,7 @@ func (q *cq) Destroy() error {
 	if n, a := q.events.Load(), q.asyncEvents.Load(); n > 0 || a > 0 {
 		return fmt.Errorf("verbs: destroy cq: %d completion and %d async events unacknowledged: %w", n, a, ibv.ErrBusy)
 	}
-	if rc, errno := C.ibv_destroy_cq(q.cq); rc != 0 {
+	if rc, errno := C.tsv_destroy_cq(q.cq); rc != 0 {
 		return fmt.Errorf("verbs: ibv_destroy_cq: %w", rcErr(rc, errno))
 	}
 	q.cq = nil

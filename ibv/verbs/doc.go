@@ -5,6 +5,46 @@
 // implements every interface of package ibv over libibverbs through cgo, in the plain
 // verbs order: device list, context, PD, MR, completion channel, CQ, RC QP, post, poll.
 //
+// Loading libibverbs. The binary does not link libibverbs: it needs only libc to start, on
+// any host. The first use of the provider (GetDeviceList, Open, ForkInit, Library) loads
+// libibverbs.so.1 with dlopen(RTLD_NOW | RTLD_LOCAL) and resolves each entry point it
+// calls once, with dlvsym at the symbol version rdma-core exports (ibv_*@IBVERBS_1.1, the
+// completion channel calls @IBVERBS_1.0; their IBVERBS_1.0 twins are an older ABI), into a
+// table of function pointers in shim.c. RTLD_NOW binds libibverbs' own symbols at load, so
+// a broken install fails there, with dlerror's text, and not at a later call; RTLD_LOCAL
+// keeps its symbols out of the process's global scope, where they could clash with another
+// copy (rdma-core's drivers, libmlx5-rdmav34.so and the like, need libibverbs.so.1 and
+// find this one through it). _ibv_query_gid_table (IBVERBS_1.11, rdma-core v31) is
+// optional: without it each port shows GID 0 only. The verbs that libibverbs inlines
+// through context->ops (ibv_post_send, ibv_post_recv, ibv_poll_cq, ibv_req_notify_cq) need
+// no symbol and cost what they did. shim.h poisons the exported names, so a direct call
+// fails to compile; TestNoLinkTimeLibibverbs checks the test binary lists no NEEDED
+// libibverbs and imports no ibv_ symbol.
+//
+// The library is found the way dlopen finds "libibverbs.so.1" (LD_LIBRARY_PATH, the ld.so
+// cache, the system directories), unless TWOSIDED_LIBIBVERBS names another (EnvLibrary; a
+// path with a slash is opened as it is), e.g. TWOSIDED_LIBIBVERBS=/opt/rdma-core/lib/libibverbs.so.1
+// for an install outside the search path, or a path that does not exist to test a host
+// without rdma-core. It is read once, at the first use.
+//
+// When the load fails (no such library, or a library without an entry point the provider
+// needs) it is not tried again: every call returns the same error, which wraps
+// ibv.ErrNoDevice and ErrLibrary and quotes dlerror, e.g. "no RDMA device: libibverbs not
+// loaded: dlopen "libibverbs.so.1": libibverbs.so.1: cannot open shared object file: No
+// such file or directory (...)". The provider then lists zero devices, Open fails,
+// ForkInit does nothing (nothing can be registered), and an rdma_twosided engine goes on
+// with the soft provider; one forced onto the verbs provider fails with that error. The
+// provider itself prints nothing: Provider.Library says where libibverbs was loaded from
+// or why not, which `twosided version` and `twosided devices` show.
+//
+// Build tag. The provider stays behind -tags rdma, also now that its binary runs anywhere:
+// compiling it still needs cgo, a C compiler and rdma-core's headers (libibverbs-dev), which
+// a plain `go build`, `go install` or CGO_ENABLED=0 cross build does not have, and the
+// default build must succeed on any machine Go runs on. A binary built with -tags rdma on
+// one machine runs on hosts with or without rdma-core (it needs the C library it was built
+// against, glibc 2.34 or later when built on such a system), so a distribution can ship
+// that one binary.
+//
 // Status: an internal layer of twosided, kept importable for the benchmark and the tools
 // (cmd/twosided, bench, tests). Its API may change without notice; applications use
 // package notify. docs/design.md describes how the layers fit together.

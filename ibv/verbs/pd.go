@@ -64,7 +64,7 @@ func (p *pd) Dealloc() error {
 	for _, m := range stuck.of(p) {
 		_ = m.Dereg()
 	}
-	if rc, errno := C.ibv_dealloc_pd(p.pd); rc != 0 {
+	if rc, errno := C.tsv_dealloc_pd(p.pd); rc != 0 {
 		return fmt.Errorf("verbs: ibv_dealloc_pd: %w", rcErr(rc, errno))
 	}
 	p.pd = nil
@@ -122,7 +122,7 @@ func deregMR(r *C.struct_ibv_mr) (C.int, error) {
 	if e := deregFault.Load(); e != 0 {
 		return C.int(e), syscall.Errno(e)
 	}
-	rc, errno := C.ibv_dereg_mr(r)
+	rc, errno := C.tsv_dereg_mr(r)
 	if rc != 0 {
 		return rc, rcErr(rc, errno)
 	}

@@ -3,7 +3,7 @@
 package verbs
 
 /*
-#cgo LDFLAGS: -libverbs
+#cgo LDFLAGS: -ldl
 #include <stdlib.h>
 #include "shim.h"
 */
@@ -40,13 +40,17 @@ var forkInit struct {
 // of this (libibverbs then does nothing). Setting RDMAV_FORK_SAFE in the environment makes
 // libibverbs call it by itself. Go's os/exec forks with CLONE_VM|CLONE_VFORK and shares no
 // memory with the child, so only a real fork() (C code, a raw syscall) needs it.
+//
+// When libibverbs cannot be loaded ForkInit returns nil: no memory is ever registered
+// through it, so there is nothing to protect, and the engine goes on with other providers
+// (GetDeviceList says why verbs has no device).
 func (Provider) ForkInit() error {
 	forkInit.Lock()
 	defer forkInit.Unlock()
-	if forkInit.done {
+	if forkInit.done || load() != nil {
 		return nil
 	}
-	if rc := C.ibv_fork_init(); rc != 0 {
+	if rc := C.tsv_fork_init(); rc != 0 {
 		return fmt.Errorf("verbs: ibv_fork_init: %w (it must run before any memory is registered)", syscall.Errno(rc))
 	}
 	forkInit.done = true
@@ -63,19 +67,19 @@ func (Provider) GetDeviceList() ([]ibv.DeviceInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer C.ibv_free_device_list(list)
+	defer C.tsv_free_device_list(list)
 	var infos []ibv.DeviceInfo
 	var why []string
 	for _, d := range devs {
-		name := C.GoString(C.ibv_get_device_name(d))
-		ctx, errno := C.ibv_open_device(d)
+		name := C.GoString(C.tsv_get_device_name(d))
+		ctx, errno := C.tsv_open_device(d)
 		if ctx == nil {
 			why = append(why, fmt.Sprintf("%s: ibv_open_device: %v", name, errnoErr(errno)))
 			infos = append(infos, ibv.DeviceInfo{Name: name, Provider: "verbs", NodeGUID: uint64(C.tsv_node_guid(d))})
 			continue
 		}
 		info, err := queryDevice(ctx, name, uint64(C.tsv_node_guid(d)))
-		C.ibv_close_device(ctx)
+		C.tsv_close_device(ctx)
 		if err != nil {
 			why = append(why, err.Error())
 		}
@@ -101,22 +105,22 @@ func (Provider) Open(name string) (ibv.Context, error) {
 	if err != nil {
 		return nil, fmt.Errorf("verbs: open %q: %w", name, err)
 	}
-	defer C.ibv_free_device_list(list)
+	defer C.tsv_free_device_list(list)
 	for _, d := range devs {
-		if C.GoString(C.ibv_get_device_name(d)) != name {
+		if C.GoString(C.tsv_get_device_name(d)) != name {
 			continue
 		}
-		ctx, errno := C.ibv_open_device(d)
+		ctx, errno := C.tsv_open_device(d)
 		if ctx == nil {
 			return nil, fmt.Errorf("verbs: ibv_open_device %q: %w", name, errnoErr(errno))
 		}
 		info, err := queryDevice(ctx, name, uint64(C.tsv_node_guid(d)))
 		if err != nil {
-			C.ibv_close_device(ctx)
+			C.tsv_close_device(ctx)
 			return nil, err
 		}
 		if rc := C.tsv_set_nonblock(ctx.async_fd); rc != 0 {
-			C.ibv_close_device(ctx)
+			C.tsv_close_device(ctx)
 			return nil, fmt.Errorf("verbs: %s: async fd O_NONBLOCK: %w", name, syscall.Errno(rc))
 		}
 		return &deviceContext{
@@ -129,15 +133,19 @@ func (Provider) Open(name string) (ibv.Context, error) {
 	return nil, fmt.Errorf("verbs: device %q: %w", name, ibv.ErrNoDevice)
 }
 
-// deviceList is ibv_get_device_list; the caller frees list.
+// deviceList is ibv_get_device_list; the caller frees list. It loads libibverbs first: when
+// that fails, the error wraps ibv.ErrNoDevice and ErrLibrary and says why.
 func deviceList() (list **C.struct_ibv_device, devs []*C.struct_ibv_device, err error) {
+	if err := load(); err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ibv.ErrNoDevice, err)
+	}
 	var n C.int
-	list, errno := C.ibv_get_device_list(&n)
+	list, errno := C.tsv_get_device_list(&n)
 	if list == nil {
 		return nil, nil, listError(errno)
 	}
 	if n <= 0 {
-		C.ibv_free_device_list(list)
+		C.tsv_free_device_list(list)
 		return nil, nil, listError(nil)
 	}
 	return list, unsafe.Slice(list, int(n)), nil
@@ -179,7 +187,7 @@ func rcErr(rc C.int, errno error) error {
 func queryDevice(ctx *C.struct_ibv_context, name string, guid uint64) (ibv.DeviceInfo, error) {
 	info := ibv.DeviceInfo{Name: name, Provider: "verbs", NodeGUID: guid}
 	var attr C.struct_ibv_device_attr
-	if rc := C.ibv_query_device(ctx, &attr); rc != 0 {
+	if rc := C.tsv_query_device(ctx, &attr); rc != 0 {
 		return info, fmt.Errorf("verbs: %s: ibv_query_device: %w", name, syscall.Errno(rc))
 	}
 	gids := queryGIDTable(ctx)
@@ -197,7 +205,7 @@ func queryDevice(ctx *C.struct_ibv_context, name string, guid uint64) (ibv.Devic
 // (queryPort then falls back to ibv_query_gid).
 func queryGIDTable(ctx *C.struct_ibv_context) []gidEntry {
 	var attr C.struct_ibv_device_attr
-	if C.ibv_query_device(ctx, &attr) != 0 {
+	if C.tsv_query_device(ctx, &attr) != 0 {
 		return nil
 	}
 	total := 0
@@ -245,7 +253,7 @@ func queryPort(ctx *C.struct_ibv_context, port uint8, gids []gidEntry) (ibv.Port
 	if gids == nil {
 		// No GID table query: the GID at index 0, the one every port has, of unknown type.
 		var g C.union_ibv_gid
-		if C.ibv_query_gid(ctx, C.uint8_t(port), 0, &g) == 0 {
+		if C.tsv_query_gid(ctx, C.uint8_t(port), 0, &g) == 0 {
 			copy(out.GID[:], C.GoBytes(unsafe.Pointer(&g), 16))
 		}
 		return out, nil

@@ -122,7 +122,7 @@ func (q *qp) State() ibv.QPState {
 	}
 	var attr C.struct_ibv_qp_attr
 	var init C.struct_ibv_qp_init_attr
-	if C.ibv_query_qp(q.qp, &attr, C.IBV_QP_STATE, &init) == 0 {
+	if C.tsv_query_qp(q.qp, &attr, C.IBV_QP_STATE, &init) == 0 {
 		return ibv.QPState(attr.qp_state)
 	}
 	return ibv.QPState(q.qp.state)
@@ -165,7 +165,7 @@ func (q *qp) Modify(attr *ibv.QPAttr, mask ibv.QPAttrMask) error {
 		ca.ah_attr.grh.hop_limit = C.uint8_t(ah.HopLimit)
 		ca.ah_attr.grh.traffic_class = C.uint8_t(ah.TrafficClass)
 	}
-	if rc, errno := C.ibv_modify_qp(q.qp, &ca, C.int(mask)); rc != 0 {
+	if rc, errno := C.tsv_modify_qp(q.qp, &ca, C.int(mask)); rc != 0 {
 		return fmt.Errorf("verbs: ibv_modify_qp %d (to %s, mask %#x): %w", q.QPNum(), attr.QPState, uint32(mask), rcErr(rc, errno))
 	}
 	return nil
@@ -184,7 +184,7 @@ func (q *qp) Query() (ibv.QPAttr, ibv.QPCap, error) {
 	}
 	var ca C.struct_ibv_qp_attr
 	var init C.struct_ibv_qp_init_attr
-	if rc, errno := C.ibv_query_qp(q.qp, &ca, queryMask, &init); rc != 0 {
+	if rc, errno := C.tsv_query_qp(q.qp, &ca, queryMask, &init); rc != 0 {
 		return ibv.QPAttr{}, ibv.QPCap{}, fmt.Errorf("verbs: ibv_query_qp %d: %w", q.QPNum(), rcErr(rc, errno))
 	}
 	a := ibv.QPAttr{
@@ -302,7 +302,7 @@ func (q *qp) Destroy() error {
 	if a := q.asyncEvents.Load(); a > 0 {
 		return fmt.Errorf("verbs: destroy qp %d: %d async events unacknowledged: %w", q.QPNum(), a, ibv.ErrBusy)
 	}
-	if rc, errno := C.ibv_destroy_qp(q.qp); rc != 0 {
+	if rc, errno := C.tsv_destroy_qp(q.qp); rc != 0 {
 		return fmt.Errorf("verbs: ibv_destroy_qp %d: %w", q.QPNum(), rcErr(rc, errno))
 	}
 	q.qp = nil

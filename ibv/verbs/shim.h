@@ -1,8 +1,16 @@
 //go:build rdma
 
-// C side of the verbs provider: thin wrappers over libibverbs' inline functions and macros
-// (cgo cannot call those), and flat structs that Go reads and writes without touching C
-// unions. Object contexts (cq_context, qp_context) carry integer handles, never Go pointers.
+// C side of the verbs provider: libibverbs loaded at run time (tsv_load: dlopen, then one
+// dlvsym per entry point into a table of function pointers), a wrapper per entry point that
+// calls through that table, thin wrappers over libibverbs' inline functions and macros (cgo
+// cannot call those), and flat structs that Go reads and writes without touching C unions.
+// Object contexts (cq_context, qp_context) carry integer handles, never Go pointers.
+//
+// Nothing here or in the Go files may name a libibverbs function directly: that would make
+// the binary need libibverbs.so.1 at link time and at start. The names below are poisoned
+// after <infiniband/verbs.h> so that such a call fails to compile; the inline verbs that go
+// through context->ops (ibv_post_send, ibv_post_recv, ibv_poll_cq, ibv_req_notify_cq) name
+// no symbol and stay usable. TestNoLinkTimeLibibverbs checks the built binary.
 
 #ifndef TWOSIDED_VERBS_SHIM_H
 #define TWOSIDED_VERBS_SHIM_H
@@ -10,6 +18,20 @@
 #include <stdint.h>
 #include <stddef.h>
 #include <infiniband/verbs.h>
+
+// Exported libibverbs functions: call tsv_<name> instead (after tsv_load succeeded). The
+// function-like macros of the same names are dropped first (poisoning a macro warns).
+#undef ibv_get_device_list
+#undef ibv_reg_mr
+#undef ibv_query_port
+#pragma GCC poison ibv_get_device_list ibv_free_device_list ibv_get_device_name
+#pragma GCC poison ibv_get_device_guid ibv_open_device ibv_close_device ibv_fork_init
+#pragma GCC poison ibv_query_device ibv_query_port ibv_query_gid ibv_query_gid_table
+#pragma GCC poison _ibv_query_gid_table ibv_alloc_pd ibv_dealloc_pd ibv_reg_mr
+#pragma GCC poison ibv_reg_mr_iova2 ibv_dereg_mr ibv_create_comp_channel
+#pragma GCC poison ibv_destroy_comp_channel ibv_create_cq ibv_destroy_cq ibv_get_cq_event
+#pragma GCC poison ibv_ack_cq_events ibv_create_qp ibv_query_qp ibv_modify_qp
+#pragma GCC poison ibv_destroy_qp ibv_get_async_event ibv_ack_async_event
 
 // tsv_wc is struct ibv_wc flattened; imm_data is in host order.
 struct tsv_wc {
@@ -53,6 +75,37 @@ enum {
 	TSV_ELEM_QP = 2,
 	TSV_ELEM_PORT = 3,
 };
+
+// tsv_load opens the library at path with dlopen(RTLD_NOW | RTLD_LOCAL) and resolves every
+// entry point with dlvsym at the symbol version rdma-core exports it under. It returns 0
+// and writes the file the library was loaded from to where; -1 when dlopen failed; 1 + i
+// when entry point i (tsv_sym_name, tsv_sym_version) is missing. err receives dlerror's
+// text. With install 0 it only tries (a probe: the library is closed again and the table
+// is left as it was); with install 1 it fills the table on success and never closes the
+// library. Not safe to call concurrently with itself (the Go side runs it under a sync.Once).
+int tsv_load(const char *path, int install, char *err, size_t errlen, char *where, size_t wherelen);
+const char *tsv_sym_name(int i);
+const char *tsv_sym_version(int i);
+
+// Entry points of libibverbs, through the table (valid only after tsv_load installed it).
+struct ibv_device **tsv_get_device_list(int *num);
+void tsv_free_device_list(struct ibv_device **list);
+const char *tsv_get_device_name(struct ibv_device *dev);
+struct ibv_context *tsv_open_device(struct ibv_device *dev);
+int tsv_close_device(struct ibv_context *ctx);
+int tsv_fork_init(void);
+int tsv_query_device(struct ibv_context *ctx, struct ibv_device_attr *attr);
+int tsv_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid);
+struct ibv_pd *tsv_alloc_pd(struct ibv_context *ctx);
+int tsv_dealloc_pd(struct ibv_pd *pd);
+int tsv_dereg_mr(struct ibv_mr *mr);
+struct ibv_comp_channel *tsv_create_comp_channel(struct ibv_context *ctx);
+int tsv_destroy_comp_channel(struct ibv_comp_channel *ch);
+int tsv_destroy_cq(struct ibv_cq *cq);
+void tsv_ack_cq_events(struct ibv_cq *cq, unsigned int n);
+int tsv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask, struct ibv_qp_init_attr *init);
+int tsv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask);
+int tsv_destroy_qp(struct ibv_qp *qp);
 
 int tsv_set_nonblock(int fd);
 struct ibv_mr *tsv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access);

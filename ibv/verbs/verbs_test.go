@@ -84,7 +84,11 @@ func TestGetDeviceListWithoutDevice(t *testing.T) {
 		require.EqualError(t, err, "no RDMA device: ibv_get_device_list: function not implemented (no kernel RDMA support)")
 	}
 
-	// The registry passes the reason through, named by provider.
+	// The registry passes the reason through, named by provider, when no other provider has
+	// a device (the engine tests link the soft provider into this binary).
+	if _, err := ibv.LookupProvider("soft"); err == nil {
+		return
+	}
 	_, err = ibv.GetDeviceList()
 	require.ErrorIs(t, err, ibv.ErrNoDevice)
 	require.Contains(t, err.Error(), "verbs: no RDMA device: ")
