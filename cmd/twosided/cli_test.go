@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/twosided/twosided/ibv"
 	"github.com/twosided/twosided/notify"
 )
 
@@ -58,6 +60,12 @@ func TestVersion(t *testing.T) {
 		require.True(t, strings.HasPrefix(out.String(), "twosided "), out.String())
 		require.Contains(t, out.String(), "\ngo:        go1.")
 		require.Contains(t, out.String(), "\nproviders: soft")
+		require.Contains(t, out.String(), "\nsoft:      compiled in (RC over TCP, pure Go: needs no library)\n")
+		if _, err := ibv.LookupProvider(verbsProvider); err != nil {
+			require.Contains(t, out.String(), "\nverbs:     not compiled in (build with -tags rdma)\n")
+		} else {
+			require.Regexp(t, "\nverbs:     compiled in, libibverbs (loaded from /|not loaded: )", out.String())
+		}
 	}
 	bi := &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Path: "github.com/twosided/twosided", Version: "v0.3.0"},
 		Settings: []debug.BuildSetting{{Key: "-tags", Value: "rdma"}, {Key: "vcs.revision", Value: "f7db041"},
@@ -75,6 +83,38 @@ func TestVersion(t *testing.T) {
 	require.Contains(t, lines[2], "unknown (no VCS stamp")
 	require.Equal(t, "tags:      none", lines[4])
 	require.Equal(t, "providers: soft (build with -tags rdma for the libibverbs provider)", lines[5])
+}
+
+// Per provider: compiled in or not, and for verbs whether libibverbs loaded (from where, or
+// why not, in dlerror's words).
+func TestVersionProviderStatus(t *testing.T) {
+	const why = `libibverbs not loaded: dlopen "libibverbs.so.1": libibverbs.so.1: cannot open shared object file: No such file or directory`
+	for _, tc := range []struct {
+		name      string
+		providers []ibv.Provider
+		want      []string
+	}{
+		{"without -tags rdma", []ibv.Provider{fakeSoft}, []string{
+			"soft:      compiled in (RC over TCP, pure Go: needs no library)",
+			"verbs:     not compiled in (build with -tags rdma)",
+		}},
+		{"libibverbs loaded", []ibv.Provider{fakeSoft, fakeLibProvider{fakeProvider{name: "verbs"}, "/usr/lib/libibverbs.so.1", nil}}, []string{
+			"soft:      compiled in (RC over TCP, pure Go: needs no library)",
+			"verbs:     compiled in, libibverbs loaded from /usr/lib/libibverbs.so.1",
+		}},
+		{"libibverbs missing", []ibv.Provider{fakeSoft, fakeLibProvider{fakeProvider{name: "verbs"}, "", errors.New(why)}}, []string{
+			"soft:      compiled in (RC over TCP, pure Go: needs no library)",
+			"verbs:     compiled in, " + why,
+		}},
+		{"a provider without a library", []ibv.Provider{fakeProvider{name: "other"}, fakeProvider{name: "verbs"}}, []string{
+			"other:     compiled in",
+			"verbs:     compiled in",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, providerStatusLines(tc.providers))
+		})
+	}
 }
 
 func goPlatform() string {

@@ -66,9 +66,14 @@ type devicesReport struct {
 type providerReport struct {
 	Name string `json:"name"`
 	// Built is false for the verbs provider in a binary built without -tags rdma.
-	Built   bool           `json:"built"`
-	Devices []deviceReport `json:"devices"`
-	Error   string         `json:"error,omitempty"`
+	Built bool `json:"built"`
+	// Library is the file the provider's shared library was loaded from (verbs:
+	// libibverbs, dlopened at run time); LibraryError says why it could not be loaded
+	// (dlerror's text). Both are empty for a provider that loads none.
+	Library      string         `json:"library,omitempty"`
+	LibraryError string         `json:"library_error,omitempty"`
+	Devices      []deviceReport `json:"devices"`
+	Error        string         `json:"error,omitempty"`
 }
 
 type deviceReport struct {
@@ -141,6 +146,13 @@ func listDevices(providers []ibv.Provider, only string, gidIndex int) (devicesRe
 		if err != nil {
 			pr.Error = err.Error()
 		}
+		if lp, ok := p.(libraryProvider); ok {
+			if path, lerr := lp.Library(); lerr != nil {
+				pr.LibraryError = lerr.Error()
+			} else {
+				pr.Library = path
+			}
+		}
 		for _, d := range devs {
 			pr.Devices = append(pr.Devices, newDeviceReport(d, gidIndex))
 		}
@@ -200,7 +212,14 @@ func newDeviceReport(d ibv.DeviceInfo, gidIndex int) deviceReport {
 func writeDevices(w io.Writer, rep devicesReport) {
 	for _, p := range rep.Providers {
 		fmt.Fprintf(w, "provider: %s\n", p.Name)
-		if p.Error != "" {
+		switch {
+		case p.LibraryError != "":
+			// The device list's error says the same after "no RDMA device: ".
+			fmt.Fprintf(w, "\tlibrary:\t%s\n", p.LibraryError)
+		case p.Library != "":
+			fmt.Fprintf(w, "\tlibrary:\tlibibverbs loaded from %s\n", p.Library)
+		}
+		if p.Error != "" && p.LibraryError == "" {
 			fmt.Fprintf(w, "\terror:\t%s\n", p.Error)
 		}
 		if len(p.Devices) == 0 {

@@ -3,9 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"debug/elf"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -22,6 +27,16 @@ type fakeProvider struct {
 func (p fakeProvider) Name() string                             { return p.name }
 func (p fakeProvider) GetDeviceList() ([]ibv.DeviceInfo, error) { return p.devs, p.err }
 func (p fakeProvider) Open(string) (ibv.Context, error)         { return nil, ibv.ErrNoDevice }
+
+// fakeLibProvider is a provider that loads a library, as the verbs provider loads
+// libibverbs.
+type fakeLibProvider struct {
+	fakeProvider
+	path string
+	err  error
+}
+
+func (p fakeLibProvider) Library() (string, error) { return p.path, p.err }
 
 var fakeSoft = fakeProvider{name: "soft", devs: []ibv.DeviceInfo{{
 	Name: "soft0", Provider: "soft", NodeGUID: 0x0002c90300001234,
@@ -67,6 +82,42 @@ func TestListDevices(t *testing.T) {
 			require.Equal(t, tt.wantNotes, rep.Notes)
 		})
 	}
+}
+
+// The verbs provider says where libibverbs was loaded from, or why it was not (once: the
+// device list's error, which says the same, is not repeated).
+func TestDevicesLibrary(t *testing.T) {
+	const why = `libibverbs not loaded: dlopen "/nonexistent/libibverbs.so.1" (TWOSIDED_LIBIBVERBS): ` +
+		"/nonexistent/libibverbs.so.1: cannot open shared object file: No such file or directory"
+	missing := fakeLibProvider{fakeProvider{name: "verbs", err: fmt.Errorf("%w: %w", ibv.ErrNoDevice, errors.New(why))}, "", errors.New(why)}
+	rep, err := listDevices([]ibv.Provider{missing}, "verbs", -1)
+	require.NoError(t, err)
+	require.Equal(t, why, rep.Providers[0].LibraryError)
+	require.Empty(t, rep.Providers[0].Library)
+	require.Equal(t, []string{"no RDMA device: " + why + "; using the soft provider"}, rep.Notes)
+	var out bytes.Buffer
+	writeDevices(&out, rep)
+	require.Equal(t, "provider: verbs\n"+
+		"\tlibrary:\t"+why+"\n"+
+		"\n"+
+		"no RDMA device: "+why+"; using the soft provider\n", out.String())
+
+	noKernel := fmt.Errorf("%w: ibv_get_device_list: function not implemented (no kernel RDMA support)", ibv.ErrNoDevice)
+	loaded := fakeLibProvider{fakeProvider{name: "verbs", err: noKernel}, "/usr/lib/x86_64-linux-gnu/libibverbs.so.1", nil}
+	rep, err = listDevices([]ibv.Provider{loaded}, "verbs", -1)
+	require.NoError(t, err)
+	require.Equal(t, "/usr/lib/x86_64-linux-gnu/libibverbs.so.1", rep.Providers[0].Library)
+	out.Reset()
+	writeDevices(&out, rep)
+	require.Equal(t, "provider: verbs\n"+
+		"\tlibrary:\tlibibverbs loaded from /usr/lib/x86_64-linux-gnu/libibverbs.so.1\n"+
+		"\terror:\t"+noKernel.Error()+"\n"+
+		"\n"+
+		"no RDMA device: ibv_get_device_list: function not implemented (no kernel RDMA support); using the soft provider\n", out.String())
+
+	b, err := json.Marshal(rep)
+	require.NoError(t, err)
+	require.Contains(t, string(b), `"library":"/usr/lib/x86_64-linux-gnu/libibverbs.so.1"`)
 }
 
 func TestWriteDevices(t *testing.T) {
@@ -186,5 +237,71 @@ func TestDevicesSourceGID(t *testing.T) {
 		var out bytes.Buffer
 		writeDevices(&out, rep)
 		require.Contains(t, out.String(), "source GID:")
+	}
+}
+
+// envNoLibChild marks TestWithoutLibibverbs' child process.
+const envNoLibChild = "TWOSIDED_TEST_NOLIB_CHILD"
+
+// The binary starts and works on a host without libibverbs: it does not link it (no NEEDED
+// entry, no ibv_ symbol), and, run with TWOSIDED_LIBIBVERBS pointing nowhere (as if
+// rdma-core were not installed), version and devices say why the verbs provider has no
+// device and notifies go over oob and over rdma_twosided on the soft provider. Without -tags
+// rdma the same holds, the verbs provider being not compiled in.
+func TestWithoutLibibverbs(t *testing.T) {
+	if os.Getenv(envNoLibChild) != "" {
+		t.Skip("this is the child")
+	}
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	f, err := elf.Open(exe)
+	require.NoError(t, err)
+	defer f.Close()
+	libs, err := f.ImportedLibraries()
+	require.NoError(t, err)
+	for _, l := range libs {
+		require.NotContains(t, l, "libibverbs", "NEEDED %s", l)
+	}
+
+	cmd := exec.Command(exe, "-test.run=^TestWithoutLibibverbsChild$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "TWOSIDED_LIBIBVERBS=/nonexistent/libibverbs.so.1", envNoLibChild+"=1")
+	b, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", b)
+	require.Contains(t, string(b), "--- PASS: TestWithoutLibibverbsChild ", "%s", b)
+}
+
+func TestWithoutLibibverbsChild(t *testing.T) {
+	if os.Getenv(envNoLibChild) == "" {
+		t.Skip("run by TestWithoutLibibverbs")
+	}
+	_, verbsErr := ibv.LookupProvider(verbsProvider)
+	compiled := verbsErr == nil
+	const why = `libibverbs not loaded: dlopen "/nonexistent/libibverbs.so.1" (TWOSIDED_LIBIBVERBS): /nonexistent/libibverbs.so.1: `
+
+	code, out, errOut := runCmd("version")
+	require.Equal(t, 0, code, errOut)
+	if compiled {
+		require.Contains(t, out, "\nverbs:     compiled in, "+why)
+	} else {
+		require.Contains(t, out, "\nverbs:     not compiled in (build with -tags rdma)\n")
+	}
+
+	code, out, errOut = runCmd("devices")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "hca_id:\tsoft0\n")
+	if compiled {
+		require.Contains(t, out, "provider: verbs\n\tlibrary:\t"+why)
+		require.Contains(t, out, "\nno RDMA device: "+why)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, tr := range []string{"oob", "rdma_twosided"} {
+		addr, served := startServe(t, ctx, "--transport", tr, "--expect", "2")
+		code, out, errOut = runCmd("send", "--peer", addr, "--transport", tr, "-n", "2", "--quiet")
+		require.Equal(t, 0, code, errOut)
+		require.Contains(t, out, "sent 2, failed 0, transport "+tr)
+		r := <-served
+		require.Equal(t, 0, r.code, r.stderr)
 	}
 }

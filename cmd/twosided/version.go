@@ -15,7 +15,7 @@ import (
 func init() {
 	register(&command{
 		Name:    "version",
-		Summary: "Print the module version, commit, Go version, build tags and the RDMA providers compiled in.",
+		Summary: "Print the module version, commit, Go version, build tags, the RDMA providers compiled in and whether libibverbs loaded.",
 		Usage:   "",
 		Run:     runVersion,
 	})
@@ -29,10 +29,51 @@ func runVersion(_ context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 	if !ok {
 		bi = &debug.BuildInfo{GoVersion: runtime.Version()}
 	}
-	for _, l := range versionLines(bi, providerNames()) {
+	lines := append(versionLines(bi, providerNames()), providerStatusLines(ibv.Providers())...)
+	for _, l := range lines {
 		fmt.Fprintln(stdout, l)
 	}
 	return nil
+}
+
+// libraryProvider is a provider that loads a shared library at its first use: the verbs
+// provider, which dlopens libibverbs (ibv/verbs, Provider.Library). Library says where the
+// library was loaded from, or why it could not be.
+type libraryProvider interface {
+	Library() (path string, err error)
+}
+
+// providerStatusLines say, per provider, whether it was compiled in and, for one that loads
+// a library, whether that loaded: "verbs:     compiled in, libibverbs loaded from PATH",
+// "verbs:     compiled in, libibverbs not loaded: WHY", or, without -tags rdma,
+// "verbs:     not compiled in (build with -tags rdma)". Asking loads the library.
+func providerStatusLines(providers []ibv.Provider) []string {
+	var lines []string
+	haveVerbs := false
+	for _, p := range providers {
+		haveVerbs = haveVerbs || p.Name() == verbsProvider
+		lines = append(lines, fmt.Sprintf("%-11s%s", p.Name()+":", providerStatus(p)))
+	}
+	if !haveVerbs {
+		lines = append(lines, fmt.Sprintf("%-11s%s", verbsProvider+":", "not compiled in (build with -tags rdma)"))
+	}
+	return lines
+}
+
+// providerStatus is one provider's status, after its name.
+func providerStatus(p ibv.Provider) string {
+	lp, ok := p.(libraryProvider)
+	switch {
+	case ok:
+		path, err := lp.Library()
+		if err != nil {
+			return "compiled in, " + err.Error()
+		}
+		return "compiled in, libibverbs loaded from " + path
+	case p.Name() == "soft":
+		return "compiled in (RC over TCP, pure Go: needs no library)"
+	}
+	return "compiled in"
 }
 
 // providerNames are the ibv providers registered in this binary ("soft" always; "verbs"

@@ -102,6 +102,61 @@ else
 	step "go test -tags rdma ./ibv/verbs/, FuzzDecode" SKIPPED "no go toolchain with cgo"
 fi
 
+# 5. The twosided binary built with -tags rdma loads libibverbs at run time: no NEEDED entry
+# for it; with softverbs it lists softverbs0; with TWOSIDED_LIBIBVERBS pointing nowhere (a
+# host without rdma-core) it still starts, says why, and carries notifies over oob.
+if command -v "$GO" >/dev/null && [ "$("$GO" env CGO_ENABLED)" = 1 ]; then
+	bin="$work/twosided"
+	missing=/nonexistent/libibverbs.so.1
+	if ! "$GO" build -tags rdma -o "$bin" ./cmd/twosided 2>"$work/build"; then
+		cat "$work/build"; step "twosided -tags rdma: build" FAIL
+	else
+		if command -v readelf >/dev/null; then
+			if readelf -d "$bin" | grep NEEDED | tee "$work/needed" | grep -q libibverbs; then
+				cat "$work/needed"; step "twosided -tags rdma: no NEEDED libibverbs" FAIL
+			else
+				step "twosided -tags rdma: no NEEDED libibverbs" PASS "$(grep -o '\[.*\]' "$work/needed" | tr '\n' ' ')"
+			fi
+		else
+			step "twosided -tags rdma: no NEEDED libibverbs" SKIPPED "readelf not installed"
+		fi
+		if "$bin" version >"$work/version" 2>&1 &&
+			grep -q "^verbs: *compiled in, libibverbs loaded from .*/libibverbs.so.1$" "$work/version" &&
+			"$bin" devices >"$work/tsdevices" 2>&1 && grep -q "^hca_id:	$dev$" "$work/tsdevices"; then
+			step "twosided version, devices with softverbs" PASS
+		else
+			cat "$work/version" "$work/tsdevices"; step "twosided version, devices with softverbs" FAIL
+		fi
+		export TWOSIDED_LIBIBVERBS=$missing
+		if "$bin" version >"$work/version" 2>&1 &&
+			grep -q "^verbs: *compiled in, libibverbs not loaded: dlopen \"$missing\" (TWOSIDED_LIBIBVERBS): " "$work/version" &&
+			"$bin" devices >"$work/tsdevices" 2>&1 && grep -q "^no RDMA device: libibverbs not loaded: " "$work/tsdevices"; then
+			step "twosided version, devices without libibverbs" PASS
+		else
+			cat "$work/version" "$work/tsdevices"; step "twosided version, devices without libibverbs" FAIL
+		fi
+		timeout 60 "$bin" serve --listen 127.0.0.1:0 --transport oob --expect 1 >"$work/serve" 2>&1 &
+		srv=$!
+		addr=
+		for _ in $(seq 1 200); do
+			addr=$(sed -n 's/^serving on \([^ ]*\).*/\1/p' "$work/serve")
+			[ -n "$addr" ] && break
+			kill -0 "$srv" 2>/dev/null || break
+			sleep 0.05
+		done
+		if [ -n "$addr" ] && timeout 60 "$bin" send --peer "$addr" --transport oob --msg nolib >"$work/send" 2>&1 &&
+			wait "$srv" && grep -q '"nolib' "$work/serve"; then
+			step "twosided serve/send over oob without libibverbs" PASS
+		else
+			kill "$srv" 2>/dev/null; wait "$srv" 2>/dev/null
+			cat "$work/serve" "$work/send" 2>/dev/null; step "twosided serve/send over oob without libibverbs" FAIL
+		fi
+		unset TWOSIDED_LIBIBVERBS
+	fi
+else
+	step "twosided -tags rdma binary" SKIPPED "no go toolchain with cgo"
+fi
+
 echo
 echo "softverbs-test summary:"
 printf '  %s\n' "${results[@]}"
