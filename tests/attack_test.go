@@ -348,7 +348,11 @@ func TestAttackPipelinedWhileFull(t *testing.T) {
 	t.Logf("queue 16 full: held OOB at most %d (bound %d), engine answered busy %d; attacker: %d success, %d busy, %d other (first: %v); delivered %d flood notifies; heap at the peak %+.1f MiB",
 		maxSeen, maxHeld, st.OOBBusy, okCount, busy.Load(), other.Load(), firstOther.Load(), len(flooded), float64(int64(peak)-int64(heap0))/mib)
 	require.LessOrEqual(t, maxSeen, maxHeld, "OOB notifies held while the queue is full")
-	require.Positive(t, busy.Load(), "nothing was answered busy")
+	// Who is answered busy depends on who came first: when the attacker's notifies take all
+	// 64 held places, its 64 senders all wait for those answers and send nothing more
+	// until the consumer reads, and the good peer is the one answered busy and sending
+	// again. Someone was.
+	require.Positive(t, st.OOBBusy, "nothing was answered busy")
 	require.Equal(t, okCount, len(flooded), "a notify answered busy (or failed) was delivered")
 	acked, _, _, _ := l.tally(t, "good peer through the full queue", goodGot)
 	require.Equal(t, goodN, acked, "the good peer's notifies are retried until the queue has room")
