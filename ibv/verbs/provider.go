@@ -3,6 +3,8 @@
 package verbs
 
 /*
+// No -libverbs: libibverbs is dlopened (lib.go). -ldl for C libraries before glibc 2.34,
+// where dlopen lives in libdl; later ones have it in libc and the linker drops the entry.
 #cgo LDFLAGS: -ldl
 #include <stdlib.h>
 #include "shim.h"
