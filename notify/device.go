@@ -107,15 +107,29 @@ func (e *Engine) openDevice() error {
 	return fmt.Errorf("notify: rdma_twosided: %w", errors.Join(append([]error{ibv.ErrNoDevice}, errs...)...))
 }
 
+// closeDevice deallocates the PD and closes the device, once the channels being made on it
+// (connect workers) are adopted or released: it waits for them up to connectDrainWait, and
+// past that leaves the close to the last of them (a verb in flight cannot be interrupted,
+// and the device must outlive it).
 func (e *Engine) closeDevice() {
-	if e.pd != nil {
-		_ = e.pd.Dealloc()
-		e.pd = nil
+	pd, dev := e.pd, e.dev
+	e.pd, e.dev = nil, nil
+	release := func() {
+		if pd != nil {
+			_ = pd.Dealloc()
+		}
+		if dev != nil {
+			_ = dev.Close()
+		}
 	}
-	if e.dev != nil {
-		_ = e.dev.Close()
-		e.dev = nil
+	if st := e.cfg.dev; st != nil {
+		if !st.workers.stopAndWait(connectDrainWait, release) {
+			e.cfg.logger.Warn().Str("device", e.devName).Int("channels", st.workers.inFlight()).
+				Msg("rdma_twosided: close: channels still being made: the device closes once they are released")
+		}
+		return
 	}
+	release()
 }
 
 // deviceState is the rdma_twosided device's state that changes while the engine runs: the
@@ -130,6 +144,7 @@ type deviceState struct {
 	down         atomic.Bool // portDown || fatal, for any goroutine
 	asyncFd      int         // the loop's duplicate of the async fd; -1: not watched
 	events       deviceEventCounters
+	workers      connectWorkers // channels being made off the loop on the device (connect_worker.go)
 }
 
 // useGID makes gid the source GID of every channel made from now on: the GID advertised in

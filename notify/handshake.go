@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/twosided/twosided/ctrlchannel"
 	"github.com/twosided/twosided/ibv"
@@ -52,52 +53,94 @@ func (e *Engine) machineConfig() machineConfig {
 	}
 }
 
-// newChannel creates channel id in INIT, its RECVs posted. Loop-only.
-func (e *Engine) newChannel(id chanID) (*ctrlchannel.Channel, error) {
-	if e.dev == nil {
-		return nil, fmt.Errorf("%w: no device open", ErrNoCtrlChannel)
-	}
-	ch, err := ctrlchannel.NewChannel(e.loop, e.dev, e.pd, e.channelConfig(), &chanEvents{e: e, id: id})
-	if err != nil {
-		return nil, fmt.Errorf("new ctrl channel: %w", err)
-	}
-	if e.paused {
-		ch.SetPaused(true)
-	}
-	e.chans[id] = ch
-	e.armKeepalive()
-	return ch, nil
-}
-
-// startConnect performs aConnect: a channel in INIT (unless a session handshake), then the
-// handshake RPC on a goroutine (the loop never blocks), then finishConnect on the loop.
+// startConnect performs aConnect: the handshake RPC, and for a channel (a.ch != 0) its QP
+// before and its RTR/RTS after, all on a connect worker (connect_worker.go: the loop never
+// blocks on a verb or the network); then finishConnect on the loop.
 func (e *Engine) startConnect(a *mAction) {
 	desc := &oob.HandshakeDesc{LocalNICPath: e.name + "@" + e.devName, PeerNICPath: ctrlNICPath,
 		Session: e.session, Epoch: a.epoch, PeerName: e.name, Token: a.token, Proof: a.proof, To: a.session,
 		MaxNotify: uint32(e.cfg.maxNotifySize)}
-	if a.ch != 0 {
-		ch, err := e.newChannel(a.ch)
-		if err != nil {
-			e.m.connected(e.loop.Now(), a.name, a.ch, hsResult{err: err})
-			return
-		}
-		e.fillChannelDesc(desc, ch)
-	}
 	name, id, epoch := a.name, a.ch, a.epoch
 	timeout := e.cfg.connectTimeout
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		resp, err := e.node.Handshake(ctx, name, desc)
-		// The loop stopped: Close already failed every waiter and closed the channel.
-		_ = e.loop.Submit(func() { e.finishConnect(name, id, epoch, resp, err) })
-	}()
+	if id == 0 {
+		// A session handshake without channel: no verbs.
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			var out outbound
+			out.resp, out.err = e.node.Handshake(ctx, name, desc)
+			// The loop stopped: Close already failed every waiter.
+			_ = e.handToLoop(func() { e.finishConnect(name, id, epoch, out) })
+		}()
+		return
+	}
+	if e.dev == nil || e.cfg.dev == nil {
+		e.m.connected(e.loop.Now(), name, id, hsResult{err: fmt.Errorf("%w: no device open", ErrNoCtrlChannel)})
+		return
+	}
+	cfg, dev, pd := e.channelConfig(), e.dev, e.pd
+	e.goConnect(func(stop context.Context) {
+		out := e.connectOut(stop, timeout, dev, pd, cfg, name, desc)
+		if !e.handToLoop(func() { e.finishConnect(name, id, epoch, out) }) {
+			out.prep.Release() // the loop stopped
+			e.cfg.dev.workers.done()
+		}
+	})
 }
 
-func (e *Engine) finishConnect(name string, id chanID, epoch uint64, resp *oob.HandshakeDesc, err error) {
+// outbound is what a connect worker made of our handshake.
+type outbound struct {
+	resp     *oob.HandshakeDesc
+	err      error                 // the handshake's
+	prep     *ctrlchannel.Prepared // our channel (nil: none made)
+	prepErr  error                 // our channel could not be made: no handshake was sent
+	pi       ctrlchannel.PeerInfo  // the peer's channel, from resp
+	readyErr error                 // the reply's channel fields, or our RTR/RTS, failed
+}
+
+// connectOut is a connect worker's part of our handshake with a channel: the QP in INIT,
+// the RPC (bounded by timeout, and ended by the device's close), then RTR and RTS towards
+// the channel of the reply, if it carries one.
+func (e *Engine) connectOut(stop context.Context, timeout time.Duration, dev ibv.Context, pd ibv.PD, cfg ctrlchannel.Config, name string, desc *oob.HandshakeDesc) outbound {
+	var out outbound
+	p, err := ctrlchannel.Prepare(dev, pd, cfg)
+	if err != nil {
+		out.prepErr = fmt.Errorf("new ctrl channel: %w", err)
+		return out
+	}
+	out.prep = p
+	fillChannelDesc(desc, p.Local())
+	ctx, cancel := context.WithTimeout(stop, timeout)
+	defer cancel()
+	out.resp, out.err = e.node.Handshake(ctx, name, desc)
+	if replyHasChannel(out.resp, out.err) {
+		if out.pi, out.readyErr = peerInfoFrom(out.resp); out.readyErr == nil {
+			out.readyErr = e.ready(p, out.pi)
+		}
+	}
+	return out
+}
+
+// replyHasChannel reports whether our handshake's reply accepts it with a channel of the
+// peer's for ours to connect to.
+func replyHasChannel(resp *oob.HandshakeDesc, err error) bool {
+	return err == nil && resp != nil && resp.CtrlChannel && resp.NotifyQPNum != 0
+}
+
+func (e *Engine) finishConnect(name string, id chanID, epoch uint64, out outbound) {
+	if id != 0 {
+		defer e.cfg.dev.workers.done() // after the channel was adopted or released
+	}
+	defer out.prep.Release() // not adopted: released (after adoption it does nothing)
 	if e.closing {
 		return
 	}
+	if out.prepErr != nil {
+		e.m.connected(e.loop.Now(), name, id, hsResult{err: out.prepErr})
+		e.perform()
+		return
+	}
+	resp, err := out.resp, out.err
 	res := hsResult{}
 	var re *oob.RefusedError
 	switch {
@@ -120,11 +163,16 @@ func (e *Engine) finishConnect(name string, id chanID, epoch uint64, resp *oob.H
 	if res.err == nil && resp != nil {
 		res.session, res.token, res.epoch, res.peerName = resp.Session, resp.Token, resp.Epoch, boundName(resp.PeerName)
 		res.fresh, res.maxNotify = resp.Fresh, int(resp.MaxNotify)
-		if res.refuse == "" && id != 0 && resp.CtrlChannel && resp.NotifyQPNum != 0 {
-			if ch := e.chans[id]; ch != nil {
-				if cerr := e.connectChannel(id, ch, resp, epoch); cerr != nil {
-					// Ours failed (a verbs call, our resources), or the reply's channel
-					// fields could not be used: not the peer's refusal.
+		if res.refuse == "" && id != 0 && replyHasChannel(resp, nil) && out.prep != nil {
+			switch {
+			case out.readyErr != nil:
+				// Ours failed (a verbs call, our resources), or the reply's channel
+				// fields could not be used: not the peer's refusal.
+				res.localErr = fmt.Errorf("local: %w", out.readyErr)
+			case !e.m.chanWanted(id):
+				// The machine let the channel go while it was made: released.
+			default:
+				if cerr := e.connectChannel(id, out.prep, out.pi, resp.Session, epoch); cerr != nil {
 					res.localErr = fmt.Errorf("local: %w", cerr)
 				} else {
 					res.ctrl = true
@@ -138,13 +186,10 @@ func (e *Engine) finishConnect(name string, id chanID, epoch uint64, resp *oob.H
 	e.perform()
 }
 
-// connectChannel moves ch to RTS towards the peer described by d.
-func (e *Engine) connectChannel(id chanID, ch *ctrlchannel.Channel, d *oob.HandshakeDesc, epoch uint64) error {
-	pi, err := peerInfoFrom(d)
+// connectChannel adopts the ready p as channel id towards the peer channel pi.
+func (e *Engine) connectChannel(id chanID, p *ctrlchannel.Prepared, pi ctrlchannel.PeerInfo, peerSession, epoch uint64) error {
+	ch, err := e.adoptChannel(id, p, peerSession, epoch)
 	if err != nil {
-		return err
-	}
-	if err := ch.Connect(pi, e.session, d.Session, epoch); err != nil {
 		return err
 	}
 	e.remote[id] = pi.QPN
@@ -160,9 +205,9 @@ func boundName(s string) string {
 	return s
 }
 
-// fillChannelDesc adds ch's side of the Connection RPC, in Mooncake's field names plus ts_*.
-func (e *Engine) fillChannelDesc(d *oob.HandshakeDesc, ch *ctrlchannel.Channel) {
-	l := ch.Local()
+// fillChannelDesc adds our channel's side (l) of the Connection RPC, in Mooncake's field
+// names plus ts_*.
+func fillChannelDesc(d *oob.HandshakeDesc, l ctrlchannel.LocalInfo) {
 	d.LocalLID, d.LocalGID = l.LID, l.GID.String()
 	d.CtrlChannel, d.NotifyQPNum, d.NotifyRQDepth = true, l.QPN, l.RQDepth
 	d.MTU, d.PSN, d.BufSize, d.Extensions = uint32(l.MTU.Bytes()), l.PSN, l.BufSize, l.Extensions
@@ -300,30 +345,80 @@ func (h *oobHandler) HandleHandshake(req *oob.HandshakeDesc, reply func(*oob.Han
 		reply(resp, nil) // a session without channel
 		return
 	}
-	ch, err := e.newChannel(dec.ch)
-	if err == nil {
-		err = ch.Connect(pi, e.session, req.Session, dec.epoch)
-	}
-	if err != nil {
-		// Our own resources failed (a QP, a CQ, an fd, a verbs call), not the peer's
-		// request: a limit of this engine. The reply carries a token (the pair's, or a
-		// cookie when the entry went with the channel), so a sender with fallback on is
-		// served over OOB and asks again for a channel after its backoff. The machine
-		// learns it before the channel's close reaches it.
-		resp.Token = e.m.inboundFailed(e.loop.Now(), dec.ch, dec.fresh, inboundHS{name: name, session: req.Session})
-		if ch != nil {
-			delete(e.chans, dec.ch)
-			ch.Close(ctrlchannel.ErrClosed)
-		}
-		resp.Refuse = oob.RefuseLimit
-		resp.ReplyMsg = fmt.Sprintf("%v: cannot make a ctrl channel here: %v", ErrLimit, err)
-		reply(resp, nil)
+	if e.dev == nil || e.cfg.dev == nil {
+		e.inboundRefused(dec.ch, dec.fresh, inboundHS{name: name, session: req.Session}, resp, fmt.Errorf("%w: no device open", ErrNoCtrlChannel), reply)
 		return
 	}
-	e.remote[dec.ch] = pi.QPN
-	e.m.setChanLimit(dec.ch, ch.MaxNotify())
-	e.m.inboundUp(e.loop.Now(), dec.ch, nil)
-	e.fillChannelDesc(resp, ch)
+	// The channel is made and connected on a connect worker; the reply waits for it (the
+	// OOB node's max_pending_handshakes bounds such replies).
+	in := inboundConnect{id: dec.ch, epoch: dec.epoch, fresh: dec.fresh, hs: inboundHS{name: name, session: req.Session},
+		pi: pi, resp: resp, reply: reply}
+	cfg, dev, pd := e.channelConfig(), e.dev, e.pd
+	e.goConnect(func(context.Context) {
+		p, err := ctrlchannel.Prepare(dev, pd, cfg)
+		if err != nil {
+			err = fmt.Errorf("new ctrl channel: %w", err)
+		} else {
+			err = e.ready(p, in.pi)
+		}
+		if !e.handToLoop(func() { e.finishInbound(in, p, err) }) {
+			p.Release() // the loop stopped
+			in.reply(&oob.HandshakeDesc{Refuse: oob.RefuseClosed, ReplyMsg: ErrClosed.Error(), Session: e.session}, nil)
+			e.cfg.dev.workers.done()
+		}
+	})
+}
+
+// inboundConnect is a peer's accepted handshake whose channel a connect worker makes.
+type inboundConnect struct {
+	id    chanID
+	epoch uint64
+	fresh bool
+	hs    inboundHS
+	pi    ctrlchannel.PeerInfo
+	resp  *oob.HandshakeDesc
+	reply func(*oob.HandshakeDesc, error)
+}
+
+// finishInbound adopts the channel a worker made for a peer's handshake (p, ready unless
+// err) and answers the handshake. Loop-only.
+func (e *Engine) finishInbound(in inboundConnect, p *ctrlchannel.Prepared, err error) {
+	defer e.cfg.dev.workers.done() // after the channel was adopted or released
+	defer p.Release()              // not adopted: released (after adoption it does nothing)
+	if e.closing {
+		in.reply(&oob.HandshakeDesc{Refuse: oob.RefuseClosed, ReplyMsg: ErrClosed.Error(), Session: e.session, PeerName: e.name}, nil)
+		return
+	}
+	defer e.perform()
+	var ch *ctrlchannel.Channel
+	switch {
+	case err != nil:
+	case !e.m.chanWanted(in.id):
+		err = errors.New("the channel's entry went while it was made")
+	default:
+		ch, err = e.adoptChannel(in.id, p, in.hs.session, in.epoch)
+	}
+	if err != nil {
+		e.inboundRefused(in.id, in.fresh, in.hs, in.resp, err, in.reply)
+		return
+	}
+	e.remote[in.id] = in.pi.QPN
+	e.m.setChanLimit(in.id, ch.MaxNotify())
+	e.m.inboundUp(e.loop.Now(), in.id, nil)
+	fillChannelDesc(in.resp, ch.Local())
+	in.reply(in.resp, nil)
+}
+
+// inboundRefused answers a peer's handshake whose channel failed on our side. Loop-only.
+func (e *Engine) inboundRefused(id chanID, fresh bool, hs inboundHS, resp *oob.HandshakeDesc, err error, reply func(*oob.HandshakeDesc, error)) {
+	// Our own resources failed (a QP, a CQ, an fd, a verbs call), not the peer's
+	// request: a limit of this engine. The reply carries a token (the pair's, or a
+	// cookie when the entry went with the channel), so a sender with fallback on is
+	// served over OOB and asks again for a channel after its backoff. The machine
+	// learns it before the reply goes.
+	resp.Token = e.m.inboundFailed(e.loop.Now(), id, fresh, hs)
+	resp.Refuse = oob.RefuseLimit
+	resp.ReplyMsg = fmt.Sprintf("%v: cannot make a ctrl channel here: %v", ErrLimit, err)
 	reply(resp, nil)
 }
 

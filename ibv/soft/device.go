@@ -95,6 +95,8 @@ type device struct {
 	// backstop clears it when it had to read for a consumer that did not.
 	holderWaited atomic.Bool
 
+	rtrHook atomic.Pointer[func()] // SetRTRHook: runs before every modify to RTR (tests)
+
 	armed    atomic.Int32 // CQs with a channel armed by ReqNotify: a consumer waits on the channel
 	lastPoll atomic.Int64 // nanotime of the latest consumer progress (GetEvent, Poll)
 	rxMu     sync.RWMutex

@@ -94,7 +94,8 @@
 // # Fault hooks
 //
 // CutLink/CutPath/DelayLink/RestoreLink, KillDevice, SetPortState, SetGIDTable,
-// RaiseAsyncEvent, InjectWC,
+// RaiseAsyncEvent, SetRTRHook (a modify to RTR that blocks, as RoCE's address resolution
+// can), InjectWC,
 // DeviceCounters and Provider.Counters let tests break what a NIC or a network would break.
 //
 // # GID encoding

@@ -106,3 +106,20 @@ func (p *Provider) RaiseAsyncEvent(name string, ev ibv.AsyncEvent) error {
 	}
 	return nil
 }
+
+// SetRTRHook makes every modify to RTR of a QP of an open device call hook first, on the
+// caller's goroutine and outside every lock of the provider; nil removes it. A hook that
+// blocks is a slow RTR, as RoCE's address resolution in the kernel makes it on a NIC (tests
+// of callers that must not stall meanwhile).
+func (p *Provider) SetRTRHook(name string, hook func()) error {
+	d, err := p.lookup(name)
+	if err != nil {
+		return err
+	}
+	if hook == nil {
+		d.rtrHook.Store(nil)
+		return nil
+	}
+	d.rtrHook.Store(&hook)
+	return nil
+}

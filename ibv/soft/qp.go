@@ -208,6 +208,9 @@ func (q *qp) Modify(a *ibv.QPAttr, mask ibv.QPAttrMask) error {
 	if a == nil {
 		return fmt.Errorf("soft: qp %d: modify: attr: nil: %w", q.qpn, ibv.ErrInvalid)
 	}
+	if h := q.d.rtrHook.Load(); h != nil && mask&ibv.AttrState != 0 && a.QPState == ibv.QPSRTR {
+		(*h)() // a slow address resolution, as a RoCE NIC's kernel does it (outside every lock)
+	}
 	var gids []ibv.GIDEntry
 	if mask&ibv.AttrAV != 0 {
 		gids = q.d.info().Ports[0].GIDs // before q.mu: the device's lock is not taken under a QP's
