@@ -130,7 +130,12 @@ func borrowedContract(t *testing.T, tr string, busy time.Duration) {
 	require.Zero(t, gap, "out of order")
 	require.LessOrEqual(t, answered, total, "answers delivered twice")
 	st := send.Stats()
-	require.Positive(t, st.Reactor.Borrowed, "no turn was borrowed")
+	if busy == 0 {
+		// A caller alone finds its loop asleep after each answer: it borrows. With busy poll
+		// the loop may be spinning whenever a caller comes (a loaded machine), and a run
+		// without a borrowed turn checked the contract all the same.
+		require.Positive(t, st.Reactor.Borrowed, "no turn was borrowed")
+	}
 	t.Logf("%s busy=%v: %d acknowledged, %d delivered in order; answers %d acknowledged, %d delivered; sender turns borrowed %d, wake-ups %d",
 		tr, busy, total, total, answersAcked.Load(), answered, st.Reactor.Borrowed, st.Reactor.Wakeups)
 }
