@@ -38,8 +38,45 @@ type sendReq struct {
 	// only when the caller sleeps on it (reqSleeping), and never once the caller left
 	// (reqAbandoned: finish recycles the req instead).
 	w     *reactor.Waiter
+	ch    chan struct{} // instead of w: a SendNotify in a crowd (crowdReqs)
 	err   error
 	state atomic.Uint32
+}
+
+// crowdCallers is how many SendNotify callers at once wait on Waiters; past it they wait on
+// channels (a Waiter is for a few sequential callers: it holds a thread while it waits).
+const crowdCallers = 8
+
+// wait waits for finish's signal, or for ctx's end.
+func (r *sendReq) wait(ctx context.Context) error {
+	if r.ch == nil {
+		return r.w.Wait(ctx)
+	}
+	select {
+	case <-r.ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// takeSignal takes the signal finish gives (or gave) before r is reused.
+func (r *sendReq) takeSignal() {
+	if r.ch == nil {
+		_ = r.w.Wait(context.Background())
+		return
+	}
+	<-r.ch
+}
+
+// putWaitReq recycles a SendNotify's req.
+func (e *Engine) putWaitReq(r *sendReq) {
+	if r.ch == nil {
+		e.waitReqs.put(r)
+		return
+	}
+	r.n, r.err = Notify{}, nil
+	e.crowdReqs.Put(r)
 }
 
 // SendNotify's hand-off states.
@@ -94,10 +131,15 @@ func (r *sendReq) finish(err error) {
 		return // the caller sees it spinning (or when it tries to sleep): no wake-up
 	}
 	if r.state.CompareAndSwap(reqSleeping, reqDone) {
-		w.Signal() // the caller consumes it before it lets r go
+		// The caller consumes it before it lets r go.
+		if r.ch != nil {
+			r.ch <- struct{}{}
+		} else {
+			w.Signal()
+		}
 		return
 	}
-	r.e.waitReqs.put(r) // abandoned
+	r.e.putWaitReq(r) // abandoned
 }
 
 // waitReqPool holds SendNotify's reqs with their Waiters. Unlike a sync.Pool it never drops
