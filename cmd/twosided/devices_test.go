@@ -294,6 +294,14 @@ func TestWithoutLibibverbsChild(t *testing.T) {
 		require.Contains(t, out, "\nno RDMA device: "+why)
 	}
 
+	if compiled {
+		// doctor's verdict names what is missing, once, and fails: the NIC path does not work.
+		code, out, _ = runCmd("doctor")
+		require.NotEqual(t, 0, code, out)
+		require.Contains(t, out, "verdict: FAIL: no RDMA device: "+why)
+		require.NotContains(t, out, "no RDMA device: no RDMA device")
+	}
+
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, tr := range []string{"oob", "rdma_twosided"} {

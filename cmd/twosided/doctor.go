@@ -867,7 +867,8 @@ func verdict(rep doctorReport, o doctorOptions, best *doctorDevice, port *doctor
 		if builtVerbs {
 			why = "libibverbs lists none"
 			if nicErr != "" {
-				why = nicErr
+				// The provider's error starts with its sentinel's text: say it once.
+				why = strings.TrimPrefix(nicErr, "no RDMA device: ")
 			}
 		}
 		if o.provider == "soft" {
