@@ -112,16 +112,16 @@ func closeClients(cs []client) {
 	}
 }
 
-// sameEngine reports whether every worker sends through one rdma_twosided engine (and to
-// the same peers).
+// sameEngine reports whether every worker sends through one engine (and to the same
+// peers): the window is then kept with SendNotifyAsync, as an application pipelining
+// notifies would, on either transport (both pipeline: ctrl channel frames, or OOB requests
+// on the persistent connection).
 func sameEngine(workers []client) (*engineClient, bool) {
 	if len(workers) == 0 {
 		return nil, false
 	}
-	// OOB async sends are carried one after another per peer (their FIFO), so only the
-	// rdma_twosided engine pipelines through SendNotifyAsync.
 	first, ok := workers[0].(*engineClient)
-	if !ok || first.e.Transport() != notify.TransportRDMATwoSided {
+	if !ok {
 		return nil, false
 	}
 	for _, w := range workers[1:] {
