@@ -1,6 +1,7 @@
 package notify
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -84,4 +85,32 @@ func TestConnectWorkersStopAndWait(t *testing.T) {
 	w.done()
 	require.True(t, <-done)
 	require.Equal(t, 3, ran)
+}
+
+// A handshake the peer's OOB node sheds (its pending handshakes at their bound) backs off
+// and is tried again: a send whose deadline allows waits for the next handshake, one whose
+// deadline comes first fails now; it is no Mooncake engine's "no ctrl channel".
+func TestMachineConnectShed(t *testing.T) {
+	now := time.Unix(1000, 0)
+	cfg := simCfg()
+	cfg.fallback = false
+	m, kinds := directMachine(cfg)
+	m.send(now, 1, "b", "", now.Add(time.Hour), 0)
+	m.send(now, 2, "b", "", now.Add(10*time.Millisecond), 0)
+	acts := kinds(aConnect)
+	require.Len(t, acts, 1)
+	m.connectShed(now, "b", acts[0].ch, ErrLimit, errors.New("too many pending handshakes"))
+	var failed []reqID
+	for _, a := range m.ready() {
+		require.NotEqual(t, aConnect, a.kind, "no handshake before the backoff")
+		if a.kind == aComplete {
+			require.ErrorIs(t, a.err, ErrLimit)
+			failed = append(failed, a.req)
+		}
+	}
+	require.Equal(t, []reqID{2}, failed, "only the send whose deadline is before the next handshake fails")
+	require.Equal(t, uint64(1), m.stats.HandshakesFailed)
+	require.Zero(t, m.connects)
+	m.tick(now.Add(connectBackoffMin))
+	require.Len(t, kinds(aConnect), 1, "the handshake is tried again after the backoff")
 }

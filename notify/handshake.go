@@ -147,6 +147,15 @@ func (e *Engine) finishConnect(name string, id chanID, epoch uint64, out outboun
 	case err == nil:
 	case errors.As(err, &re) && resp != nil && resp.Session != 0:
 		res.refuse, res.refuseMsg = re.Code, boundName(re.Msg)
+	case errors.As(err, &re) && (re.Code == oob.RefuseLimit || re.Code == oob.RefuseBusy):
+		// The peer's OOB node shed the handshake before its engine saw it: back off.
+		kind := ErrBackpressure
+		if re.Code == oob.RefuseLimit {
+			kind = ErrLimit
+		}
+		e.m.connectShed(e.loop.Now(), name, id, kind, err)
+		e.perform()
+		return
 	case errors.Is(err, oob.ErrRejected) && resp != nil:
 		// A Mooncake engine (or one without the ctrl fields) said no in words: it has no
 		// ctrl channel for us; its OOB path serves.
