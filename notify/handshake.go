@@ -147,7 +147,7 @@ func (e *Engine) finishConnect(name string, id chanID, epoch uint64, out outboun
 	case err == nil:
 	case errors.As(err, &re) && resp != nil && resp.Session != 0:
 		res.refuse, res.refuseMsg = re.Code, boundName(re.Msg)
-	case errors.As(err, &re) && (re.Code == oob.RefuseLimit || re.Code == oob.RefuseBusy):
+	case errors.As(err, &re) && resp != nil && (re.Code == oob.RefuseLimit || re.Code == oob.RefuseBusy):
 		// The peer's OOB node shed the handshake before its engine saw it: back off.
 		kind := ErrBackpressure
 		if re.Code == oob.RefuseLimit {
