@@ -3,7 +3,9 @@ package notify
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -25,12 +27,19 @@ import (
 //   - GID_CHANGE selects the source GID again (ibv.SelectGID, MC_GID_INDEX honoured): the
 //     channels made from then on advertise and use the new one.
 //
-// Each is counted (Stats.DeviceEvents, twosided_device_events_total). A fatal device stays
-// failed until the engine is closed: it is not reopened.
+// Each is counted (Stats.DeviceEvents, twosided_device_events_total).
+//
+// A fatal device is opened again: once its channels are closed and no channel is being
+// made on it, a worker opens the device by name (off the loop: opening is a verb), with
+// its port active and a source GID selected as at start, and the loop swaps it in (the old
+// context, its PD and its async fd are released) and lets channels be made again. A try
+// that fails (the device still fatal, gone, its port down) is tried again after a backoff,
+// 100 ms doubling to 5 s, until the engine closes (DeviceEventStats.Reopened, ReopenFailed).
 
 // deviceEventCounters count the device's async events and what they did.
 type deviceEventCounters struct {
 	portErr, portActive, deviceFatal, gidChange, other, channelsFailed atomic.Uint64
+	reopened, reopenFailed                                              atomic.Uint64
 }
 
 // DeviceEventStats counts the async events of an rdma_twosided engine's device.
@@ -42,6 +51,8 @@ type DeviceEventStats struct {
 	Other       uint64 // any other event (QP, CQ, other ports, LID, P_Key, SM changes)
 	// ChannelsFailed: ctrl channels closed at once by a PORT_ERR or DEVICE_FATAL.
 	ChannelsFailed uint64
+	// Reopened: a fatal device opened again; ReopenFailed: tries that found it not usable yet.
+	Reopened, ReopenFailed uint64
 	// PortDown: now, a PORT_ERR (or DEVICE_FATAL) holds: no channel is made.
 	PortDown bool
 }
@@ -56,7 +67,8 @@ func (e *Engine) DeviceEvents() DeviceEventStats {
 	c := &st.events
 	return DeviceEventStats{PortErr: c.portErr.Load(), PortActive: c.portActive.Load(),
 		DeviceFatal: c.deviceFatal.Load(), GIDChange: c.gidChange.Load(), Other: c.other.Load(),
-		ChannelsFailed: c.channelsFailed.Load(), PortDown: st.down.Load()}
+		ChannelsFailed: c.channelsFailed.Load(), Reopened: c.reopened.Load(), ReopenFailed: c.reopenFailed.Load(),
+		PortDown: st.down.Load()}
 }
 
 // startAsync puts the device's async fd in the reactor's epoll set. The loop watches a
@@ -124,8 +136,9 @@ func (e *Engine) asyncEvent(ev ibv.AsyncEvent) {
 		c.deviceFatal.Add(1)
 		st.fatal = true
 		st.down.Store(true)
-		log.Msg("rdma_twosided: device fatal: ctrl channels fail over to OOB")
+		log.Msg("rdma_twosided: device fatal: ctrl channels fail over to OOB; the device is opened again when it can be")
 		e.failChannels(ev)
+		e.scheduleReopen()
 	case ev.Type == ibv.EventPortActive && ours:
 		c.portActive.Add(1)
 		st.portDown = false
@@ -180,4 +193,146 @@ func (p *channelPD) CreateQP(attr ibv.QPInitAttr) (ibv.QP, error) {
 		return nil, fmt.Errorf("%w: the device's port is down (async event)", ibv.ErrNoDevice)
 	}
 	return p.PD.CreateQP(attr)
+}
+
+// reopenState is the reopening of a fatal device. Loop-owned.
+type reopenState struct {
+	timer   *reactor.Timer
+	armed   bool          // a try is scheduled
+	running bool          // a worker is opening the device
+	pause   time.Duration // the backoff before the next try
+	wg      sync.WaitGroup
+}
+
+// Reopen backoff: the first try after reopenFirst, doubling to reopenMax.
+const (
+	reopenFirst = 100 * time.Millisecond
+	reopenMax   = 5 * time.Second
+)
+
+// scheduleReopen arms the next try to open a fatal device again. Loop-only.
+func (e *Engine) scheduleReopen() {
+	st := e.cfg.dev
+	r := &st.reopen
+	if r.armed || r.running || e.closing || !st.fatal {
+		return
+	}
+	switch {
+	case r.pause == 0:
+		r.pause = reopenFirst
+	default:
+		r.pause = min(2*r.pause, reopenMax)
+	}
+	r.armed = true
+	if r.timer == nil {
+		r.timer = e.loop.AfterFunc(r.pause, e.tryReopen)
+		return
+	}
+	r.timer.Reset(r.pause)
+}
+
+// tryReopen starts a worker that opens the fatal device again, once nothing uses the old
+// one: no channel open and none being made. Loop-only.
+func (e *Engine) tryReopen() {
+	st := e.cfg.dev
+	st.reopen.armed = false
+	if e.closing || !st.fatal {
+		return
+	}
+	if len(e.chans) > 0 || st.workers.inFlight() > 0 {
+		e.scheduleReopen() // closing channels still hold the old context
+		return
+	}
+	st.reopen.running = true
+	st.reopen.wg.Add(1) // closeDevice waits for it
+	provider, name, port, gidIndex := st.provider, e.devName, st.port, st.gidRequested
+	go func() {
+		defer st.reopen.wg.Done()
+		r := openAgain(provider, name, port, gidIndex)
+		if err := e.loop.Submit(func() { e.finishReopen(r) }); err != nil {
+			r.release() // the loop has stopped: the engine is closing
+		}
+	}()
+}
+
+// reopened is what a reopening worker found: the device open again with its PD, port and
+// source GID, or why not.
+type reopened struct {
+	ctx  ibv.Context
+	pd   ibv.PD
+	port ibv.PortAttr
+	gid  ibv.GIDEntry
+	err  error
+}
+
+func (r *reopened) release() {
+	if r.pd != nil {
+		_ = r.pd.Dealloc()
+	}
+	if r.ctx != nil {
+		_ = r.ctx.Close()
+	}
+}
+
+// openAgain opens device name of provider and readies it as openDevice does: port active,
+// a source GID (gidIndex as configured), a PD. Any goroutine.
+func openAgain(provider, name string, portNum uint8, gidIndex int) *reopened {
+	r := &reopened{}
+	if r.ctx, r.err = ibv.OpenDevice(provider, name); r.err != nil {
+		return r
+	}
+	if r.port, r.err = r.ctx.QueryPort(portNum); r.err == nil && r.port.State != ibv.PortActive {
+		r.err = fmt.Errorf("port %d is %v", portNum, r.port.State)
+	}
+	if r.err == nil {
+		r.gid, r.err = ibv.SelectGID(r.port, gidIndex)
+	}
+	if r.err == nil {
+		r.pd, r.err = r.ctx.AllocPD()
+	}
+	if r.err != nil {
+		r.release()
+		r.ctx, r.pd = nil, nil
+	}
+	return r
+}
+
+// finishReopen swaps a reopened device in, or schedules the next try. Loop-only.
+func (e *Engine) finishReopen(r *reopened) {
+	st := e.cfg.dev
+	st.reopen.running = false
+	if e.closing || !st.fatal || e.dev == nil {
+		r.release()
+		return
+	}
+	if r.err == nil && st.workers.inFlight() > 0 {
+		// A channel began to be made on the old context meanwhile (it fails: the device is
+		// down): the old context outlives it, and the swap waits for the next try.
+		r.release()
+		e.scheduleReopen()
+		return
+	}
+	if r.err != nil {
+		st.events.reopenFailed.Add(1)
+		e.cfg.logger.Debug().Err(r.err).Str("device", e.devName).Msg("rdma_twosided: fatal device not usable yet")
+		e.scheduleReopen()
+		return
+	}
+	if fd := st.asyncFd; fd >= 0 {
+		_ = e.loop.Close(fd)
+		st.asyncFd = -1
+	}
+	oldPD, oldDev := e.pd, e.dev
+	if oldPD != nil {
+		_ = oldPD.Dealloc()
+	}
+	_ = oldDev.Close()
+	e.dev, e.pd = r.ctx, &channelPD{PD: r.pd, qp: e.cfg.qp, st: st}
+	st.fatal, st.portDown = false, false
+	st.down.Store(false)
+	st.reopen.pause = 0
+	e.useGID(r.gid, r.port)
+	st.events.reopened.Add(1)
+	e.cfg.logger.Info().Str("device", e.devName).Msg("rdma_twosided: fatal device opened again: ctrl channels can be made again")
+	e.startAsync()
 }

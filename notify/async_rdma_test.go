@@ -74,3 +74,59 @@ func optNames(opts []Option) []string {
 	}
 	return c.filters
 }
+
+// envFatalChild names softverbs' control file in TestAsyncDeviceFatalVerbs' child.
+const envFatalChild = "TWOSIDED_TEST_FATAL_CTL"
+
+// Through libibverbs: softverbs' device turning fatal raises IBV_EVENT_DEVICE_FATAL and
+// refuses to open while it lasts; the engine fails its channels, serves notifies over OOB,
+// keeps trying to open the device (the tries fail while it is fatal), and once the device
+// is back opens it again and makes channels on it.
+func TestAsyncDeviceFatalVerbs(t *testing.T) {
+	ctl := os.Getenv(envFatalChild)
+	if ctl == "" {
+		opts := verbsOpts(t)
+		if !strings.Contains(strings.Join(optNames(opts), ","), "softverbs") {
+			t.Skip("needs softverbs (its control file makes the device fatal)")
+		}
+		ctl = filepath.Join(t.TempDir(), "ctl")
+		require.NoError(t, os.WriteFile(ctl, []byte("fatal=0\n"), 0o600))
+		cmd := exec.Command(os.Args[0], "-test.run=^TestAsyncDeviceFatalVerbs$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "SOFTVERBS_CTL="+ctl, envFatalChild+"="+ctl)
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		require.Contains(t, string(out), "--- PASS: TestAsyncDeviceFatalVerbs")
+		t.Logf("child:\n%s", out)
+		return
+	}
+	opts := append(verbsOpts(t), WithOOBFallback(true), WithKeepalive(0))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	recv, err := New(opts...)
+	require.NoError(t, err)
+	defer func() { _ = recv.Close(ctx) }()
+	send, err := New(opts...)
+	require.NoError(t, err)
+	defer func() { _ = send.Close(ctx) }()
+	sendRecv(t, ctx, send, recv, "up")
+	require.Equal(t, 1, send.Stats().ChannelsUp)
+
+	require.NoError(t, os.WriteFile(ctl, []byte("fatal=1\n"), 0o600))
+	require.Eventually(t, func() bool {
+		ev := send.DeviceEvents()
+		return ev.DeviceFatal == 1 && ev.ChannelsFailed == 1 && send.Stats().ChannelsUp == 0
+	}, bounded, 10*time.Millisecond, "DEVICE_FATAL must fail the channel: %+v", send.DeviceEvents())
+	sendRecv(t, ctx, send, recv, "oob")
+	require.Eventually(t, func() bool { return send.DeviceEvents().ReopenFailed > 0 }, bounded, 10*time.Millisecond,
+		"tries to open the fatal device again: %+v", send.DeviceEvents())
+	require.Zero(t, send.DeviceEvents().Reopened, "opened while fatal")
+
+	require.NoError(t, os.WriteFile(ctl, []byte("fatal=0\n"), 0o600))
+	require.Eventually(t, func() bool { return send.DeviceEvents().Reopened == 1 }, bounded, 10*time.Millisecond,
+		"%+v", send.DeviceEvents())
+	require.Eventually(t, func() bool {
+		sendRecv(t, ctx, send, recv, "again")
+		return send.Stats().ChannelsUp == 1
+	}, bounded, 100*time.Millisecond, "a channel is made again on the reopened device")
+	t.Logf("device events: %+v", send.DeviceEvents())
+}

@@ -71,8 +71,10 @@ func TestAsyncPortErrFailsChannels(t *testing.T) {
 	}, bounded, 100*time.Millisecond, "a channel is made again once the port is active")
 }
 
-// DEVICE_FATAL fails the channels too, and the device stays failed (PORT_ACTIVE does not
-// lift it): notifies go over OOB.
+// DEVICE_FATAL fails the channels too, and PORT_ACTIVE does not lift it: notifies go over
+// OOB. Once the channels are closed the engine opens the device again (the soft device is
+// usable: the first try succeeds) and channels are made again. Before, a fatal device
+// stayed failed until Close.
 func TestAsyncDeviceFatal(t *testing.T) {
 	send, recv, ctx := asyncPair(t)
 	require.NoError(t, soft.Default().RaiseAsyncEvent("soft4", ibv.AsyncEvent{Type: ibv.EventDeviceFatal}))
@@ -80,11 +82,19 @@ func TestAsyncDeviceFatal(t *testing.T) {
 		ev := send.DeviceEvents()
 		return ev.DeviceFatal == 1 && ev.ChannelsFailed == 1 && send.Stats().ChannelsUp == 0
 	}, bounded, 5*time.Millisecond)
-	require.NoError(t, soft.Default().RaiseAsyncEvent("soft4", ibv.AsyncEvent{Type: ibv.EventPortActive, Port: 1}))
-	require.Eventually(t, func() bool { return send.DeviceEvents().PortActive == 1 }, bounded, 5*time.Millisecond)
-	require.True(t, send.DeviceEvents().PortDown, "a fatal device stays failed")
 	sendRecv(t, ctx, send, recv, "oob")
-	require.Zero(t, send.Stats().ChannelsUp)
+	require.Eventually(t, func() bool { return send.DeviceEvents().Reopened == 1 }, bounded, 5*time.Millisecond,
+		"the fatal device is opened again: %+v", send.DeviceEvents())
+	require.False(t, send.DeviceEvents().PortDown)
+	require.Eventually(t, func() bool {
+		sendRecv(t, ctx, send, recv, "again")
+		return send.Stats().ChannelsUp == 1
+	}, bounded, 100*time.Millisecond, "a channel is made again on the reopened device")
+	// The new context's async events are watched: a second fatal is seen too.
+	require.NoError(t, soft.Default().RaiseAsyncEvent("soft4", ibv.AsyncEvent{Type: ibv.EventDeviceFatal}))
+	require.Eventually(t, func() bool { return send.DeviceEvents().Reopened == 2 }, bounded, 5*time.Millisecond,
+		"%+v", send.DeviceEvents())
+	require.EqualValues(t, 2, send.DeviceEvents().DeviceFatal)
 }
 
 // GID_CHANGE selects the source GID again: the mlx5-like table (index 3) replaced by a

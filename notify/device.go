@@ -87,7 +87,7 @@ func (e *Engine) openDevice() error {
 		if e.cfg.ibPort == 1 && port.Num != 1 {
 			e.cfg.ibPort = int(port.Num)
 		}
-		e.cfg.dev = &deviceState{gidRequested: e.cfg.gidIndex, port: port.Num, asyncFd: -1}
+		e.cfg.dev = &deviceState{gidRequested: e.cfg.gidIndex, port: port.Num, asyncFd: -1, provider: d.Provider}
 		e.dev, e.pd, e.devName = ctx, &channelPD{PD: pd, qp: e.cfg.qp, st: e.cfg.dev}, d.Name
 		e.useGID(gid, port)
 		if d.Provider == "soft" {
@@ -123,6 +123,7 @@ func (e *Engine) closeDevice() {
 		}
 	}
 	if st := e.cfg.dev; st != nil {
+		st.reopen.wg.Wait() // a fatal device being opened again: opening is quick
 		if !st.workers.stopAndWait(connectDrainWait, release) {
 			e.cfg.logger.Warn().Str("device", e.devName).Int("channels", st.workers.inFlight()).
 				Msg("rdma_twosided: close: channels still being made: the device closes once they are released")
@@ -145,6 +146,8 @@ type deviceState struct {
 	asyncFd      int         // the loop's duplicate of the async fd; -1: not watched
 	events       deviceEventCounters
 	workers      connectWorkers // channels being made off the loop on the device (connect_worker.go)
+	provider     string         // the device's provider, to open it again after DEVICE_FATAL
+	reopen       reopenState    // async.go: reopening a fatal device
 }
 
 // useGID makes gid the source GID of every channel made from now on: the GID advertised in

@@ -78,7 +78,7 @@ func New(e *notify.Engine, opts ...Option) *Collector {
 	c.wakeups = d("reactor_wakeups_total", "Returns of the reactor from a blocking epoll_wait.")
 	c.busy = d("reactor_busy_seconds_total", "Time the reactor spent working, outside epoll_wait and busy-polling.")
 	c.oobHandshakes = d("oob_handshakes_served_total", "Handshakes received on the OOB channel.")
-	c.devEvents = d("device_events_total", "Async events of the RDMA device, by event: port_err, port_active, device_fatal, gid_change, other.", "event")
+	c.devEvents = d("device_events_total", "Async events of the RDMA device, by event: port_err, port_active, device_fatal, gid_change, other; and reopened, reopen_failed: a fatal device opened again, and tries that found it not usable yet.", "event")
 	c.devChansFailed = d("device_channels_failed_total", "Ctrl channels closed at once by a PORT_ERR or DEVICE_FATAL event (their notifies go on over OOB).")
 	c.devPortDown = d("device_port_down", "1 while a PORT_ERR or DEVICE_FATAL event holds: no ctrl channel is made.")
 	c.oobAuthFailed = d("oob_auth_failures_total", "OOB connections refused for a wrong or missing key proof.")
@@ -107,7 +107,7 @@ var dropReasons = []string{"bad_magic", "decode", "unknown_type", "stale_epoch",
 	"duplicate", "extension", "fragment", "too_large", "oob_bad_frame"}
 
 // deviceEvents are the events of twosided_device_events_total.
-var deviceEvents = []string{"port_err", "port_active", "device_fatal", "gid_change", "other"}
+var deviceEvents = []string{"port_err", "port_active", "device_fatal", "gid_change", "other", "reopened", "reopen_failed"}
 
 // refusalReasons are the reasons of twosided_refusals_total.
 var refusalReasons = []string{"peer_limit", "name_limit", "channel_limit", "auth", "oob"}
@@ -181,7 +181,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.oobConns, float64(s.OOB.ServerConns), "server")
 	gauge(c.oobConns, float64(s.OOB.ClientConns), "client")
 	de := c.e.DeviceEvents()
-	for i, v := range []uint64{de.PortErr, de.PortActive, de.DeviceFatal, de.GIDChange, de.Other} {
+	for i, v := range []uint64{de.PortErr, de.PortActive, de.DeviceFatal, de.GIDChange, de.Other, de.Reopened, de.ReopenFailed} {
 		counter(c.devEvents, v, deviceEvents[i])
 	}
 	counter(c.devChansFailed, de.ChannelsFailed)
