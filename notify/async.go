@@ -39,7 +39,7 @@ import (
 // deviceEventCounters count the device's async events and what they did.
 type deviceEventCounters struct {
 	portErr, portActive, deviceFatal, gidChange, other, channelsFailed atomic.Uint64
-	reopened, reopenFailed                                              atomic.Uint64
+	reopened, reopenFailed                                             atomic.Uint64
 }
 
 // DeviceEventStats counts the async events of an rdma_twosided engine's device.
