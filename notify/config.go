@@ -375,7 +375,7 @@ func WithLogger(l zerolog.Logger) Option { return func(c *config) { c.logger = l
 // WithHandler delivers each notify by calling h on the engine's reactor thread instead of
 // queueing it for Recv/GetNotifies (the default, without a handler): the lowest-latency path. h must not block. "The reactor
 // thread" is the loop's turn: usually the loop's own thread, sometimes a SendNotify caller's
-// that borrowed the turn while it waits (reactor.Loop.WaitTurn); calls are never concurrent
+// that borrowed the turn while it waits (reactor.Loop.ExecWait); calls are never concurrent
 // with each other or with the engine's other callbacks, but do not rely on one OS thread.
 func WithHandler(h func(Notify)) Option { return func(c *config) { c.onNotify = h } }
 

@@ -92,13 +92,11 @@ type Engine struct {
 	freeOOB   reactor.FreeList[oobSend] // loop-only: OOB sends from the loop, to reuse
 	byes      chan struct{}             // Close: closed when the last channel's goodbye completed
 
-	reqPool   sync.Pool        // SendNotifyAsync
-	waitReqs  waitReqPool      // SendNotify
-	spinGate  reactor.SpinGate // whether SendNotify callers' busy-poll spins pay (WithBusyPoll)
-	callers   atomic.Int32     // SendNotify callers between their send and their result (waitAsLoop)
-	inSend    atomic.Int32     // SendNotify callers, from the call to the return (crowd)
-	crowdReqs sync.Pool        // SendNotify in a crowd: reqs that wait on a channel
-	modeGate  modeGate         // busy poll: whether SendNotify spins or waits as in event mode
+	reqPool   sync.Pool    // SendNotifyAsync
+	waitReqs  waitReqPool  // SendNotify
+	callers   atomic.Int32 // SendNotify callers between their send and their result (ExecWait alone)
+	inSend    atomic.Int32 // SendNotify callers, from the call to the return (crowd)
+	crowdReqs sync.Pool    // SendNotify in a crowd: reqs that wait on a channel
 
 	ctr engineCounters
 }
@@ -312,24 +310,21 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) (result 
 	req.prepare(peer, n, deadline, nil)
 	req.state.Store(reqSpinning)
 	// Busy poll: hold the loop's spin before the send, so that the loop blocks (its turn free
-	// for the send below) and leaves its set to this caller before the completion can come.
-	// The caller then spins, or, when modeGate finds event mode faster here (busy poll can
-	// be slower on a small machine shared with the peer), waits as in event mode, the loop
-	// still held from spinning for it.
-	spin := busy && e.modeGate.spin() && e.spinGate.Allow()
-	var start time.Time
+	// for the send below) and leaves its set to this caller before the completion can come;
+	// the caller then spins on its own completion.
 	if busy {
-		start = time.Now()
 		e.loop.HoldSpin()
 	}
 	// While the loop sleeps, the caller runs the send in a turn borrowed from it: the notify
 	// leaves from this thread, with no eventfd write and no loop wake-up. A caller alone in
-	// SendNotify, not spinning, then waits for the result in that same turn (ExecWait; see
-	// waitAsLoop).
+	// SendNotify, not spinning, then waits for the result in that same turn, as the loop
+	// (ExecWait, up to asLoopWait): the completion wakes this thread alone, instead of the
+	// loop's thread and then, through the Waiter, this one. With several callers each one's
+	// send would end another's wait (fanin, 4 engines × 16 callers in one process: 11.5 k/s
+	// with the Waiter, 9.0–9.7 k/s waiting as the loop): they go to the Waiter.
 	alone := e.callers.Add(1) == 1
-	waited := false
-	if d := min(asLoopWait, time.Until(deadline)); alone && !spin && d > 0 {
-		waited, err = e.loop.ExecWait(req.runFn, d, req.resolvedFn)
+	if d := min(asLoopWait, time.Until(deadline)); alone && !busy && d > 0 {
+		_, err = e.loop.ExecWait(req.runFn, d, req.resolvedFn)
 	} else {
 		err = e.loop.Exec(req.runFn)
 	}
@@ -350,15 +345,8 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) (result 
 		}
 		return sendErr(ErrLimit, peer, "", err, false)
 	}
-	switch {
-	case spin:
+	if busy {
 		e.spinWait(req) // releases the spin
-	case busy:
-		// The held loop does not watch its set: give it back before any longer wait.
-		e.loop.ReleaseSpin()
-	}
-	if !spin && alone && !waited {
-		e.waitAsLoop(req, deadline) // the send was queued (the loop was awake)
 	}
 	e.callers.Add(-1) // a caller left to its Waiter does not keep others from waiting as the loop
 	if req.state.CompareAndSwap(reqSpinning, reqSleeping) {
@@ -370,9 +358,6 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) (result 
 	}
 	err = req.err
 	e.putWaitReq(req)
-	if busy && err == nil {
-		e.modeGate.record(spin, time.Since(start))
-	}
 	return err
 }
 
@@ -449,7 +434,8 @@ func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) (err e
 // spinWait spins on req's state for up to the busy-poll budget, polling the loop's fds and
 // CQs in turns borrowed from it (reactor.Loop.Poll), so that the completion is reaped on the
 // caller's thread without a wake-up. SendNotify calls it with the spin held (HoldSpin, before
-// its send) when busy poll is on and the gate allows; it releases the spin.
+// its send) when busy poll is on; it releases the spin; a result that has not come when the
+// budget ran out is waited for on the Waiter.
 //
 // Busy poll spins in one place per engine: while a caller spins, its loop blocks in
 // epoll_wait instead of spinning (HoldSpin), and the loop spins only when no caller does
@@ -458,10 +444,6 @@ func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) (err e
 // 66 µs and 288 µs, both (before) 79 µs and 417 µs; in one process the caller alone lost
 // (68 µs per call: both loops asleep), so the loop of an engine without a spinning caller
 // keeps spinning. Each empty round yields the CPU, as the loop's spin does.
-//
-// A spin that runs out of budget costs a CPU for nothing: callers spin only while at least
-// half their recent spins saw the completion in time (reactor.SpinGate), so a round trip
-// longer than the budget falls back to event mode instead of slowing it down.
 func (e *Engine) spinWait(req *sendReq) {
 	defer e.loop.ReleaseSpin() // held by SendNotify before the send
 	deadline := time.Now().Add(e.cfg.busyPoll)
@@ -472,29 +454,11 @@ func (e *Engine) spinWait(req *sendReq) {
 			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 		}
 	}
-	e.spinGate.Record(req.state.Load() != reqSpinning)
 }
 
-// waitAsLoop waits for req's result in its loop's epoll set, on the caller's thread, for up
-// to asLoopWait while the loop sleeps (reactor.Loop.WaitTurn; ExecWait when the send itself
-// borrowed the turn): the completion wakes this thread alone, instead of the loop's thread
-// and then, through the Waiter, this one. Not for a caller that spins (busy poll, when
-// modeGate finds it faster), and only for a caller alone in SendNotify: with
-// several, each one's send would end another's wait (fanin, 4 engines × 16 callers in one
-// process: 11.5 k/s with the Waiter, 9.0–9.7 k/s waiting as the loop). Longer waits, or a
-// loop that is awake, go to the Waiter.
-func (e *Engine) waitAsLoop(req *sendReq, deadline time.Time) {
-	if req.state.Load() != reqSpinning {
-		return
-	}
-	d := min(asLoopWait, time.Until(deadline))
-	if d > 0 {
-		e.loop.WaitTurn(d, req.resolvedFn)
-	}
-}
-
-// asLoopWait bounds waitAsLoop: a notify's round trip is tens of µs; a peer slower than
-// this is waited for on the Waiter, which answers a context's end at once.
+// asLoopWait bounds a SendNotify caller's wait as the loop (ExecWait): a notify's round trip
+// is tens of µs; a peer slower than this is waited for on the Waiter, which answers a
+// context's end at once.
 const asLoopWait = time.Millisecond
 
 // Recv returns the next received notify, waiting with ctx.

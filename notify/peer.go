@@ -30,7 +30,7 @@ type sendReq struct {
 	start    time.Time   // SendNotifyAsync: when it was called
 	cb       func(error) // SendNotifyAsync: called with the result
 	runFn    func()
-	// resolvedFn reports whether finish has run (SendNotify's waitAsLoop). Made once.
+	// resolvedFn reports whether finish has run (SendNotify's ExecWait). Made once.
 	resolvedFn func() bool
 	creq       ctrlchannel.SendReq
 

@@ -231,14 +231,13 @@ type ReactorStats struct {
 	Wakeups         uint64        // returns from a blocking epoll_wait
 	Interrupts      uint64        // epoll_waits cut short by a signal
 	BusyPolls       uint64        // busy-poll rounds (WithBusyPoll)
-	SpinsSkipped    uint64        // busy-poll phases skipped: recent spins ran out of budget (reactor.SpinGate)
 	FdEvents        uint64        // socket events handled
 	CQEvents        uint64        // completion-channel events
 	WCs             uint64        // work completions handled
 	TimerEvents     uint64        // timers fired
 	SubmitEvents    uint64        // wake-ups by a submission
 	Submissions     uint64        // submitted funcs run
-	Borrowed        uint64        // turns run on a caller's thread while the loop slept (reactor.Loop.Exec, ExecWait, Poll, WaitTurn)
+	Borrowed        uint64        // turns run on a caller's thread while the loop slept (reactor.Loop.Exec, ExecWait, Pollrn)
 	QueueFull       uint64        // submissions refused: queue full
 	SlowCallbacks   uint64        // callbacks over the slow threshold
 	LongestCallback time.Duration // longest single callback
@@ -247,7 +246,7 @@ type ReactorStats struct {
 
 func reactorStatsOf(s reactor.Stats) ReactorStats {
 	return ReactorStats{
-		Iterations: s.Iterations, Wakeups: s.Wakeups, Interrupts: s.Interrupts, BusyPolls: s.BusyPolls, SpinsSkipped: s.SpinsSkipped,
+		Iterations: s.Iterations, Wakeups: s.Wakeups, Interrupts: s.Interrupts, BusyPolls: s.BusyPolls,
 		FdEvents: s.FdEvents, CQEvents: s.CQEvents, WCs: s.WCs, TimerEvents: s.TimerEvents,
 		SubmitEvents: s.SubmitEvents, Submissions: s.Submissions, Borrowed: s.Borrowed, QueueFull: s.QueueFull,
 		SlowCallbacks: s.SlowCallbacks, LongestCallback: s.LongestCallback, Busy: s.Busy,

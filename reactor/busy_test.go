@@ -41,24 +41,3 @@ func TestHoldSpin(t *testing.T) {
 	require.Eventually(t, func() bool { return l.Stats().BusyPolls > polls+100 }, waitBound, time.Millisecond)
 	require.Equal(t, awake, l.state.Load(), "the released loop slept within its budget")
 }
-
-// TestBusyPollGate: submissions far apart (each gap many budgets long) make every spin run
-// out of budget, so the loop stops spinning but for the gate's probes (SpinGate's own
-// test drives the turning on again). Counts phases, times nothing: the gaps only make each
-// spin a certain miss.
-func TestBusyPollGate(t *testing.T) {
-	l := newLoop(t, WithBusyPoll(20*time.Microsecond))
-	for i := 0; i < 3*spinMissMax+spinProbeEvery; i++ {
-		onLoop(t, l, func() {})
-		time.Sleep(2 * time.Millisecond)
-	}
-	st := l.Stats()
-	require.NotZero(t, st.SpinsSkipped, "spins that all missed were not skipped")
-	polls := st.BusyPolls
-	for i := 0; i < 40; i++ {
-		onLoop(t, l, func() {})
-		time.Sleep(2 * time.Millisecond)
-	}
-	require.Greater(t, l.Stats().SpinsSkipped, st.SpinsSkipped)
-	t.Logf("skipped %d phases; busy-poll rounds %d before the last 40 gaps, %d after", l.Stats().SpinsSkipped, polls, l.Stats().BusyPolls)
-}

@@ -362,7 +362,9 @@ func TestCQFlushedEveryTurn(t *testing.T) {
 	watch(t, l, cq, rec)
 	for i := 0; i < 3; i++ {
 		onLoop(t, l, func() { cq.post(); cq.post() })
-		onLoop(t, l, func() {}) // the turn of the posts has ended
+		// The turn of the posts has ended once the loop sleeps (a func submitted right
+		// after could still run in the same turn, before its flush).
+		sleeping(t, l)
 		cq.mu.Lock()
 		posted, flushes := cq.posted, cq.flushes
 		cq.mu.Unlock()

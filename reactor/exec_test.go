@@ -324,16 +324,18 @@ func outerFixture(t *testing.T) (l *Loop, peer int, handledOn *atomic.Int64, got
 	t.Cleanup(runtime.UnlockOSThread)
 	me = int64(unix.Gettid())
 	sleeping(t, l)
-	require.True(t, l.WaitTurn(time.Second, func() bool { return true }))
+	borrowed, err := l.ExecWait(func() {}, time.Second, func() bool { return true })
+	require.NoError(t, err)
+	require.True(t, borrowed)
 	onLoop(t, l, func() {})
 	sleeping(t, l)
 	return l, peer, handledOn, got, me
 }
 
-// TestWaitTurnHandlesOnCallersThread: a caller waiting as the loop gets the loop's fd events
+// TestExecWaitHandlesOnCallersThread: a caller waiting as the loop gets the loop's fd events
 // on its own thread (the loop thread, waiting on its eventfd alone meanwhile, cannot take
 // them), runs due timers, and once it stops waiting the loop serves its fds again.
-func TestWaitTurnHandlesOnCallersThread(t *testing.T) {
+func TestExecWaitHandlesOnCallersThread(t *testing.T) {
 	l, peer, handledOn, got, me := outerFixture(t)
 	var timerOn atomic.Int64
 	calls := 0
@@ -348,7 +350,10 @@ func TestWaitTurnHandlesOnCallersThread(t *testing.T) {
 		return handledOn.Load() != 0 && timerOn.Load() != 0
 	}
 	iterations := l.Stats().Iterations
-	require.True(t, l.WaitTurn(2*waitBound, done), "the wait ended before the event")
+	borrowed, err := l.ExecWait(func() {}, 2*waitBound, done)
+	require.NoError(t, err)
+	require.True(t, borrowed)
+	require.True(t, done(), "the wait ended before the event")
 	require.Equal(t, iterations, l.Stats().Iterations, "the loop thread woke for an event its waiting caller took")
 	recv(t, got)
 	require.Equal(t, me, handledOn.Load(), "the event was handled off the waiting caller's thread")
@@ -356,36 +361,33 @@ func TestWaitTurnHandlesOnCallersThread(t *testing.T) {
 	require.False(t, l.InLoop())
 	// The loop waits on its set again.
 	handledOn.Store(0)
-	_, err := unix.Write(peer, []byte{2})
+	_, err = unix.Write(peer, []byte{2})
 	require.NoError(t, err)
 	recv(t, got)
 	require.NotEqual(t, me, handledOn.Load())
 }
 
-// TestWaitTurnGivesWayToSubmissions: a submission made while a caller waits as the loop ends
+// TestExecWaitGivesWayToSubmissions: a submission made while a caller waits as the loop ends
 // the wait (the eventfd is in the set), and the loop runs it; the wait's bound is far beyond
 // the test's, so a wait that did not end fails the test.
-func TestWaitTurnGivesWayToSubmissions(t *testing.T) {
+func TestExecWaitGivesWayToSubmissions(t *testing.T) {
 	l := newLoop(t)
 	sleeping(t, l)
 	ran := make(chan struct{})
 	first := true
 	result := make(chan bool, 1)
 	go func() {
-		result <- l.WaitTurn(3*waitBound, func() bool {
+		borrowed, _ := l.ExecWait(func() {}, 3*waitBound, func() bool {
 			if first {
 				first = false
 				go func() { _ = l.Submit(func() { close(ran) }) }()
 			}
 			return false
 		})
+		result <- borrowed
 	}()
 	recv(t, ran)
-	require.False(t, recv(t, result))
-	// Not free: a second caller's WaitTurn answers at once while another holds the turn.
-	waited := true
-	onLoop(t, l, func() { waited = l.WaitTurn(time.Hour, func() bool { return false }) })
-	require.False(t, waited)
+	require.True(t, recv(t, result), "the wait was not in a borrowed turn")
 }
 
 // TestExecWaitSendsAndWaitsInOneTurn: ExecWait runs f and then waits, in one borrowed turn

@@ -93,14 +93,13 @@ type Stats struct {
 	Wakeups         uint64        // returns from a blocking epoll_wait (events or timeout)
 	Interrupts      uint64        // blocking epoll_waits cut short by a signal (EINTR)
 	BusyPolls       uint64        // busy-poll rounds (0 unless WithBusyPoll)
-	SpinsSkipped    uint64        // busy-poll phases the SpinGate skipped: recent spins ran out of budget
 	FdEvents        uint64        // events handed to Add handlers
 	CQEvents        uint64        // completion-channel events got with GetEvent
 	WCs             uint64        // work completions handed to CQHandlers
 	TimerEvents     uint64        // timers fired
 	SubmitEvents    uint64        // wake-ups through the submission eventfd
 	Submissions     uint64        // submitted funcs run (Exec's included)
-	Borrowed        uint64        // turns run on a caller's thread while the loop slept (Exec, ExecWait, Poll, WaitTurn)
+	Borrowed        uint64        // turns run on a caller's thread while the loop slept (Exec, ExecWait, Poll)
 	QueueFull       uint64        // submissions refused with ErrQueueFull
 	SlowCallbacks   uint64        // callbacks over the WithSlowCallback threshold
 	LongestCallback time.Duration // longest single callback (handler, timer, func, CQ cycle)
@@ -109,7 +108,6 @@ type Stats struct {
 
 type counters struct {
 	iterations, wakeups, interrupts, busyPolls      atomic.Uint64
-	spinSkips                                       atomic.Uint64
 	fdEvents, cqEvents, wcs, timerEvents            atomic.Uint64
 	submitEvents, submissions, queueFull, slowCalls atomic.Uint64
 	borrowed                                        atomic.Uint64
@@ -129,7 +127,7 @@ type Loop struct {
 	log  zerolog.Logger
 	epfd int
 	wfd  int // wake-up eventfd
-	// outer is the set the loop blocks on while callers wait as the loop (WaitTurn): wfd and
+	// outer is the set the loop blocks on while callers wait as the loop (ExecWait): wfd and
 	// epfd. Such a caller disarms epfd there, so that the kernel does not wake the loop for
 	// its events. Otherwise the loop blocks on epfd itself (one epoll_wait per wake-up).
 	outer int // -1 once closed (under holdMu)
@@ -148,15 +146,14 @@ type Loop struct {
 	// released is when the last HoldSpin ended (ns since base): a loop whose caller spun
 	// within the budget blocks instead of spinning, leaving its turn to the caller's Exec.
 	released atomic.Int64
-	// waitTurnAt is when a WaitTurn last began (ns since base; 0: never).
+	// waitTurnAt is when an ExecWait's wait last began (ns since base; 0: never).
 	waitTurnAt atomic.Int64
-	holdMu     sync.Mutex // orders HoldSpin, ReleaseSpin and WaitTurn's arming of the outer set
+	holdMu     sync.Mutex // orders HoldSpin, ReleaseSpin and ExecWait's arming of the outer set
 	blinds     int        // callers watching the loop's set for it (blind); holdMu
 	// turn is the right to run loop work: the loop goroutine holds it except while it blocks
 	// in epoll_wait, when Exec may borrow it (TryLock only: a borrower never waits for it).
 	turn     sync.Mutex
 	borrower atomic.Int64 // the OS thread id of the goroutine running a borrowed turn; 0 when none
-	spinGate SpinGate     // whether the loop's busy-poll phases pay (loop-only use)
 	roomMu   sync.Mutex
 	room     chan struct{} // closed by the loop when it frees room and waiters > 0
 	st       counters
@@ -293,7 +290,6 @@ func (l *Loop) Stats() Stats {
 		Wakeups:         l.st.wakeups.Load(),
 		Interrupts:      l.st.interrupts.Load(),
 		BusyPolls:       l.st.busyPolls.Load(),
-		SpinsSkipped:    l.st.spinSkips.Load(),
 		FdEvents:        l.st.fdEvents.Load(),
 		CQEvents:        l.st.cqEvents.Load(),
 		WCs:             l.st.wcs.Load(),
@@ -363,19 +359,10 @@ func (l *Loop) run() {
 // wait returns how many epoll events are ready in l.events (possibly 0).
 func (l *Loop) wait() int {
 	if l.cfg.busyPoll > 0 {
-		// A caller of this loop that spins holds it (one spinner per process); the gate
-		// skips spinning while recent spins ran out of budget (SpinGate).
+		// A caller of this loop that spins holds it (one spinner per process).
 		if !l.callerPolls() {
-			if l.spinGate.Allow() {
-				n, work, held := l.spin()
-				if !held {
-					l.spinGate.Record(work)
-				}
-				if work {
-					return n
-				}
-			} else {
-				l.st.spinSkips.Add(1)
+			if n, work := l.spin(); work {
+				return n
 			}
 		}
 		l.armDeferred()
@@ -399,7 +386,7 @@ func (l *Loop) wait() int {
 	var n int
 	var err error
 	if timeout != 0 && (l.cfg.busyPoll > 0 || l.waitedLately()) {
-		// Callers may poll or wait as the loop (Poll, WaitTurn): block on the outer set,
+		// Callers may poll or wait as the loop (Poll, ExecWait): block on the outer set,
 		// where such a caller disarms the loop's own set, then take the events from the latter.
 		var k int
 		if k, err = unix.EpollWait(l.outer, l.obuf[:], timeout); err == nil && k > 0 {
@@ -464,33 +451,33 @@ func timeoutMillis(d int64) int {
 }
 
 // spin is the busy-poll phase: it returns (n, true) as soon as there is work, (0, false)
-// when the budget ran out with none; held: a caller of this loop started spinning instead.
-func (l *Loop) spin() (n int, work, held bool) {
+// when the budget ran out with none or a caller of this loop started spinning instead.
+func (l *Loop) spin() (n int, work bool) {
 	deadline := l.mono() + int64(l.cfg.busyPoll)
 	for {
 		if l.holds.Load() > 0 {
-			return 0, false, true // a caller of this loop spins instead: one spinner per process
+			return 0, false // a caller of this loop spins instead: one spinner per process
 		}
 		l.st.busyPolls.Add(1)
 		if n, err := unix.EpollWait(l.epfd, l.events, 0); err == nil && n > 0 {
-			return n, true, false
+			return n, true
 		}
 		if l.q.ready() || len(l.kicks) > 0 || l.stopped.Load() {
-			return 0, true, false
+			return 0, true
 		}
 		now := l.mono()
 		if len(l.timers) > 0 && l.timers[0].when <= now {
-			return 0, true, false
+			return 0, true
 		}
 		gen := l.watchGen
 		for i := 0; i < len(l.watches) && gen == l.watchGen; i++ {
 			l.cbStart = now
 			if l.watches[i].spinPoll() {
-				return 0, true, false
+				return 0, true
 			}
 		}
 		if now >= deadline {
-			return 0, false, false
+			return 0, false
 		}
 		// Give the CPU to any other runnable thread (the caller this loop serves, a peer
 		// process on a small machine): a spin that starves them is slower than sleeping.
@@ -523,7 +510,7 @@ func (l *Loop) ReleaseSpin() {
 }
 
 // blind counts the callers that watch the loop's set for it (a spin holder that polls, a
-// WaitTurn): the first disarms the set in the outer set the loop blocks on, the last arms it
+// ExecWait): the first disarms the set in the outer set the loop blocks on, the last arms it
 // again (what became ready meanwhile then wakes the loop). Callers hold holdMu.
 func (l *Loop) blind(d int) {
 	l.blinds += d
@@ -655,7 +642,7 @@ func (l *Loop) waitedLately() bool {
 	return at != 0 && l.mono()-at < int64(outerWindow)
 }
 
-// outerWindow is how long after a WaitTurn the loop keeps blocking on its outer set. A
+// outerWindow is how long after an ExecWait the loop keeps blocking on its outer set. A
 // caller that waits as the loop while the loop blocks on its own set is still right, but
 // both threads wake for its events until the loop's next wait.
 const outerWindow = 100 * time.Millisecond

@@ -202,28 +202,15 @@ func (l *Loop) borrowedBatch(ms int) (work, woken bool) {
 	return work, woken
 }
 
-// WaitTurn blocks the calling goroutine in the loop's epoll set, as the loop, until done
-// reports true or d passed, when the loop sleeps and its turn is free (borrowed as in Exec):
-// every fd, completion channel, timer and submission it finds is handled on this thread,
-// with the loop's doorbells flushed after each batch. Meanwhile the loop thread waits for its
-// eventfd alone, so an event wakes one thread, the caller's, instead of the loop and then the
-// caller. A submission or Stop (the eventfd) ends the wait: the loop takes over. It reports
-// done's last answer; false at once when the turn was not free. done is called in the turn.
-func (l *Loop) WaitTurn(d time.Duration, done func() bool) bool {
-	if !l.borrowTurn() {
-		return false
-	}
-	defer l.endBorrow()
-	l.blindForWait()
-	defer l.unblind()
-	return l.waitBorrowed(d, done)
-}
-
-// ExecWait is Exec and then, when f ran in a borrowed turn, WaitTurn's wait in that same
-// turn (at most d, until done): one borrow for a send and the wait for its answer, and the
-// loop's set is disarmed before f runs, so an answer that comes while f still runs wakes no
-// loop thread either. When the turn is not free, f is queued as Submit would (borrowed false,
-// no wait). done is called in the turn.
+// ExecWait is Exec and then, when f ran in a borrowed turn, a wait in that same turn, as the
+// loop, until done reports true or d passed: one borrow for a send and the wait for its
+// answer. The calling goroutine blocks in the loop's epoll set; every fd, completion
+// channel, timer and submission it finds is handled on its thread, with the loop's doorbells
+// flushed after each batch. Meanwhile the loop thread waits for its eventfd alone (the
+// loop's set is disarmed in the outer set before f runs), so an answer wakes one thread, the
+// caller's, instead of the loop and then the caller. A submission or Stop (the eventfd) ends
+// the wait: the loop takes over. When the turn is not free, f is queued as Submit would
+// (borrowed false, no wait). done is called in the turn.
 func (l *Loop) ExecWait(f func(), d time.Duration, done func() bool) (borrowed bool, err error) {
 	if f == nil {
 		return false, fmt.Errorf("reactor: exec wait: f: must not be nil: %w", ErrInvalid)
@@ -247,8 +234,8 @@ func (l *Loop) blindForWait() {
 	l.holdMu.Unlock()
 }
 
-// waitBorrowed is the wait of WaitTurn and ExecWait, in a borrowed turn with the loop's set
-// disarmed: it reports done's last answer.
+// waitBorrowed is ExecWait's wait, in a borrowed turn with the loop's set disarmed: it
+// reports done's last answer.
 func (l *Loop) waitBorrowed(d time.Duration, done func() bool) bool {
 	end := l.mono() + int64(d)
 	for !done() {
@@ -269,7 +256,7 @@ func (l *Loop) waitBorrowed(d time.Duration, done func() bool) bool {
 	return done()
 }
 
-// unblind ends WaitTurn's watch of the loop's set.
+// unblind ends ExecWait's watch of the loop's set.
 func (l *Loop) unblind() {
 	l.holdMu.Lock()
 	l.blind(-1)

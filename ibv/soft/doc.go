@@ -51,7 +51,7 @@
 // thread: no NIC thread wakes between the wire and the CQ. With several consumers of one
 // device in a process (engines with in-process delivery off), a packet for another
 // consumer's CQ costs that consumer one eventfd wake-up after the holder's. With the reactor's
-// borrowed turns (reactor.Loop.Exec, Poll, WaitTurn) that thread is whichever runs the
+// borrowed turns (reactor.Loop.Exec, Poll, ExecWait) that thread is whichever runs the
 // loop's turn: the loop's own, or a SendNotify caller's that waits as the loop, so a reply
 // wakes the caller directly, as a reply to a blocking read wakes its reader.
 //
