@@ -177,3 +177,4 @@ func TestProviderChecked(t *testing.T) {
 	require.ErrorIs(t, err, ErrConfig)
 	require.Contains(t, err.Error(), `provider: "nosuch": not built into this binary`)
 }
+

@@ -33,11 +33,12 @@ type childSpec struct {
 	Size       int      `json:"size"`
 	Window     int      `json:"window"`
 	BusyPollNS int64    `json:"busy_poll_ns"`
-	Echo       bool     `json:"echo"`       // send every delivery's sequence number back to Parent[0]
-	Parent     []string `json:"parent"`     // the parent's receiving nodes
-	SendCount  int      `json:"send_count"` // bidi: notifies to send to Parent[0] after start
-	Single     bool     `json:"single"`     // one client per node (nodeOpts.single)
-	Provider   string   `json:"provider"`   // nodeOpts.provider
+	Echo       bool     `json:"echo"`         // send every delivery's sequence number back to Parent[0]
+	Parent     []string `json:"parent"`       // the parent's receiving nodes
+	SendCount  int      `json:"send_count"`   // bidi: notifies to send to Parent[0] after start
+	Single     bool     `json:"single"`       // one client per node (nodeOpts.single)
+	Provider   string   `json:"provider"`     // nodeOpts.provider
+	NoKA       bool     `json:"no_keepalive"` // nodeOpts.noKA
 }
 
 type childRequest struct {
@@ -82,7 +83,7 @@ func runChild(raw string, in io.Reader, out io.Writer) int {
 	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
 		return fail(fmt.Errorf("bench child: spec: %w", err))
 	}
-	o := nodeOpts{busyPoll: spec.BusyPollNS, size: spec.Size, window: spec.Window, single: spec.Single, provider: spec.Provider}
+	o := nodeOpts{busyPoll: spec.BusyPollNS, size: spec.Size, window: spec.Window, single: spec.Single, provider: spec.Provider, noKA: spec.NoKA}
 	s := newSink()
 	var nodes []node
 	defer func() {

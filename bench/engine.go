@@ -14,6 +14,7 @@ type nodeOpts struct {
 	window   int    // sends in flight per sender
 	single   bool   // the run has one client per node (latency, idle, connect)
 	provider string // ibv provider of rdma_twosided and the verbs floors; "": as notify picks
+	noKA     bool   // keepalive off (WithKeepalive(0)); default: the engine's
 }
 
 // engineNode is a notify engine: transports rdma_twosided, oob and oob-classic (an oob
@@ -39,6 +40,9 @@ func newEngineNode(transport string, o nodeOpts, s *sink) (*engineNode, error) {
 	}
 	if o.provider != "" && t == notify.TransportRDMATwoSided {
 		opts = append(opts, notify.WithProvider(o.provider))
+	}
+	if o.noKA {
+		opts = append(opts, notify.WithKeepalive(0))
 	}
 	if o.busyPoll > 0 {
 		opts = append(opts, notify.WithBusyPoll(durationNS(o.busyPoll)))

@@ -27,6 +27,9 @@ func writeTable(w io.Writer, rep *Report) {
 	if s.BusyPollUS > 0 {
 		fmt.Fprintf(w, "busy poll %.0f µs; ", s.BusyPollUS)
 	}
+	if !s.Keepalive {
+		fmt.Fprintf(w, "keepalive off; ")
+	}
 	fmt.Fprintf(w, "×floor: the key figure against %s (latency: p50 ratio; throughput: floor ops/s over ops/s; burst: against %s when it ran; rdma_twosided: against %s when it ran)\n", s.Floor, FloorStream, FloorVerbs)
 	fmt.Fprintf(w, "cpu µs/n: CPU time per notify, this process + the child; wake/n: reactor epoll wake-ups per notify\n")
 	for _, sc := range Scenarios {

@@ -33,8 +33,11 @@ type Config struct {
 	BusyPoll   time.Duration // reactor busy-poll budget; floor-spin is its reference
 	// Provider is the ibv provider rdma_twosided and the verbs floors run on ("soft",
 	// "verbs"); empty: the device an engine picks (real providers before the soft one).
-	Provider   string
-	RunTimeout time.Duration // bound on one run; default 2 min
+	Provider string
+	// KeepaliveOff runs the engines without keepalive (notify.WithKeepalive(0)); by default
+	// they probe idle channels every 5 s, which an idle run with many peers counts.
+	KeepaliveOff bool
+	RunTimeout   time.Duration // bound on one run; default 2 min
 
 	JSONPath string    // write every figure and the settings here
 	PlotPath string    // write an SVG of latency CDFs and throughput vs size here
@@ -158,7 +161,8 @@ func (c *Config) specs() []runSpec {
 				continue // ibv_rc_pingpong's two figures: ping-pong and a window in flight
 			}
 			s := runSpec{Scenario: sc, Transport: t, Procs: c.Procs, Size: size, Count: c.Count,
-				Warmup: c.Warmup, Window: c.Window, Duration: c.Duration, BusyPoll: c.BusyPoll, Peers: c.Peers, Provider: c.Provider}
+				Warmup: c.Warmup, Window: c.Window, Duration: c.Duration, BusyPoll: c.BusyPoll, Peers: c.Peers, Provider: c.Provider,
+				KeepaliveOff: c.KeepaliveOff}
 			if s.Count == 0 {
 				s.Count = defaultCount
 			}
@@ -227,6 +231,7 @@ type Settings struct {
 	Warmup     int      `json:"warmup"`
 	DurationS  float64  `json:"duration_s"`
 	BusyPollUS float64  `json:"busy_poll_us"`
+	Keepalive  bool     `json:"keepalive"`
 	Floor      string   `json:"floor"` // the floor ratios are taken against
 }
 
@@ -296,7 +301,7 @@ func settingsOf(c *Config) Settings {
 		NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Provider: deviceInUse(c.Provider), Commit: commit(),
 		Started: time.Now().UTC().Format(time.RFC3339), Procs: c.Procs, Scenarios: c.Scenarios,
 		Transports: c.Transports, Count: c.Count, Sizes: c.Sizes, Peers: c.Peers, Window: c.Window,
-		Warmup: c.Warmup, DurationS: c.Duration.Seconds(), BusyPollUS: float64(c.BusyPoll) / 1e3, Floor: FloorBlock}
+		Warmup: c.Warmup, DurationS: c.Duration.Seconds(), BusyPollUS: float64(c.BusyPoll) / 1e3, Keepalive: !c.KeepaliveOff, Floor: FloorBlock}
 	if c.BusyPoll > 0 {
 		s.Floor = FloorSpin
 	}

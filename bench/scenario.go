@@ -31,6 +31,7 @@ type runSpec struct {
 	Duration            time.Duration // idle: the idle time; otherwise a cap on the measured phase
 	BusyPoll            time.Duration
 	Provider            string // ibv provider of rdma_twosided and the verbs floors; "": as notify picks
+	KeepaliveOff        bool   // engines without keepalive
 }
 
 // run is the state of one run: its nodes (local, and in the child), sinks and meters.
@@ -56,7 +57,7 @@ type run struct {
 func newRun(ctx context.Context, spec runSpec, exe string, args []string) *run {
 	return &run{
 		ctx: ctx, spec: spec, exe: exe, args: args,
-		opts: nodeOpts{busyPoll: int64(spec.BusyPoll), size: spec.Size, window: spec.Window, provider: spec.Provider,
+		opts: nodeOpts{busyPoll: int64(spec.BusyPoll), size: spec.Size, window: spec.Window, provider: spec.Provider, noKA: spec.KeepaliveOff,
 			single: spec.Scenario == ScenarioLatency || spec.Scenario == ScenarioIdle || spec.Scenario == ScenarioConnect},
 		sSink: newSink(), rSink: newSink(),
 	}
@@ -87,7 +88,7 @@ func (r *run) setup(nSenders, nReceivers int, cs childSpec) error {
 	}
 	cs.Transport, cs.Receivers = r.spec.Transport, nReceivers
 	cs.Size, cs.Window, cs.BusyPollNS, cs.Single = r.spec.Size, r.spec.Window, int64(r.spec.BusyPoll), r.opts.single
-	cs.Provider = r.spec.Provider
+	cs.Provider, cs.NoKA = r.spec.Provider, r.spec.KeepaliveOff
 	cs.Parent = addrs(r.senders)
 	ctx, cancel := context.WithTimeout(r.ctx, 30*time.Second)
 	defer cancel()

@@ -20,7 +20,7 @@ func init() {
 		Summary: "Benchmark notify transports (rdma_twosided on the soft provider, oob, oob-classic) against\n" +
 			"TCP floors (floor-block, floor-spin). With no flags: the default suite, two processes, ~30 s.",
 		Usage: "[--scenario list] [--transport list] [--procs 1|2] [-n count] [-s sizes] [--peers k]\n" +
-			"       [-D duration] [--busy-poll 50us] [--window w] [--provider soft|verbs] [--json file] [--plot file.svg]",
+			"       [-D duration] [--busy-poll 50us] [--window w] [--provider soft|verbs] [--keepalive-off] [--json file] [--plot file.svg]",
 		Run: runBench,
 	})
 }
@@ -100,6 +100,7 @@ func runBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 	fs.DurationVar(&cfg.Duration, "duration", 0, "idle time (default 1s) and a cap on every other measured phase (default 10s)")
 	fs.DurationVar(&cfg.Duration, "D", 0, "short for --duration (perftest's -D)")
 	fs.DurationVar(&cfg.BusyPoll, "busy-poll", 0, "reactor busy-poll budget, e.g. 50us (floor-spin is its reference)")
+	fs.BoolVar(&cfg.KeepaliveOff, "keepalive-off", false, "engines without keepalive (by default they probe idle channels every 5 s, which idle counts)")
 	fs.StringVar(&cfg.Provider, "provider", "", "ibv provider of rdma_twosided and the verbs floors: soft, or verbs (built with -tags rdma); default: the device an engine picks")
 	fs.DurationVar(&cfg.RunTimeout, "timeout", 0, "bound on one run (default 2m)")
 	fs.StringVar(&cfg.JSONPath, "json", "", "write every figure and the run's settings to this file")
