@@ -177,4 +177,3 @@ func TestProviderChecked(t *testing.T) {
 	require.ErrorIs(t, err, ErrConfig)
 	require.Contains(t, err.Error(), `provider: "nosuch": not built into this binary`)
 }
-
