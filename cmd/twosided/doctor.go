@@ -339,6 +339,10 @@ func inspectDevice(ctx context.Context, o doctorOptions, cfg doctorConfig, p ibv
 			if dp.GIDError != "" {
 				gidHint(h, d.Name, pa, cfg)
 			} else if c != nil {
+				if dp.GIDType == ibv.GIDTypeRoCEv1.String() {
+					h.add("%s port %d sends RoCE v1 (GID %d): it is not routed beyond the L2 segment, and a peer that sends RoCE v2 (Mooncake's MC_GID_INDEX=3 on mlx5) cannot connect; enable RoCE v2 on the NIC, or set MC_GID_INDEX to a RoCE v1 entry on every node",
+						d.Name, pa.Num, dp.GIDIndex)
+				}
 				st := loopback(ctx, o.timeout, p, d.Name, pa, cfg, h)
 				dp.Loopback = &st
 			}
@@ -822,6 +826,9 @@ func firstActive(provs []doctorProvider, allowSoft bool) *doctorDevice {
 func verdict(rep doctorReport, o doctorOptions, best *doctorDevice, port *doctorPort) (bool, string) {
 	if best != nil {
 		what := fmt.Sprintf("rdma_twosided works on %s port %d (GID %d, %s, %s)", best.Name, port.Port, port.GIDIndex, port.GIDType, port.GIDAddr)
+		if port.GIDType == ibv.GIDTypeRoCEv1.String() {
+			what += "; RoCE v1 only: peers on this L2 segment that send RoCE v1 (see the hint)"
+		}
 		if best.Provider == "soft" {
 			what += " (soft provider: RC over TCP, no RDMA NIC; accepted by --allow-soft)"
 			var nics []doctorDevice

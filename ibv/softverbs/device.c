@@ -83,6 +83,7 @@ static void sv_init(void)
 		inet_pton(AF_INET, "127.0.0.1", &a);
 	memcpy(sv_cfg.ip, &a, 4);
 	sv_cfg.ib = (v = getenv("SOFTVERBS_LINK")) && !strcasecmp(v, "ib");
+	sv_cfg.roce_v1_only = (v = getenv("SOFTVERBS_ROCE")) && !strcasecmp(v, "v1");
 	sv_cfg.lid = (v = getenv("SOFTVERBS_LID")) && atoi(v) > 0 && atoi(v) < 0xc000 ? atoi(v) : 1;
 	sv_cfg.active_mtu = IBV_MTU_1024;
 	if ((v = getenv("SOFTVERBS_MTU"))) {
@@ -222,6 +223,8 @@ int sv_gid_at(unsigned index, struct sv_gid *out)
 		out->valid = 1;
 		return 0;
 	}
+	if (sv_cfg.roce_v1_only && (index & 1))
+		return ENODATA;
 	switch (index) {
 	case 0:
 	case 1:

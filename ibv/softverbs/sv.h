@@ -37,6 +37,7 @@ struct sv_config {
 	char name[IBV_SYSFS_NAME_MAX];
 	uint8_t ip[4];        /* the port's IPv4 address */
 	int ib;               /* link layer InfiniBand instead of Ethernet */
+	int roce_v1_only;     /* Ethernet: the RoCE v2 entries (1, 3) empty, as a v1-only NIC */
 	uint16_t lid;         /* IB mode */
 	enum ibv_mtu active_mtu;
 	int64_t min_ack_ns;   /* floor of the local ACK timeout */
