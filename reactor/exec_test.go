@@ -417,3 +417,39 @@ func TestExecWaitSendsAndWaitsInOneTurn(t *testing.T) {
 	_, err = l.ExecWait(nil, 0, nil)
 	require.ErrorIs(t, err, ErrInvalid)
 }
+
+// TestExecBehindUnfinishedPush: a producer claimed a queue position and has not written its
+// func yet (Vyukov's ring: the loop cannot pop past it); another producer's Submit(f1) sits
+// behind it, and the same producer's Exec(f2) finds the loop asleep. f2 must not run in the
+// borrowed turn before f1: it is queued behind it, and all three run in queue order once the
+// first producer finishes. Before, Exec ran f2 at once (out of its producer's order; seen
+// under load by TestExecOrderPerProducer).
+func TestExecBehindUnfinishedPush(t *testing.T) {
+	l := newLoop(t)
+	sleeping(t, l)
+	// Producer A claims a position and stalls before writing it.
+	pos := l.q.head.Load()
+	require.True(t, l.q.head.CompareAndSwap(pos, pos+1))
+	var mu sync.Mutex
+	var order []string
+	note := func(s string) func() {
+		return func() { mu.Lock(); order = append(order, s); mu.Unlock() }
+	}
+	require.NoError(t, l.Submit(note("f1"))) // wakes the loop, which cannot pop past A's slot
+	sleeping(t, l)
+	require.NoError(t, l.Exec(note("f2")))
+	mu.Lock()
+	require.Empty(t, order, "f2 ran before the funcs queued ahead of it")
+	mu.Unlock()
+	// A finishes its push and wakes the loop, as push and trySubmit do.
+	c := &l.q.cells[pos%l.q.size]
+	c.f = note("a")
+	c.seq.Store(2*pos + 1)
+	if l.state.CompareAndSwap(asleep, awake) {
+		l.wake()
+	}
+	onLoop(t, l, func() {})
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"a", "f1", "f2"}, order)
+}

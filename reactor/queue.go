@@ -70,3 +70,10 @@ func (r *ring) pop() (func(), bool) {
 func (r *ring) ready() bool {
 	return r.cells[r.tail%r.size].seq.Load() == 2*r.tail+1
 }
+
+// pending reports whether any position was claimed and not yet consumed, whether or not its
+// producer has finished writing it (ready reports only the latter, for the next position).
+// Loop only (the turn's holder).
+func (r *ring) pending() bool {
+	return r.head.Load() != r.tail
+}

@@ -93,8 +93,7 @@ func (l *Loop) Exec(f func()) error {
 	if f == nil {
 		return fmt.Errorf("reactor: exec: f: must not be nil: %w", ErrInvalid)
 	}
-	if l.borrowTurn() {
-		l.execBorrowed(f)
+	if l.borrowTurn() && l.execBorrowed(f) {
 		return nil
 	}
 	return l.trySubmit(f)
@@ -119,22 +118,31 @@ func (l *Loop) borrowTurn() bool {
 	return true
 }
 
-// execBorrowed is Exec's turn on the caller's thread.
-func (l *Loop) execBorrowed(f func()) {
+// execBorrowed is Exec's turn on the caller's thread; false: f did not run (runBorrowed),
+// the caller queues it.
+func (l *Loop) execBorrowed(f func()) bool {
 	defer l.endBorrow() // also when f panics and the caller recovers: the loop must go on
-	l.runBorrowed(f)
+	return l.runBorrowed(f)
 }
 
 // runBorrowed runs f in a borrowed turn with what was queued before it and what it
-// submits, then ends the turn's batch (CQ cycles, doorbells).
-func (l *Loop) runBorrowed(f func()) {
+// submits, then ends the turn's batch (CQ cycles, doorbells). It runs f only once every
+// func queued before it ran: a position claimed by another producer that is still writing
+// its func stops the queue there (ring.pop), and this caller's own earlier submissions may
+// sit behind it; f must then be queued behind them (false), or a producer's funcs would run
+// out of its order.
+func (l *Loop) runBorrowed(f func()) bool {
 	l.runQueue() // what was queued before f
+	if l.q.pending() {
+		return false
+	}
 	l.st.submissions.Add(1)
 	f()
 	l.endCallback("exec", 0)
 	l.runQueue() // what f submitted (to the queue: the turn is taken)
 	l.runKicks()
 	l.flushCQs()
+	return true
 }
 
 // endBorrow gives the turn back and wakes the loop if the turn left it work.
@@ -218,11 +226,18 @@ func (l *Loop) ExecWait(f func(), d time.Duration, done func() bool) (borrowed b
 	if !l.borrowTurn() {
 		return false, l.trySubmit(f)
 	}
-	defer l.endBorrow()
-	l.blindForWait()
-	defer l.unblind()
-	l.runBorrowed(f)
-	l.waitBorrowed(d, done)
+	ran := false
+	func() {
+		defer l.endBorrow()
+		l.blindForWait()
+		defer l.unblind()
+		if ran = l.runBorrowed(f); ran {
+			l.waitBorrowed(d, done)
+		}
+	}()
+	if !ran {
+		return false, l.trySubmit(f) // behind what was queued before it (runBorrowed)
+	}
 	return true, nil
 }
 
