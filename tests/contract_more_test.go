@@ -323,6 +323,8 @@ func TestContractRetrySameIDOnTheWay(t *testing.T) {
 				}
 			}
 			checkOnce(t, "blocked handler", base, tries, rest, true, "fence")
+			require.Eventually(t, func() bool { return fills.unresolved() == 0 }, 30*time.Second, time.Millisecond,
+				"fills without a result") // a result comes after its delivery
 			fills.check(t, "fills", fromA[10:])
 		})
 	}
@@ -354,6 +356,10 @@ func TestContractRetrySameIDOnTheWay(t *testing.T) {
 				}
 			}
 			checkOnce(t, "full queue", base, tries, rest, true, "fence")
+			// A fill's result comes after the receiver delivered it (its reply is written
+			// then): the last ones may still be on their way back.
+			require.Eventually(t, func() bool { return fills.unresolved() == 0 }, 30*time.Second, time.Millisecond,
+				"fills without a result")
 			acked, _ := fills.check(t, "fills", got)
 			require.Equal(t, 256, acked)
 			ps := peerStats(t, b, a.Addr())
@@ -421,6 +427,13 @@ func (l *moreLedger) submit(msg string) {
 	l.mu.Lock()
 	l.order = append(l.order, msg)
 	l.mu.Unlock()
+}
+
+// unresolved is how many submitted sends have no result yet.
+func (l *moreLedger) unresolved() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.order) - len(l.res)
 }
 
 func (l *moreLedger) done(msg string, err error) {
