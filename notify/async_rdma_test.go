@@ -14,28 +14,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// envAsyncChild names softverbs' control file in the child process of
-// TestAsyncPortErrVerbs (softverbs reads SOFTVERBS_CTL once, when the library is first used,
-// so the test runs itself again with the variable set).
-const envAsyncChild = "TWOSIDED_TEST_ASYNC_CTL"
-
 // Through libibverbs: softverbs' port going down raises IBV_EVENT_PORT_ERR on every
 // context; the engine's channels fail at once (keepalive off: nothing else would notice),
 // notifies go over OOB, and after IBV_EVENT_PORT_ACTIVE a channel is made again.
 func TestAsyncPortErrVerbs(t *testing.T) {
-	ctl := os.Getenv(envAsyncChild)
-	if ctl == "" {
-		opts := verbsOpts(t)
-		if !strings.Contains(strings.Join(optNames(opts), ","), "softverbs") {
-			t.Skip("needs softverbs (its control file takes the port down)")
-		}
-		ctl = filepath.Join(t.TempDir(), "ctl")
-		require.NoError(t, os.WriteFile(ctl, []byte("port=up\n"), 0o600))
-		cmd := exec.Command(os.Args[0], "-test.run=^TestAsyncPortErrVerbs$", "-test.count=1", "-test.v")
-		cmd.Env = append(os.Environ(), "SOFTVERBS_CTL="+ctl, envAsyncChild+"="+ctl)
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "%s", out)
-		require.Contains(t, string(out), "--- PASS: TestAsyncPortErrVerbs")
+	ctl, _, child := softverbsChild(t, "TestAsyncPortErrVerbs", "port=up\n", "its control file takes the port down")
+	if !child {
 		return
 	}
 	opts := append(verbsOpts(t), WithOOBFallback(true), WithKeepalive(0))
@@ -75,28 +59,13 @@ func optNames(opts []Option) []string {
 	return c.filters
 }
 
-// envFatalChild names softverbs' control file in TestAsyncDeviceFatalVerbs' child.
-const envFatalChild = "TWOSIDED_TEST_FATAL_CTL"
-
 // Through libibverbs: softverbs' device turning fatal raises IBV_EVENT_DEVICE_FATAL and
 // refuses to open while it lasts; the engine fails its channels, serves notifies over OOB,
 // keeps trying to open the device (the tries fail while it is fatal), and once the device
 // is back opens it again and makes channels on it.
 func TestAsyncDeviceFatalVerbs(t *testing.T) {
-	ctl := os.Getenv(envFatalChild)
-	if ctl == "" {
-		opts := verbsOpts(t)
-		if !strings.Contains(strings.Join(optNames(opts), ","), "softverbs") {
-			t.Skip("needs softverbs (its control file makes the device fatal)")
-		}
-		ctl = filepath.Join(t.TempDir(), "ctl")
-		require.NoError(t, os.WriteFile(ctl, []byte("fatal=0\n"), 0o600))
-		cmd := exec.Command(os.Args[0], "-test.run=^TestAsyncDeviceFatalVerbs$", "-test.count=1", "-test.v")
-		cmd.Env = append(os.Environ(), "SOFTVERBS_CTL="+ctl, envFatalChild+"="+ctl)
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "%s", out)
-		require.Contains(t, string(out), "--- PASS: TestAsyncDeviceFatalVerbs")
-		t.Logf("child:\n%s", out)
+	ctl, _, child := softverbsChild(t, "TestAsyncDeviceFatalVerbs", "fatal=0\n", "its control file makes the device fatal")
+	if !child {
 		return
 	}
 	opts := append(verbsOpts(t), WithOOBFallback(true), WithKeepalive(0))
@@ -129,4 +98,28 @@ func TestAsyncDeviceFatalVerbs(t *testing.T) {
 		return send.Stats().ChannelsUp == 1
 	}, bounded, 100*time.Millisecond, "a channel is made again on the reopened device")
 	t.Logf("device events: %+v", send.DeviceEvents())
+}
+
+// softverbsChild runs test name again in a child process with softverbs' control file set
+// (softverbs reads SOFTVERBS_CTL once, when the library is first used), the file holding
+// initial. In the parent it runs the child, requires its PASS and returns its output with
+// child false; in the child it returns the control file's path with child true. It skips
+// without softverbs; why says what the control file is for.
+func softverbsChild(t *testing.T, name, initial, why string) (ctl string, out []byte, child bool) {
+	t.Helper()
+	const env = "TWOSIDED_TEST_SOFTVERBS_CTL"
+	if ctl := os.Getenv(env); ctl != "" {
+		return ctl, nil, true
+	}
+	if !strings.Contains(strings.Join(optNames(verbsOpts(t)), ","), "softverbs") {
+		t.Skip("needs softverbs (" + why + ")")
+	}
+	ctl = filepath.Join(t.TempDir(), "ctl")
+	require.NoError(t, os.WriteFile(ctl, []byte(initial), 0o600))
+	cmd := exec.Command(os.Args[0], "-test.run=^"+name+"$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "SOFTVERBS_CTL="+ctl, env+"="+ctl)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "--- PASS: "+name)
+	return "", out, false
 }

@@ -6,8 +6,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,10 +13,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 )
-
-// envSlowRTRChild names softverbs' control file in the child process of TestSlowRTRVerbs
-// (softverbs reads SOFTVERBS_CTL once, when the library is first used).
-const envSlowRTRChild = "TWOSIDED_TEST_SLOW_RTR_CTL"
 
 // Through libibverbs on softverbs, whose rtr_delay_ms fault makes every modify to RTR
 // take 500 ms (a RoCE NIC's kernel resolving the peer's MAC): engines a, b and c, with
@@ -28,19 +22,8 @@ const envSlowRTRChild = "TWOSIDED_TEST_SLOW_RTR_CTL"
 // from the workers' hook, not from the clock). Before, the RTR ran on the reactor: no
 // notify of that engine's other peers completed while it lasted.
 func TestSlowRTRVerbs(t *testing.T) {
-	ctl := os.Getenv(envSlowRTRChild)
-	if ctl == "" {
-		opts := verbsOpts(t)
-		if !strings.Contains(strings.Join(optNames(opts), ","), "softverbs") {
-			t.Skip("needs softverbs (its control file delays RTR)")
-		}
-		ctl = filepath.Join(t.TempDir(), "ctl")
-		require.NoError(t, os.WriteFile(ctl, []byte("rtr_delay_ms=0\n"), 0o600))
-		cmd := exec.Command(os.Args[0], "-test.run=^TestSlowRTRVerbs$", "-test.count=1", "-test.v")
-		cmd.Env = append(os.Environ(), "SOFTVERBS_CTL="+ctl, envSlowRTRChild+"="+ctl)
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "%s", out)
-		require.Contains(t, string(out), "--- PASS: TestSlowRTRVerbs")
+	ctl, out, child := softverbsChild(t, "TestSlowRTRVerbs", "rtr_delay_ms=0\n", "its control file delays RTR")
+	if !child {
 		for _, l := range strings.Split(string(out), "\n") {
 			if strings.Contains(l, "during") {
 				t.Log(strings.TrimSpace(l))

@@ -239,24 +239,11 @@ func (c *conn) send(b []byte) {
 		if c.writeBatch(); c.state == stateClosed {
 			return
 		}
-		for c.out.IsEmpty() && len(b) > 0 {
-			c.n.writeCalls++
-			k, err := unix.Write(c.fd, b)
-			if err == unix.EINTR {
-				continue
-			}
-			if err == unix.EAGAIN {
-				break
-			}
-			if err != nil {
-				c.ioFailed("write", err)
+		if c.out.IsEmpty() {
+			var ok bool
+			if b, ok = c.writeNow(b); !ok || len(b) == 0 {
 				return
 			}
-			b = b[k:]
-			c.lastWrite = c.n.now()
-		}
-		if len(b) == 0 {
-			return
 		}
 	}
 	if c.out.Buffered()+len(b) > c.n.cfg.MaxConnBuffer {
@@ -294,6 +281,18 @@ func (c *conn) writeBatch() {
 	if c.state == stateClosed || len(b) == 0 {
 		return
 	}
+	b, ok := c.writeNow(b)
+	if !ok || len(b) == 0 {
+		return
+	}
+	_, _ = c.out.Write(b)
+	c.setWriting(true)
+}
+
+// writeNow writes b until the socket takes no more (EAGAIN) and returns what is left; false
+// when the write failed (the connection is closed: ioFailed).
+func (c *conn) writeNow(b []byte) ([]byte, bool) {
+	wrote := false
 	for len(b) > 0 {
 		c.n.writeCalls++
 		k, err := unix.Write(c.fd, b)
@@ -305,16 +304,14 @@ func (c *conn) writeBatch() {
 		}
 		if err != nil {
 			c.ioFailed("write", err)
-			return
+			return nil, false
 		}
-		b = b[k:]
+		b, wrote = b[k:], true
 	}
-	c.lastWrite = c.n.now()
-	if len(b) == 0 {
-		return
+	if wrote {
+		c.lastWrite = c.n.now()
 	}
-	_, _ = c.out.Write(b)
-	c.setWriting(true)
+	return b, true
 }
 
 // markDirty notes that c has a batch to write this turn; the first one of a turn queues
