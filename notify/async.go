@@ -249,7 +249,7 @@ func (e *Engine) tryReopen() {
 	go func() {
 		defer st.reopen.wg.Done()
 		r := openAgain(provider, name, port, gidIndex)
-		if err := e.loop.Submit(func() { e.finishReopen(r) }); err != nil {
+		if !e.handToLoop(func() { e.finishReopen(r) }) {
 			r.release() // the loop has stopped: the engine is closing
 		}
 	}()
