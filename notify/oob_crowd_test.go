@@ -33,6 +33,7 @@ func TestSendNotifyCrowd(t *testing.T) {
 	require.NoError(t, err)
 	defer send.Close(ctx)
 	require.NoError(t, send.SendNotify(ctx, recv.Addr(), Notify{Name: "warm"}))
+	sent0 := send.Stats().OOB.PersistentSent
 
 	const callers, cancelled = 4 * crowdCallers, crowdCallers
 	ctxs := make([]context.Context, callers)
@@ -50,8 +51,10 @@ func TestSendNotifyCrowd(t *testing.T) {
 			errs[i] = send.SendNotify(ctxs[i], recv.Addr(), Notify{Name: "hold", Msg: []byte{byte(i)}})
 		}()
 	}
-	// Every caller is inside SendNotify (bounded wait: a hang detector, not a timing).
-	for deadline := time.Now().Add(30 * time.Second); send.inSend.Load() < callers; {
+	// Every caller's notify is on the wire, not only its caller inside SendNotify (a notify
+	// not yet sent would be withdrawn, not maybe delivered). Bounded wait: a hang detector,
+	// not a timing.
+	for deadline := time.Now().Add(30 * time.Second); send.inSend.Load() < callers || send.Stats().OOB.PersistentSent-sent0 < callers; {
 		require.True(t, time.Now().Before(deadline), "callers did not all start")
 		time.Sleep(time.Millisecond)
 	}
