@@ -92,7 +92,7 @@ func checkHost(h string) error {
 		return fmt.Errorf("%d bytes, the maximum is %d", len(h), maxHostLen)
 	}
 	for _, r := range h {
-		if unicode.IsSpace(r) || unicode.IsControl(r) || r == '/' || r == '@' {
+		if unicode.IsSpace(r) || unicode.IsControl(r) || r == '/' || r == '@' || r == '[' || r == ']' {
 			return fmt.Errorf("%q: contains %q", h, r)
 		}
 	}

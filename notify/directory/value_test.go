@@ -48,6 +48,8 @@ func TestDecode(t *testing.T) {
 		{`{"ip_or_host_name":"h","rpc_port":-1}`, "rpc_port", "out of range"},
 		{`{"ip_or_host_name":"h","rpc_port":"12001"}`, "rpc_port", "not a number"},
 		{`{"ip_or_host_name":"h"}`, "rpc_port", "missing"},
+		{`{"ip_or_host_name":"[","rpc_port":1}`, "ip_or_host_name", `contains '['`},
+		{`{"ip_or_host_name":"h]","rpc_port":1}`, "ip_or_host_name", `contains ']'`},
 		{`{"ip_or_host_name":"h","rpc_port":null}`, "rpc_port", "missing"},
 		{`{"ip_or_host_name":"","rpc_port":1}`, "ip_or_host_name", "empty"},
 		{`{"rpc_port":1}`, "ip_or_host_name", "missing"},
