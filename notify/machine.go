@@ -63,9 +63,10 @@ type peerMachine struct {
 	reqs  map[reqID]*reqEntry
 
 	nextChan    chanID
-	inflight    int // sends posted on channels and not completed, all peers
-	channels    int // channels up or being created
-	unconfirmed int // inbound channels their peer has not used yet
+	nextPair    uint64 // peerEntry.pair of the next entry
+	inflight    int    // sends posted on channels and not completed, all peers
+	channels    int    // channels up or being created
+	unconfirmed int    // inbound channels their peer has not used yet
 	// Peer entries made by a peer's handshake and not yet confirmed (see peerEntry.confirmed),
 	// in all and per source address: capped, and evicted first when the table is full.
 	unconfirmedPeers int
@@ -170,6 +171,7 @@ type nameEntry struct {
 
 type peerEntry struct {
 	key      peerKey
+	pair     uint64   // this entry among the session's: an entry that replaced it (restartPair) has another
 	names    []string // aliases; names[0] is the name the peer advertised, if any
 	adv      string   // the name the peer gave in its last handshake: Notify.Peer when names is empty (a rebind took them)
 	mode     peerMode
@@ -291,6 +293,7 @@ type mAction struct {
 	proof    uint64
 	first    uint64
 	count    uint64
+	pair     uint64 // aFence: the peerEntry.pair whose seqs it gives up
 	legacy   bool
 	err      error
 	n        Notify

@@ -780,6 +780,39 @@ func TestMachineIdlePairNotLockedOut(t *testing.T) {
 	require.Equal(t, 3, checkDelivery(t, a, b, order))
 }
 
+// TestMachineOldPairFenceDropped: a fence over OOB gives up seqs of one pair; its answer
+// comes after the peer had forgotten the pair and both sides started a new one at seq 1
+// (restartPair). The answer is dropped: refenced on the new pair (its token now the new
+// one) it skipped the new pair's notifies of the same numbers, acknowledged yet never
+// delivered (found by FuzzMachineHostileInput).
+func TestMachineOldPairFenceDropped(t *testing.T) {
+	now := time.Unix(1000, 0)
+	cfg := simCfg()
+	cfg.channels = false
+	m, kinds := directMachine(cfg)
+	m.send(now, 1, "b", "", now.Add(time.Hour), 0)
+	require.Len(t, kinds(aConnect), 1)
+	m.connected(now, "b", 0, hsResult{session: 20, token: 7, peerName: "b"})
+	require.Len(t, kinds(aOOB), 1)
+	m.sendResult(now, 1, errors.New("timed out"), false, true) // given up: fenced
+	f := kinds(aFence)
+	require.Len(t, f, 1)
+	old := m.peers[peerKey{session: 20}]
+	require.Equal(t, old.pair, f[0].pair)
+
+	// The peer forgot the pair; a new handshake restarts it.
+	m.restartPair(now, old)
+	p := m.peers[peerKey{session: 20}]
+	require.NotSame(t, old, p)
+	p.tokenOut = 8
+	m.fenceResult(now, 20, f[0].first, f[0].count, 7, f[0].pair,
+		&kindError{kind: ErrAuth, cause: errors.New("ts_token: not issued by this engine")})
+	require.Empty(t, kinds(aFence), "the old pair's fence is not sent on the new pair")
+	require.Zero(t, p.seqs.unresolved())
+	m.tick(now.Add(time.Minute))
+	require.Empty(t, kinds(aFence))
+}
+
 // TestMachineRefusedFenceBacksOff: a fence the peer refuses over OOB (busy, unreachable)
 // is sent again after a wait that doubles from fenceRetry up to limitBackoff, one try per
 // wait: never at once, which made a refusing peer and its sender trade fences as fast as
@@ -813,7 +846,7 @@ func TestMachineRefusedFenceBacksOff(t *testing.T) {
 			}
 			var waits []time.Duration
 			for now.Sub(start) < time.Minute {
-				m.fenceResult(now, 20, 1, 1, 7, busy)
+				m.fenceResult(now, 20, 1, 1, 7, p.pair, busy)
 				require.Empty(t, kinds(aFence), "a refused fence is not sent again at once")
 				m.tick(now.Add(p.fenceWait - time.Millisecond))
 				require.Empty(t, kinds(aFence), "nor before its wait")
@@ -829,10 +862,10 @@ func TestMachineRefusedFenceBacksOff(t *testing.T) {
 			require.Equal(t, uint64(1), p.seqs.unresolved())
 			switch end {
 			case "forgotten":
-				m.fenceResult(now, 20, 1, 1, 7, &kindError{kind: ErrAuth, cause: errors.Join(errRebind, errors.New("unknown token"))})
+				m.fenceResult(now, 20, 1, 1, 7, p.pair, &kindError{kind: ErrAuth, cause: errors.Join(errRebind, errors.New("unknown token"))})
 			case "silent":
 				now = p.lastActive.Add(cfg.gapTimeout)
-				m.fenceResult(now, 20, 1, 1, 7, busy)
+				m.fenceResult(now, 20, 1, 1, 7, p.pair, busy)
 			}
 			require.Zero(t, p.seqs.unresolved(), "nobody waits for the seq: resolved")
 			require.Equal(t, uint64(1), m.stats.FencesDropped)

@@ -11,7 +11,8 @@ import (
 )
 
 func (m *peerMachine) newPeer(now time.Time, key peerKey) *peerEntry {
-	p := &peerEntry{key: key, seqs: newSeqSpace(m.cfg.window), win: newRecvWindow(m.cfg.window, m.cfg.idCap), lastActive: now, born: now}
+	m.nextPair++
+	p := &peerEntry{key: key, pair: m.nextPair, seqs: newSeqSpace(m.cfg.window), win: newRecvWindow(m.cfg.window, m.cfg.idCap), lastActive: now, born: now}
 	if !m.cfg.channels {
 		p.mode = modeOOB
 	}

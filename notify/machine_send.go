@@ -457,7 +457,7 @@ func (m *peerMachine) fence(p *peerEntry) {
 	for _, r := range p.seqs.takeFences() {
 		m.stats.FencesSent++
 		a := mAction{kind: aFence, name: m.peerName(p), session: p.key.session, token: p.tokenOut,
-			first: r.first, count: r.count}
+			first: r.first, count: r.count, pair: p.pair}
 		if ce != nil {
 			a.ch = ce.id
 			ce.fences = append(ce.fences, fenceRec{r: r, after: ce.postNo})
@@ -481,10 +481,13 @@ func (m *peerMachine) confirmFences(p *peerEntry, ce *chanEntry, postNo uint64) 
 	ce.fences = ce.fences[:k]
 }
 
-// fenceResult is the peer's answer to a fence sent over OOB.
-func (m *peerMachine) fenceResult(now time.Time, session, first, count, token uint64, err error) {
+// fenceResult is the peer's answer to a fence sent over OOB for the seqs of entry pair.
+func (m *peerMachine) fenceResult(now time.Time, session, first, count, token, pair uint64, err error) {
 	p := m.peers[peerKey{session: session}]
-	if p == nil {
+	if p == nil || p.pair != pair {
+		// The entry was replaced since (restartPair: the peer had forgotten the pair and
+		// both sides started its seqs over): the fence gave up seqs of the old pair, and
+		// refenced on the new one it would skip the new pair's notifies of those numbers.
 		return
 	}
 	if err == nil {

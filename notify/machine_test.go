@@ -194,7 +194,7 @@ func (e *simEngine) do(a mAction) {
 			code, err := to.m.oobArrive(n.now, oobArrival{session: e.m.local, token: a.token, to: a.session, skipFrom: a.first, skipN: a.count})
 			to.perform()
 			err = simOOBErr(code, err)
-			n.post(func() { e.m.fenceResult(n.now, a.session, a.first, a.count, a.token, err); e.perform() })
+			n.post(func() { e.m.fenceResult(n.now, a.session, a.first, a.count, a.token, a.pair, err); e.perform() })
 		})
 	case aOOB:
 		to := n.engines[n.alias[a.name]]

@@ -325,7 +325,7 @@ func (e *Engine) do(a *mAction) {
 		req := oob.NotifyRequest{From: e.name, Session: e.session, Token: a.token, To: a.session,
 			SkipFrom: a.first, SkipCount: a.count}
 		e.sendOOB(a.name, req, e.loop.Now().Add(defaultSendTimeout),
-			oobTarget{fence: true, session: a.session, first: a.first, count: a.count, token: a.token})
+			oobTarget{fence: true, session: a.session, first: a.first, count: a.count, token: a.token, pair: a.pair})
 	case aDeliver:
 		e.deliver(a.n)
 	case aTimer:
@@ -365,12 +365,13 @@ type oobTarget struct {
 	req                          reqID
 	fence                        bool
 	session, first, count, token uint64
+	pair                         uint64 // a fence's peer entry (mAction.pair)
 }
 
 // report hands an OOB send's result to the machine. Loop-only.
 func (e *Engine) report(t oobTarget, err error, maybe, local bool) {
 	if t.fence {
-		e.m.fenceResult(e.loop.Now(), t.session, t.first, t.count, t.token, err)
+		e.m.fenceResult(e.loop.Now(), t.session, t.first, t.count, t.token, t.pair, err)
 		return
 	}
 	e.m.sendResult(e.loop.Now(), t.req, err, maybe, local)
