@@ -22,17 +22,7 @@ func TestAsyncPortErrVerbs(t *testing.T) {
 	if !child {
 		return
 	}
-	opts := append(verbsOpts(t), WithOOBFallback(true), WithKeepalive(0))
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	recv, err := New(opts...)
-	require.NoError(t, err)
-	defer func() { _ = recv.Close(ctx) }()
-	send, err := New(opts...)
-	require.NoError(t, err)
-	defer func() { _ = send.Close(ctx) }()
-	sendRecv(t, ctx, send, recv, "up")
-	require.Equal(t, 1, send.Stats().ChannelsUp)
+	send, recv, ctx := verbsPairUp(t)
 
 	require.NoError(t, os.WriteFile(ctl, []byte("port=down\n"), 0o600))
 	require.Eventually(t, func() bool {
@@ -68,17 +58,7 @@ func TestAsyncDeviceFatalVerbs(t *testing.T) {
 	if !child {
 		return
 	}
-	opts := append(verbsOpts(t), WithOOBFallback(true), WithKeepalive(0))
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	recv, err := New(opts...)
-	require.NoError(t, err)
-	defer func() { _ = recv.Close(ctx) }()
-	send, err := New(opts...)
-	require.NoError(t, err)
-	defer func() { _ = send.Close(ctx) }()
-	sendRecv(t, ctx, send, recv, "up")
-	require.Equal(t, 1, send.Stats().ChannelsUp)
+	send, recv, ctx := verbsPairUp(t)
 
 	require.NoError(t, os.WriteFile(ctl, []byte("fatal=1\n"), 0o600))
 	require.Eventually(t, func() bool {
@@ -122,4 +102,23 @@ func softverbsChild(t *testing.T, name, initial, why string) (ctl string, out []
 	require.NoError(t, err, "%s", out)
 	require.Contains(t, string(out), "--- PASS: "+name)
 	return "", out, false
+}
+
+// verbsPairUp is two engines on the verbs device, OOB fallback on, keepalive off (so that
+// nothing but an async event notices the port), with their channel up.
+func verbsPairUp(t *testing.T) (send, recv *Engine, ctx context.Context) {
+	t.Helper()
+	opts := append(verbsOpts(t), WithOOBFallback(true), WithKeepalive(0))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	var err error
+	recv, err = New(opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = recv.Close(ctx) })
+	send, err = New(opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = send.Close(ctx) })
+	sendRecv(t, ctx, send, recv, "up")
+	require.Equal(t, 1, send.Stats().ChannelsUp)
+	return send, recv, ctx
 }

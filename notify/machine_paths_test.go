@@ -789,11 +789,7 @@ func TestMachineOldPairFenceDropped(t *testing.T) {
 	now := time.Unix(1000, 0)
 	cfg := simCfg()
 	cfg.channels = false
-	m, kinds := directMachine(cfg)
-	m.send(now, 1, "b", "", now.Add(time.Hour), 0)
-	require.Len(t, kinds(aConnect), 1)
-	m.connected(now, "b", 0, hsResult{session: 20, token: 7, peerName: "b"})
-	require.Len(t, kinds(aOOB), 1)
+	m, kinds, _ := oobSendMachine(t, cfg, now)
 	m.sendResult(now, 1, errors.New("timed out"), false, true) // given up: fenced
 	f := kinds(aFence)
 	require.Len(t, f, 1)
@@ -826,11 +822,7 @@ func TestMachineRefusedFenceBacksOff(t *testing.T) {
 			cfg := simCfg()
 			cfg.channels = false
 			cfg.gapTimeout = 2 * time.Minute
-			m, kinds := directMachine(cfg)
-			m.send(now, 1, "b", "", now.Add(time.Hour), 0)
-			require.Len(t, kinds(aConnect), 1)
-			m.connected(now, "b", 0, hsResult{session: 20, token: 7, peerName: "b"})
-			require.Len(t, kinds(aOOB), 1)
+			m, kinds, _ := oobSendMachine(t, cfg, now)
 			m.sendResult(now, 1, errors.New("timed out"), false, true) // given up: fenced
 			f := kinds(aFence)
 			require.Len(t, f, 1)
@@ -886,13 +878,8 @@ func TestMachineStaleRefusalKeepsPair(t *testing.T) {
 	now := time.Unix(1000, 0)
 	cfg := simCfg()
 	cfg.channels = false
-	m, kinds := directMachine(cfg)
-	m.send(now, 1, "b", "", now.Add(time.Hour), 0)
-	require.Len(t, kinds(aConnect), 1)
-	m.connected(now, "b", 0, hsResult{session: 20, token: 7, peerName: "b"})
-	sent := kinds(aOOB)
-	require.Len(t, sent, 1)
-	require.Equal(t, uint64(7), sent[0].token)
+	m, kinds, sent := oobSendMachine(t, cfg, now)
+	require.Equal(t, uint64(7), sent.token)
 	p := m.peers[peerKey{session: 20}]
 	// The peer handshakes with us meanwhile (it forgot the pair): a new token.
 	rep := m.inbound(now, inboundHS{name: "b", session: 20, token: 9, proof: p.tokenIn[0]})
@@ -912,7 +899,7 @@ func TestMachineStaleRefusalKeepsPair(t *testing.T) {
 	}
 	require.Len(t, again, 1)
 	require.Equal(t, uint64(9), again[0].token, "sent again with the current token")
-	require.Equal(t, sent[0].seq, again[0].seq, "with its seq")
+	require.Equal(t, sent.seq, again[0].seq, "with its seq")
 	require.Equal(t, uint64(9), p.tokenOut)
 	m.sendResult(now, 1, nil, false, false)
 	for _, a := range m.ready() {
@@ -923,8 +910,7 @@ func TestMachineStaleRefusalKeepsPair(t *testing.T) {
 
 	// A refusal of the current token does rebind: a new handshake.
 	m.send(now, 2, "b", "", now.Add(time.Hour), 0)
-	sent = kinds(aOOB)
-	require.Len(t, sent, 1)
+	require.Len(t, kinds(aOOB), 1)
 	m.sendResult(now, 2, &kindError{kind: ErrAuth, cause: errors.Join(errRebind, errors.New("ts_token unknown"))}, false, false)
 	require.Len(t, kinds(aConnect), 1)
 	require.Zero(t, p.tokenOut)
@@ -983,6 +969,19 @@ func TestMachineOneSidedForget(t *testing.T) {
 
 // directMachine is a machine of session 10 driven by hand: kinds returns the actions of
 // one kind among those ready (the others are dropped).
+// oobSendMachine is a directMachine (cfg without channels) whose send 1 to "b" went over
+// OOB once b (session 20) answered the handshake with token 7; it returns that aOOB.
+func oobSendMachine(t *testing.T, cfg machineConfig, now time.Time) (*peerMachine, func(mActKind) []mAction, mAction) {
+	t.Helper()
+	m, kinds := directMachine(cfg)
+	m.send(now, 1, "b", "", now.Add(time.Hour), 0)
+	require.Len(t, kinds(aConnect), 1)
+	m.connected(now, "b", 0, hsResult{session: 20, token: 7, peerName: "b"})
+	sent := kinds(aOOB)
+	require.Len(t, sent, 1)
+	return m, kinds, sent[0]
+}
+
 func directMachine(cfg machineConfig) (*peerMachine, func(mActKind) []mAction) {
 	tok := uint64(100)
 	m := newPeerMachine(10, cfg, func() uint64 { tok++; return tok })
