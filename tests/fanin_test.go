@@ -245,16 +245,22 @@ func TestFaninCloseDeliversHeld(t *testing.T) {
 	}
 }
 
-// TestFaninRecvQueueBound: 32 senders in two processes and a slow consumer of a queue of 4.
-// The queue never holds more than its bound plus one channel's receive ring (what a
+// TestFaninRecvQueueBound: 32 senders in two processes and a slow consumer of a queue of 4,
+// on each transport and mixed (an rdma_twosided receiver, 16 senders on channels and 16 over
+// OOB). The queue never holds more than its bound plus one channel's receive ring (what a
 // channel's NIC acknowledged before the pause reached it), and nothing acknowledged is lost.
 func TestFaninRecvQueueBound(t *testing.T) {
 	const capacity, recvCount = 4, 64
-	for _, tr := range transports {
-		t.Run(tr, func(t *testing.T) {
-			rcv := newEngine(t, tr, notify.WithRecvQueue(capacity), notify.WithRecvCount(recvCount))
-			a := startFanin(t, tr, rcv.Addr(), "a", 16)
-			b := startFanin(t, tr, rcv.Addr(), "b", 16)
+	cases := []struct{ name, rcv, a, b string }{
+		{notify.TransportOOB, notify.TransportOOB, notify.TransportOOB, notify.TransportOOB},
+		{notify.TransportRDMATwoSided, notify.TransportRDMATwoSided, notify.TransportRDMATwoSided, notify.TransportRDMATwoSided},
+		{"mixed", notify.TransportRDMATwoSided, notify.TransportRDMATwoSided, notify.TransportOOB},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rcv := newEngine(t, c.rcv, notify.WithRecvQueue(capacity), notify.WithRecvCount(recvCount))
+			a := startFanin(t, c.a, rcv.Addr(), "a", 16)
+			b := startFanin(t, c.b, rcv.Addr(), "b", 16)
 			var got []string
 			maxQ := 0
 			ctx := ctxFor(t, 120*time.Second)
@@ -274,8 +280,13 @@ func TestFaninRecvQueueBound(t *testing.T) {
 				got = append(got, m)
 			}
 			acked := faninCheck(t, got, a, b)
-			t.Logf("%s: %d acknowledged, %d delivered, queue at most %d (bound %d)", tr, acked, len(got), maxQ, capacity)
+			st := rcv.Stats()
+			t.Logf("%s: %d acknowledged (a %d, b %d), %d delivered, queue at most %d (bound %d), OOB answered busy %d",
+				c.name, acked, ackCount(a), ackCount(b), len(got), maxQ, capacity, st.OOBBusy)
 			require.LessOrEqual(t, maxQ, capacity+recvCount, "the receive queue's bound")
+			if c.name == "mixed" {
+				require.Positive(t, ackCount(b), "the OOB senders had notifies acknowledged")
+			}
 		})
 	}
 }
