@@ -422,8 +422,8 @@ func WithOOBIdleTimeout(d time.Duration) Option { return func(c *config) { c.oob
 // a notify is next sent to it.
 func WithKeepalive(d time.Duration) Option { return func(c *config) { c.keepalive = d } }
 
-// WithCreditsDisabled switches credit flow control off. Test only: it exists so a test can
-// show that without credits a burst does hit RNR.
+// WithCreditsDisabled switches credit flow control off (default: on). Test only: it exists
+// so a test can show that without credits a burst does hit RNR.
 func WithCreditsDisabled() Option { return func(c *config) { c.noCredits = true } }
 
 func envLookup(name string) (string, bool) { return os.LookupEnv(name) }

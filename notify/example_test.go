@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"os"
 	"time"
 
 	"github.com/twosided/twosided/notify"
-	"github.com/twosided/twosided/notify/directory/etcdtest"
 )
 
 // closeEngine closes e within its own bound, as every program should: Close drains what
@@ -217,59 +215,4 @@ func ExampleNotify_retry() {
 	// Output:
 	// kv_ready req-42
 	// kv_done req-42
-}
-
-// Engines registered under server names in etcd, in Mooncake's keys
-// (mooncake/<cluster id>/rpc_meta/<name>), reach each other by name. The etcd here is an
-// embedded one-member server for the example; give WithMetadata your own, e.g.
-// "etcd://10.0.0.1:2379,10.0.0.2:2379".
-func ExampleWithServerName() {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-
-	dir, err := os.MkdirTemp("", "etcd-example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	etcd, err := etcdtest.New(dir)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer etcd.Close()
-
-	decode, err := notify.New(
-		notify.WithListenAddr("127.0.0.1:0"),
-		notify.WithMetadata(etcd.Conn()),
-		notify.WithMetadataClusterID("example"),
-		notify.WithServerName("decode-0"), // registered under a lease, removed by Close
-	)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer closeEngine(decode)
-	prefill, err := notify.New(
-		notify.WithListenAddr("127.0.0.1:0"),
-		notify.WithMetadata(etcd.Conn()),
-		notify.WithMetadataClusterID("example"),
-	)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer closeEngine(prefill)
-
-	err = prefill.SendNotify(ctx, "decode-0", notify.Notify{Name: "kv_ready", Msg: []byte("req-9")})
-	switch {
-	case errors.Is(err, notify.ErrPeerUnknown):
-		log.Fatal("no such server name: ", err)
-	case errors.Is(err, notify.ErrDirectoryUnavailable):
-		log.Fatal("etcd did not answer in time: ", err)
-	case err != nil:
-		log.Fatal(err)
-	}
-	n, err := decode.Recv(ctx)
-	if err != nil {
-		log.Fatal(err)
-	}
-	fmt.Println(n.Name, string(n.Msg))
-	// Output: kv_ready req-9
 }

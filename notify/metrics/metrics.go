@@ -5,6 +5,8 @@
 //
 // Every series has a bounded label set: failure reasons and drop reasons are fixed lists,
 // and per-peer series exist only with WithPeerLabels, for at most its cap of peers.
+//
+// Status: API (stable), as notify's.
 package metrics
 
 import (
@@ -19,13 +21,14 @@ import (
 // Option configures a Collector.
 type Option func(*Collector)
 
-// WithPeerLabels adds per-peer series (label "peer") for at most max peers. A peer keeps its
+// WithPeerLabels adds per-peer series (label "peer") for at most max peers (default: none,
+// engine-wide series only). A peer keeps its
 // series while the engine knows it, so its counters never jump between peers; peers beyond
 // the cap are counted in twosided_peers_unlabeled and only in the engine-wide series.
 func WithPeerLabels(max int) Option { return func(c *Collector) { c.peerCap = max } }
 
 // WithConstLabels adds labels to every series, e.g. {"engine": "prefill-0"} when one
-// process registers several engines.
+// process registers several engines (default: none).
 func WithConstLabels(l prometheus.Labels) Option { return func(c *Collector) { c.constLabels = l } }
 
 // Collector is a prometheus.Collector for one engine. Safe for concurrent scrapes.
