@@ -61,30 +61,34 @@ func TestConfigDefaults(t *testing.T) {
 }
 
 // Every variable out of range is an error naming the variable, never a silent default.
+// Where want is set, the whole message: what the variable accepts as a user types it, and
+// a value that is not a number never said to be "out of range".
 func TestConfigEnvOutOfRange(t *testing.T) {
-	cases := []struct{ name, value string }{
-		{"MC_USE_RDMA_TWOSIDED", "maybe"},
-		{"MC_RDMA_NOTIFY_ENABLED", "2"},
-		{"MC_RDMA_NOTIFY_OOB_FALLBACK", "x"},
-		{"MC_RDMA_NOTIFY_RECV_COUNT", "0"},
-		{"MC_RDMA_NOTIFY_RECV_COUNT", "4097"},
-		{"MC_RDMA_NOTIFY_RECV_COUNT", "abc"},
-		{"MC_RDMA_NOTIFY_BUFFER_SIZE", "255"},
-		{"MC_RDMA_NOTIFY_BUFFER_SIZE", "65537"},
-		{"MC_RDMA_NOTIFY_MAX_PENDING_SENDS", "0"},
-		{"MC_RDMA_NOTIFY_MAX_PENDING_SENDS", "4097"},
-		{"MC_RDMA_NOTIFY_CONNECT_TIMEOUT_MS", "99"},
-		{"MC_RDMA_NOTIFY_CONNECT_TIMEOUT_MS", "600001"},
-		{"MC_MTU", "300"},
-		{"MC_MTU", "9000"},
-		{"MC_IB_PORT", "0"},
-		{"MC_GID_INDEX", "-2"},
-		{"MC_GID_INDEX", "256"},
-		{"MC_HANDSHAKE_PORT", "70000"},
-		{"MC_HANDSHAKE_CONNECT_TIMEOUT", "0"},
-		{"MC_HANDSHAKE_CONNECT_TIMEOUT", "3600"},
-		{"MC_HANDSHAKE_MAX_LENGTH", "0"},
-		{"MC_HANDSHAKE_MAX_LENGTH", "134217729"},
+	cases := []struct{ name, value, want string }{
+		{"MC_USE_RDMA_TWOSIDED", "maybe", ""},
+		{"MC_RDMA_NOTIFY_ENABLED", "2", ""},
+		{"MC_RDMA_NOTIFY_OOB_FALLBACK", "x", ""},
+		{"MC_RDMA_NOTIFY_RECV_COUNT", "0", "MC_RDMA_NOTIFY_RECV_COUNT: 0 is out of range (want 1–4096)"},
+		{"MC_RDMA_NOTIFY_RECV_COUNT", "4097", ""},
+		{"MC_RDMA_NOTIFY_RECV_COUNT", "abc", `MC_RDMA_NOTIFY_RECV_COUNT: "abc" is not an integer (want 1–4096)`},
+		{"MC_RDMA_NOTIFY_BUFFER_SIZE", "255", "MC_RDMA_NOTIFY_BUFFER_SIZE: 255 is out of range (want 256–65536 bytes)"},
+		{"MC_RDMA_NOTIFY_BUFFER_SIZE", "65537", ""},
+		{"MC_RDMA_NOTIFY_MAX_PENDING_SENDS", "0", ""},
+		{"MC_RDMA_NOTIFY_MAX_PENDING_SENDS", "4097", ""},
+		{"MC_RDMA_NOTIFY_CONNECT_TIMEOUT_MS", "99", "MC_RDMA_NOTIFY_CONNECT_TIMEOUT_MS: 99 is out of range (want 100–600000 ms)"},
+		{"MC_RDMA_NOTIFY_CONNECT_TIMEOUT_MS", "600001", ""},
+		{"MC_MTU", "300", "MC_MTU: 300 is not one of 256, 512, 1024, 2048, 4096, or port"},
+		{"MC_MTU", "9000", "MC_MTU: 9000 is not one of 256, 512, 1024, 2048, 4096, or port"},
+		{"MC_MTU", "abc", `MC_MTU: "abc" is not an integer (want 256, 512, 1024, 2048, 4096, or port)`},
+		{"MC_IB_PORT", "0", ""},
+		{"MC_GID_INDEX", "abc", `MC_GID_INDEX: "abc" is not an integer (want 0–255 or auto)`},
+		{"MC_GID_INDEX", "-2", "MC_GID_INDEX: -2 is out of range (want 0–255 or auto)"},
+		{"MC_GID_INDEX", "256", "MC_GID_INDEX: 256 is out of range (want 0–255 or auto)"},
+		{"MC_HANDSHAKE_PORT", "70000", ""},
+		{"MC_HANDSHAKE_CONNECT_TIMEOUT", "0", "MC_HANDSHAKE_CONNECT_TIMEOUT: 0 is out of range (want 1–3599 s)"},
+		{"MC_HANDSHAKE_CONNECT_TIMEOUT", "3600", ""},
+		{"MC_HANDSHAKE_MAX_LENGTH", "0", ""},
+		{"MC_HANDSHAKE_MAX_LENGTH", "134217729", ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
@@ -94,6 +98,12 @@ func TestConfigEnvOutOfRange(t *testing.T) {
 			require.Error(t, err)
 			require.True(t, errors.Is(err, ErrConfig))
 			require.Contains(t, err.Error(), tc.name)
+			if tc.want != "" {
+				require.EqualError(t, err, ErrConfig.Error()+": "+tc.want)
+			}
+			if _, perr := strconv.Atoi(tc.value); perr != nil {
+				require.NotContains(t, err.Error(), "out of range", "a value that is not a number")
+			}
 		})
 	}
 }
@@ -197,7 +207,7 @@ func TestConfigEnvRangeIsOptionRange(t *testing.T) {
 				require.ErrorIs(t, envErr, ErrConfig)
 				require.ErrorIs(t, optErr, ErrConfig)
 				require.Contains(t, envErr.Error(), l.Env)
-				require.Contains(t, envErr.Error(), l.Range())
+				require.Contains(t, envErr.Error(), l.EnvRange(), "the variable's values, as typed")
 				require.Contains(t, optErr.Error(), l.Range())
 			}
 		}

@@ -7,6 +7,10 @@
 //		conformance.Run(t, conformance.Fixture{Provider: p, DevA: "soft0", DevB: "soft1"})
 //	}
 //
+// Status: an internal layer of twosided, kept importable for the providers' tests
+// (ibv/soft, ibv/verbs). Its API may change without notice; applications use package
+// notify. docs/design.md describes how the layers fit together.
+//
 // It owns only test logic over the ibv API; it must not import a provider. Tests that need
 // fault injection or device counters skip when Fixture.Faults is nil.
 //

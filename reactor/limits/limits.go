@@ -3,6 +3,11 @@
 // the environment parser and every layer's Config validation (notify, ctrlchannel, oob)
 // check a value with the same entry, so a value accepted in one place is accepted in all.
 //
+// Status: an internal layer of twosided, kept importable for the benchmark and the tools
+// (cmd/twosided, bench, tests). Its API may change without notice; applications use
+// package notify, whose options and FromEnv check values with this table.
+// docs/design.md describes how the layers fit together.
+//
 // It is a leaf: it imports nothing of the project, so any layer may import it. It sits
 // under reactor, the bottom layer, so that oob and ctrlchannel import it downwards.
 package limits
@@ -15,9 +20,23 @@ import (
 	"time"
 )
 
-// ErrRange is wrapped by every error of this package; callers wrap it again with their
-// own configuration sentinel.
+// ErrRange is wrapped by every error of this package for a value out of range; callers
+// wrap it again with their own configuration sentinel.
 var ErrRange = errors.New("out of range")
+
+// ErrSyntax is wrapped by ParseEnv's error for a value that is not an integer (nor one of
+// the special words); callers wrap it again with their own configuration sentinel.
+var ErrSyntax = errors.New("not an integer")
+
+// envError is ParseEnv's error: its own message, wrapping ErrRange or ErrSyntax without
+// repeating the sentinel's text.
+type envError struct {
+	msg string
+	err error
+}
+
+func (e *envError) Error() string { return e.msg }
+func (e *envError) Unwrap() error { return e.err }
 
 // Unit says how a limit's values are written.
 type Unit uint8
@@ -188,7 +207,9 @@ func (l *Limit) format(v int64) string {
 
 // ParseEnv parses the value s of l.Env: an integer (in EnvUnit for a duration) or a
 // special word. The result is in l's unit and allowed exactly when the same value given
-// as an option is; an error names the variable and the range.
+// as an option is. An error names the variable and the values it accepts, as a user
+// types them (EnvRange); it wraps ErrSyntax for a value that is not an integer, ErrRange
+// for one out of range.
 func (l *Limit) ParseEnv(s string) (int64, error) {
 	s = strings.TrimSpace(s)
 	for _, sp := range l.Special {
@@ -198,23 +219,75 @@ func (l *Limit) ParseEnv(s string) (int64, error) {
 	}
 	v, err := strconv.ParseInt(s, 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("%s: %q is not an integer%s: %w", l.Env, s, l.envUnitName(), ErrRange)
+		if errors.Is(err, strconv.ErrRange) { // an integer, past int64
+			return 0, l.envRangeError(s)
+		}
+		return 0, &envError{fmt.Sprintf("%s: %q is not an integer (want %s)", l.Env, s, l.EnvRange()), ErrSyntax}
 	}
 	if l.Unit == Duration && l.EnvUnit > 0 {
 		if v > int64(1<<63-1)/int64(l.EnvUnit) || v < -int64(1<<63-1)/int64(l.EnvUnit) {
-			return 0, fmt.Errorf("%s: %d%s %w %s", l.Env, v, l.envUnitName(), ErrRange, l.Range())
+			return 0, l.envRangeError(s)
 		}
 		v *= int64(l.EnvUnit)
 	}
 	if !l.Allowed(v) {
-		return 0, fmt.Errorf("%s: %s %w %s", l.Env, l.format(v), ErrRange, l.Range())
+		return 0, l.envRangeError(s)
 	}
 	return v, nil
 }
 
-func (l *Limit) envUnitName() string {
-	if l.Unit != Duration || l.EnvUnit <= 0 {
-		return ""
+// envRangeError: the integer s of l.Env is not allowed.
+func (l *Limit) envRangeError(s string) error {
+	if len(l.OneOf) > 0 {
+		return &envError{fmt.Sprintf("%s: %s is not one of %s", l.Env, s, l.EnvRange()), ErrRange}
 	}
-	return " (" + strings.TrimPrefix(l.EnvUnit.String(), "1") + ")"
+	return &envError{fmt.Sprintf("%s: %s is out of range (want %s)", l.Env, s, l.EnvRange()), ErrRange}
+}
+
+// EnvRange describes the values l.Env accepts as a user types them: integers in the
+// variable's unit and the special words, e.g. "0–255 or auto", "100–600000 ms",
+// "256, 512, 1024, 2048, 4096, or port". A special value without a word is given as its
+// integer.
+func (l *Limit) EnvRange() string {
+	step := int64(1)
+	if l.Unit == Duration && l.EnvUnit > 0 {
+		step = int64(l.EnvUnit)
+	}
+	var items []string
+	if len(l.OneOf) > 0 {
+		for _, o := range l.OneOf {
+			items = append(items, strconv.FormatInt(o/step, 10))
+		}
+	} else {
+		// The integers whose value in l's unit is within Min..Max.
+		lo, hi := l.Min/step, l.Max/step
+		if lo*step < l.Min {
+			lo++
+		}
+		if hi*step > l.Max {
+			hi--
+		}
+		r := strconv.FormatInt(lo, 10) + "–" + strconv.FormatInt(hi, 10)
+		switch {
+		case l.Unit == Bytes:
+			r += " bytes"
+		case l.Unit == Duration && l.EnvUnit > 0:
+			r += " " + strings.TrimPrefix(l.EnvUnit.String(), "1")
+		}
+		items = append(items, r)
+	}
+	for _, sp := range l.Special {
+		if sp.Word != "" {
+			items = append(items, sp.Word)
+		} else {
+			items = append(items, strconv.FormatInt(sp.Value/step, 10))
+		}
+	}
+	switch len(items) {
+	case 1:
+		return items[0]
+	case 2:
+		return items[0] + " or " + items[1]
+	}
+	return strings.Join(items[:len(items)-1], ", ") + ", or " + items[len(items)-1]
 }

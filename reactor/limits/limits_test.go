@@ -69,7 +69,8 @@ func TestEnvRangeIsOptionRange(t *testing.T) {
 			} else {
 				require.ErrorIs(t, err, ErrRange, "%s=%s accepted, the option refuses %d", l.Env, s, tc.n*step)
 				require.Contains(t, err.Error(), l.Env)
-				require.Contains(t, err.Error(), l.Range())
+				require.Contains(t, err.Error(), l.EnvRange())
+				require.NotContains(t, err.Error(), l.Range(), "the option's notation, not the variable's")
 				require.Error(t, l.Check(l.Name, tc.n*step))
 			}
 		}
@@ -81,8 +82,9 @@ func TestEnvRangeIsOptionRange(t *testing.T) {
 			}
 		}
 		_, err := l.ParseEnv("x1")
-		require.ErrorIs(t, err, ErrRange)
-		require.Contains(t, err.Error(), l.Env)
+		require.ErrorIs(t, err, ErrSyntax)
+		require.NotErrorIs(t, err, ErrRange, "a parse failure is not a range error")
+		require.EqualError(t, err, l.Env+`: "x1" is not an integer (want `+l.EnvRange()+`)`)
 	}
 }
 
@@ -98,7 +100,7 @@ func TestCheckNamesFieldAndRange(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(2500*time.Millisecond), v)
 	_, err = ConnectTimeout.ParseEnv("99")
-	require.EqualError(t, err, "MC_RDMA_NOTIFY_CONNECT_TIMEOUT_MS: 99ms out of range 100ms..10m0s")
+	require.EqualError(t, err, "MC_RDMA_NOTIFY_CONNECT_TIMEOUT_MS: 99 is out of range (want 100–600000 ms)")
 	_, err = ConnectTimeout.ParseEnv("99999999999999999")
 	require.ErrorIs(t, err, ErrRange, "no overflow into range")
 	_, err = MTU.ParseEnv("256")
@@ -106,4 +108,41 @@ func TestCheckNamesFieldAndRange(t *testing.T) {
 	v, err = GIDIndex.ParseEnv("AUTO")
 	require.NoError(t, err)
 	require.Equal(t, int64(-1), v)
+}
+
+// ParseEnv's messages name the variable and what it accepts as a user types it: bare
+// integers in the variable's unit and the special words, never the option's notation
+// ("0 B = port"); a parse failure does not say "out of range".
+func TestParseEnvMessages(t *testing.T) {
+	for _, tc := range []struct {
+		l     *Limit
+		value string
+		want  string
+		is    error
+	}{
+		{&GIDIndex, "abc", `MC_GID_INDEX: "abc" is not an integer (want 0–255 or auto)`, ErrSyntax},
+		{&GIDIndex, "1.5", `MC_GID_INDEX: "1.5" is not an integer (want 0–255 or auto)`, ErrSyntax},
+		{&GIDIndex, "256", `MC_GID_INDEX: 256 is out of range (want 0–255 or auto)`, ErrRange},
+		{&GIDIndex, "-2", `MC_GID_INDEX: -2 is out of range (want 0–255 or auto)`, ErrRange},
+		{&GIDIndex, "99999999999999999999", `MC_GID_INDEX: 99999999999999999999 is out of range (want 0–255 or auto)`, ErrRange},
+		{&MTU, "300", `MC_MTU: 300 is not one of 256, 512, 1024, 2048, 4096, or port`, ErrRange},
+		{&MTU, "mtu", `MC_MTU: "mtu" is not an integer (want 256, 512, 1024, 2048, 4096, or port)`, ErrSyntax},
+		{&BufferSize, "255", `MC_RDMA_NOTIFY_BUFFER_SIZE: 255 is out of range (want 256–65536 bytes)`, ErrRange},
+		{&ConnectTimeout, "600001", `MC_RDMA_NOTIFY_CONNECT_TIMEOUT_MS: 600001 is out of range (want 100–600000 ms)`, ErrRange},
+		{&HandshakeConnectTimeout, "0", `MC_HANDSHAKE_CONNECT_TIMEOUT: 0 is out of range (want 1–3599 s)`, ErrRange},
+		{&HandshakeConnectTimeout, "99999999999", `MC_HANDSHAKE_CONNECT_TIMEOUT: 99999999999 is out of range (want 1–3599 s)`, ErrRange},
+		{&HandshakePort, "70000", `MC_HANDSHAKE_PORT: 70000 is out of range (want 1–65535 or 0)`, ErrRange},
+		{&TrafficClass, "x", `MC_IB_TC: "x" is not an integer (want 0–255 or default)`, ErrSyntax},
+	} {
+		t.Run(tc.l.Env+"="+tc.value, func(t *testing.T) {
+			_, err := tc.l.ParseEnv(tc.value)
+			require.EqualError(t, err, tc.want)
+			require.ErrorIs(t, err, tc.is)
+		})
+	}
+	// Every word and integer the message names is accepted.
+	for _, v := range []string{"256", "4096", "port", "PORT", "0"} {
+		_, err := MTU.ParseEnv(v)
+		require.NoError(t, err, "MC_MTU=%s", v)
+	}
 }
