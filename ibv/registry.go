@@ -1,9 +1,9 @@
 package ibv
 
 import (
-	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 )
 
@@ -57,7 +57,7 @@ func GetDeviceList() ([]DeviceInfo, error) {
 	for _, p := range Providers() {
 		devs, err := p.GetDeviceList()
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", p.Name(), err))
+			errs = append(errs, ProviderError(p.Name(), err))
 			continue
 		}
 		all = append(all, devs...)
@@ -66,10 +66,54 @@ func GetDeviceList() ([]DeviceInfo, error) {
 		if len(errs) == 0 {
 			return nil, fmt.Errorf("ibv: no provider registered: %w", ErrNoDevice)
 		}
-		return nil, errors.Join(errs...)
+		return nil, JoinErrors(errs...)
 	}
 	return all, nil
 }
+
+// ProviderError is err as the error of the provider called name: prefixed with "name: ",
+// unless its message already starts with the name (a provider's own sentinels do, e.g.
+// "soft: bad configuration").
+func ProviderError(name string, err error) error {
+	if msg := err.Error(); strings.HasPrefix(msg, name+":") || strings.HasPrefix(msg, name+" ") {
+		return err
+	}
+	return fmt.Errorf("%s: %w", name, err)
+}
+
+// JoinErrors is errors.Join with "; " between the messages instead of a newline, so that
+// the error stays one line in a log; errors.Is and errors.As see every error. Nil errors
+// are dropped; it returns nil when none is left.
+func JoinErrors(errs ...error) error {
+	var j joinedError
+	for _, err := range errs {
+		if err != nil {
+			j = append(j, err)
+		}
+	}
+	switch len(j) {
+	case 0:
+		return nil
+	case 1:
+		return j[0]
+	}
+	return j
+}
+
+type joinedError []error
+
+func (j joinedError) Error() string {
+	var b strings.Builder
+	for i, err := range j {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(err.Error())
+	}
+	return b.String()
+}
+
+func (j joinedError) Unwrap() []error { return j }
 
 // OpenDevice opens the device called name on provider (or on the first provider that has a
 // device of that name when provider is empty).

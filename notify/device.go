@@ -5,12 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/twosided/twosided/ctrlchannel"
 	"github.com/twosided/twosided/ibv"
-	_ "github.com/twosided/twosided/ibv/soft" // the software RC provider, always present
+	"github.com/twosided/twosided/ibv/soft" // the software RC provider, always present
 )
 
 var softNotice sync.Once
@@ -32,7 +33,7 @@ func (e *Engine) openDevice() error {
 		}
 		d, err := p.GetDeviceList()
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", p.Name(), err))
+			errs = append(errs, ibv.ProviderError(p.Name(), err))
 			continue
 		}
 		devs = append(devs, d...)
@@ -99,13 +100,46 @@ func (e *Engine) openDevice() error {
 	}
 	if e.cfg.gidIndex >= 0 && len(gidErrs) > 0 {
 		// The index asked for does not fit the devices that were otherwise usable.
-		return fmt.Errorf("%w: gid_index (MC_GID_INDEX) %d: %w", ErrConfig, e.cfg.gidIndex, errors.Join(gidErrs...))
+		return fmt.Errorf("%w: gid_index (MC_GID_INDEX) %d: %w", ErrConfig, e.cfg.gidIndex, ibv.JoinErrors(gidErrs...))
+	}
+	if err := providerConfigError(errs); err != nil {
+		return err
 	}
 	if len(e.cfg.filters) > 0 {
 		errs = append(errs, fmt.Errorf("MC_TE_FILTERS %v matched no device with an active port", e.cfg.filters))
 	}
-	return fmt.Errorf("notify: rdma_twosided: %w", errors.Join(append([]error{ibv.ErrNoDevice}, errs...)...))
+	return fmt.Errorf("notify: rdma_twosided: %w", ibv.JoinErrors(append([]error{ibv.ErrNoDevice}, errs...)...))
 }
+
+// providerConfigError: when a provider's configuration (its environment variables) is
+// why no device opened, the engine's error is a configuration error: it wraps ErrConfig,
+// ibv.ErrNoDevice and each provider's error, and names the variable once, e.g.
+// "notify: bad configuration: rdma_twosided: soft provider: TWOSIDED_SOFT_DEVICES = 0:
+// must be 1..64". nil when no error of errs is a configuration error.
+func providerConfigError(errs []error) error {
+	var msgs []string
+	wrapped := []error{ErrConfig, ibv.ErrNoDevice}
+	for _, err := range errs {
+		if errors.Is(err, soft.ErrConfig) {
+			msgs = append(msgs, "soft provider: "+strings.TrimPrefix(err.Error(), soft.ErrConfig.Error()+": "))
+			wrapped = append(wrapped, err)
+		}
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	return &wrapError{msg: ErrConfig.Error() + ": rdma_twosided: " + strings.Join(msgs, "; "), errs: wrapped}
+}
+
+// wrapError is an error with its own message that wraps errs: for causes whose messages
+// would repeat what the message says already.
+type wrapError struct {
+	msg  string
+	errs []error
+}
+
+func (w *wrapError) Error() string   { return w.msg }
+func (w *wrapError) Unwrap() []error { return w.errs }
 
 // closeDevice deallocates the PD and closes the device, once the channels being made on it
 // (connect workers) are adopted or released: it waits for them up to connectDrainWait, and

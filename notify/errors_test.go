@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/twosided/twosided/ibv"
+	"github.com/twosided/twosided/ibv/soft"
 	"github.com/twosided/twosided/oob"
 )
 
@@ -344,4 +346,50 @@ func TestRecvCanceled(t *testing.T) {
 	require.ErrorIs(t, err, ErrTimeout)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.True(t, strings.HasPrefix(err.Error(), "notify: timeout: recv"), err.Error())
+}
+
+// A provider's bad configuration is why no device opens: New fails with ErrConfig, once
+// prefixed, on one line, naming the variable. The soft provider reads its variables at
+// every GetDeviceList (no cache), so t.Setenv reaches it.
+func TestErrorProviderConfig(t *testing.T) {
+	cases := []struct{ value, want string }{
+		{"0", "notify: bad configuration: rdma_twosided: soft provider: TWOSIDED_SOFT_DEVICES = 0: must be 1..64"},
+		{"x", `notify: bad configuration: rdma_twosided: soft provider: TWOSIDED_SOFT_DEVICES = "x": not an integer`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.value, func(t *testing.T) {
+			t.Setenv(soft.EnvDevices, tc.value)
+			e, err := New(WithListenAddr("127.0.0.1:0"), WithTransport(TransportRDMATwoSided), WithProvider("soft"))
+			if e != nil {
+				closeEngine(t, e)
+			}
+			require.EqualError(t, err, tc.want)
+			require.ErrorIs(t, err, ErrConfig)
+			require.ErrorIs(t, err, soft.ErrConfig)
+			require.ErrorIs(t, err, ibv.ErrNoDevice)
+			requireSentinel(t, err)
+		})
+	}
+	// Other reasons stay one line, each provider's error prefixed with its name once.
+	t.Run("filters", func(t *testing.T) {
+		e, err := New(WithListenAddr("127.0.0.1:0"), WithTransport(TransportRDMATwoSided), WithProvider("soft"),
+			WithDeviceFilters("nope"))
+		if e != nil {
+			closeEngine(t, e)
+		}
+		require.EqualError(t, err, "notify: rdma_twosided: no RDMA device; MC_TE_FILTERS [nope] matched no device with an active port")
+		require.ErrorIs(t, err, ibv.ErrNoDevice)
+	})
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("%w: TWOSIDED_SOFT_DEVICES = 0", soft.ErrConfig), "soft: bad configuration: TWOSIDED_SOFT_DEVICES = 0"},
+		{fmt.Errorf("%w: ibv_get_device_list: no device found", ibv.ErrNoDevice), "soft: no RDMA device: ibv_get_device_list: no device found"},
+		{errors.New("softer: x"), "soft: softer: x"},
+	} {
+		err := ibv.ProviderError("soft", tc.err)
+		require.EqualError(t, err, tc.want)
+		require.ErrorIs(t, err, tc.err)
+	}
 }
