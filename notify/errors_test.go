@@ -174,9 +174,10 @@ func TestErrorPeerNotOOB(t *testing.T) {
 	}
 }
 
-// A notify of exactly max_notify_size passes on both transports, text or binary (base64
-// over OOB): the OOB frame limit absorbs the JSON framing. One byte more is ErrTooLarge
-// naming the limit, before anything is sent.
+// A notify of exactly max_notify_size passes on both transports, whatever its bytes: text,
+// binary, or bytes JSON escapes (zeros take 6 bytes each, quotes and newlines 2): over OOB
+// these go as base64, and the OOB frame limit absorbs base64 and the JSON framing. One byte
+// more is ErrTooLarge naming the limit, before anything is sent.
 func TestErrorMaxNotifySizeBothTransports(t *testing.T) {
 	for _, tr := range transports {
 		for _, size := range []int{1 << 20, 64 << 10} {
@@ -185,7 +186,7 @@ func TestErrorMaxNotifySizeBothTransports(t *testing.T) {
 				recv, send := errEngine(t, tr, opts...), errEngine(t, tr, opts...)
 				ctx := errCtx(t)
 				const name = "kv"
-				for _, fill := range []byte{'a', 0xff} { // text; binary (not UTF-8)
+				for _, fill := range []byte{'a', 0xff, 0x00, '"', '\n'} { // text; binary (not UTF-8); escaped text
 					msg := bytes.Repeat([]byte{fill}, size-len(name))
 					require.NoError(t, send.SendNotify(ctx, recv.Addr(), Notify{Name: name, Msg: msg}), "fill %#x", fill)
 					n, err := recv.Recv(ctx)

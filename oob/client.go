@@ -61,7 +61,7 @@ func (n *Node) checkFrame(c *call, ps *peerState, frame []byte) error {
 		}
 		if c.typ == TypeNotify {
 			return fmt.Errorf("%w: %s %s: encoded frame is %d bytes (name+msg %d before encoding), the peer's OOB frame limit for a notify is %d "+
-				"(name+msg of up to %d bytes fit when the encoding adds at most a third: binary as base64, text with few quotes, backslashes or control characters)",
+				"(name+msg of up to %d bytes fit: text that JSON escaping would lengthen by more than a third goes as base64, as binary does)",
 				ErrTooLarge, c.typ, ps.addr, l, len(c.nreq.Name)+len(c.nreq.Msg), limit, ps.frameLimit())
 		}
 		return fmt.Errorf("%w: %s %s: encoded frame is %d bytes, the peer's frame limit is %d",

@@ -1,6 +1,8 @@
 package oob
 
 import (
+	"bytes"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -200,6 +202,65 @@ func TestNotifyEncodeRoundTrip(t *testing.T) {
 			}
 		}
 	}
+}
+
+// Towards a twosided peer a msg goes as base64 when escaping would make it longer: a
+// notify of the notify size limit (1 MiB by default, the default frame limit) fits the
+// peer's Notify frame limit whatever its bytes, and the decoder reads it back. A Mooncake
+// peer still gets the escaped text (it has no base64), as large as that is.
+func TestNotifyEncodingSize(t *testing.T) {
+	const n = DefaultMaxFrame
+	mixed := bytes.Repeat([]byte("abc\"\n"), n/5)
+	for _, tc := range []struct {
+		name string
+		msg  []byte
+		b64  bool
+	}{
+		{"text", bytes.Repeat([]byte{'a'}, n), false},
+		{"binary", bytes.Repeat([]byte{0xff}, n), true},
+		{"zeros", make([]byte, n), true},
+		{"quotes", bytes.Repeat([]byte{'"'}, n), true},
+		{"newlines", bytes.Repeat([]byte{'\n'}, n), true},
+		{"backslashes", bytes.Repeat([]byte{'\\'}, n), true},
+		{"a quarter quotes", bytes.Repeat([]byte(`abc"`), n/4), false}, // 5/4 < 4/3: text
+		{"two fifths escaped", mixed, true},                            // 7/5 > 4/3
+		{"one zero", append(bytes.Repeat([]byte{'a'}, 100), 0), false},
+		{"empty", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.b64, msgAsBase64(tc.msg))
+			req := NotifyRequest{Name: "kv", Msg: tc.msg, From: "10.0.0.1:12001", Seq: 1}
+			fr := appendNotifyRequest(nil, &req, reqMeta{id: 1, hasID: true}, true)
+			body := fr[HeaderSize:]
+			require.Equal(t, tc.b64, bytes.Contains(body, []byte(`"ts_msg_b64":`)))
+			limit := base64.StdEncoding.EncodedLen(len(tc.msg)) + b64Overhead + 128 // name, ids, keys
+			require.LessOrEqual(t, len(body), limit, "the encoding is at most base64's")
+			if len(tc.msg) == n {
+				require.LessOrEqual(t, len(body), NotifyFrameLimit(DefaultMaxFrame))
+			}
+			typ, b, _, err := ParseFrame(fr, DefaultMaxFrame)
+			require.NoError(t, err)
+			require.Equal(t, TypeNotify, typ)
+			var d notifyDecoder
+			got, _, err := d.decode(b)
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(tc.msg, got.Msg), "the msg changed on its way")
+
+			// A Mooncake peer: escaped text, never base64.
+			fr = appendNotifyRequest(nil, &req, reqMeta{}, false)
+			require.NotContains(t, string(fr[HeaderSize:]), "ts_msg_b64")
+		})
+	}
+	// The worst case of escaped text chosen: every escape that keeps it within base64.
+	msg := bytes.Repeat([]byte{'a'}, 3000)
+	for i := 0; i < 1016/5; i++ { // 1000 extra + 16 of overhead, 5 each: 1 left
+		msg[i*7] = 0x01
+	}
+	require.False(t, msgAsBase64(msg))
+	msg[2998] = '"' // 1 left: 0
+	require.False(t, msgAsBase64(msg), "as long as base64: text")
+	msg[2999] = '"'
+	require.True(t, msgAsBase64(msg), "one byte past base64's length")
 }
 
 func TestDecodeAllocs(t *testing.T) {

@@ -145,13 +145,14 @@ type reqMeta struct {
 	old      bool // the request had no type byte (TypeOldProtocol): so has its reply
 }
 
-// appendNotifyRequest writes a Notify frame. twosided adds the ts_* members (and base64
-// for a Msg that is not UTF-8); a Mooncake peer gets exactly name and notify_msg.
+// appendNotifyRequest writes a Notify frame. twosided adds the ts_* members, and base64
+// for a Msg that is not UTF-8 or that escaping would make longer than base64 does (see
+// msgAsBase64); a Mooncake peer gets exactly name and notify_msg.
 func appendNotifyRequest(dst []byte, req *NotifyRequest, m reqMeta, twosided bool) []byte {
 	dst, at := beginFrame(dst, TypeNotify)
 	o := jsonObj{b: append(dst, '{')}
 	o.str(fName, req.Name)
-	if twosided && !utf8.Valid(req.Msg) {
+	if twosided && msgAsBase64(req.Msg) {
 		o.str(fNotifyMsg, "")
 		o.key(fMsgB64)
 		o.b = append(o.b, '"')
@@ -177,6 +178,38 @@ func appendNotifyRequest(dst []byte, req *NotifyRequest, m reqMeta, twosided boo
 		}
 	}
 	return finishFrame(append(o.b, '}'), at)
+}
+
+// b64Overhead is what the base64 form adds besides the encoded msg: notify_msg's empty
+// string, a comma and the ts_msg_b64 key (`"",` and `"ts_msg_b64":`).
+const b64Overhead = len(`"",`) + len(`"`+fMsgB64+`":`)
+
+// msgAsBase64 reports whether a twosided peer gets msg as ts_msg_b64: when it is not
+// UTF-8 (JSON strings carry text), or when its JSON escaping would be longer than base64's
+// 4 bytes per 3 (a control byte takes 6 bytes escaped, a quote or a newline 2). So a
+// notify's encoded msg is never above a third more than its bytes, plus a few: one of the
+// notify size limit fits the peer's frame limit for a notify (NotifyFrameLimit) whatever
+// its bytes.
+func msgAsBase64(msg []byte) bool {
+	if !utf8.Valid(msg) {
+		return true
+	}
+	budget := base64.StdEncoding.EncodedLen(len(msg)) + b64Overhead - len(msg) // escapes' extra bytes that text may take
+	for _, c := range msg {
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		switch c {
+		case '"', '\\', '\n', '\r', '\t':
+			budget-- // a backslash before it
+		default:
+			budget -= 5 // \u00XX
+		}
+		if budget < 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // checkNotify validates the lengths of a notify's variable twosided members before it is
