@@ -394,3 +394,26 @@ func TestErrorProviderConfig(t *testing.T) {
 		require.ErrorIs(t, err, tc.err)
 	}
 }
+
+// An OOB cause reads once prefixed in a send's error, the peer named once: "oob: peer
+// unreachable (nothing sent): connect: ..." (it was "oob: peer unreachable: oob: nothing
+// sent: ..."), on both transports.
+func TestErrorOOBCauseOncePrefixed(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	dead := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			e := errEngine(t, tr)
+			err := e.SendNotify(errCtx(t), dead, Notify{Name: "n"})
+			require.EqualError(t, err, "notify: peer unreachable: send to "+dead+
+				" (handshake): oob: peer unreachable (nothing sent): connect: connection refused")
+			require.ErrorIs(t, err, ErrPeerUnreachable)
+			require.ErrorIs(t, err, oob.ErrPeerUnreachable)
+			require.ErrorIs(t, err, oob.ErrNotSent)
+			require.ErrorIs(t, err, syscall.ECONNREFUSED)
+			require.NotErrorIs(t, err, ErrMaybeDelivered)
+		})
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +20,49 @@ import (
 // classicRecheck is how long a peer that answered the hello like Mooncake stays on
 // one-connection-per-request before it is probed again.
 const classicRecheck = time.Minute
+
+// oobError is an error whose message says "oob: " once however many of this package's
+// sentinels it wraps: the first sentinel's text, the others' in parentheses, then the
+// detail, e.g. "oob: peer unreachable (nothing sent): 10.0.0.2:12001: connect: connection
+// refused". errors.Is finds every sentinel and what the detail wraps.
+type oobError struct {
+	msg  string
+	errs []error
+}
+
+func (e *oobError) Error() string   { return e.msg }
+func (e *oobError) Unwrap() []error { return e.errs }
+
+// errorOf builds an oobError of sentinels (at least one) and the detail of format and
+// args, which may wrap a cause with %w. A detail names the peer as "addr: " followed by
+// the rest, so that a caller that names the peer itself can drop it (notify does).
+func errorOf(sentinels []error, format string, args ...any) error {
+	detail := fmt.Errorf(format, args...)
+	var b strings.Builder
+	b.WriteString(sentinels[0].Error())
+	for i, s := range sentinels[1:] {
+		if i == 0 {
+			b.WriteString(" (")
+		} else {
+			b.WriteString(", ")
+		}
+		b.WriteString(strings.TrimPrefix(s.Error(), "oob: "))
+	}
+	if len(sentinels) > 1 {
+		b.WriteString(")")
+	}
+	b.WriteString(": ")
+	b.WriteString(detail.Error())
+	return &oobError{msg: b.String(), errs: append(sentinels[:len(sentinels):len(sentinels)], detail)}
+}
+
+// requestName names a request of type t in errors: the Connection RPC is the handshake.
+func requestName(t MsgType) string {
+	if t == TypeConnection || t == TypeOldProtocol {
+		return "handshake"
+	}
+	return t.String()
+}
 
 // peerState is what the loop knows of one peer address.
 type peerState struct {
@@ -55,17 +99,17 @@ func (n *Node) checkFrame(c *call, ps *peerState, frame []byte) error {
 		n.st.tooLarge.Add(1)
 		n.warn(warnTooLarge, ps.addr)
 		if c.typ == TypeNotify && ps.maxFrame == 0 {
-			return fmt.Errorf("%w: %s %s: encoded frame is %d bytes (name+msg %d before encoding), above %d, the frame limit of a peer that does not announce one "+
+			return fmt.Errorf("%w: %s: %s: encoded frame is %d bytes (name+msg %d before encoding), above %d, the frame limit of a peer that does not announce one "+
 				"(a Mooncake peer takes the whole frame, JSON included, within its MC_HANDSHAKE_MAX_LENGTH)",
-				ErrTooLarge, c.typ, ps.addr, l, len(c.nreq.Name)+len(c.nreq.Msg), limit)
+				ErrTooLarge, ps.addr, requestName(c.typ), l, len(c.nreq.Name)+len(c.nreq.Msg), limit)
 		}
 		if c.typ == TypeNotify {
-			return fmt.Errorf("%w: %s %s: encoded frame is %d bytes (name+msg %d before encoding), the peer's OOB frame limit for a notify is %d "+
+			return fmt.Errorf("%w: %s: %s: encoded frame is %d bytes (name+msg %d before encoding), the peer's OOB frame limit for a notify is %d "+
 				"(name+msg of up to %d bytes fit: text that JSON escaping would lengthen by more than a third goes as base64, as binary does)",
-				ErrTooLarge, c.typ, ps.addr, l, len(c.nreq.Name)+len(c.nreq.Msg), limit, ps.frameLimit())
+				ErrTooLarge, ps.addr, requestName(c.typ), l, len(c.nreq.Name)+len(c.nreq.Msg), limit, ps.frameLimit())
 		}
-		return fmt.Errorf("%w: %s %s: encoded frame is %d bytes, the peer's frame limit is %d",
-			ErrTooLarge, c.typ, ps.addr, l, limit)
+		return fmt.Errorf("%w: %s: %s: encoded frame is %d bytes, the peer's frame limit is %d",
+			ErrTooLarge, ps.addr, requestName(c.typ), l, limit)
 	}
 	return nil
 }
@@ -149,9 +193,9 @@ func (c *call) loopTimeout() {
 		return
 	}
 	c.cancel() // out of the connection's queue or pending set; finished
-	err := fmt.Errorf("%s %s: %w: no reply within RequestTimeout %v", c.typ, c.peer, ErrTimeout, c.ltD)
+	err := errorOf([]error{ErrTimeout}, "%s: %s: no reply within RequestTimeout %v", c.peer, requestName(c.typ), c.ltD)
 	if c.local {
-		err = fmt.Errorf("%s %s: %w: %w", c.typ, c.peer, ErrTimeout, context.DeadlineExceeded)
+		err = errorOf([]error{ErrTimeout}, "%s: %s: %w", c.peer, requestName(c.typ), context.DeadlineExceeded)
 	}
 	cb := c.cb
 	c.n.putLoopCall(c)
@@ -202,21 +246,21 @@ func (n *Node) Notify(ctx context.Context, peer string, req *NotifyRequest) erro
 func (n *Node) NotifyOnLoop(peer string, req *NotifyRequest, timeout time.Duration, done func(error)) error {
 	switch {
 	case !n.loop.InLoop():
-		return fmt.Errorf("%w: notify %s: NotifyOnLoop off the loop goroutine", ErrBadRequest, peer)
+		return fmt.Errorf("%w: %s: notify: NotifyOnLoop off the loop goroutine", ErrBadRequest, peer)
 	case req == nil || done == nil:
-		return fmt.Errorf("%w: notify %s: req and done must not be nil", ErrBadRequest, peer)
+		return fmt.Errorf("%w: %s: notify: req and done must not be nil", ErrBadRequest, peer)
 	case n.closed.Load():
-		return fmt.Errorf("%s %s: %w", TypeNotify, peer, ErrClosed)
+		return errorOf([]error{ErrClosed}, "%s: notify not sent", peer)
 	}
 	if err := checkNotify(req); err != nil {
 		return err
 	}
 	ap, err := netip.ParseAddrPort(peer)
 	if err != nil {
-		return fmt.Errorf("%w: notify %s: not a literal ip:port (NotifyOnLoop resolves no names)", ErrBadRequest, peer)
+		return fmt.Errorf("%w: %s: notify: not a literal ip:port (NotifyOnLoop resolves no names)", ErrBadRequest, peer)
 	}
 	if timeout <= 0 {
-		return fmt.Errorf("%s %s: %w: %w", TypeNotify, peer, ErrTimeout, context.DeadlineExceeded)
+		return errorOf([]error{ErrTimeout}, "%s: notify: %w", peer, context.DeadlineExceeded)
 	}
 	c := n.getLoopCall()
 	c.typ, c.peer, c.ap, c.nreq, c.cb = TypeNotify, peer, ap, *req, done
@@ -283,11 +327,11 @@ func (n *Node) Probe(ctx context.Context, peer string) error {
 // abandoned (then the loop may still hold it).
 func (n *Node) do(ctx context.Context, c *call) (*HandshakeDesc, error) {
 	if n.closed.Load() {
-		return nil, fmt.Errorf("%s %s: %w", c.typ, c.peer, ErrClosed)
+		return nil, errorOf([]error{ErrClosed}, "%s: %s not sent", c.peer, requestName(c.typ))
 	}
 	if n.loop.InLoop() {
 		// Waiting here would stop the loop that must deliver the reply.
-		return nil, fmt.Errorf("%w: %s %s: called on the loop goroutine; call from another goroutine", ErrBadRequest, c.typ, c.peer)
+		return nil, fmt.Errorf("%w: %s: %s: called on the loop goroutine; call from another goroutine", ErrBadRequest, c.peer, requestName(c.typ))
 	}
 	ap, err := parsePeer(ctx, c.peer)
 	if err != nil {
@@ -302,7 +346,10 @@ func (n *Node) do(ctx context.Context, c *call) (*HandshakeDesc, error) {
 			if errors.Is(err, reactor.ErrStopped) {
 				err = ErrClosed
 			}
-			return nil, fmt.Errorf("%s %s: submit: %w", c.typ, c.peer, err)
+			if err == ErrClosed {
+				return nil, errorOf([]error{ErrClosed}, "%s: %s not sent", c.peer, requestName(c.typ))
+			}
+			return nil, fmt.Errorf("oob: %s: %s: submit: %w", c.peer, requestName(c.typ), err)
 		}
 	}
 	d := n.cfg.RequestTimeout
@@ -317,12 +364,12 @@ func (n *Node) do(ctx context.Context, c *call) (*HandshakeDesc, error) {
 		c.timer.Stop()
 		c.abandon()
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return nil, fmt.Errorf("%s %s: %w: %w", c.typ, c.peer, ErrTimeout, ctx.Err())
+			return nil, errorOf([]error{ErrTimeout}, "%s: %s: %w", c.peer, requestName(c.typ), ctx.Err())
 		}
-		return nil, fmt.Errorf("%s %s: %w", c.typ, c.peer, ctx.Err())
+		return nil, fmt.Errorf("oob: %s: %s: %w", c.peer, requestName(c.typ), ctx.Err())
 	case <-c.timer.C:
 		c.abandon()
-		return nil, fmt.Errorf("%s %s: %w: no reply within RequestTimeout %v", c.typ, c.peer, ErrTimeout, d)
+		return nil, errorOf([]error{ErrTimeout}, "%s: %s: no reply within RequestTimeout %v", c.peer, requestName(c.typ), d)
 	}
 }
 
@@ -347,7 +394,7 @@ func parsePeer(ctx context.Context, peer string) (netip.AddrPort, error) {
 	}
 	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 	if err != nil || len(ips) == 0 {
-		return netip.AddrPort{}, fmt.Errorf("%w: %w: peer %q: resolve: %v", ErrPeerUnreachable, ErrNotSent, peer, err)
+		return netip.AddrPort{}, errorOf([]error{ErrPeerUnreachable, ErrNotSent}, "peer %q: resolve: %v", peer, err)
 	}
 	for _, ip := range ips {
 		if ip.Unmap().Is4() {
@@ -385,7 +432,7 @@ func (c *call) finish(err error, resp *HandshakeDesc) {
 func (c *call) start() {
 	n := c.n
 	if n.down {
-		c.finish(fmt.Errorf("%s %s: %w", c.typ, c.peer, ErrClosed), nil)
+		c.finish(errorOf([]error{ErrClosed}, "%s: %s not sent", c.peer, requestName(c.typ)), nil)
 		return
 	}
 	if c.abandoned.Load() {
@@ -397,7 +444,7 @@ func (c *call) start() {
 		if !n.roomForPeer() {
 			n.st.peersLimited.Add(1)
 			n.warn(warnPeers, c.peer)
-			c.finish(fmt.Errorf("%w: %s %s: MaxPeers %d peer addresses have requests in flight", ErrLimit, c.typ, c.peer, n.cfg.MaxPeers), nil)
+			c.finish(fmt.Errorf("%w: %s: %s: MaxPeers %d peer addresses have requests in flight", ErrLimit, c.peer, requestName(c.typ), n.cfg.MaxPeers), nil)
 			return
 		}
 		ps = &peerState{addr: c.peer, sa: sockaddrOf(c.ap)}
@@ -466,7 +513,7 @@ func (c *call) cancel() {
 func (n *Node) startClassic(c *call, ps *peerState) {
 	if n.auth.required {
 		// A one-request connection carries no hello, so nothing can be proved either way.
-		c.finish(fmt.Errorf("%w: %s %s: a one-request (Mooncake-style) connection cannot authenticate; AuthKey is set and AllowUnauthenticated is false", ErrAuth, c.typ, ps.addr), nil)
+		c.finish(fmt.Errorf("%w: %s: %s: a one-request (Mooncake-style) connection cannot authenticate; AuthKey is set and AllowUnauthenticated is false", ErrAuth, ps.addr, requestName(c.typ)), nil)
 		return
 	}
 	n.out = n.encodeCall(n.out[:0], c, reqMeta{hasID: ps.twosided, twosided: ps.twosided}, ps.twosided)
@@ -505,14 +552,14 @@ func (pc *conn) sendCall(c *call) {
 	}
 	if pc.state == stateClosed {
 		c.conn = nil
-		c.finish(fmt.Errorf("%w: %w: %s %s: connection closed", ErrPeerUnreachable, ErrNotSent, c.typ, pc.peer.addr), nil)
+		c.finish(errorOf([]error{ErrPeerUnreachable, ErrNotSent}, "%s: %s: connection closed", pc.peer.addr, requestName(c.typ)), nil)
 		return
 	}
 	if pc.queued()+len(n.out) > n.cfg.MaxConnBuffer {
 		n.st.sendBufferFull.Add(1)
 		c.conn = nil
-		c.finish(fmt.Errorf("%w: %s %s: %d bytes queued for the peer and this request is %d, over MaxConnBuffer %d (the peer does not read)",
-			ErrLimit, c.typ, pc.peer.addr, pc.queued(), len(n.out), n.cfg.MaxConnBuffer), nil)
+		c.finish(fmt.Errorf("%w: %s: %s: %d bytes queued for the peer and this request is %d, over MaxConnBuffer %d (the peer does not read)",
+			ErrLimit, pc.peer.addr, requestName(c.typ), pc.queued(), len(n.out), n.cfg.MaxConnBuffer), nil)
 		return
 	}
 	if len(pc.pending) == 0 && pc.kaID == 0 {
@@ -541,12 +588,12 @@ func (n *Node) encodeCall(dst []byte, c *call, m reqMeta, twosided bool) []byte 
 // dial starts a non-blocking connect on the loop.
 func (n *Node) dial(ps *peerState, kind connKind) (*conn, error) {
 	if n.down {
-		return nil, fmt.Errorf("dial %s: %w", ps.addr, ErrClosed)
+		return nil, errorOf([]error{ErrClosed}, "%s: not dialed", ps.addr)
 	}
 	fd, err := unix.Socket(sockFamily(ps.sa), unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		n.st.dialFailed.Add(1)
-		return nil, fmt.Errorf("%w: %w: %s: socket: %w", ErrPeerUnreachable, ErrNotSent, ps.addr, err)
+		return nil, errorOf([]error{ErrPeerUnreachable, ErrNotSent}, "%s: socket: %w", ps.addr, err)
 	}
 	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 	err = unix.Connect(fd, ps.sa)
@@ -556,14 +603,14 @@ func (n *Node) dial(ps *peerState, kind connKind) (*conn, error) {
 	if err != nil && err != unix.EINPROGRESS {
 		_ = unix.Close(fd)
 		n.st.dialFailed.Add(1)
-		return nil, fmt.Errorf("%w: %w: %s: connect: %w", ErrPeerUnreachable, ErrNotSent, ps.addr, err)
+		return nil, errorOf([]error{ErrPeerUnreachable, ErrNotSent}, "%s: connect: %w", ps.addr, err)
 	}
 	c := n.newConn(fd, kind, ps)
 	c.state = stateConnecting
 	if err := n.loop.Add(fd, reactor.Writable, c.onEvent); err != nil {
 		_ = unix.Close(fd)
 		n.st.dialFailed.Add(1)
-		return nil, fmt.Errorf("%w: %w: %s: register: %w", ErrPeerUnreachable, ErrNotSent, ps.addr, err)
+		return nil, errorOf([]error{ErrPeerUnreachable, ErrNotSent}, "%s: register: %w", ps.addr, err)
 	}
 	n.conns[c] = struct{}{}
 	n.st.clientConns.Add(1)
@@ -579,7 +626,7 @@ func (c *conn) finishConnect() {
 	}
 	if err != nil {
 		n.st.dialFailed.Add(1)
-		c.close(fmt.Errorf("%w: %w: %s: connect: %w", ErrPeerUnreachable, ErrNotSent, c.peer.addr, err))
+		c.close(errorOf([]error{ErrPeerUnreachable, ErrNotSent}, "%s: connect: %w", c.peer.addr, err))
 		return
 	}
 	n.st.dialed.Add(1)
@@ -640,7 +687,7 @@ func (c *conn) replyFrame(t MsgType, body []byte) {
 		if err == nil {
 			if rerr := c.refusal(t, resp); rerr != nil {
 				// A twosided server refusing the connection (MaxConns): not a Mooncake peer.
-				c.close(fmt.Errorf("hello %s: %w", c.peer.addr, rerr))
+				c.close(fmt.Errorf("oob: %s: hello: %w", c.peer.addr, rerr))
 				return
 			}
 		}
@@ -666,7 +713,7 @@ func (c *conn) replyFrame(t MsgType, body []byte) {
 		// The server closes gracefully: what is in flight will get no reply.
 		n.st.byesReceived.Add(1)
 		addr := c.peer.addr
-		c.close(fmt.Errorf("%w: %w: %s: the peer closed", ErrPeerUnreachable, ErrPeerClosed, addr))
+		c.close(errorOf([]error{ErrPeerUnreachable, ErrPeerClosed}, "%s: the peer closed", addr))
 		n.peerGone(addr)
 		return
 	}
@@ -742,7 +789,7 @@ func (c *conn) result(cl *call, t MsgType, resp *HandshakeDesc) error {
 		if t == TypeNotify {
 			c.n.st.notifySent.Add(1)
 		}
-		return fmt.Errorf("%s %s: %w", cl.typ, c.peer.addr, err)
+		return fmt.Errorf("oob: %s: %s: %w", c.peer.addr, requestName(cl.typ), err)
 	}
 	if t != cl.typ {
 		return fmt.Errorf("%w: %s: %s reply to a %s request", ErrBadFrame, c.peer.addr, t, cl.typ)
@@ -755,15 +802,15 @@ func (c *conn) result(cl *call, t MsgType, resp *HandshakeDesc) error {
 			if reason == "" {
 				reason = "empty notify_msg"
 			}
-			return fmt.Errorf("notify %s: %w: %s", c.peer.addr, ErrRejected, reason)
+			return errorOf([]error{ErrRejected}, "%s: notify: %s", c.peer.addr, reason)
 		}
 	case TypeConnection:
 		if resp.ReplyMsg != "" {
-			return fmt.Errorf("handshake %s: %w: %s", c.peer.addr, ErrRejected, resp.ReplyMsg)
+			return errorOf([]error{ErrRejected}, "%s: handshake: %s", c.peer.addr, resp.ReplyMsg)
 		}
 	default:
 		if len(ri.errMsg) > 0 {
-			return fmt.Errorf("probe %s: %w: %s", c.peer.addr, ErrRejected, ri.errMsg)
+			return errorOf([]error{ErrRejected}, "%s: probe: %s", c.peer.addr, ri.errMsg)
 		}
 	}
 	return nil
