@@ -613,7 +613,7 @@ func (c *conn) expire(why expiry) {
 	switch why {
 	case expConnect:
 		n.st.dialFailed.Add(1)
-		c.close(fmt.Errorf("%w: %w: %w: %s: connect not done within ConnectTimeout %v", ErrPeerUnreachable, ErrTimeout, ErrNotSent, c.peer.addr, n.cfg.ConnectTimeout))
+		c.close(errorOf([]error{ErrPeerUnreachable, ErrTimeout, ErrNotSent}, "%s: connect not done within ConnectTimeout %v", c.peer.addr, n.cfg.ConnectTimeout))
 	case expDrain, expSilent:
 		n.st.idleCuts.Add(1)
 		c.close(nil)
@@ -624,7 +624,7 @@ func (c *conn) expire(why expiry) {
 			c.close(nil)
 			return
 		}
-		c.close(fmt.Errorf("%w: %w: %s: reply frame not completed within IdleTimeout %v", ErrPeerUnreachable, ErrTimeout, c.peer.addr, idle))
+		c.close(errorOf([]error{ErrPeerUnreachable, ErrTimeout}, "%s: reply frame not completed within IdleTimeout %v", c.peer.addr, idle))
 	case expAuth:
 		n.noteAuthFailed()
 		n.log.Debug().Int("fd", c.fd).Msg("oob: not authenticated within IdleTimeout")
@@ -632,10 +632,10 @@ func (c *conn) expire(why expiry) {
 	case expReply:
 		n.st.idleCuts.Add(1)
 		if c.kind == connClassic || c.state != stateOpen {
-			c.close(fmt.Errorf("%w: %w: %s: no reply within IdleTimeout %v", ErrPeerUnreachable, ErrTimeout, c.peer.addr, idle))
+			c.close(errorOf([]error{ErrPeerUnreachable, ErrTimeout}, "%s: no reply within IdleTimeout %v", c.peer.addr, idle))
 			return
 		}
-		c.close(fmt.Errorf("%w: %w: %s: no reply within IdleTimeout %v (half-open?)", ErrPeerUnreachable, ErrTimeout, c.peer.addr, idle))
+		c.close(errorOf([]error{ErrPeerUnreachable, ErrTimeout}, "%s: no reply within IdleTimeout %v (half-open?)", c.peer.addr, idle))
 	case expKeepalive:
 		n.nextID++
 		c.kaID = n.nextID

@@ -90,9 +90,10 @@
 //
 // Request {"name":..., "notify_msg":...}; twosided peers may add "ts_id", "ts_from" (the
 // sender's listen host:port), "ts_session", "ts_epoch", "ts_seq" so the receiver drops
-// duplicates across paths. notify_msg is a JSON string: when Msg is not valid UTF-8 and the
-// peer is known to be twosided, Msg travels base64 (standard, padded) in "ts_msg_b64" and
-// notify_msg is "". To a Mooncake peer the bytes go raw inside the JSON string, with only
+// duplicates across paths. notify_msg is a JSON string: when the peer is known to be twosided
+// and Msg is not valid UTF-8, or its escaped form would be longer than base64's (quotes,
+// backslashes, control bytes), Msg travels base64 (standard, padded) in "ts_msg_b64" and
+// notify_msg is "", so any Msg within the notify size limit fits the frame limit. To a Mooncake peer the bytes go raw inside the JSON string, with only
 // '"', '\\' and control bytes escaped; JsonCpp keeps such bytes as they are.
 // Reply {"name":"","notify_msg":"success"}; an empty notify_msg means rejected.
 //
