@@ -5,7 +5,8 @@
 #                    fuzzing, then the cgo verbs provider (build tag rdma) on softverbs, the
 #                    userspace libibverbs of ibv/softverbs: vet, its tests and the conformance
 #                    suite, ibv_devinfo and ibv_rc_pingpong, and the engine's tests (notify,
-#                    tests/) with the verbs provider as the engines' device
+#                    tests/), twosided's doctor and the bench with the verbs provider as the
+#                    engines' device
 #   make build       build every package (go build ./cmd/twosided for the binary)
 #   make fuzz        every Fuzz target in the tree for FUZZTIME each (default 200000x)
 #   make fuzz-short  every Fuzz target for FUZZTIME_SHORT each (default 10000x)
@@ -102,7 +103,7 @@ rdma: rdma-deps
 	echo "$(GO) vet -tags rdma $(PKGS)"; $(GO) vet -tags rdma $(PKGS); \
 	$(MAKE) --no-print-directory softverbs-test; \
 	export LD_LIBRARY_PATH="$(SOFTVERBS_LIBDIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}"; \
-	echo "rdma: the verbs provider on softverbs: $(GO) test -race -tags rdma ./ibv/... ./notify/..."; \
-	$(GO) test -race -tags rdma ./ibv/... ./notify/...; \
+	echo "rdma: the verbs provider on softverbs: $(GO) test -race -tags rdma ./ibv/... ./notify/... ./cmd/... ./bench/..."; \
+	$(GO) test -race -tags rdma ./ibv/... ./notify/... ./cmd/... ./bench/...; \
 	echo "rdma: the end-to-end tests with the verbs provider: $(GO) test -tags rdma ./tests/"; \
 	$(GO) test -tags rdma -count=1 ./tests/

@@ -1,0 +1,73 @@
+//go:build rdma
+
+package bench
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/twosided/twosided/ibv"
+)
+
+// activeVerbsDevice is the device an engine on the verbs provider takes: the first libibverbs
+// device with an active port (softverbs0 with LD_LIBRARY_PATH=build/softverbs, after make
+// softverbs); the test skips without one.
+func activeVerbsDevice(t *testing.T) string {
+	t.Helper()
+	p, err := ibv.LookupProvider("verbs")
+	require.NoError(t, err)
+	devs, err := p.GetDeviceList()
+	if err != nil {
+		t.Skipf("no libibverbs device (%v): make softverbs and set LD_LIBRARY_PATH=$PWD/build/softverbs", err)
+	}
+	for _, d := range devs {
+		if _, ok := d.ActivePort(); ok {
+			return d.Name
+		}
+	}
+	t.Skip("no libibverbs device with an active port")
+	return ""
+}
+
+// TestVerbsProvider: a tiny run with --provider verbs runs rdma_twosided and the verbs
+// floor over libibverbs, in two processes, and the report names the device it ran on
+// (verbs:softverbs0 on softverbs). With no provider set, a binary with the verbs provider
+// and a libibverbs device takes that device too, not the soft one.
+func TestVerbsProvider(t *testing.T) {
+	dev := activeVerbsDevice(t)
+	want := "verbs:" + dev
+	if strings.HasPrefix(dev, "softverbs") && os.Getenv("SOFTVERBS_DEVICE") == "" {
+		want = "verbs:softverbs0"
+	}
+
+	cfg := tinyConfig(t, TransportRDMA, FloorVerbs)
+	cfg.Procs = 2
+	cfg.Provider = "verbs"
+	cfg.Sizes = []int{64}
+	cfg.Scenarios = []string{ScenarioLatency, ScenarioBurst}
+	var out bytes.Buffer
+	rep, err := Run(context.Background(), cfg, &out)
+	require.NoError(t, err)
+	t.Log("\n" + out.String())
+	require.Empty(t, rep.Failures)
+	require.Equal(t, want, rep.Settings.Provider)
+	require.Len(t, rep.Results, 2*2)
+	for _, r := range rep.Results {
+		require.Zero(t, r.Errors, "%s %s: %s", r.Scenario, r.Transport, r.FirstError)
+		upTo(t, 50, r.Notifies, r)
+	}
+
+	cfg = tinyConfig(t, TransportRDMA)
+	cfg.Sizes = []int{64}
+	cfg.Scenarios = []string{ScenarioLatency}
+	out.Reset()
+	rep, err = Run(context.Background(), cfg, &out)
+	require.NoError(t, err)
+	require.Empty(t, rep.Failures)
+	require.Equal(t, want, rep.Settings.Provider, "the default provider")
+}
