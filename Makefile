@@ -8,8 +8,10 @@
 #                    tests/), twosided's doctor and the bench with the verbs provider as the
 #                    engines' device
 #   make build       build every package (go build ./cmd/twosided for the binary)
-#   make fuzz        every Fuzz target in the tree for FUZZTIME each (default 200000x)
-#   make fuzz-short  every Fuzz target for FUZZTIME_SHORT each (default 10000x)
+#   make fuzz        every Fuzz target in the tree for FUZZTIME each (default 200000x); those
+#                    of -tags rdma too (softverbs' wire decoder) when cgo and libibverbs-dev's
+#                    headers are there
+#   make fuzz-short  every Fuzz target for FUZZTIME_SHORT each (default 10000x), as make fuzz
 #
 # Fuzz budgets are execution counts, not durations: with a duration, Go 1.26's fuzzing
 # coordinator can fail a target with a bare "context deadline exceeded" when the time runs
@@ -56,16 +58,26 @@ allocs:
 
 # run-fuzz runs every Fuzz target of $(PKGS) for $(1) each. Targets are found with
 # `go test -list '^Fuzz'`, which prints a package's target names and then its "ok" line.
+# Where the rdma prerequisites are (libibverbs-dev's $(VERBS_H) and cgo), the targets that
+# exist only with -tags rdma (softverbs' wire decoder, FuzzDecode of ibv/softverbs/fuzz) are
+# listed and run with it too; elsewhere a line says they were left out.
 define run-fuzz
-	@targets="$$($(GO) test -list '^Fuzz' $(PKGS) | \
+	@list() { $(GO) test "$$@" -list '^Fuzz' $(PKGS) | \
 		awk '/^Fuzz/ { names = names " " $$1; next } \
-		     /^ok/   { if (names != "") print $$2 names; names = "" }')"; \
+		     /^ok/   { k = split(names, n, " "); for (i = 1; i <= k; i++) print $$2, n[i]; names = "" }'; }; \
+	plain="$$(list)"; \
+	targets="$$(sed -n 's/./- &/p' <<< "$$plain")"; \
+	if [ -f "$(VERBS_H)" ] && [ "$$($(GO) env CGO_ENABLED)" = 1 ]; then \
+		rdma="$$(list -tags rdma | awk 'NR == FNR { seen[$$0] = 1; next } !seen[$$0]' <(echo "$$plain") -)"; \
+		targets="$$targets$${rdma:+$$'\n'}$$(sed -n 's/./rdma &/p' <<< "$$rdma")"; \
+	else \
+		echo "fuzz: the rdma-tagged targets (-tags rdma) are left out: no $(VERBS_H) or cgo disabled"; \
+	fi; \
 	if [ -z "$$targets" ]; then echo "fuzz: no Fuzz targets found"; exit 0; fi; \
-	while read -r pkg names; do \
-		for name in $$names; do \
-			echo "fuzz: $$pkg $$name for $(1)"; \
-			$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(1) "$$pkg"; \
-		done; \
+	while read -r tags pkg name; do \
+		flags=(); [ "$$tags" = rdma ] && flags=(-tags rdma); \
+		echo "fuzz: $$pkg $$name$${flags:+ (-tags rdma)} for $(1)"; \
+		$(GO) test "$${flags[@]}" -run '^$$' -fuzz "^$$name\$$" -fuzztime $(1) "$$pkg"; \
 	done <<< "$$targets"
 endef
 
