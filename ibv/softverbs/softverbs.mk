@@ -3,12 +3,14 @@
 #
 #   make softverbs       build build/softverbs/libibverbs.so.1 and build/softverbs/sv_test
 #   make softverbs-test  build, then run ibv/softverbs/test.sh: ibv_devices, ibv_devinfo -v,
-#                        ibv_rc_pingpong (polling and -e) between two processes, sv_test, the
-#                        cgo verbs provider's tests (go test -tags rdma ./ibv/verbs/) and the
-#                        wire decoder's fuzz target, all over softverbs; then the twosided
-#                        binary built with -tags rdma: no NEEDED libibverbs (it dlopens it),
-#                        version and devices with softverbs and with TWOSIDED_LIBIBVERBS
-#                        pointing nowhere, and a send over oob without libibverbs
+#                        ibv_rc_pingpong (polling and -e) between two processes, the same in
+#                        InfiniBand mode (SOFTVERBS_LINK=ib: a LID, one GID, pingpong without
+#                        -g), sv_test, the cgo verbs provider's tests (go test -tags rdma
+#                        ./ibv/verbs/) and the wire decoder's fuzz target, all over
+#                        softverbs; then the twosided binary built with -tags rdma: no
+#                        NEEDED libibverbs (it dlopens it), version and devices with
+#                        softverbs and with TWOSIDED_LIBIBVERBS pointing nowhere, and a send
+#                        over oob without libibverbs
 #
 # Needs a C compiler ($(CC), default cc) and libibverbs-dev's headers; the pingpong checks
 # need ibverbs-utils. Without the headers both targets say SKIPPED and succeed, as `make rdma`

@@ -47,15 +47,16 @@ else
 	step "ibv_devices / ibv_devinfo" SKIPPED "ibverbs-utils not installed"
 fi
 
-# 2. ibv_rc_pingpong between two processes, polling and with completion events.
-pingpong() { # pingpong NAME ARGS...
+# 2. ibv_rc_pingpong between two processes, polling and with completion events (RoCE: GID 3,
+# the IPv4 RoCE v2 entry).
+pingpong() { # pingpong NAME ARGS... (each side runs ibv_rc_pingpong -d $dev -n $iters -p PORT ARGS...)
 	local name=$1; shift
 	local port=$((20000 + RANDOM % 20000))
-	timeout 120 ibv_rc_pingpong -d "$dev" -g 3 -n "$iters" -p "$port" "$@" >"$work/srv" 2>&1 &
+	timeout 120 ibv_rc_pingpong -d "$dev" -n "$iters" -p "$port" "$@" >"$work/srv" 2>&1 &
 	local srv=$!
 	local ok=0
 	for _ in $(seq 1 40); do
-		if timeout 120 ibv_rc_pingpong -d "$dev" -g 3 -n "$iters" -p "$port" "$@" 127.0.0.1 >"$work/cli" 2>&1; then
+		if timeout 120 ibv_rc_pingpong -d "$dev" -n "$iters" -p "$port" "$@" 127.0.0.1 >"$work/cli" 2>&1; then
 			ok=1; break
 		fi
 		grep -q "Couldn't connect" "$work/cli" || break
@@ -70,10 +71,32 @@ pingpong() { # pingpong NAME ARGS...
 	fi
 }
 if command -v ibv_rc_pingpong >/dev/null; then
-	pingpong "-n $iters (polling)"
-	pingpong "-n $iters -e (events)" -e
+	pingpong "-n $iters (polling)" -g 3
+	pingpong "-n $iters -e (events)" -g 3 -e
 else
 	step "ibv_rc_pingpong" SKIPPED "ibverbs-utils not installed"
+fi
+
+# 2b. InfiniBand mode (SOFTVERBS_LINK=ib): link layer InfiniBand, a LID, one GID (fe80::GUID,
+# no RoCE entries); ibv_rc_pingpong without -g addresses its peer by LID alone (no GRH).
+if command -v ibv_devinfo >/dev/null && command -v ibv_rc_pingpong >/dev/null; then
+	export SOFTVERBS_LINK=ib
+	ibv_devinfo -v -d "$dev" >"$work/devinfo-ib" 2>&1
+	if grep -q "state:.*PORT_ACTIVE" "$work/devinfo-ib" &&
+		grep -q "link_layer:.*InfiniBand" "$work/devinfo-ib" &&
+		grep -Eq "port_lid:[[:space:]]*[1-9][0-9]*$" "$work/devinfo-ib" &&
+		[ "$(grep -c 'GID\[' "$work/devinfo-ib")" = 1 ] &&
+		grep -q "GID\[  0\]:[[:space:]]*fe80:" "$work/devinfo-ib" &&
+		! grep -q "RoCE" "$work/devinfo-ib"; then
+		step "SOFTVERBS_LINK=ib: ibv_devinfo -v shows InfiniBand, a LID, one GID" PASS \
+			"lid $(sed -n 's/.*port_lid:[[:space:]]*//p' "$work/devinfo-ib")"
+	else
+		cat "$work/devinfo-ib"; step "SOFTVERBS_LINK=ib: ibv_devinfo -v shows InfiniBand, a LID, one GID" FAIL
+	fi
+	pingpong "-n $iters, SOFTVERBS_LINK=ib, no -g (LID only)"
+	unset SOFTVERBS_LINK
+else
+	step "SOFTVERBS_LINK=ib: ibv_devinfo, ibv_rc_pingpong" SKIPPED "ibverbs-utils not installed"
 fi
 
 # 3. sv_test: the C test of verbs semantics and faults.
