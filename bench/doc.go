@@ -1,6 +1,8 @@
 // Package bench is twosided's benchmark: the scenarios (latency, burst, bidi, fanin, fanout,
-// idle, connect), the transports they run over (rdma_twosided on the soft provider, oob with
-// persistent connections, oob-classic with one TCP connection per notify, as Mooncake's
+// idle, connect), the transports they run over (rdma_twosided on the device an engine picks:
+// the soft provider's by default, a libibverbs device with --provider verbs, or by default
+// when the binary is built with -tags rdma and libibverbs lists one with an active port; oob
+// with persistent connections, oob-classic with one TCP connection per notify, as Mooncake's
 // classic notify does) and two floors, minimal TCP ping-pongs on locked OS threads
 // (floor-block: blocking reads, one kernel wake-up per message; floor-spin: non-blocking
 // reads in a spin loop), HDR histograms of the latencies, CPU and wake-up accounting, the

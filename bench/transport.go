@@ -8,7 +8,7 @@ import (
 
 // Transports a scenario runs over.
 const (
-	TransportRDMA       = "rdma_twosided"    // notify engine, ctrl channel on the soft provider's RC QPs
+	TransportRDMA       = "rdma_twosided"    // notify engine, ctrl channel on RC QPs of the device an engine picks (Config.Provider)
 	TransportOOB        = "oob"              // notify engine, persistent OOB connections
 	TransportOOBClassic = "oob-classic"      // one TCP connection per notify, as Mooncake's classic notify
 	FloorBlock          = "floor-block"      // TCP ping-pong, blocking reads on locked threads

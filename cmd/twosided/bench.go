@@ -17,8 +17,9 @@ import (
 func init() {
 	register(&command{
 		Name: "bench",
-		Summary: "Benchmark notify transports (rdma_twosided on the soft provider, oob, oob-classic) against\n" +
-			"TCP floors (floor-block, floor-spin). With no flags: the default suite, two processes, ~30 s.",
+		Summary: "Benchmark notify transports (rdma_twosided, oob, oob-classic) against TCP floors\n" +
+			"(floor-block, floor-spin); rdma_twosided on the soft provider, or on a libibverbs device\n" +
+			"(--provider verbs, -tags rdma). With no flags: the default suite, two processes, ~30 s.",
 		Usage: "[--scenario list] [--transport list] [--procs 1|2] [-n count] [-s sizes] [--peers k]\n" +
 			"       [-D duration] [--busy-poll 50us] [--window w] [--provider soft|verbs] [--keepalive-off] [--json file] [--plot file.svg]",
 		Run: runBench,
@@ -101,7 +102,7 @@ func runBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 	fs.DurationVar(&cfg.Duration, "D", 0, "short for --duration (perftest's -D)")
 	fs.DurationVar(&cfg.BusyPoll, "busy-poll", 0, "reactor busy-poll budget, e.g. 50us (floor-spin is its reference)")
 	fs.BoolVar(&cfg.KeepaliveOff, "keepalive-off", false, "engines without keepalive (by default they probe idle channels every 5 s, which idle counts)")
-	fs.StringVar(&cfg.Provider, "provider", "", "ibv provider of rdma_twosided and the verbs floors: soft, or verbs (built with -tags rdma); default: the device an engine picks")
+	fs.StringVar(&cfg.Provider, "provider", "", "ibv provider of rdma_twosided and the verbs floors: soft, or verbs (built with -tags rdma); default: the device an engine picks (a libibverbs device with an active port in a -tags rdma build, else soft)")
 	fs.DurationVar(&cfg.RunTimeout, "timeout", 0, "bound on one run (default 2m)")
 	fs.StringVar(&cfg.JSONPath, "json", "", "write every figure and the run's settings to this file")
 	fs.StringVar(&cfg.PlotPath, "plot", "", "write latency CDFs and throughput vs size to this SVG file")

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strings"
 	"syscall"
 
 	// The soft provider is always built in: it is the RDMA device of machines without one.
@@ -151,7 +152,8 @@ func usage(out io.Writer) {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(out, "  %-10s %s\n", n, commands[n].Summary)
+		// A summary's further lines line up under its first.
+		fmt.Fprintf(out, "  %-10s %s\n", n, strings.ReplaceAll(commands[n].Summary, "\n", "\n"+strings.Repeat(" ", 13)))
 	}
 	fmt.Fprintf(out, "\nRun 'twosided <command> --help' for a command's flags.\n")
 }
