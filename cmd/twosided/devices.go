@@ -77,9 +77,12 @@ type providerReport struct {
 }
 
 type deviceReport struct {
-	Name     string       `json:"name"`
-	NodeGUID string       `json:"node_guid"`
-	Ports    []portReport `json:"ports"`
+	Name     string `json:"name"`
+	NodeGUID string `json:"node_guid"`
+	// GIDNote says where the GIDs of a soft device come from: it has them only while open
+	// (see openForGIDs).
+	GIDNote string       `json:"gid_note,omitempty"`
+	Ports   []portReport `json:"ports"`
 }
 
 type portReport struct {
@@ -154,7 +157,10 @@ func listDevices(providers []ibv.Provider, only string, gidIndex int) (devicesRe
 			}
 		}
 		for _, d := range devs {
-			pr.Devices = append(pr.Devices, newDeviceReport(d, gidIndex))
+			d, note := openForGIDs(p, d)
+			dr := newDeviceReport(d, gidIndex)
+			dr.GIDNote = note
+			pr.Devices = append(pr.Devices, dr)
 		}
 		rep.Providers = append(rep.Providers, pr)
 		if p.Name() == verbsProvider && err != nil {
@@ -171,6 +177,42 @@ func listDevices(providers []ibv.Provider, only string, gidIndex int) (devicesRe
 			"no RDMA device: the verbs provider is not built in (build with -tags rdma); using the soft provider")
 	}
 	return rep, nil
+}
+
+// openForGIDs returns d as an open context sees it when d is a soft device with an active
+// port that lists no GID, and a note that says so. A soft device's GID is its listen
+// address, which it has only while it is open, so its listing has no GID table and
+// SelectGID found "no usable GID" where an engine uses index 0 (RoCE v2; 3 of an mlx5-shaped
+// table). The listing opens the device (a listener on 127.0.0.1, closed at once) to show the
+// table an engine's device has: its shape, the source GID's index and type; the GIDs
+// themselves are this open's, since every open listens anew. Other devices are returned as
+// they are, with no note.
+func openForGIDs(p ibv.Provider, d ibv.DeviceInfo) (ibv.DeviceInfo, string) {
+	if p.Name() != "soft" {
+		return d, ""
+	}
+	need := false
+	for _, pa := range d.Ports {
+		if pa.State == ibv.PortActive && len(pa.GIDTable()) == 0 {
+			need = true
+		}
+	}
+	if !need {
+		return d, ""
+	}
+	c, err := p.Open(d.Name)
+	if err != nil {
+		return d, fmt.Sprintf("a soft device has its GID (its listen address) only while open, and opening %s failed: %v", d.Name, err)
+	}
+	defer func() { _ = c.Close() }()
+	ports := append([]ibv.PortAttr(nil), d.Ports...)
+	for i, pa := range ports {
+		if q, err := c.QueryPort(pa.Num); err == nil {
+			ports[i] = q
+		}
+	}
+	d.Ports = ports
+	return d, "from opening it here: a soft device's GID is its listen address, new at each open"
 }
 
 func newDeviceReport(d ibv.DeviceInfo, gidIndex int) deviceReport {
@@ -230,6 +272,9 @@ func writeDevices(w io.Writer, rep devicesReport) {
 			fmt.Fprintf(w, "\tprovider:\t\t%s\n", p.Name)
 			fmt.Fprintf(w, "\tnode_guid:\t\t%s\n", d.NodeGUID)
 			fmt.Fprintf(w, "\tphys_port_cnt:\t\t%d\n", len(d.Ports))
+			if d.GIDNote != "" {
+				fmt.Fprintf(w, "\tGIDs:\t\t\t%s\n", d.GIDNote)
+			}
 			for _, pt := range d.Ports {
 				fmt.Fprintf(w, "\t\tport:\t%d\n", pt.Port)
 				fmt.Fprintf(w, "\t\t\tstate:\t\t\t%s\n", pt.State)

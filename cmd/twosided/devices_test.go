@@ -9,12 +9,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/twosided/twosided/ibv"
+	"github.com/twosided/twosided/ibv/soft"
 )
 
 // fakeProvider stands in for a provider in listDevices' table tests.
@@ -312,4 +314,38 @@ func TestWithoutLibibverbsChild(t *testing.T) {
 		r := <-served
 		require.Equal(t, 0, r.code, r.stderr)
 	}
+}
+
+// A soft device has its GID only while open (its listen address), so its listing has no
+// GID table; devices opens it to show the source GID an engine takes, instead of "no usable
+// GID": index 0, RoCE v2, the IPv4-mapped GID, or index 3 of an mlx5-shaped table.
+func TestDevicesSoftGID(t *testing.T) {
+	code, out, errOut := runCmd("devices", "--provider", "soft")
+	require.Equal(t, 0, code, errOut)
+	require.NotContains(t, out, "no usable GID")
+	require.Contains(t, out, "hca_id:\tsoft0\n")
+	require.Contains(t, out, "\tGIDs:\t\t\tfrom opening it here: a soft device's GID is its listen address, new at each open\n")
+	require.Regexp(t, "\t\t\tGID\\[  0\\]:\t\t[0-9a-f]{2}:[0-9a-f]{2}(:00){8}:ff:ff:7f:00:00:01, RoCE v2\n", out)
+	require.Contains(t, out, "\t\t\tsource GID:\t\tindex 0, RoCE v2, ")
+
+	p := soft.New(soft.WithDevices(1), soft.WithPhantom(true), soft.WithGIDTable(soft.GIDTableMLX5))
+	rep, err := listDevices([]ibv.Provider{p}, "soft", -1)
+	require.NoError(t, err)
+	devs := rep.Providers[0].Devices
+	require.Len(t, devs, 2)
+	pt := devs[0].Ports[0]
+	require.NotEmpty(t, devs[0].GIDNote)
+	require.Empty(t, pt.GIDError)
+	require.Len(t, pt.GIDs, 4)
+	require.Equal(t, 3, pt.GIDIndex)
+	require.Equal(t, "RoCE v2", pt.GIDType)
+	require.True(t, strings.HasSuffix(pt.GID, ":ff:ff:7f:00:00:01"), pt.GID)
+	// The phantom device (port DOWN) is not opened: it has no GID and says why.
+	require.Equal(t, soft.PhantomName, devs[1].Name)
+	require.Empty(t, devs[1].GIDNote)
+	require.Contains(t, devs[1].Ports[0].GIDError, "no usable GID")
+
+	// The listing closed what it opened.
+	_, err = p.DeviceGID("soft0")
+	require.ErrorIs(t, err, ibv.ErrNoDevice)
 }
