@@ -108,7 +108,9 @@ func (e *Engine) openDevice() error {
 	if len(e.cfg.filters) > 0 {
 		errs = append(errs, fmt.Errorf("MC_TE_FILTERS %v matched no device with an active port", e.cfg.filters))
 	}
-	return fmt.Errorf("notify: rdma_twosided: %w", ibv.JoinErrors(append([]error{ibv.ErrNoDevice}, errs...)...))
+	// No device this transport can run on: the engine's configuration (the transport, the
+	// filters, the provider) does not fit this machine.
+	return fmt.Errorf("%w: rdma_twosided: %w", ErrConfig, ibv.JoinErrors(append([]error{ibv.ErrNoDevice}, errs...)...))
 }
 
 // providerConfigError: when a provider's configuration (its environment variables) is

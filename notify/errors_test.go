@@ -378,8 +378,10 @@ func TestErrorProviderConfig(t *testing.T) {
 		if e != nil {
 			closeEngine(t, e)
 		}
-		require.EqualError(t, err, "notify: rdma_twosided: no RDMA device; MC_TE_FILTERS [nope] matched no device with an active port")
+		require.EqualError(t, err, "notify: bad configuration: rdma_twosided: no RDMA device; MC_TE_FILTERS [nope] matched no device with an active port")
 		require.ErrorIs(t, err, ibv.ErrNoDevice)
+		require.ErrorIs(t, err, ErrConfig)
+		requireSentinel(t, err)
 	})
 	for _, tc := range []struct {
 		err  error
