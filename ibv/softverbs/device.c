@@ -1,6 +1,7 @@
 //go:build ignore
 
-/* softverbs: configuration, the device, its GID table, faults, strings and small helpers. */
+/* softverbs: configuration, the devices, their GID tables, faults and statistics, strings and
+ * small helpers. */
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -15,12 +16,26 @@
 #include "sv.h"
 
 struct sv_config sv_cfg;
-struct sv_faults sv_faults;
 pthread_mutex_t sv_glock = PTHREAD_MUTEX_INITIALIZER;
+struct sv_dev sv_devs[SV_MAX_DEVICES];
+int sv_ndevs;
 static struct sv_faults sv_env_faults;
-static struct ibv_device sv_dev;
-static uint64_t sv_guid; /* host order */
 static pthread_once_t sv_once = PTHREAD_ONCE_INIT;
+
+const char *const sv_counter_names[SV_NCNT] = {
+	[SV_CNT_TX_PACKETS] = "tx_packets",
+	[SV_CNT_RX_PACKETS] = "rx_packets",
+	[SV_CNT_TX_DROPPED] = "tx_dropped",
+	[SV_CNT_RX_DROPPED] = "rx_dropped",
+	[SV_CNT_RNR_NAK_SENT] = "rnr_nak_sent",
+	[SV_CNT_RNR_NAK_RECV] = "rnr_nak_received",
+	[SV_CNT_SEQ_NAK_SENT] = "seq_nak_sent",
+	[SV_CNT_SEQ_NAK_RECV] = "seq_nak_received",
+	[SV_CNT_DUPLICATE] = "duplicate_request",
+	[SV_CNT_ACK_TIMEOUT] = "local_ack_timeout",
+	[SV_CNT_RETRY_EXC] = "retry_exceeded",
+	[SV_CNT_RNR_RETRY_EXC] = "rnr_retry_exceeded",
+};
 
 int64_t sv_now_ns(void)
 {
@@ -72,19 +87,59 @@ static void sv_fault_kv(struct sv_faults *f, const char *k, const char *v)
 		f->drop_pct = atoi(v) < 0 ? 0 : atoi(v) > 100 ? 100 : atoi(v);
 }
 
+/* sv_name_at is the name of device i: SOFTVERBS_DEVICE (default softverbs0) for device 0; a
+ * name ending in a number counts on from it (softverbs0, softverbs1; mlx5_4, mlx5_5), any
+ * other gets the index appended (foo, foo1, foo2). */
+static void sv_name_at(const char *base, int i, char *out, size_t n)
+{
+	size_t len = strlen(base), d = len;
+	while (d > 0 && isdigit((unsigned char)base[d - 1]))
+		d--;
+	if (i == 0)
+		snprintf(out, n, "%s", base);
+	else if (d < len && len - d < 9)
+		snprintf(out, n, "%.*s%ld", (int)d, base, atol(base + d) + i);
+	else
+		snprintf(out, n, "%s%d", base, i);
+}
+
+/* sv_ip_list reads SOFTVERBS_IPV4: a comma-separated list, one address per device; a device
+ * without one (or with an invalid one) takes the previous device's address plus one, the
+ * first 127.0.0.1. */
+static void sv_ip_list(const char *v, int n)
+{
+	uint32_t prev = 0x7f000000; /* so that device 0 defaults to 127.0.0.1 */
+	char buf[512];
+	snprintf(buf, sizeof(buf), "%s", v ? v : "");
+	char *save = NULL, *tok = strtok_r(buf, ",", &save);
+	for (int i = 0; i < n; i++) {
+		struct in_addr a;
+		uint32_t h = prev + 1;
+		if (tok) {
+			while (isspace((unsigned char)*tok))
+				tok++;
+			if (inet_pton(AF_INET, tok, &a) == 1)
+				h = ntohl(a.s_addr);
+			tok = strtok_r(NULL, ",", &save);
+		}
+		a.s_addr = htonl(h);
+		memcpy(sv_devs[i].ip, &a, 4);
+		prev = h;
+	}
+}
+
 static void sv_init(void)
 {
 	const char *v;
 
-	snprintf(sv_cfg.name, sizeof(sv_cfg.name), "%s",
-		 (v = getenv("SOFTVERBS_DEVICE")) && *v ? v : "softverbs0");
-	struct in_addr a;
-	if (!(v = getenv("SOFTVERBS_IPV4")) || inet_pton(AF_INET, v, &a) != 1)
-		inet_pton(AF_INET, "127.0.0.1", &a);
-	memcpy(sv_cfg.ip, &a, 4);
+	int n = 1;
+	if ((v = getenv("SOFTVERBS_DEVICES")) && atoi(v) > 0)
+		n = atoi(v) < SV_MAX_DEVICES ? atoi(v) : SV_MAX_DEVICES - 1;
+	int phantom = (v = getenv("SOFTVERBS_PHANTOM")) && sv_truthy(v);
+	sv_ndevs = n + (phantom && n < SV_MAX_DEVICES);
 	sv_cfg.ib = (v = getenv("SOFTVERBS_LINK")) && !strcasecmp(v, "ib");
 	sv_cfg.roce_v1_only = (v = getenv("SOFTVERBS_ROCE")) && !strcasecmp(v, "v1");
-	sv_cfg.lid = (v = getenv("SOFTVERBS_LID")) && atoi(v) > 0 && atoi(v) < 0xc000 ? atoi(v) : 1;
+	int lid = (v = getenv("SOFTVERBS_LID")) && atoi(v) > 0 && atoi(v) < 0xc000 ? atoi(v) : 1;
 	sv_cfg.active_mtu = IBV_MTU_1024;
 	if ((v = getenv("SOFTVERBS_MTU"))) {
 		switch (atoi(v)) {
@@ -111,22 +166,33 @@ static void sv_init(void)
 		sv_fault_kv(&sv_env_faults, "rtr_fail", v);
 	if ((v = getenv("SOFTVERBS_DROP_PCT")))
 		sv_fault_kv(&sv_env_faults, "drop_pct", v);
-	sv_faults = sv_env_faults;
+
+	sv_ip_list(getenv("SOFTVERBS_IPV4"), sv_ndevs);
+	const char *base = (v = getenv("SOFTVERBS_DEVICE")) && *v ? v : "softverbs0";
+	for (int i = 0; i < sv_ndevs; i++) {
+		struct sv_dev *d = &sv_devs[i];
+		d->index = i;
+		d->phantom = phantom && i == sv_ndevs - 1;
+		d->lid = lid + i < 0xc000 ? (uint16_t)(lid + i) : (uint16_t)lid;
+		/* EUI-64 of the made-up MAC 02:00:a:b:c:d, without the U/L flip: the node GUID. */
+		uint8_t g[8] = {0x02, 0x00, d->ip[0], 0xff, 0xfe, d->ip[1], d->ip[2], d->ip[3]};
+		for (int k = 0; k < 8; k++)
+			d->guid = d->guid << 8 | g[k];
+		d->faults = sv_env_faults;
+		if (d->phantom)
+			d->faults.port_down = 1;
+		d->fatal_gen = d->faults.fatal;
+		char name[IBV_SYSFS_NAME_MAX];
+		sv_name_at(base, i, name, sizeof(name));
+		d->dev.node_type = IBV_NODE_CA;
+		d->dev.transport_type = IBV_TRANSPORT_IB;
+		snprintf(d->dev.name, sizeof(d->dev.name), "%s", name);
+		snprintf(d->dev.dev_name, sizeof(d->dev.dev_name), "uverbs_%.48s", name);
+		snprintf(d->dev.dev_path, sizeof(d->dev.dev_path), "/sys/class/infiniband_verbs/uverbs_%.48s",
+			 name);
+		snprintf(d->dev.ibdev_path, sizeof(d->dev.ibdev_path), "/sys/class/infiniband/%.48s", name);
+	}
 	sv_ctl_reload();
-
-	/* EUI-64 of the made-up MAC 02:00:a:b:c:d, without the U/L flip: the node GUID. */
-	uint8_t g[8] = {0x02, 0x00, sv_cfg.ip[0], 0xff, 0xfe, sv_cfg.ip[1], sv_cfg.ip[2], sv_cfg.ip[3]};
-	for (int i = 0; i < 8; i++)
-		sv_guid = sv_guid << 8 | g[i];
-
-	sv_dev.node_type = IBV_NODE_CA;
-	sv_dev.transport_type = IBV_TRANSPORT_IB;
-	snprintf(sv_dev.name, sizeof(sv_dev.name), "%s", sv_cfg.name);
-	snprintf(sv_dev.dev_name, sizeof(sv_dev.dev_name), "uverbs_%.48s", sv_cfg.name);
-	snprintf(sv_dev.dev_path, sizeof(sv_dev.dev_path), "/sys/class/infiniband_verbs/uverbs_%.48s",
-		 sv_cfg.name);
-	snprintf(sv_dev.ibdev_path, sizeof(sv_dev.ibdev_path), "/sys/class/infiniband/%.48s",
-		 sv_cfg.name);
 }
 
 void sv_global_init(void)
@@ -134,25 +200,62 @@ void sv_global_init(void)
 	pthread_once(&sv_once, sv_init);
 }
 
-struct ibv_device *sv_device(void)
+struct sv_dev *sv_dev_of(const struct ibv_device *d)
 {
 	sv_global_init();
-	return &sv_dev;
+	if (!d)
+		return NULL;
+	for (int i = 0; i < sv_ndevs; i++)
+		if (d == &sv_devs[i].dev)
+			return &sv_devs[i];
+	return NULL;
 }
 
-uint64_t sv_node_guid(void)
+int sv_dev_port_down(const struct sv_dev *d)
 {
-	sv_global_init();
-	return sv_guid;
+	return __atomic_load_n(&d->faults.port_down, __ATOMIC_ACQUIRE);
 }
 
-/* sv_ctl_reload re-reads the control file when its contents changed: the faults become the
- * environment's with the file's key=value lines applied on top. */
+int sv_dev_fatal(const struct sv_dev *d)
+{
+	return __atomic_load_n(&d->faults.fatal, __ATOMIC_ACQUIRE);
+}
+
+/* sv_dev_set installs faults f on d (sv_glock held): a rise of fatal starts a new generation
+ * (every context opened before is dead for good, whatever follows), a port state change
+ * another. The phantom's port stays DOWN. */
+static void sv_dev_set(struct sv_dev *d, struct sv_faults f)
+{
+	if (d->phantom)
+		f.port_down = 1;
+	if (f.fatal && !d->faults.fatal)
+		__atomic_add_fetch(&d->fatal_gen, 1, __ATOMIC_RELEASE);
+	if (f.port_down != d->faults.port_down)
+		__atomic_add_fetch(&d->port_gen, 1, __ATOMIC_RELEASE);
+	__atomic_store_n(&d->faults.port_down, f.port_down, __ATOMIC_RELEASE);
+	__atomic_store_n(&d->faults.fatal, f.fatal, __ATOMIC_RELEASE);
+	__atomic_store_n(&d->faults.rtr_delay_ms, f.rtr_delay_ms, __ATOMIC_RELEASE);
+	__atomic_store_n(&d->faults.rtr_fail, f.rtr_fail, __ATOMIC_RELEASE);
+	__atomic_store_n(&d->faults.drop_pct, f.drop_pct, __ATOMIC_RELEASE);
+}
+
+static char *sv_trim(char *p)
+{
+	while (isspace((unsigned char)*p))
+		p++;
+	for (char *e = p + strlen(p); e > p && isspace((unsigned char)e[-1]); e--)
+		e[-1] = 0;
+	return p;
+}
+
+/* sv_ctl_reload re-reads the control file when its contents changed: each device's faults
+ * become the environment's with the file's lines applied on top, in order: `key=value` lines
+ * apply to every device, `<device>.key=value` lines to the device of that name. */
 void sv_ctl_reload(void)
 {
-	static char last[1024];
+	static char last[4096];
 	static int have_last;
-	char buf[1024];
+	char buf[4096];
 
 	if (!sv_cfg.ctl[0])
 		return;
@@ -172,46 +275,48 @@ void sv_ctl_reload(void)
 	}
 	memcpy(last, buf, (size_t)n + 1);
 	have_last = 1;
-	struct sv_faults f = sv_env_faults;
+	struct sv_faults f[SV_MAX_DEVICES];
+	for (int i = 0; i < sv_ndevs; i++)
+		f[i] = sv_env_faults;
 	char *save = NULL;
 	for (char *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
 		char *eq = strchr(line, '=');
 		if (!eq)
 			continue;
 		*eq = 0;
-		char *k = line, *v = eq + 1;
-		while (isspace((unsigned char)*k))
-			k++;
-		for (char *e = k + strlen(k); e > k && isspace((unsigned char)e[-1]); e--)
-			e[-1] = 0;
-		while (isspace((unsigned char)*v))
-			v++;
-		for (char *e = v + strlen(v); e > v && isspace((unsigned char)e[-1]); e--)
-			e[-1] = 0;
-		sv_fault_kv(&f, k, v);
+		char *k = sv_trim(line), *v = sv_trim(eq + 1);
+		char *dot = strrchr(k, '.');
+		for (int i = 0; i < sv_ndevs; i++) {
+			if (!dot)
+				sv_fault_kv(&f[i], k, v);
+			else if ((size_t)(dot - k) == strlen(sv_devs[i].dev.name) &&
+				 !strncmp(k, sv_devs[i].dev.name, (size_t)(dot - k)))
+				sv_fault_kv(&f[i], dot + 1, v);
+		}
 	}
-	sv_faults = f;
+	for (int i = 0; i < sv_ndevs; i++)
+		sv_dev_set(&sv_devs[i], f[i]);
 	pthread_mutex_unlock(&sv_glock);
 }
 
-void sv_faults_snapshot(struct sv_faults *f)
+void sv_faults_snapshot(const struct sv_dev *d, struct sv_faults *f)
 {
 	pthread_mutex_lock(&sv_glock);
-	*f = sv_faults;
+	*f = d->faults;
 	pthread_mutex_unlock(&sv_glock);
 }
 
 /* The GID table. Ethernet (RoCE, as mlx5 lists an IPv4 netdev): 0 RoCE v1 fe80::, 1 RoCE v2
  * fe80::, 2 RoCE v1 ::ffff:a.b.c.d, 3 RoCE v2 ::ffff:a.b.c.d, the rest empty. InfiniBand: 0
  * fe80::GUID, the rest empty. */
-int sv_gid_at(unsigned index, struct sv_gid *out)
+int sv_gid_at(const struct sv_dev *d, unsigned index, struct sv_gid *out)
 {
-	sv_global_init();
 	memset(out, 0, sizeof(*out));
 	if (index >= SV_GID_TBL_LEN)
 		return EINVAL;
 	uint8_t *g = out->gid.raw;
-	uint8_t eui[8] = {0x00, 0x00, sv_cfg.ip[0], 0xff, 0xfe, sv_cfg.ip[1], sv_cfg.ip[2], sv_cfg.ip[3]};
+	const uint8_t *ip = d->ip;
+	uint8_t eui[8] = {0x00, 0x00, ip[0], 0xff, 0xfe, ip[1], ip[2], ip[3]};
 	if (sv_cfg.ib) {
 		if (index != 0)
 			return ENODATA;
@@ -235,7 +340,7 @@ int sv_gid_at(unsigned index, struct sv_gid *out)
 	case 2:
 	case 3:
 		g[10] = g[11] = 0xff;
-		memcpy(g + 12, sv_cfg.ip, 4);
+		memcpy(g + 12, ip, 4);
 		break;
 	default:
 		return ENODATA;
@@ -274,14 +379,16 @@ int sv_gid_ipv4(const union ibv_gid *g, uint8_t ip[4])
 
 SV_EXPORT struct ibv_device **ibv_get_device_list(int *num_devices)
 {
-	struct ibv_device **l = calloc(2, sizeof(*l));
+	sv_global_init();
+	struct ibv_device **l = calloc((size_t)sv_ndevs + 1, sizeof(*l));
 	if (!l) {
 		errno = ENOMEM;
 		return NULL;
 	}
-	l[0] = sv_device();
+	for (int i = 0; i < sv_ndevs; i++)
+		l[i] = &sv_devs[i].dev;
 	if (num_devices)
-		*num_devices = 1;
+		*num_devices = sv_ndevs;
 	return l;
 }
 
@@ -301,14 +408,14 @@ SV_EXPORT const char *ibv_get_device_name(struct ibv_device *device)
 
 SV_EXPORT __be64 ibv_get_device_guid(struct ibv_device *device)
 {
-	if (device != sv_device())
-		return 0;
-	return htobe64(sv_node_guid());
+	struct sv_dev *d = sv_dev_of(device);
+	return d ? htobe64(d->guid) : 0;
 }
 
 SV_EXPORT int ibv_get_device_index(struct ibv_device *device)
 {
-	return device == sv_device() ? 0 : -1;
+	struct sv_dev *d = sv_dev_of(device);
+	return d ? d->index : -1;
 }
 
 SV_EXPORT const char *ibv_get_sysfs_path(void)
@@ -316,34 +423,83 @@ SV_EXPORT const char *ibv_get_sysfs_path(void)
 	return "/sys";
 }
 
-/* ibv_read_sysfs_file answers the few attributes of the softverbs device from its made-up
- * path, and reads real sysfs files otherwise. */
+/* sv_sysfs_attr answers rel, a path below a device's made-up sysfs directory, as the kernel's
+ * files read: the device's attributes, its port's state and its statistics (hw_counters).
+ * NULL: no such file. */
+static const char *sv_sysfs_attr(struct sv_dev *d, const char *rel, int ibdev, char *tmp, size_t n)
+{
+	if (!strcmp(rel, "board_id"))
+		return "SOFTVERBS_0001";
+	if (!strcmp(rel, "fw_ver"))
+		return "1.0.0";
+	if (!strcmp(rel, "node_type"))
+		return "1: CA";
+	if (!strcmp(rel, "ibdev"))
+		return d->dev.name;
+	if (!ibdev)
+		return NULL;
+	if (!strcmp(rel, "node_guid") || !strcmp(rel, "sys_image_guid")) {
+		snprintf(tmp, n, "%04x:%04x:%04x:%04x", (unsigned)(d->guid >> 48) & 0xffff,
+			 (unsigned)(d->guid >> 32) & 0xffff, (unsigned)(d->guid >> 16) & 0xffff,
+			 (unsigned)d->guid & 0xffff);
+		return tmp;
+	}
+	if (strncmp(rel, "ports/1/", 8))
+		return NULL;
+	rel += 8;
+	int down = sv_dev_port_down(d) || sv_dev_fatal(d);
+	if (!strcmp(rel, "state"))
+		return down ? "1: DOWN" : "4: ACTIVE";
+	if (!strcmp(rel, "phys_state"))
+		return !down ? "5: LinkUp" : d->phantom ? "2: Polling" : "3: Disabled";
+	if (!strcmp(rel, "link_layer"))
+		return sv_cfg.ib ? "InfiniBand" : "Ethernet";
+	if (!strcmp(rel, "lid")) {
+		snprintf(tmp, n, "0x%x", sv_cfg.ib ? d->lid : 0);
+		return tmp;
+	}
+	if (!strncmp(rel, "hw_counters/", 12)) {
+		for (int i = 0; i < SV_NCNT; i++)
+			if (!strcmp(rel + 12, sv_counter_names[i])) {
+				snprintf(tmp, n, "%llu",
+					 (unsigned long long)__atomic_load_n(&d->cnt[i], __ATOMIC_RELAXED));
+				return tmp;
+			}
+	}
+	return NULL;
+}
+
+/* ibv_read_sysfs_file answers the files below a softverbs device's made-up paths
+ * (/sys/class/infiniband/<name>, /sys/class/infiniband_verbs/uverbs_<name>), and reads real
+ * sysfs files otherwise. */
 SV_EXPORT int ibv_read_sysfs_file(const char *dir, const char *file, char *buf, size_t size)
 {
 	if (!dir || !file || !buf || !size) {
 		errno = EINVAL;
 		return -1;
 	}
-	struct ibv_device *d = sv_device();
-	if (!strcmp(dir, d->ibdev_path) || !strcmp(dir, d->dev_path)) {
-		const char *v = NULL;
-		if (!strcmp(file, "board_id"))
-			v = "SOFTVERBS_0001";
-		else if (!strcmp(file, "fw_ver"))
-			v = "1.0.0";
-		else if (!strcmp(file, "node_type"))
-			v = "1: CA";
-		else if (!strcmp(file, "ibdev"))
-			v = d->name;
-		if (!v) {
-			errno = ENOENT;
-			return -1;
-		}
-		snprintf(buf, size, "%s", v);
-		return (int)strlen(buf);
-	}
-	char path[512];
+	char path[512], tmp[64];
 	snprintf(path, sizeof(path), "%s/%s", dir, file);
+	sv_global_init();
+	for (int i = 0; i < sv_ndevs; i++) {
+		struct sv_dev *d = &sv_devs[i];
+		for (int ib = 0; ib < 2; ib++) {
+			const char *base = ib ? d->dev.ibdev_path : d->dev.dev_path;
+			size_t bl = strlen(base);
+			if (strncmp(path, base, bl) || path[bl] != '/')
+				continue;
+			const char *rel = path + bl;
+			while (*rel == '/')
+				rel++;
+			const char *v = sv_sysfs_attr(d, rel, ib, tmp, sizeof(tmp));
+			if (!v) {
+				errno = ENOENT;
+				return -1;
+			}
+			snprintf(buf, size, "%s", v);
+			return (int)strlen(buf);
+		}
+	}
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return -1;

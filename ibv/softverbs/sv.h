@@ -1,5 +1,5 @@
-/* softverbs internals: a userspace libibverbs.so.1 with one software RoCE/IB device whose RC
- * queue pairs talk over UDP (see README.md). */
+/* softverbs internals: a userspace libibverbs.so.1 with software RoCE/IB devices (one by
+ * default) whose RC queue pairs talk over UDP (see README.md). */
 #ifndef SOFTVERBS_SV_H
 #define SOFTVERBS_SV_H
 
@@ -34,17 +34,14 @@ enum {
 };
 
 struct sv_config {
-	char name[IBV_SYSFS_NAME_MAX];
-	uint8_t ip[4];        /* the port's IPv4 address */
 	int ib;               /* link layer InfiniBand instead of Ethernet */
 	int roce_v1_only;     /* Ethernet: the RoCE v2 entries (1, 3) empty, as a v1-only NIC */
-	uint16_t lid;         /* IB mode */
 	enum ibv_mtu active_mtu;
 	int64_t min_ack_ns;   /* floor of the local ACK timeout */
 	char ctl[256];        /* fault control file, watched */
 };
 
-/* Faults, process-wide, set from the environment at load and from the control file. */
+/* Faults of one device, set from the environment at load and from the control file. */
 struct sv_faults {
 	int port_down;
 	int fatal;
@@ -53,9 +50,47 @@ struct sv_faults {
 	int drop_pct;    /* outgoing packets dropped, percent */
 };
 
+/* Device statistics, as a NIC's hw_counters (ibv_read_sysfs_file of
+ * <ibdev_path>/ports/1/hw_counters/<name>); sv_counter_names holds the names. */
+enum sv_counter {
+	SV_CNT_TX_PACKETS,
+	SV_CNT_RX_PACKETS,
+	SV_CNT_TX_DROPPED,      /* not sent: port down, device dead, drop_pct */
+	SV_CNT_RX_DROPPED,      /* received while the port was down or the device dead */
+	SV_CNT_RNR_NAK_SENT,
+	SV_CNT_RNR_NAK_RECV,
+	SV_CNT_SEQ_NAK_SENT,
+	SV_CNT_SEQ_NAK_RECV,
+	SV_CNT_DUPLICATE,       /* duplicate requests, ACKed again and not placed */
+	SV_CNT_ACK_TIMEOUT,     /* local ACK timer expiries with packets outstanding */
+	SV_CNT_RETRY_EXC,       /* WQEs completed with RETRY_EXC_ERR */
+	SV_CNT_RNR_RETRY_EXC,   /* WQEs completed with RNR_RETRY_EXC_ERR */
+	SV_NCNT
+};
+extern const char *const sv_counter_names[SV_NCNT];
+
+enum { SV_MAX_DEVICES = 16 };
+
+/* One device: one port, its own address, GID table, faults and statistics. Written at load,
+ * then only its faults (under sv_glock, fields stored atomically so that the packet path may
+ * read them without the lock), its generations and its counters change. */
+struct sv_dev {
+	struct ibv_device dev; /* what ibv_get_device_list hands out */
+	int index;
+	int phantom;           /* a NIC with no cable: its port is always DOWN */
+	uint8_t ip[4];         /* the port's IPv4 address */
+	uint16_t lid;          /* IB mode */
+	uint64_t guid;         /* node GUID, host order */
+	struct sv_faults faults;
+	uint32_t fatal_gen;    /* bumped each time the device turns fatal */
+	uint32_t port_gen;     /* bumped at each port state change */
+	uint64_t cnt[SV_NCNT];
+};
+
 extern struct sv_config sv_cfg;
 extern pthread_mutex_t sv_glock;
-extern struct sv_faults sv_faults;
+extern struct sv_dev sv_devs[SV_MAX_DEVICES];
+extern int sv_ndevs;
 
 struct sv_gid {
 	union ibv_gid gid;
@@ -63,16 +98,24 @@ struct sv_gid {
 	int valid;
 };
 
-/* sv_gid_at fills the GID table entry index; 0, EINVAL (out of range) or ENODATA (empty). */
-int sv_gid_at(unsigned index, struct sv_gid *out);
+/* sv_gid_at fills the GID table entry index of d; 0, EINVAL (out of range) or ENODATA (empty). */
+int sv_gid_at(const struct sv_dev *d, unsigned index, struct sv_gid *out);
 /* sv_gid_ipv4 resolves a GID to the IPv4 address its packets go to; 0 or -1. */
 int sv_gid_ipv4(const union ibv_gid *g, uint8_t ip[4]);
 int sv_gid_is_v4mapped(const union ibv_gid *g);
-void sv_faults_snapshot(struct sv_faults *f);
+void sv_faults_snapshot(const struct sv_dev *d, struct sv_faults *f);
 int64_t sv_now_ns(void);
 void sv_global_init(void);
 void sv_ctl_reload(void);
-struct ibv_device *sv_device(void);
-uint64_t sv_node_guid(void);
+/* sv_dev_of is the softverbs device behind an ibv_device, or NULL. */
+struct sv_dev *sv_dev_of(const struct ibv_device *d);
+/* sv_dev_port_down: the port is DOWN now (no cable, administratively down). */
+int sv_dev_port_down(const struct sv_dev *d);
+int sv_dev_fatal(const struct sv_dev *d);
+
+static inline void sv_count(struct sv_dev *d, enum sv_counter k)
+{
+	__atomic_add_fetch(&d->cnt[k], 1, __ATOMIC_RELAXED);
+}
 
 #endif

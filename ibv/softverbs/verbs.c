@@ -131,7 +131,9 @@ struct sv_ctx {
 	uint32_t next_key;
 	struct sv_async *aq;
 	int aqlen, aqcap, asig;
-	int port_down, fatal;
+	struct sv_dev *dev;
+	int port_down, fatal;          /* as this context last saw them (events), fatal latched */
+	uint32_t fatal_gen, port_gen;  /* the device's generations this context has seen */
 	unsigned rnd;
 };
 
@@ -144,9 +146,19 @@ static inline struct sv_ctx *sv_ctx(struct ibv_context *c)
 	return (struct sv_ctx *)((char *)c - offsetof(struct sv_ctx, vctx.context));
 }
 
+/* sv_dead: the device died (fatal) since this context was opened; it stays dead even when
+ * the device comes back for new contexts. Read live, as the NIC's state. */
+static int sv_dead(struct sv_ctx *c)
+{
+	return c->fatal || sv_dev_fatal(c->dev) ||
+	       __atomic_load_n(&c->dev->fatal_gen, __ATOMIC_ACQUIRE) != c->fatal_gen;
+}
+
+/* sv_port_active: the port passes packets now (the device's live state: a context learns of
+ * a change through its async events later, as from a NIC). */
 static int sv_port_active(struct sv_ctx *c)
 {
-	return !c->port_down && !c->fatal;
+	return !sv_dev_port_down(c->dev) && !sv_dead(c);
 }
 
 /* ---- async events ---- */
@@ -298,11 +310,11 @@ SV_EXPORT void ibv_ack_async_event(struct ibv_async_event *event)
 
 /* ---- device and port queries ---- */
 
-static void sv_fill_device_attr(struct ibv_device_attr *a)
+static void sv_fill_device_attr(const struct sv_dev *d, struct ibv_device_attr *a)
 {
 	memset(a, 0, sizeof(*a));
 	snprintf(a->fw_ver, sizeof(a->fw_ver), "1.0.0 (softverbs)");
-	a->node_guid = htobe64(sv_node_guid());
+	a->node_guid = htobe64(d->guid);
 	a->sys_image_guid = a->node_guid;
 	a->max_mr_size = ~0ULL;
 	a->page_size_cap = ~4095ULL;
@@ -338,7 +350,7 @@ SV_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_at
 {
 	if (!context || !device_attr)
 		return EINVAL;
-	sv_fill_device_attr(device_attr);
+	sv_fill_device_attr(sv_ctx(context)->dev, device_attr);
 	return 0;
 }
 
@@ -353,7 +365,7 @@ static int sv_query_device_ex(struct ibv_context *context, const struct ibv_quer
 	if (attr_size < sizeof(attr->orig_attr))
 		return EINVAL;
 	memset(&a, 0, sizeof(a));
-	sv_fill_device_attr(&a.orig_attr);
+	sv_fill_device_attr(sv_ctx(context)->dev, &a.orig_attr);
 	memset(attr, 0, attr_size);
 	memcpy(attr, &a, attr_size < sizeof(a) ? attr_size : sizeof(a));
 	return 0;
@@ -370,13 +382,13 @@ static void sv_fill_port_attr(struct sv_ctx *c, struct ibv_port_attr *p)
 	p->port_cap_flags = sv_cfg.ib ? IBV_PORT_CM_SUP : IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS;
 	p->max_msg_sz = SV_MAX_MSG;
 	p->pkey_tbl_len = sv_cfg.ib ? SV_PKEY_TBL_LEN_IB : SV_PKEY_TBL_LEN_ETH;
-	p->lid = sv_cfg.ib ? sv_cfg.lid : 0;
-	p->sm_lid = sv_cfg.ib ? sv_cfg.lid : 0;
+	p->lid = sv_cfg.ib ? c->dev->lid : 0;
+	p->sm_lid = sv_cfg.ib ? sv_devs[0].lid : 0;
 	p->max_vl_num = sv_cfg.ib ? 4 : 0;
 	p->subnet_timeout = sv_cfg.ib ? 18 : 0;
 	p->active_width = 2;  /* 4x */
 	p->active_speed = 32; /* EDR: 4x EDR is 100 Gb/s */
-	p->phys_state = up ? 5 : 3; /* LinkUp : Disabled */
+	p->phys_state = up ? 5 : c->dev->phantom ? 2 : 3; /* LinkUp : Polling (no cable) : Disabled */
 	p->link_layer = sv_cfg.ib ? IBV_LINK_LAYER_INFINIBAND : IBV_LINK_LAYER_ETHERNET;
 }
 
@@ -412,7 +424,7 @@ SV_EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port_num, int i
 		errno = EINVAL;
 		return -1;
 	}
-	int rc = sv_gid_at((unsigned)index, &g);
+	int rc = sv_gid_at(sv_ctx(context)->dev, (unsigned)index, &g);
 	if (rc == EINVAL) {
 		errno = EINVAL;
 		return -1;
@@ -427,7 +439,7 @@ SV_EXPORT int _ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, 
 	struct sv_gid g;
 	if (!context || !entry || flags || entry_size < sizeof(*entry) || port_num != 1)
 		return EINVAL;
-	int rc = sv_gid_at(gid_index, &g);
+	int rc = sv_gid_at(sv_ctx(context)->dev, gid_index, &g);
 	if (rc)
 		return rc;
 	memset(entry, 0, entry_size);
@@ -445,15 +457,16 @@ SV_EXPORT ssize_t _ibv_query_gid_table(struct ibv_context *context, struct ibv_g
 	struct sv_gid g;
 	if (!context || flags || entry_size < sizeof(*entries))
 		return -EINVAL;
+	const struct sv_dev *d = sv_ctx(context)->dev;
 	size_t n = 0;
 	for (unsigned i = 0; i < SV_GID_TBL_LEN; i++)
-		if (!sv_gid_at(i, &g))
+		if (!sv_gid_at(d, i, &g))
 			n++;
 	if (n > max_entries || (n && !entries))
 		return -EINVAL;
 	n = 0;
 	for (unsigned i = 0; i < SV_GID_TBL_LEN; i++) {
-		if (sv_gid_at(i, &g))
+		if (sv_gid_at(d, i, &g))
 			continue;
 		struct ibv_gid_entry *e = (struct ibv_gid_entry *)((char *)entries + n * entry_size);
 		memset(e, 0, entry_size);
@@ -476,7 +489,7 @@ SV_EXPORT int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, 
 		errno = EINVAL;
 		return -1;
 	}
-	int rc = sv_gid_at(index, &g);
+	int rc = sv_gid_at(sv_ctx(context)->dev, index, &g);
 	if (rc == ENODATA) {
 		*type = 0;
 		return 0;
@@ -731,7 +744,7 @@ SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, voi
 		return NULL;
 	}
 	struct sv_ctx *c = sv_ctx(context);
-	if (c->fatal) {
+	if (sv_dead(c)) {
 		errno = EIO;
 		return NULL;
 	}
@@ -838,7 +851,7 @@ SV_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
 		errno = EINVAL;
 		return NULL;
 	}
-	if (sv_ctx(context)->fatal) {
+	if (sv_dead(sv_ctx(context))) {
 		errno = EIO;
 		return NULL;
 	}
@@ -896,7 +909,7 @@ static struct ibv_mr *sv_reg(struct ibv_pd *ibpd, void *addr, size_t length, uin
 		return NULL;
 	}
 	struct sv_ctx *c = sv_ctx(ibpd->context);
-	if (c->fatal) {
+	if (sv_dead(c)) {
 		errno = EIO;
 		return NULL;
 	}
@@ -1053,11 +1066,16 @@ static void sv_send_pkt(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *
 {
 	struct sv_ctx *c = q->ctx;
 	uint8_t buf[SV_HDR_LEN + SV_MAX_PAYLOAD];
-	if (!sv_port_active(c))
+	if (!sv_port_active(c)) {
+		sv_count(c->dev, SV_CNT_TX_DROPPED);
 		return;
-	int drop = __atomic_load_n(&sv_faults.drop_pct, __ATOMIC_RELAXED);
-	if (drop && (int)(rand_r(&c->rnd) % 100) < drop)
+	}
+	int drop = __atomic_load_n(&c->dev->faults.drop_pct, __ATOMIC_RELAXED);
+	if (drop && (int)(rand_r(&c->rnd) % 100) < drop) {
+		sv_count(c->dev, SV_CNT_TX_DROPPED);
 		return;
+	}
+	sv_count(c->dev, SV_CNT_TX_PACKETS);
 	sv_encode(h, buf);
 	if (h->len)
 		memcpy(buf + SV_HDR_LEN, payload, h->len);
@@ -1133,6 +1151,10 @@ static void sv_qp_error(struct sv_qp *q)
 /* sv_fail completes the oldest outstanding send WQE with st and moves q to ERR. */
 static void sv_fail(struct sv_qp *q, enum ibv_wc_status st)
 {
+	if (st == IBV_WC_RETRY_EXC_ERR)
+		sv_count(q->ctx->dev, SV_CNT_RETRY_EXC);
+	else if (st == IBV_WC_RNR_RETRY_EXC_ERR)
+		sv_count(q->ctx->dev, SV_CNT_RNR_RETRY_EXC);
 	if (q->sq_done != q->sq_tail) {
 		struct sv_swqe *w = &q->sq[q->sq_done % q->sq_cap];
 		w->signaled = 1;
@@ -1248,6 +1270,7 @@ static void sv_on_nak(struct sv_qp *q, const struct sv_hdr *h, int64_t now)
 		return;
 	switch (h->synd) {
 	case SV_NAK_RNR:
+		sv_count(q->ctx->dev, SV_CNT_RNR_NAK_RECV);
 		q->retries = 0; /* the peer answered: the path works */
 		if (q->attr.rnr_retry != 7 && ++q->rnr_retries > q->attr.rnr_retry) {
 			sv_fail(q, IBV_WC_RNR_RETRY_EXC_ERR);
@@ -1259,6 +1282,7 @@ static void sv_on_nak(struct sv_qp *q, const struct sv_hdr *h, int64_t now)
 		sv_wake(q->ctx, q->resume_at);
 		return;
 	case SV_NAK_SEQ:
+		sv_count(q->ctx->dev, SV_CNT_SEQ_NAK_RECV);
 		if (q->resume_at)
 			return;
 		sv_rewind(q);
@@ -1308,12 +1332,14 @@ static void sv_on_send(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *p
 		return;
 	int32_t d = sv_psn_diff(h->psn, q->epsn);
 	if (d < 0) {
+		sv_count(q->ctx->dev, SV_CNT_DUPLICATE);
 		sv_send_ctl(q, SV_OP_ACK, 0, 0, q->epsn - 1);
 		return;
 	}
 	if (d > 0) {
 		if (!q->nak_sent) {
 			q->nak_sent = 1;
+			sv_count(q->ctx->dev, SV_CNT_SEQ_NAK_SENT);
 			sv_send_ctl(q, SV_OP_NAK, SV_NAK_SEQ, 0, q->epsn);
 		}
 		return;
@@ -1333,6 +1359,7 @@ static void sv_on_send(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *p
 	if (first) {
 		if (q->rq_head == q->rq_tail) {
 			q->nak_sent = 1;
+			sv_count(q->ctx->dev, SV_CNT_RNR_NAK_SENT);
 			sv_send_ctl(q, SV_OP_NAK, SV_NAK_RNR, q->attr.min_rnr_timer, h->psn);
 			return;
 		}
@@ -1380,8 +1407,11 @@ static void sv_on_packet(struct sv_qp *q, const uint8_t *buf, size_t n, int64_t 
 	struct sv_hdr h;
 	if (sv_decode(buf, n, &h) || h.dqpn != q->qp.qp_num)
 		return;
-	if (!sv_port_active(q->ctx))
+	if (!sv_port_active(q->ctx)) {
+		sv_count(q->ctx->dev, SV_CNT_RX_DROPPED);
 		return;
+	}
+	sv_count(q->ctx->dev, SV_CNT_RX_PACKETS);
 	if (sv_op_is_send(h.op)) {
 		sv_on_send(q, &h, buf + SV_HDR_LEN);
 	} else if (q->state == IBV_QPS_RTS || q->state == IBV_QPS_SQD) {
@@ -1408,6 +1438,7 @@ static void sv_timers(struct sv_ctx *c, int64_t now)
 			q->ack_deadline = 0;
 			if (!sv_inflight(q))
 				continue;
+			sv_count(c->dev, SV_CNT_ACK_TIMEOUT);
 			if (++q->retries > q->attr.retry_cnt) {
 				sv_fail(q, IBV_WC_RETRY_EXC_ERR);
 			} else {
@@ -1431,12 +1462,17 @@ static int64_t sv_next_deadline(struct sv_ctx *c)
 	return dl;
 }
 
-/* sv_faults_apply raises the events of fault changes seen by this context. */
+/* sv_faults_apply raises the events of the device's changes this context has not seen yet:
+ * DEVICE_FATAL once (every QP to ERR, flushed), PORT_ERR / PORT_ACTIVE for each port change
+ * (a down-and-up flap between two looks gives both). */
 static void sv_faults_apply(struct sv_ctx *c)
 {
-	struct sv_faults f;
-	sv_faults_snapshot(&f);
-	if (f.fatal && !c->fatal) {
+	struct sv_dev *d = c->dev;
+	pthread_mutex_lock(&sv_glock);
+	int port_down = d->faults.port_down;
+	uint32_t port_gen = d->port_gen;
+	pthread_mutex_unlock(&sv_glock);
+	if (sv_dead(c) && !c->fatal) {
 		c->fatal = 1;
 		sv_async_push(c, IBV_EVENT_DEVICE_FATAL, NULL, 0);
 		for (struct sv_qp *q = c->qlist; q; q = q->next) {
@@ -1444,10 +1480,13 @@ static void sv_faults_apply(struct sv_ctx *c)
 			sv_check_overrun(q);
 		}
 	}
-	if (f.port_down != c->port_down && !c->fatal) {
-		c->port_down = f.port_down;
-		sv_async_push(c, f.port_down ? IBV_EVENT_PORT_ERR : IBV_EVENT_PORT_ACTIVE, NULL, 1);
-	}
+	if (c->fatal || port_gen == c->port_gen)
+		return;
+	if (port_down == c->port_down)
+		sv_async_push(c, port_down ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR, NULL, 1);
+	sv_async_push(c, port_down ? IBV_EVENT_PORT_ERR : IBV_EVENT_PORT_ACTIVE, NULL, 1);
+	c->port_down = port_down;
+	c->port_gen = port_gen;
 }
 
 /* sv_rx reads the sockets epoll reported ready and handles their packets. Context lock held.
@@ -1661,7 +1700,7 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *ibpd, struct ibv_qp_init_a
 		return NULL;
 	}
 	struct sv_ctx *c = sv_ctx(ibpd->context);
-	if (c->fatal) {
+	if (sv_dead(c)) {
 		errno = EIO;
 		return NULL;
 	}
@@ -1686,7 +1725,7 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *ibpd, struct ibv_qp_init_a
 	setsockopt(q->fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
 	setsockopt(q->fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
 	struct sockaddr_in sa = {.sin_family = AF_INET};
-	memcpy(&sa.sin_addr, sv_cfg.ip, 4);
+	memcpy(&sa.sin_addr, c->dev->ip, 4);
 	if (bind(q->fd, (struct sockaddr *)&sa, sizeof(sa))) {
 		sa.sin_addr.s_addr = htonl(INADDR_ANY);
 		if (bind(q->fd, (struct sockaddr *)&sa, sizeof(sa)))
@@ -1849,7 +1888,8 @@ static struct sv_trans sv_rule(enum ibv_qp_state cur, enum ibv_qp_state next)
 
 /* sv_resolve checks an address vector as the kernel's address resolution would and gives the
  * UDP destination of dest_qpn. */
-static int sv_resolve(const struct ibv_ah_attr *ah, uint32_t dest_qpn, struct sockaddr_in *out)
+static int sv_resolve(const struct sv_dev *d, const struct ibv_ah_attr *ah, uint32_t dest_qpn,
+		      struct sockaddr_in *out)
 {
 	uint8_t ip[4];
 	if (ah->port_num > 1)
@@ -1859,10 +1899,15 @@ static int sv_resolve(const struct ibv_ah_attr *ah, uint32_t dest_qpn, struct so
 			return EINVAL; /* RoCE needs a GRH */
 		if (ah->dlid == 0 || ah->dlid >= 0xc000)
 			return EINVAL;
-		memcpy(ip, sv_cfg.ip, 4); /* IB mode without a GRH reaches this host only */
+		/* IB mode without a GRH reaches this host only: the device with that LID, else this
+		 * device itself. */
+		memcpy(ip, d->ip, 4);
+		for (int i = 0; i < sv_ndevs; i++)
+			if (sv_devs[i].lid == ah->dlid)
+				memcpy(ip, sv_devs[i].ip, 4);
 	} else {
 		struct sv_gid s;
-		if (sv_gid_at(ah->grh.sgid_index, &s))
+		if (sv_gid_at(d, ah->grh.sgid_index, &s))
 			return EINVAL; /* out of range or empty */
 		if (sv_gid_is_v4mapped(&s.gid) != sv_gid_is_v4mapped(&ah->grh.dgid))
 			return EINVAL;
@@ -1887,7 +1932,7 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 	struct sv_faults f;
 	if ((mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RTR)
 		sv_ctl_reload(); /* RTR faults apply from the next call on */
-	sv_faults_snapshot(&f);
+	sv_faults_snapshot(c->dev, &f);
 	pthread_mutex_lock(&c->lk);
 	enum ibv_qp_state cur = q->state;
 	int rc = EINVAL;
@@ -1926,7 +1971,7 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 	struct sockaddr_in dest = q->dest;
 	if (mask & IBV_QP_AV) {
 		uint32_t dqpn = (mask & IBV_QP_DEST_QPN) ? attr->dest_qp_num : q->attr.dest_qp_num;
-		rc = sv_resolve(&attr->ah_attr, dqpn, &dest);
+		rc = sv_resolve(c->dev, &attr->ah_attr, dqpn, &dest);
 		if (rc)
 			goto out;
 		rc = EINVAL;
@@ -1946,7 +1991,7 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 				goto out;
 		}
 	}
-	if (c->fatal && next != IBV_QPS_RESET && next != IBV_QPS_ERR) {
+	if (sv_dead(c) && next != IBV_QPS_RESET && next != IBV_QPS_ERR) {
 		rc = EIO;
 		goto out;
 	}
@@ -2175,14 +2220,13 @@ SV_EXPORT int ibv_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint
 
 SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
-	if (!device || device != sv_device()) {
+	struct sv_dev *d = sv_dev_of(device);
+	if (!d) {
 		errno = ENODEV;
 		return NULL;
 	}
-	struct sv_faults f;
 	sv_ctl_reload();
-	sv_faults_snapshot(&f);
-	if (f.fatal) {
+	if (sv_dev_fatal(d)) {
 		errno = EIO;
 		return NULL;
 	}
@@ -2213,7 +2257,22 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	pthread_mutex_init(&c->lk, NULL);
 	c->next_key = 0x100 + (uint32_t)(sv_now_ns() & 0xff00);
 	c->rnd = (unsigned)sv_now_ns();
-	c->port_down = f.port_down;
+	c->dev = d;
+	pthread_mutex_lock(&sv_glock);
+	int dead = d->faults.fatal;
+	c->fatal_gen = d->fatal_gen;
+	c->port_gen = d->port_gen;
+	c->port_down = d->faults.port_down;
+	pthread_mutex_unlock(&sv_glock);
+	if (dead) {
+		close(c->epfd);
+		close(c->wakefd);
+		close(afd);
+		free(c->qps);
+		free(c);
+		errno = EIO;
+		return NULL;
+	}
 	struct ibv_context *ctx = &c->vctx.context;
 	ctx->device = device;
 	ctx->cmd_fd = -1;
