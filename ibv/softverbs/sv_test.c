@@ -4,8 +4,11 @@
  * do the same): modify-QP attribute rules, bad arguments, busy rules, RC delivery (inline,
  * SGE lists, immediate, segmentation, loss recovery), RNR, flush, CQ overrun, retry exceeded
  * on a killed peer process, completion channel and async events, and the faults of the
- * control file. Every wait is bounded (generous, for loaded machines) and nothing asserts a
- * tight timing. Run with LD_LIBRARY_PATH pointing at build/softverbs. */
+ * control file; then, in a child with SOFTVERBS_DEVICES=2 SOFTVERBS_PHANTOM=1, several
+ * devices: the list, the phantom, traffic between devices, statistics
+ * (ibv_read_sysfs_file of hw_counters) and per-device faults (a port down, a cut restored,
+ * a device killed and back). Every wait is bounded (generous, for loaded machines) and
+ * nothing asserts a tight timing. Run with LD_LIBRARY_PATH pointing at build/softverbs. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +26,11 @@
 
 static int failures;
 static const char *cur_test = "";
+
+struct sv_case {
+	const char *name;
+	void (*fn)(void);
+};
 static char ctl_path[256];
 
 #define CHECK(cond, ...)                                                                           \
@@ -90,16 +98,24 @@ static struct qopts defaults(void)
 			      .rnr_retry = 7, .min_rnr = 12};
 }
 
-static struct ibv_context *open_dev(void)
+/* open_dev_at opens the device at index i of the list (errno set when it cannot). */
+static struct ibv_context *open_dev_at(int i)
 {
 	int n = 0;
 	struct ibv_device **l = ibv_get_device_list(&n);
-	if (!l || n < 1)
+	if (!l || n <= i) {
+		if (l)
+			ibv_free_device_list(l);
+		errno = ENODEV;
 		return NULL;
-	struct ibv_context *c = ibv_open_device(l[0]);
+	}
+	struct ibv_context *c = ibv_open_device(l[i]);
+	int e = errno;
 	ibv_free_device_list(l);
+	errno = e;
 	return c;
 }
+
 
 static struct ibv_qp *new_qp(struct side *s, struct qopts o)
 {
@@ -162,10 +178,10 @@ static int connect_qp(struct ibv_qp *qp, struct ibv_context *ctx, uint32_t dqpn,
 	return ibv_modify_qp(qp, &a, RTS_MASK);
 }
 
-static int new_side(struct side *s, struct qopts o)
+static int new_side_at(struct side *s, struct qopts o, int dev)
 {
 	memset(s, 0, sizeof(*s));
-	s->ctx = open_dev();
+	s->ctx = open_dev_at(dev);
 	if (!s->ctx)
 		return -1;
 	s->pd = ibv_alloc_pd(s->ctx);
@@ -180,6 +196,11 @@ static int new_side(struct side *s, struct qopts o)
 	if (!s->qp || to_init(s->qp))
 		return -1;
 	return 0;
+}
+
+static int new_side(struct side *s, struct qopts o)
+{
+	return new_side_at(s, o, 0);
 }
 
 static void free_side(struct side *s)
@@ -928,32 +949,323 @@ static void test_post_before_rts(void)
 	free_side(&b);
 }
 
-int main(void)
+/* ---- several devices (run in a child with SOFTVERBS_DEVICES=2 SOFTVERBS_PHANTOM=1) ---- */
+
+/* rdma-core exports it (IBVERBS_1.0) but declares it in a private header. */
+int ibv_read_sysfs_file(const char *dir, const char *file, char *buf, size_t size);
+
+static int read_sysfs(int dev, const char *file, char *buf, size_t n)
 {
+	int cnt = 0;
+	struct ibv_device **l = ibv_get_device_list(&cnt);
+	if (!l || dev >= cnt) {
+		if (l)
+			ibv_free_device_list(l);
+		return -1;
+	}
+	int rc = ibv_read_sysfs_file(l[dev]->ibdev_path, file, buf, n);
+	ibv_free_device_list(l);
+	return rc;
+}
+
+/* counter reads a statistic of device dev; UINT64_MAX when it cannot. */
+static uint64_t counter(int dev, const char *name)
+{
+	char path[128], buf[64];
+	snprintf(path, sizeof(path), "ports/1/hw_counters/%s", name);
+	if (read_sysfs(dev, path, buf, sizeof(buf)) < 0)
+		return UINT64_MAX;
+	return strtoull(buf, NULL, 10);
+}
+
+/* port_state opens device dev (which makes softverbs read its control file at once) and
+ * queries port 1; -1 when it cannot be opened. */
+static int port_state(int dev)
+{
+	struct ibv_context *c = open_dev_at(dev);
+	if (!c)
+		return -1;
+	struct ibv_port_attr pa;
+	int st = ibv_query_port(c, 1, &pa) ? -1 : (int)pa.state;
+	ibv_close_device(c);
+	return st;
+}
+
+/* xpair connects a on device da with b on device db. */
+static int xpair(struct side *a, int da, struct side *b, int db, struct qopts oa, struct qopts ob)
+{
+	if (new_side_at(a, oa, da) || new_side_at(b, ob, db))
+		return -1;
+	if (connect_qp(a->qp, b->ctx, b->qp->qp_num, oa) || connect_qp(b->qp, a->ctx, a->qp->qp_num, ob))
+		return -1;
+	return 0;
+}
+
+static void test_device_list(void)
+{
+	cur_test = "device list";
+	int n = 0;
+	struct ibv_device **l = ibv_get_device_list(&n);
+	REQUIRE(l && n == 3, "3 devices (2 and a phantom), got %d", n);
+	uint64_t guids[3];
+	for (int i = 0; i < 3; i++) {
+		char want[32];
+		snprintf(want, sizeof(want), "softverbs%d", i);
+		CHECK(!strcmp(ibv_get_device_name(l[i]), want), "device %d named %s", i, ibv_get_device_name(l[i]));
+		CHECK(ibv_get_device_index(l[i]) == i, "index %d", i);
+		guids[i] = ibv_get_device_guid(l[i]);
+		struct ibv_context *c = ibv_open_device(l[i]);
+		REQUIRE(c, "open %d: %s", i, strerror(errno));
+		struct ibv_device_attr da;
+		CHECK(!ibv_query_device(c, &da) && da.node_guid == guids[i], "node_guid %d", i);
+		struct ibv_port_attr pa;
+		CHECK(!ibv_query_port(c, 1, &pa), "query_port %d", i);
+		if (i < 2)
+			CHECK(pa.state == IBV_PORT_ACTIVE && pa.phys_state == 5, "device %d ACTIVE", i);
+		else
+			CHECK(pa.state == IBV_PORT_DOWN && pa.phys_state == 2, "phantom DOWN, Polling: %d %d", pa.state,
+			      pa.phys_state);
+		union ibv_gid g;
+		uint8_t ip[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, (uint8_t)(i + 1)};
+		CHECK(!ibv_query_gid(c, 1, 3, &g) && !memcmp(g.raw, ip, 16), "device %d GID[3] ::ffff:127.0.0.%d", i, i + 1);
+		ibv_close_device(c);
+	}
+	CHECK(guids[0] != guids[1] && guids[1] != guids[2] && guids[0] != guids[2], "distinct GUIDs");
+	ibv_free_device_list(l);
+
+	char buf[64];
+	CHECK(read_sysfs(0, "board_id", buf, sizeof(buf)) > 0 && !strcmp(buf, "SOFTVERBS_0001"), "board_id");
+	CHECK(read_sysfs(0, "ports/1/state", buf, sizeof(buf)) > 0 && !strcmp(buf, "4: ACTIVE"), "state %s", buf);
+	CHECK(read_sysfs(2, "ports/1/state", buf, sizeof(buf)) > 0 && !strcmp(buf, "1: DOWN"), "phantom state %s", buf);
+	CHECK(read_sysfs(2, "ports/1/phys_state", buf, sizeof(buf)) > 0 && !strcmp(buf, "2: Polling"), "phys %s", buf);
+	errno = 0;
+	CHECK(read_sysfs(0, "ports/1/hw_counters/no_such_counter", buf, sizeof(buf)) == -1 && errno == ENOENT,
+	      "unknown counter: ENOENT");
+	CHECK(counter(1, "local_ack_timeout") != UINT64_MAX, "local_ack_timeout readable");
+}
+
+/* Traffic between two devices; the statistics count it. */
+static void test_device_traffic(void)
+{
+	cur_test = "two devices";
+	struct side a, b;
+	struct qopts o = defaults();
+	uint64_t tx0 = counter(0, "tx_packets"), rx1 = counter(1, "rx_packets");
+	REQUIRE(!xpair(&a, 0, &b, 1, o, o), "pair across devices");
+	struct ibv_qp_attr at;
+	rtr_attr(&at, b.qp->qp_num, 3, o);
+	ibv_query_gid(b.ctx, 1, 3, &at.ah_attr.grh.dgid);
+	for (int i = 0; i < 4; i++)
+		CHECK(post_recv(&b, b.qp, i, i * 5000, 5000) == 0, "recv");
+	for (int i = 0; i < 4; i++) {
+		memset(a.buf + i * 5000, 'a' + i, 5000);
+		CHECK(post_send(&a, a.qp, i, i * 5000, 5000, IBV_SEND_SIGNALED) == 0, "send");
+	}
+	struct ibv_wc wc[4];
+	CHECK(wait_wcs(b.rcq, wc, 4, 20) == 4, "4 RECVs");
+	for (int i = 0; i < 4; i++)
+		CHECK(wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == (uint64_t)i && wc[i].byte_len == 5000 &&
+			      b.buf[RECV_BASE + i * 5000 + 4999] == 'a' + i,
+		      "recv %d", i);
+	CHECK(wait_wcs(a.scq, wc, 4, 20) == 4 && wc[3].status == IBV_WC_SUCCESS, "4 sends");
+	CHECK(counter(0, "tx_packets") - tx0 >= 20, "device 0 sent 4 x 5 packets");
+	CHECK(counter(1, "rx_packets") - rx1 >= 20, "device 1 received them");
+	free_side(&a);
+	free_side(&b);
+
+	/* RNR NAKs are counted on both ends: 1 + rnr_retry of them for one failed SEND. */
+	struct qopts oa = defaults(), ob = defaults();
+	oa.rnr_retry = 3;
+	ob.min_rnr = 1;
+	REQUIRE(!xpair(&a, 0, &b, 1, oa, ob), "pair");
+	uint64_t sent = counter(1, "rnr_nak_sent"), recv = counter(0, "rnr_nak_received");
+	uint64_t exc = counter(0, "rnr_retry_exceeded");
+	post_send(&a, a.qp, 1, 0, 16, IBV_SEND_SIGNALED);
+	CHECK(wait_wcs(a.scq, wc, 1, 20) == 1 && wc[0].status == IBV_WC_RNR_RETRY_EXC_ERR, "RNR_RETRY_EXC_ERR");
+	CHECK(counter(1, "rnr_nak_sent") - sent == 4, "RNR NAKs sent: %llu",
+	      (unsigned long long)(counter(1, "rnr_nak_sent") - sent));
+	CHECK(counter(0, "rnr_nak_received") - recv == 4, "RNR NAKs received");
+	CHECK(counter(0, "rnr_retry_exceeded") - exc == 1, "rnr_retry_exceeded");
+	free_side(&a);
+	free_side(&b);
+}
+
+/* The faults of one device, through `<device>.key` lines of the control file: its port
+ * down cuts what it carries, and only it, then comes back; its fatal error kills its
+ * contexts, and only its, and it then opens again for new ones. */
+static void test_device_faults(void)
+{
+	cur_test = "per-device faults";
+	struct side a, b, c;
+	struct qopts o = defaults();
+	o.timeout = 10;
+	o.retry_cnt = 2;
+	struct ibv_async_event ev;
+	struct ibv_wc wc[2];
+	REQUIRE(!xpair(&a, 0, &b, 1, o, o), "pair");
+	post_recv(&b, b.qp, 1, 0, 64);
+
+	/* Port of device 1 down: PORT_ERR there, not on device 0; a SEND from 0 retries (each
+	 * expiry counted), then RETRY_EXC_ERR. */
+	set_ctl("softverbs1.port=down\n");
+	CHECK(port_state(1) == IBV_PORT_DOWN, "device 1 DOWN at once after an open");
+	CHECK(port_state(0) == IBV_PORT_ACTIVE, "device 0 still ACTIVE");
+	CHECK(next_async(b.ctx, IBV_EVENT_PORT_ERR, &ev, 10) == 0, "PORT_ERR on device 1");
+	ibv_ack_async_event(&ev);
+	uint64_t t0 = counter(0, "local_ack_timeout"), x0 = counter(0, "retry_exceeded");
+	post_send(&a, a.qp, 1, 0, 16, IBV_SEND_SIGNALED);
+	post_send(&a, a.qp, 2, 0, 16, IBV_SEND_SIGNALED);
+	CHECK(wait_wcs(a.scq, wc, 2, 30) == 2 && wc[0].status == IBV_WC_RETRY_EXC_ERR &&
+		      wc[1].status == IBV_WC_WR_FLUSH_ERR,
+	      "RETRY_EXC_ERR, then flushed: %s", ibv_wc_status_str(wc[0].status));
+	CHECK(counter(0, "local_ack_timeout") - t0 == 3, "1 + retry_cnt ACK timeouts: %llu",
+	      (unsigned long long)(counter(0, "local_ack_timeout") - t0));
+	CHECK(counter(0, "retry_exceeded") - x0 == 1, "retry_exceeded");
+	CHECK(next_async(a.ctx, IBV_EVENT_PORT_ERR, &ev, 0.3) != 0, "no PORT_ERR on device 0");
+	CHECK(cq_empty_for(b.rcq, 10), "nothing placed on device 1");
+	set_ctl("");
+	CHECK(port_state(1) == IBV_PORT_ACTIVE, "device 1 ACTIVE again");
+	CHECK(next_async(b.ctx, IBV_EVENT_PORT_ACTIVE, &ev, 10) == 0, "PORT_ACTIVE on device 1");
+	ibv_ack_async_event(&ev);
+	free_side(&a);
+	free_side(&b);
+
+	/* A cut restored: the SEND lost meanwhile is retransmitted and placed once. */
+	o.retry_cnt = 7;
+	REQUIRE(!xpair(&a, 0, &b, 1, o, o), "pair");
+	post_recv(&b, b.qp, 1, 0, 64);
+	post_recv(&b, b.qp, 2, 64, 64);
+	set_ctl("softverbs0.port=down\nsoftverbs1.port=down\n");
+	CHECK(port_state(0) == IBV_PORT_DOWN && port_state(1) == IBV_PORT_DOWN, "both DOWN");
+	t0 = counter(0, "local_ack_timeout");
+	post_send(&a, a.qp, 1, 0, 16, IBV_SEND_SIGNALED);
+	double end = now_s() + 10;
+	while (counter(0, "local_ack_timeout") == t0 && now_s() < end)
+		sleep_ms(1);
+	CHECK(counter(0, "local_ack_timeout") > t0, "a retransmission while cut");
+	set_ctl("");
+	CHECK(port_state(0) == IBV_PORT_ACTIVE && port_state(1) == IBV_PORT_ACTIVE, "both ACTIVE");
+	CHECK(wait_wcs(b.rcq, wc, 1, 20) == 1 && wc[0].status == IBV_WC_SUCCESS && wc[0].wr_id == 1, "placed");
+	CHECK(wait_wcs(a.scq, wc, 1, 20) == 1 && wc[0].status == IBV_WC_SUCCESS, "acknowledged");
+	post_send(&a, a.qp, 2, 0, 16, IBV_SEND_SIGNALED);
+	CHECK(wait_wcs(b.rcq, wc, 1, 20) == 1 && wc[0].wr_id == 2, "the next SEND in the next RECV");
+	CHECK(wait_wcs(a.scq, wc, 1, 20) == 1 && wc[0].status == IBV_WC_SUCCESS, "acknowledged");
+	/* (The two ends' PORT_ERR and PORT_ACTIVE events stay queued; free_side drops them.) */
+	free_side(&a);
+	free_side(&b);
+
+	/* Device 1 dies. */
+	o.retry_cnt = 2;
+	REQUIRE(!xpair(&a, 0, &b, 1, o, o), "pair");
+	post_recv(&b, b.qp, 1, 0, 64);
+	post_send(&a, a.qp, 1, 0, 16, IBV_SEND_SIGNALED);
+	CHECK(wait_wcs(a.scq, wc, 1, 20) == 1 && wc[0].status == IBV_WC_SUCCESS, "first SEND");
+	set_ctl("softverbs1.fatal=1\n");
+	errno = 0;
+	CHECK(open_dev_at(1) == NULL && errno == EIO, "device 1 does not open while fatal");
+	struct ibv_context *c0 = open_dev_at(0);
+	CHECK(c0 != NULL, "device 0 opens");
+	if (c0)
+		ibv_close_device(c0);
+	CHECK(next_async(b.ctx, IBV_EVENT_DEVICE_FATAL, &ev, 10) == 0, "DEVICE_FATAL on device 1");
+	ibv_ack_async_event(&ev);
+	CHECK(qp_state(b.qp) == IBV_QPS_ERR, "device 1's QP in ERR");
+	post_send(&a, a.qp, 2, 0, 16, IBV_SEND_SIGNALED);
+	CHECK(wait_wcs(a.scq, wc, 1, 30) == 1 && wc[0].status == IBV_WC_RETRY_EXC_ERR, "RETRY_EXC_ERR to a dead device");
+	CHECK(next_async(a.ctx, IBV_EVENT_DEVICE_FATAL, &ev, 0.2) != 0, "device 0 lives");
+	/* Back for new contexts; the old one stays dead. */
+	set_ctl("");
+	errno = 0;
+	CHECK(ibv_alloc_pd(b.ctx) == NULL && errno == EIO, "a context of the dead device stays dead");
+	free_side(&a);
+	REQUIRE(!xpair(&a, 0, &c, 1, o, o), "a new context on device 1 works");
+	post_recv(&c, c.qp, 1, 0, 64);
+	post_send(&a, a.qp, 1, 0, 16, IBV_SEND_SIGNALED);
+	CHECK(wait_wcs(c.rcq, wc, 1, 20) == 1 && wc[0].status == IBV_WC_SUCCESS, "delivered to the new context");
+	CHECK(wait_wcs(a.scq, wc, 1, 20) == 1 && wc[0].status == IBV_WC_SUCCESS, "acknowledged");
+	free_side(&a);
+	free_side(&b);
+	free_side(&c);
+}
+
+static void run_tests(const struct sv_case *t, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		int before = failures;
+		double t0 = now_s();
+		t[i].fn();
+		printf("%s %s (%.2fs)\n", failures == before ? "ok  " : "FAIL", t[i].name, now_s() - t0);
+		fflush(stdout);
+	}
+}
+
+/* run_devices runs the tests of several devices in a child of this program: the device list
+ * is read once per process, from the environment. */
+static void run_devices(const char *self)
+{
+	cur_test = "devices";
+	pid_t pid = fork();
+	REQUIRE(pid >= 0, "fork");
+	if (pid == 0) {
+		setenv("SOFTVERBS_DEVICES", "2", 1);
+		setenv("SOFTVERBS_PHANTOM", "1", 1);
+		unsetenv("SOFTVERBS_DEVICE"); /* the names and addresses the checks expect */
+		unsetenv("SOFTVERBS_IPV4");
+		execl("/proc/self/exe", self, "devices", (char *)NULL);
+		_exit(127);
+	}
+	int st = 0;
+	waitpid(pid, &st, 0);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the devices child failed (status %d)", st);
+}
+
+/* By default one device, SOFTVERBS_DEVICE (softverbs0). */
+static void test_one_device(void)
+{
+	cur_test = "one device";
+	if (getenv("SOFTVERBS_DEVICES") || getenv("SOFTVERBS_PHANTOM"))
+		return;
+	const char *want = getenv("SOFTVERBS_DEVICE") && *getenv("SOFTVERBS_DEVICE") ? getenv("SOFTVERBS_DEVICE")
+										 : "softverbs0";
+	int n = 0;
+	struct ibv_device **l = ibv_get_device_list(&n);
+	REQUIRE(l, "list");
+	CHECK(n == 1 && !strcmp(ibv_get_device_name(l[0]), want), "one device, %s (%d)", want, n);
+	ibv_free_device_list(l);
+}
+
+int main(int argc, char **argv)
+{
+	int devices = argc > 1 && !strcmp(argv[1], "devices");
 	snprintf(ctl_path, sizeof(ctl_path), "/tmp/softverbs-test-%d.ctl", (int)getpid());
 	setenv("SOFTVERBS_CTL", ctl_path, 1);
 	set_ctl("");
-	struct {
-		const char *name;
-		void (*fn)(void);
-	} tests[] = {
+	static const struct sv_case base[] = {
+		{"one device", test_one_device},
 		{"modify rules", test_modify_rules}, {"bad arguments", test_bad_args},
 		{"delivery", test_delivery}, {"post before RTS", test_post_before_rts}, {"rnr", test_rnr}, {"flush", test_flush},
 		{"overrun", test_overrun}, {"channel", test_channel}, {"dead peer", test_dead_peer},
 		{"loss", test_loss}, {"faults", test_faults},
 	};
-	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
+	static const struct sv_case several[] = {
+		{"device list", test_device_list}, {"two devices", test_device_traffic},
+		{"per-device faults", test_device_faults},
+	};
+	if (devices) {
+		run_tests(several, sizeof(several) / sizeof(several[0]));
+	} else {
+		run_tests(base, sizeof(base) / sizeof(base[0]));
 		int before = failures;
 		double t0 = now_s();
-		tests[i].fn();
-		printf("%s %s (%.2fs)\n", failures == before ? "ok  " : "FAIL", tests[i].name, now_s() - t0);
-		fflush(stdout);
+		run_devices(argv[0]);
+		printf("%s devices: SOFTVERBS_DEVICES=2 SOFTVERBS_PHANTOM=1 (%.2fs)\n", failures == before ? "ok  " : "FAIL",
+		       now_s() - t0);
 	}
 	unlink(ctl_path);
 	if (failures) {
-		printf("sv_test: %d failures\n", failures);
+		printf("sv_test%s: %d failures\n", devices ? " devices" : "", failures);
 		return 1;
 	}
-	printf("sv_test: all passed\n");
+	printf("sv_test%s: all passed\n", devices ? " devices" : "");
 	return 0;
 }
