@@ -289,8 +289,17 @@ func needFaults(t *testing.T, f Fixture) {
 func counters(t *testing.T, f Fixture, ctx ibv.Context) Counters {
 	t.Helper()
 	c, err := f.Faults.Counters(ctx)
+	skipUnsupported(t, err)
 	require.NoError(t, err)
 	return c
+}
+
+// skipUnsupported skips the test when a Faults method says the provider cannot do it.
+func skipUnsupported(t *testing.T, err error) {
+	t.Helper()
+	if errors.Is(err, errors.ErrUnsupported) {
+		t.Skipf("provider: %v", err)
+	}
 }
 
 // waitState waits until qp reaches st (a NIC-driven transition).
