@@ -186,16 +186,21 @@ func TestRestartOnNewPort(t *testing.T) {
 
 // TestEtcdDownAndBack: cached names keep resolving while etcd is down, an uncached name
 // fails with ErrUnavailable within the caller's deadline, and after etcd returns the
-// registration is kept alive again (the entry outlives several TTLs).
+// registration is kept alive again (the entry outlives several TTLs). The cached name "p" is
+// held under a lease of a minute, so that it cannot lapse before etcd stops (on a loaded
+// machine a late keepalive lets a 1 s lease lapse, and the resolver then rightly forgets the
+// name); the keepalive across the outage is "q"'s, under a lease of 1 s.
 func TestEtcdDownAndBack(t *testing.T) {
 	srv, err := etcdtest.New(t.TempDir())
 	require.NoError(t, err)
 	t.Cleanup(srv.Close)
 	ctx := ctxT(t)
 	ttl := time.Second
+	long := open(t, srv, directory.Config{TTL: time.Minute})
 	w := open(t, srv, directory.Config{TTL: ttl})
 	r := open(t, srv, directory.Config{})
-	require.NoError(t, w.Register(ctx, "p", directory.Entry{Host: "127.0.0.1", Port: 7}))
+	require.NoError(t, long.Register(ctx, "p", directory.Entry{Host: "127.0.0.1", Port: 7}))
+	require.NoError(t, w.Register(ctx, "q", directory.Entry{Host: "127.0.0.1", Port: 8}))
 	eventually(t, "watch up", func() bool { r.mu.Lock(); defer r.mu.Unlock(); return r.watchFrom > 0 })
 	_, err = r.Resolve(ctx, "p")
 	require.NoError(t, err)
@@ -226,7 +231,7 @@ func TestEtcdDownAndBack(t *testing.T) {
 	require.NoError(t, srv.Start())
 	back := time.Now()
 	cli := rawClient(t, srv)
-	key := directory.Prefix(t.Name()) + "p"
+	key := directory.Prefix(t.Name()) + "q"
 	// Registered again under a lease that is kept alive: present with a live lease.
 	var lease clientv3.LeaseID
 	eventually(t, "registered again", func() bool {
@@ -238,7 +243,7 @@ func TestEtcdDownAndBack(t *testing.T) {
 		lease = clientv3.LeaseID(resp.Kvs[0].Lease)
 		return err == nil && ttlResp.TTL > 0
 	})
-	t.Logf("etcd back: entry on a live lease %v later (new lease: %v)", time.Since(back).Round(time.Millisecond), lease != firstLease(w, "p"))
+	t.Logf("etcd back: entry on a live lease %v later (new lease: %v)", time.Since(back).Round(time.Millisecond), lease != firstLease(w, "q"))
 	time.Sleep(3 * ttl)
 	// Kept alive: present after three TTLs (on a loaded machine a late keepalive may let
 	// the 1 s lease lapse, and the keeper then puts the entry again: present again soon).
@@ -246,8 +251,9 @@ func TestEtcdDownAndBack(t *testing.T) {
 		resp, err := cli.Get(ctx, key)
 		return err == nil && len(resp.Kvs) == 1
 	})
-	_, err = r.Resolve(ctx, "p")
+	addr, err := r.Resolve(ctx, "q")
 	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1:8", addr)
 }
 
 // TestEtcdReturnsEmpty: etcd comes back without its data (rebuilt); the registration is
@@ -294,7 +300,7 @@ func TestLeaseRevokedRegistersAgain(t *testing.T) {
 	ctx := ctxT(t)
 	w := open(t, srv, directory.Config{})
 	require.NoError(t, w.Register(ctx, "p", directory.Entry{Host: "127.0.0.1", Port: 7}))
-	key := directory.Prefix(t.Name()) + "p"
+	key := directory.Prefix(t.Name()) + "q"
 	resp, err := cli.Get(ctx, key)
 	require.NoError(t, err)
 	_, err = cli.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
@@ -465,7 +471,7 @@ func TestRegisterRacesUnregister(t *testing.T) {
 	cli := rawClient(t, srv)
 	ctx := ctxT(t)
 	d := open(t, srv, directory.Config{})
-	key := directory.Prefix(t.Name()) + "p"
+	key := directory.Prefix(t.Name()) + "q"
 	for i := 0; i < 20; i++ {
 		regErr := make(chan error, 1)
 		go func() { regErr <- d.Register(ctx, "p", directory.Entry{Host: "127.0.0.1", Port: 7}) }()
