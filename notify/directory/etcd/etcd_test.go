@@ -300,7 +300,7 @@ func TestLeaseRevokedRegistersAgain(t *testing.T) {
 	ctx := ctxT(t)
 	w := open(t, srv, directory.Config{})
 	require.NoError(t, w.Register(ctx, "p", directory.Entry{Host: "127.0.0.1", Port: 7}))
-	key := directory.Prefix(t.Name()) + "q"
+	key := directory.Prefix(t.Name()) + "p"
 	resp, err := cli.Get(ctx, key)
 	require.NoError(t, err)
 	_, err = cli.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
@@ -471,7 +471,7 @@ func TestRegisterRacesUnregister(t *testing.T) {
 	cli := rawClient(t, srv)
 	ctx := ctxT(t)
 	d := open(t, srv, directory.Config{})
-	key := directory.Prefix(t.Name()) + "q"
+	key := directory.Prefix(t.Name()) + "p"
 	for i := 0; i < 20; i++ {
 		regErr := make(chan error, 1)
 		go func() { regErr <- d.Register(ctx, "p", directory.Entry{Host: "127.0.0.1", Port: 7}) }()
