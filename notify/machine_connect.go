@@ -315,6 +315,11 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 			// handshaking with by another name): the peer knows our session from that
 			// handshake and wants its proof. The name becomes an alias; its sends join the
 			// pair, and wait (bounded) for the other handshake when it is still on its way.
+			// The refusal is a failed handshake of the name all the same: when the pair's
+			// own token is what the peer refuses (another engine claimed our session there
+			// first), the next handshake waits out the backoff instead of following at once,
+			// refused again, for ever.
+			m.handshakeFailed(now, ne, sendErr(ErrAuth, name, "handshake", errors.New("the peer refused our token"), false))
 			p, err := m.bind(now, ne, res.session, "", false)
 			if err != nil {
 				m.failName(now, ne, err)
