@@ -79,16 +79,7 @@ func runFanin(count string) int {
 	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
 	stop.Store(true)
 	wg.Wait()
-	for _, e := range engines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = e.Close(ctx)
-		}()
-	}
-	wg.Wait()
+	closeAll(engines)
 	say("CLOSED")
 	return 0
 }
