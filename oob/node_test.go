@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 }
 
 // waitBound bounds every wait of these tests; a hang detector, not a timing assertion.
-const waitBound = 10 * time.Second
+const waitBound = 60 * time.Second
 
 func bg(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), waitBound)

@@ -3,9 +3,11 @@ package oob
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -103,10 +105,14 @@ func TestIsText(t *testing.T) {
 // absorbs the encoding. To a peer that announces no limit (Mooncake) the whole frame
 // stays within DefaultMaxFrame, and the error says so.
 func TestNotifyAsLargeAsTheFrameLimit(t *testing.T) {
+	// A 1 MiB frame of escaped JSON under -race takes seconds on a quiet machine and
+	// several times that on a loaded one: the timeouts here are hang guards only.
+	slow := Config{RequestTimeout: 5 * time.Minute, IdleTimeout: 5 * time.Minute}
 	hb := newHandler()
-	b := listen(t, newLoop(t), hb, Config{})
-	a := listen(t, newLoop(t), newHandler(), Config{})
-	ctx := bg(t)
+	b := listen(t, newLoop(t), hb, slow)
+	a := listen(t, newLoop(t), newHandler(), slow)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
 	const name = "kv"
 	for _, fill := range []byte{'a', 0xff} {
 		msg := bytes.Repeat([]byte{fill}, DefaultMaxFrame-len(name))
