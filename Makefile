@@ -28,6 +28,7 @@ PKGS           ?= ./...
 FUZZTIME       ?= 200000x
 FUZZTIME_SHORT ?= 10000x
 BENCHTIME      ?= 1s
+TEST_TIMEOUT   ?= 45m
 VERBS_H        ?= /usr/include/infiniband/verbs.h
 PINGPONG       ?= /usr/bin/ibv_rc_pingpong
 SOFTVERBS_LIBDIR := $(CURDIR)/build/softverbs
@@ -48,8 +49,10 @@ fmt-check:
 	@files="$$(gofmt -l .)"; \
 	if [ -n "$$files" ]; then echo "gofmt -l: these files are not gofmt'ed:"; echo "$$files"; exit 1; fi
 
+# TEST_TIMEOUT bounds each test binary: tests/ runs ~5 min on a quiet 2-core machine and
+# 2-3 times that beside other load, past go test's default of 10 min.
 unit:
-	$(GO) test -race $(PKGS)
+	$(GO) test -race -timeout $(TEST_TIMEOUT) $(PKGS)
 
 # allocs runs the allocation tests (testing.AllocsPerRun) without the race detector, whose
 # instrumentation allocates: under -race they skip.
@@ -116,6 +119,6 @@ rdma: rdma-deps
 	$(MAKE) --no-print-directory softverbs-test; \
 	export LD_LIBRARY_PATH="$(SOFTVERBS_LIBDIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}"; \
 	echo "rdma: the verbs provider on softverbs: $(GO) test -race -tags rdma ./ibv/... ./notify/... ./cmd/... ./bench/..."; \
-	$(GO) test -race -tags rdma ./ibv/... ./notify/... ./cmd/... ./bench/...; \
+	$(GO) test -race -timeout $(TEST_TIMEOUT) -tags rdma ./ibv/... ./notify/... ./cmd/... ./bench/...; \
 	echo "rdma: the end-to-end tests with the verbs provider: $(GO) test -tags rdma ./tests/"; \
-	$(GO) test -tags rdma -count=1 ./tests/
+	$(GO) test -timeout $(TEST_TIMEOUT) -tags rdma -count=1 ./tests/
