@@ -1,11 +1,15 @@
 package notify
 
 import (
+	"fmt"
 	"math/rand/v2"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/twosided/twosided/oob"
 )
 
 // TestStarveStateRound: starveState.round declares a channel's peer dead only after
@@ -164,4 +168,57 @@ func TestStarveStateRound(t *testing.T) {
 		require.NotZero(t, deaths, "no schedule starved long enough on time")
 		require.NotZero(t, saved, "no schedule in which lateness is what kept the peer alive")
 	})
+}
+
+// TestStarveStateProbe: a channel found without credit at its round has its peer probed
+// over OOB from then on (one probe at a time), whatever the no-credit rule still waits
+// for; credit coming back, or a round that ran late, stops the probes. Time is an input.
+func TestStarveStateProbe(t *testing.T) {
+	const iv = 5 * time.Second
+	t0 := time.Unix(5000, 0)
+	var s starveState
+	require.False(t, s.probeDue(), "a channel never found starved is not probed")
+	require.False(t, s.round(t0, 0, iv, false))
+	require.False(t, s.probeDue(), "a round that found credit probes nothing")
+
+	require.False(t, s.round(t0.Add(iv), 1, iv, false))
+	require.True(t, s.probeDue(), "the first round without credit probes at once, long before the no-credit rule (3 rounds)")
+	s.probing = true
+	require.False(t, s.probeDue(), "one probe at a time")
+	s.probing = false
+	require.False(t, s.round(t0.Add(2*iv), 2, iv, false))
+	require.True(t, s.probeDue(), "still starved: probed again")
+
+	require.False(t, s.round(t0.Add(3*iv), 2, iv, false))
+	require.False(t, s.probeDue(), "credit came back: no probe")
+
+	require.False(t, s.round(t0.Add(4*iv), 3, iv, false))
+	require.True(t, s.probeDue())
+	require.False(t, s.round(t0.Add(6*iv), 4, iv, true))
+	require.False(t, s.probeDue(), "a late round restarts the count, and the probes with it")
+}
+
+// TestProbeFinding: only an answer that shows the engine of the pair gone declares it dead:
+// a refused connection (nobody listens), a refusal for the pair's token (another engine at
+// the address), a closing peer. An answer, a timeout, a busy or broken connection prove
+// nothing, and the channel is left to the no-credit rule.
+func TestProbeFinding(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		dead bool
+	}{
+		{"answered", nil, false},
+		{"refused connection", fmt.Errorf("%w (%w): 127.0.0.1:1: connect: %w", oob.ErrPeerUnreachable, oob.ErrNotSent, syscall.ECONNREFUSED), true},
+		{"another engine", fmt.Errorf("oob: notify: %w", &oob.RefusedError{Code: oob.RefuseAuth, Msg: "ts_to: not this engine's session"}), true},
+		{"closing", &oob.RefusedError{Code: oob.RefuseClosed}, true},
+		{"timeout", fmt.Errorf("%w: no reply within RequestTimeout", oob.ErrTimeout), false},
+		{"busy", &oob.RefusedError{Code: oob.RefuseBusy}, false},
+		{"broken connection", fmt.Errorf("%w: read: %w", oob.ErrPeerUnreachable, syscall.ECONNRESET), false},
+		{"limit", &oob.RefusedError{Code: oob.RefuseLimit}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			require.Equal(t, c.dead, probeFinding(c.err) != "", "probeFinding(%v) = %q", c.err, probeFinding(c.err))
+		})
+	}
 }
