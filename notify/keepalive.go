@@ -43,11 +43,17 @@ type starveState struct {
 	probing  bool      // an OOB probe of the peer is in flight
 }
 
-// probeDue reports whether the channel's peer is probed over OOB this half-step: its last
-// round found the channel without credit, so nothing it can send would find a dead peer,
-// and no probe is in flight. An OOB probe needs no credit and is answered by the peer's
-// OOB listener even while its receive queue is full; probeFinding reads the answer.
-func (s *starveState) probeDue() bool { return !s.since.IsZero() && !s.probing }
+// dryStep reports, given whether the channel was found dry at this half-step — no credit
+// beyond the reserve, no SEND on the wire, sends waiting — whether its peer is probed over
+// OOB now: at every dry half-step, one probe at a time. A dry channel sends nothing whose
+// failure would reveal a dead peer, and its keepalive needs credit too; an OOB probe needs
+// none and is answered by the peer's OOB listener even while its receive queue is full
+// (probeFinding reads the answer). A live peer in a lull of credit costs one small OOB
+// request per half-step. Pure: whether the peer's frames arrived meanwhile does not matter
+// (a paused peer still sends keepalives of its own until it dies).
+func (s *starveState) dryStep(dry bool) bool {
+	return dry && !s.probing
+}
 
 // probeFinding reads the answer to an OOB probe (a notify with neither seq nor fence that
 // carries the pair's session, token and the session we believe the peer runs): a reason
@@ -216,11 +222,23 @@ func (e *Engine) keepaliveRound() {
 			}
 		}
 		// At every half-step, whichever end's round it is: the OOB probe is ours alone.
-		if st.probeDue() {
+		if st.dryStep(e.dry(id, ch)) {
 			e.probePeer(id, st, interval/2)
 		}
 	}
 	e.armKeepalive()
+}
+
+// dry reports whether channel id is dry (starveState.dryStep): sends of its peer wait on
+// it, no SEND is on the wire and no credit is left but the reserve kept for credit frames.
+// Loop-only.
+func (e *Engine) dry(id chanID, ch *ctrlchannel.Channel) bool {
+	ce := e.m.chans[id]
+	if ce == nil || ce.peer == nil || ce.peer.ch != id || (ce.peer.inflight == 0 && len(ce.peer.waiters) == 0) {
+		return false
+	}
+	cs := ch.Stats()
+	return cs.InFlight == 0 && cs.CreditAvail <= 1
 }
 
 // probePeer sends the OOB probe of a channel without credit (starveState.probeDue) and

@@ -170,32 +170,20 @@ func TestStarveStateRound(t *testing.T) {
 	})
 }
 
-// TestStarveStateProbe: a channel found without credit at its round has its peer probed
-// over OOB from then on (one probe at a time), whatever the no-credit rule still waits
-// for; credit coming back, or a round that ran late, stops the probes. Time is an input.
-func TestStarveStateProbe(t *testing.T) {
-	const iv = 5 * time.Second
-	t0 := time.Unix(5000, 0)
+// TestStarveStateDryStep: a channel found dry (no credit, nothing on the wire, sends
+// waiting) at a half-step has its peer probed over OOB, one probe at a time, and again at
+// every dry half-step after. Nothing here depends on the keepalive's own rounds, its
+// no-credit count, or frames the peer sent before it died.
+func TestStarveStateDryStep(t *testing.T) {
 	var s starveState
-	require.False(t, s.probeDue(), "a channel never found starved is not probed")
-	require.False(t, s.round(t0, 0, iv, false))
-	require.False(t, s.probeDue(), "a round that found credit probes nothing")
-
-	require.False(t, s.round(t0.Add(iv), 1, iv, false))
-	require.True(t, s.probeDue(), "the first round without credit probes at once, long before the no-credit rule (3 rounds)")
+	require.False(t, s.dryStep(false), "credit, or nothing waiting: no probe")
+	require.True(t, s.dryStep(true), "dry: probed at once")
 	s.probing = true
-	require.False(t, s.probeDue(), "one probe at a time")
+	require.False(t, s.dryStep(true), "one probe at a time")
 	s.probing = false
-	require.False(t, s.round(t0.Add(2*iv), 2, iv, false))
-	require.True(t, s.probeDue(), "still starved: probed again")
-
-	require.False(t, s.round(t0.Add(3*iv), 2, iv, false))
-	require.False(t, s.probeDue(), "credit came back: no probe")
-
-	require.False(t, s.round(t0.Add(4*iv), 3, iv, false))
-	require.True(t, s.probeDue())
-	require.False(t, s.round(t0.Add(6*iv), 4, iv, true))
-	require.False(t, s.probeDue(), "a late round restarts the count, and the probes with it")
+	require.True(t, s.dryStep(true), "still dry: probed again")
+	s.since = time.Time{}
+	require.True(t, s.dryStep(true), "whatever the no-credit rule's count")
 }
 
 // TestProbeFinding: only an answer that shows the engine of the pair gone declares it dead:

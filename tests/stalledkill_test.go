@@ -32,7 +32,7 @@ func TestKillStalledReceiverAndRestart(t *testing.T) {
 	// its RECVs hold what its NIC took, and no credit comes back.
 	const window = 32
 	results := make(chan error, 4096)
-	var done atomic.Int64
+	var done, lastEnd atomic.Int64 // lastEnd: when the latest send ended, UnixNano
 	posted := 0
 	stalled := func() bool {
 		for _, p := range a.Stats().Peers {
@@ -47,7 +47,7 @@ func TestKillStalledReceiverAndRestart(t *testing.T) {
 	require.True(t, waitUntil(30*time.Second, func() bool {
 		for posted-int(done.Load()) < window && posted < cap(results) {
 			require.NoError(t, a.SendNotifyAsync(addr, notify.Notify{Name: "stall", Msg: []byte(fmt.Sprint("stall", posted))},
-				func(err error) { done.Add(1); results <- err }))
+				func(err error) { lastEnd.Store(time.Now().UnixNano()); done.Add(1); results <- err }))
 			posted++
 		}
 		return stalled()
@@ -57,6 +57,7 @@ func TestKillStalledReceiverAndRestart(t *testing.T) {
 	first.kill()
 	killed := time.Now()
 	second := startPeerProc(t, tr, peerAddrEnv+"="+addr, peerModeEnv+"=record")
+	restarted := time.Since(killed)
 
 	// Send until the first notify is acknowledged: sends that met the old pair's end may
 	// fail (ErrAuth: the engine at the address restarted); the first acknowledged one must
@@ -100,7 +101,8 @@ func TestKillStalledReceiverAndRestart(t *testing.T) {
 	require.Contains(t, got, next, "the restarted receiver did not get the next notify")
 
 	st := a.Stats()
-	t.Logf("first ack after the restart: %v after the kill (%d sends: %d delivered, %d failed; dead by probe %d, by the no-credit rule %d)",
-		took.Round(time.Millisecond), posted, ok, dead, st.DeadByProbe, st.DeadNoCredit)
+	t.Logf("after the kill: the stalled sends ended at %v, the restarted receiver listened at %v, first ack at %v (%d sends: %d delivered, %d failed; dead by probe %d, by the no-credit rule %d)",
+		time.Unix(0, lastEnd.Load()).Sub(killed).Round(time.Millisecond), restarted.Round(time.Millisecond), took.Round(time.Millisecond),
+		posted, ok, dead, st.DeadByProbe, st.DeadNoCredit)
 	require.Zero(t, st.DeadNoCredit, "the dead receiver was found only by the keepalive's no-credit rule")
 }
