@@ -285,7 +285,11 @@ func (h *oobHandler) HandleNotify(req *oob.NotifyRequest, reply oob.NotifyReply)
 		reply.Send(&oob.RefusedError{Code: oob.RefuseClosed, Msg: "engine closing"})
 		return
 	}
-	if e.paused || len(e.heldOOB) > 0 {
+	// A probe (a twosided notify with neither seq nor fence) delivers nothing: it is
+	// answered at once, also while the queue is full, so a sender stalled on credit learns
+	// that this engine is alive (Engine.probePeer).
+	probe := req.Session != 0 && req.Seq == 0 && req.SkipCount == 0
+	if (e.paused || len(e.heldOOB) > 0) && !probe {
 		if len(e.heldOOB) >= maxHeldOOB {
 			e.oobBusy++
 			reply.Send(&oob.RefusedError{Code: oob.RefuseBusy, Msg: "receive queue full"})

@@ -1,8 +1,13 @@
 package notify
 
 import (
+	"errors"
 	"fmt"
+	"net/netip"
+	"syscall"
 	"time"
+
+	"github.com/twosided/twosided/oob"
 
 	"github.com/twosided/twosided/ctrlchannel"
 	"github.com/twosided/twosided/reactor"
@@ -16,6 +21,8 @@ type keepalive struct {
 	armed   bool
 	last    time.Time               // when the previous round ran
 	starved map[chanID]*starveState // channels at their credit reserve
+
+	deadByProbe, deadNoCredit uint64 // Stats.DeadByProbe, Stats.DeadNoCredit
 }
 
 func (k *keepalive) stop() {
@@ -33,6 +40,40 @@ func (k *keepalive) stop() {
 type starveState struct {
 	noCredit uint64    // the channel's KeepalivesNoCredit at the last round
 	since    time.Time // first round of the current starvation; zero: not starved
+	probing  bool      // an OOB probe of the peer is in flight
+}
+
+// dryStep reports, given whether the channel was found dry at this half-step — no credit
+// beyond the reserve, no SEND on the wire, sends waiting — whether its peer is probed over
+// OOB now: at every dry half-step, one probe at a time. A dry channel sends nothing whose
+// failure would reveal a dead peer, and its keepalive needs credit too; an OOB probe needs
+// none and is answered by the peer's OOB listener even while its receive queue is full
+// (probeFinding reads the answer). A live peer in a lull of credit costs one small OOB
+// request per half-step. Pure: whether the peer's frames arrived meanwhile does not matter
+// (a paused peer still sends keepalives of its own until it dies).
+func (s *starveState) dryStep(dry bool) bool {
+	return dry && !s.probing
+}
+
+// probeFinding reads the answer to an OOB probe (a notify with neither seq nor fence that
+// carries the pair's session, token and the session we believe the peer runs): a reason
+// to declare the channel's peer dead, or "" when the answer proves nothing. Dead: nobody
+// listens at the peer's address (the connection is refused: its process is gone), the
+// engine there does not hold the pair (ErrAuth: it restarted, or forgot the pair), or it is
+// closing. An answer means the same engine is alive (a receiver applying backpressure);
+// a timeout, a busy or broken connection says nothing, and the no-credit rule still applies.
+func probeFinding(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "nobody listens at its OOB address any more"
+	case errors.Is(err, oob.ErrAuth):
+		return "the engine at its OOB address does not hold the pair (it restarted)"
+	case errors.Is(err, oob.ErrPeerClosed):
+		return "its OOB listener says it is closing"
+	}
+	return ""
 }
 
 // starveDeadAfter is how long a channel may sit without credit before its peer is declared
@@ -164,21 +205,72 @@ func (e *Engine) keepaliveRound() {
 			delete(e.ka.starved, id)
 			continue
 		}
-		if e.keepaliveParity(id) != parity {
-			continue // its half-step is the other one
-		}
-		ch.Keepalive()
-		if e.chans[id] == nil { // a synchronous failure closed it
-			continue
-		}
 		st := e.ka.starved[id]
 		if st == nil {
 			st = &starveState{}
 			e.ka.starved[id] = st
 		}
-		if st.round(now, ch.Stats().KeepalivesNoCredit, interval, late) {
-			ch.Close(fmt.Errorf("%w: no credit returned for %v: %w", ErrPeerDead, now.Sub(st.since), ctrlchannel.ErrPeerError))
+		if e.keepaliveParity(id) == parity { // else its half-step is the other one
+			ch.Keepalive()
+			if e.chans[id] == nil { // a synchronous failure closed it
+				continue
+			}
+			if st.round(now, ch.Stats().KeepalivesNoCredit, interval, late) {
+				e.ka.deadNoCredit++
+				ch.Close(fmt.Errorf("%w: no credit returned for %v: %w", ErrPeerDead, now.Sub(st.since), ctrlchannel.ErrPeerError))
+				continue
+			}
+		}
+		// At every half-step, whichever end's round it is: the OOB probe is ours alone.
+		if st.dryStep(e.dry(id, ch)) {
+			e.probePeer(id, st, interval/2)
 		}
 	}
 	e.armKeepalive()
+}
+
+// dry reports whether channel id is dry (starveState.dryStep): sends of its peer wait on
+// it, no SEND is on the wire and no credit is left but the reserve kept for credit frames.
+// Loop-only.
+func (e *Engine) dry(id chanID, ch *ctrlchannel.Channel) bool {
+	ce := e.m.chans[id]
+	if ce == nil || ce.peer == nil || ce.peer.ch != id || (ce.peer.inflight == 0 && len(ce.peer.waiters) == 0) {
+		return false
+	}
+	cs := ch.Stats()
+	return cs.InFlight == 0 && cs.CreditAvail <= 1
+}
+
+// probePeer sends the OOB probe of a channel without credit (starveState.probeDue) and
+// closes the channel when its answer shows the peer dead (probeFinding). The probe is a
+// notify with neither seq nor fence: the peer delivers nothing, answers at once even while
+// its receive queue is full, and refuses it (ErrAuth) when it is not the engine the pair
+// was made with. Only a twosided peer named by a literal address is probed; others keep
+// the no-credit rule alone. Loop-only.
+func (e *Engine) probePeer(id chanID, st *starveState, timeout time.Duration) {
+	ce := e.m.chans[id]
+	if ce == nil || ce.peer == nil || ce.peer.ch != id || ce.peer.key.session == 0 || ce.peer.tokenOut == 0 {
+		return
+	}
+	p := ce.peer
+	name := e.m.peerName(p)
+	if _, err := netip.ParseAddrPort(name); err != nil {
+		return // a host name would block the loop to resolve
+	}
+	req := &oob.NotifyRequest{From: e.name, Session: e.session, Token: p.tokenOut, To: p.key.session}
+	st.probing = true
+	done := func(err error) {
+		st.probing = false
+		why := probeFinding(err)
+		ch := e.chans[id]
+		if why == "" || ch == nil || e.ka.starved[id] != st || e.closing {
+			return
+		}
+		e.ka.deadByProbe++
+		ch.Close(fmt.Errorf("%w: %s: %w", ErrPeerDead, why, ctrlchannel.ErrPeerError))
+		e.perform()
+	}
+	if err := e.node.NotifyOnLoop(name, req, timeout, done); err != nil {
+		done(err)
+	}
 }

@@ -1,11 +1,15 @@
 package notify
 
 import (
+	"fmt"
 	"math/rand/v2"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/twosided/twosided/oob"
 )
 
 // TestStarveStateRound: starveState.round declares a channel's peer dead only after
@@ -164,4 +168,45 @@ func TestStarveStateRound(t *testing.T) {
 		require.NotZero(t, deaths, "no schedule starved long enough on time")
 		require.NotZero(t, saved, "no schedule in which lateness is what kept the peer alive")
 	})
+}
+
+// TestStarveStateDryStep: a channel found dry (no credit, nothing on the wire, sends
+// waiting) at a half-step has its peer probed over OOB, one probe at a time, and again at
+// every dry half-step after. Nothing here depends on the keepalive's own rounds, its
+// no-credit count, or frames the peer sent before it died.
+func TestStarveStateDryStep(t *testing.T) {
+	var s starveState
+	require.False(t, s.dryStep(false), "credit, or nothing waiting: no probe")
+	require.True(t, s.dryStep(true), "dry: probed at once")
+	s.probing = true
+	require.False(t, s.dryStep(true), "one probe at a time")
+	s.probing = false
+	require.True(t, s.dryStep(true), "still dry: probed again")
+	s.since = time.Time{}
+	require.True(t, s.dryStep(true), "whatever the no-credit rule's count")
+}
+
+// TestProbeFinding: only an answer that shows the engine of the pair gone declares it dead:
+// a refused connection (nobody listens), a refusal for the pair's token (another engine at
+// the address), a closing peer. An answer, a timeout, a busy or broken connection prove
+// nothing, and the channel is left to the no-credit rule.
+func TestProbeFinding(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		dead bool
+	}{
+		{"answered", nil, false},
+		{"refused connection", fmt.Errorf("%w (%w): 127.0.0.1:1: connect: %w", oob.ErrPeerUnreachable, oob.ErrNotSent, syscall.ECONNREFUSED), true},
+		{"another engine", fmt.Errorf("oob: notify: %w", &oob.RefusedError{Code: oob.RefuseAuth, Msg: "ts_to: not this engine's session"}), true},
+		{"closing", &oob.RefusedError{Code: oob.RefuseClosed}, true},
+		{"timeout", fmt.Errorf("%w: no reply within RequestTimeout", oob.ErrTimeout), false},
+		{"busy", &oob.RefusedError{Code: oob.RefuseBusy}, false},
+		{"broken connection", fmt.Errorf("%w: read: %w", oob.ErrPeerUnreachable, syscall.ECONNRESET), false},
+		{"limit", &oob.RefusedError{Code: oob.RefuseLimit}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			require.Equal(t, c.dead, probeFinding(c.err) != "", "probeFinding(%v) = %q", c.err, probeFinding(c.err))
+		})
+	}
 }

@@ -28,8 +28,13 @@ type Stats struct {
 	Paused        bool   // now: the queue is full and credit return is stopped
 	HeldOOB       int    // now: OOB notifies held while the receive queue is full
 	OOBBusy       uint64 // OOB notifies answered "busy"
-	ChannelsUp    int    // now: peers with an established ctrl channel
-	PeerCount     int    // now: peers the engine keeps state for (len(Peers))
+	// Channels closed because their peer was found dead while it returned no credit: by an
+	// OOB probe (nobody listens at its address any more, or another engine answers there),
+	// or by the keepalive's no-credit rule (no credit for 5 s and 3 rounds, nothing else
+	// known).
+	DeadByProbe, DeadNoCredit uint64
+	ChannelsUp                int // now: peers with an established ctrl channel
+	PeerCount                 int // now: peers the engine keeps state for (len(Peers))
 
 	Sent      uint64            // sends (SendNotify, SendNotifyAsync) that succeeded
 	Failed    map[string]uint64 // sends that failed, by FailureReason; every reason present
@@ -331,6 +336,7 @@ func (e *Engine) Stats() Stats {
 		s.Queued, s.Sent, s.Delivered, s.Failed = ls.Queued, ls.Sent, ls.Delivered, ls.Failed
 		s.SendLatency, s.DeliverLatency = ls.SendLatency, ls.DeliverLatency
 		s.Peers, s.Paused, s.HeldOOB, s.OOBBusy = ls.Peers, ls.Paused, ls.HeldOOB, ls.OOBBusy
+		s.DeadByProbe, s.DeadNoCredit = ls.DeadByProbe, ls.DeadNoCredit
 		s.ChannelsUp, s.PeerCount, s.Limits, s.Channels = ls.ChannelsUp, ls.PeerCount, ls.Limits, ls.Channels
 	case <-ctx.Done():
 		e.counters(&s) // the loop did not answer in time: the counters as they are
@@ -356,6 +362,7 @@ func (e *Engine) loopStats() Stats {
 	ms.Names, ms.Channels, ms.Unconfirmed = len(e.m.names), e.m.channels, e.m.unconfirmed
 	ms.PeersUnconfirmed = e.m.unconfirmedPeers
 	s := Stats{Paused: e.paused, HeldOOB: len(e.heldOOB), OOBBusy: e.oobBusy, PeerCount: len(e.m.peers),
+		DeadByProbe: e.ka.deadByProbe, DeadNoCredit: e.ka.deadNoCredit,
 		Limits: limitStatsOf(ms), Channels: e.ctr.closedChannels}
 	e.counters(&s)
 	for _, ch := range e.chans {
