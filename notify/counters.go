@@ -61,8 +61,8 @@ func (c *engineCounters) channelClosed(ch *ctrlchannel.Channel) {
 // failureReasons are the labels of a failed send, in the order failureIndex tries them; the
 // last is every error no sentinel matches. The set is fixed: a new sentinel joins a label.
 var failureReasons = [...]string{
-	"closed", "invalid", "too_large", "limit", "auth", "rejected", "no_ctrl_channel",
-	"peer_dead", "backpressure", "unreachable", "timeout", "other",
+	"closed", "invalid", "too_large", "limit", "auth", "rejected", "peer_device",
+	"no_ctrl_channel", "peer_dead", "backpressure", "unreachable", "timeout", "other",
 }
 
 // failureMatch maps notify's sentinels to failureReasons.
@@ -73,6 +73,7 @@ var failureMatch = [len(failureReasons) - 1][]error{
 	{ErrLimit},
 	{ErrAuth},
 	{ErrRejected},
+	{errPeerDevice},
 	{ErrNoCtrlChannel},
 	{ErrPeerDead},
 	{ErrBackpressure},
@@ -102,8 +103,10 @@ func failureIndex(err error) int {
 func FailureReasons() []string { return failureReasons[:] }
 
 // FailureReason is the reason a send's error is counted under in Stats.Failed: "closed",
-// "invalid", "too_large", "limit", "auth", "rejected", "no_ctrl_channel", "peer_dead",
-// "backpressure", "unreachable", "timeout" (a deadline or cancellation) or "other".
+// "invalid", "too_large", "limit", "auth", "rejected", "peer_device" (ErrNoCtrlChannel
+// because the peer's device cannot make a channel: its port is down, the device failed),
+// "no_ctrl_channel", "peer_dead", "backpressure", "unreachable", "timeout" (a deadline or
+// cancellation) or "other".
 func FailureReason(err error) string {
 	if err == nil {
 		return ""

@@ -55,6 +55,7 @@ func TestFailureReason(t *testing.T) {
 		{sendErr(ErrAuth, "p", "oob", nil, false), "auth"},
 		{sendErr(ErrRejected, "p", "oob", nil, false), "rejected"},
 		{fmt.Errorf("connect: %w", ErrNoCtrlChannel), "no_ctrl_channel"},
+		{sendErr(errPeerDevice, "p", "handshake", errors.New("the peer refused: port 1 is PORT_DOWN"), false), "peer_device"},
 		{sendErr(ErrPeerDead, "p", "rdma_twosided", nil, true), "peer_dead"},
 		{sendErr(ErrBackpressure, "p", "", nil, false), "backpressure"},
 		{sendErr(ErrPeerUnreachable, "p", "oob", nil, true), "unreachable"},

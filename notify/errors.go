@@ -43,6 +43,11 @@ var (
 	ErrMaybeDelivered = errors.New("notify: outcome unknown, the notify may have been delivered")
 )
 
+// errPeerDevice: the peer's device cannot make the ctrl channel its handshake asked for (a
+// port down, a device fatal, a verbs call that failed there). It is ErrNoCtrlChannel, never
+// ErrLimit; FailureReason counts it as "peer_device".
+var errPeerDevice = fmt.Errorf("%w: the peer's device cannot make one", ErrNoCtrlChannel)
+
 // sendError is an error of one send: a sentinel, the peer, the path, the cause, and
 // whether the notify may have been delivered. landed is the earlier attempt that may have
 // landed when it is not the one that failed last (attemptLog).

@@ -146,7 +146,7 @@ func (e *Engine) finishConnect(name string, id chanID, epoch uint64, out outboun
 	switch {
 	case err == nil:
 	case errors.As(err, &re) && resp != nil && resp.Session != 0:
-		res.refuse, res.refuseMsg = re.Code, boundName(re.Msg)
+		res.refuse, res.refuseMsg, res.refuseCause = re.Code, boundName(re.Msg), resp.RefuseCause
 	case errors.As(err, &re) && resp != nil && (re.Code == oob.RefuseLimit || re.Code == oob.RefuseBusy):
 		// The peer's OOB node shed the handshake before its engine saw it: back off.
 		kind := ErrBackpressure
@@ -424,14 +424,16 @@ func (e *Engine) finishInbound(in inboundConnect, p *ctrlchannel.Prepared, err e
 
 // inboundRefused answers a peer's handshake whose channel failed on our side. Loop-only.
 func (e *Engine) inboundRefused(id chanID, fresh bool, hs inboundHS, resp *oob.HandshakeDesc, err error, reply func(*oob.HandshakeDesc, error)) {
-	// Our own resources failed (a QP, a CQ, an fd, a verbs call), not the peer's
-	// request: a limit of this engine. The reply carries a token (the pair's, or a
-	// cookie when the entry went with the channel), so a sender with fallback on is
-	// served over OOB and asks again for a channel after its backoff. The machine
-	// learns it before the reply goes.
+	// Our own device failed (a port down, a device fatal, a QP, a CQ, an fd, a verbs
+	// call), not the peer's request. On the wire it stays a "limit" refusal, which every
+	// twosided peer acts on (it asks again after its backoff, and with fallback on is
+	// served over OOB meanwhile: the reply carries a token, the pair's or a cookie when
+	// the entry went with the channel), with the cause "device" beside it, which tells a
+	// peer that reads it that this is no cap: ErrNoCtrlChannel. The machine learns it
+	// before the reply goes.
 	resp.Token = e.m.inboundFailed(e.loop.Now(), id, fresh, hs)
-	resp.Refuse = oob.RefuseLimit
-	resp.ReplyMsg = fmt.Sprintf("%v: cannot make a ctrl channel here: %v", ErrLimit, err)
+	resp.Refuse, resp.RefuseCause = oob.RefuseLimit, oob.CauseDevice
+	resp.ReplyMsg = fmt.Sprintf("cannot make a ctrl channel here: %v", err)
 	reply(resp, nil)
 }
 

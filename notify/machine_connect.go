@@ -240,6 +240,9 @@ type hsResult struct {
 	fresh     bool   // the peer made its state for us just now (ts_fresh)
 	maxNotify int    // the peer's max_notify_size (ts_max_notify; 0: not said)
 	refuseMsg string // the text of the peer's refusal (which limit, ...)
+	// refuseCause (ts_refuse_cause) qualifies refuse: causeDevice with refuseLimit is the
+	// peer's device that cannot make a channel, not a cap.
+	refuseCause string
 	// localErr: the handshake succeeded but our own side of the channel failed (a verbs
 	// call: modify to RTR, ...): not the peer's refusal.
 	localErr error
@@ -256,6 +259,9 @@ const (
 	refuseSuperseded = "superseded"
 	refuseStale      = "stale"
 )
+
+// causeDevice (oob.CauseDevice): the peer refused because its device cannot make a channel.
+const causeDevice = "device"
 
 // connected is the result of our handshake via name on channel ch (0: none).
 func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsResult) {
@@ -419,13 +425,19 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 			m.setTimer(p.awaiting)
 		}
 	case res.refuse == refuseLimit:
-		closeCh(ErrLimit)
+		// A cap of the peer's, or its device (cause "device": the peer cannot make a
+		// channel, ErrNoCtrlChannel); either way it is asked again after the backoff and,
+		// with fallback on and a token, serves over OOB meanwhile.
+		kind, why := ErrLimit, "a limit"
+		if res.refuseCause == causeDevice {
+			kind, why = errPeerDevice, "its device cannot make a ctrl channel"
+		}
+		closeCh(kind)
 		p.retryAt = now.Add(m.cfg.limitBackoff)
-		why := "a limit"
 		if res.refuseMsg != "" {
 			why = res.refuseMsg
 		}
-		p.lastErr = sendErr(ErrLimit, name, "handshake", fmt.Errorf("the peer refused: %s", why), false)
+		p.lastErr = sendErr(kind, name, "handshake", fmt.Errorf("the peer refused: %s", why), false)
 		m.setTimer(p.retryAt)
 		if m.cfg.fallback && p.tokenOut != 0 {
 			// The peer issued us a token: it serves our notifies over OOB meanwhile.

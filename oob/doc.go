@@ -112,7 +112,8 @@
 // local_gid (colon hex), reply_msg (non-empty = error) are always written; ctrl-channel
 // fields ctrl_channel, notify_qp_num, notify_rq_depth (1..65535) and the twosided
 // extensions ts_mtu, ts_psn, ts_session, ts_epoch, ts_buf_size, ts_extensions, ts_peer,
-// ts_token, ts_refuse and ts_to are written only when set, and only toward twosided peers
+// ts_token, ts_refuse, ts_refuse_cause (a typed cause beside the code: CauseDevice) and ts_to
+// are written only when set, and only toward twosided peers
 // (toward Mooncake a refusal is its reply_msg text). Decoding is strict: a wrong-typed or out-of-range field is an
 // error naming the field; unknown fields are skipped.
 //

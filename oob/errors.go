@@ -72,6 +72,14 @@ const (
 	RefuseTooLarge = "too_large"
 )
 
+// Refusal causes (ts_refuse_cause), beside a handshake's refusal code.
+const (
+	// CauseDevice: the responder's device cannot make a ctrl channel (its port is down,
+	// the device failed, a verbs call failed), with RefuseLimit, which a peer that does not
+	// read the cause acts on as it always did.
+	CauseDevice = "device"
+)
+
 // maxRefuseLen bounds a ts_refuse code; codes this version does not know still decode
 // (as plain ErrRejected) so a newer peer's refusal is not a bad frame.
 const maxRefuseLen = 32

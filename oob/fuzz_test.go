@@ -83,6 +83,7 @@ func FuzzHandshakeDecode(f *testing.F) {
 	f.Add([]byte(`{"local_gid":"\ud83d\ude00"}`))
 	f.Add([]byte(`{"reply_msg":"no","ts_token":18446744073709551615,"ts_refuse":"no_ctrl","ts_to":7}`))
 	f.Add([]byte(`{"ts_refuse":"Busy"}`))
+	f.Add([]byte(`{"ts_refuse":"limit","ts_refuse_cause":"device","ts_token":3}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		d, m, err := decodeHandshake(body)
 		if err != nil {

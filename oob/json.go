@@ -510,11 +510,12 @@ func (r *jsonReader) strMax(field string, dst []byte, max int) ([]byte, error) {
 	return dst, err
 }
 
-// refuseCode reads a ts_refuse value: 1..maxRefuseLen bytes of a-z and '_'.
-func (r *jsonReader) refuseCode(dst []byte) ([]byte, error) {
-	dst, err := r.str(fRefuse, dst)
+// refuseCode reads a ts_refuse (or ts_refuse_cause) value: 1..maxRefuseLen bytes of a-z
+// and '_'.
+func (r *jsonReader) refuseCode(field string, dst []byte) ([]byte, error) {
+	dst, err := r.str(field, dst)
 	if err == nil && !validRefuseCode(dst) {
-		return dst, jsonErr(fRefuse, "%q is not 1..%d bytes of a-z and _", dst, maxRefuseLen)
+		return dst, jsonErr(field, "%q is not 1..%d bytes of a-z and _", dst, maxRefuseLen)
 	}
 	return dst, err
 }

@@ -63,6 +63,10 @@ type HandshakeDesc struct {
 	// Refuse (ts_refuse) is the typed reason of a refusal reply, one of the Refuse*
 	// codes; ReplyMsg still carries text for Mooncake readers.
 	Refuse string
+	// RefuseCause (ts_refuse_cause) says, beside Refuse, what made the responder refuse
+	// when the code alone does not: CauseDevice. A peer that does not know the member
+	// skips it and acts on Refuse as before. "" = not said.
+	RefuseCause string
 	// To (ts_to) is the session the initiator believes it talks to; 0 = unknown.
 	To uint64
 	// Proof (ts_proof) is the token the responder issued the initiator in an earlier
@@ -92,6 +96,7 @@ func (d *HandshakeDesc) stripExtensions() {
 	}
 	d.MTU, d.PSN, d.Session, d.Epoch, d.BufSize, d.Extensions, d.PeerName = 0, 0, 0, 0, 0, false, ""
 	d.Token, d.Refuse, d.To, d.Proof, d.Fresh, d.MaxNotify = 0, "", 0, 0, false, 0
+	d.RefuseCause = ""
 }
 
 // JSON member names.
@@ -122,6 +127,7 @@ const (
 	fPeer       = "ts_peer"
 	fToken      = "ts_token"
 	fRefuse     = "ts_refuse"
+	fCause      = "ts_refuse_cause"
 	fTo         = "ts_to"
 	fProof      = "ts_proof"
 	fFresh      = "ts_fresh"
@@ -483,7 +489,7 @@ func (ri *replyInfo) decode(body []byte, key []byte) ([]byte, error) {
 			ri.m.id, err = r.uint(fID, 1<<64-1)
 		case fRefuse:
 			ri.m.twosided = true
-			ri.refuse, err = r.refuseCode(ri.refuse[:0])
+			ri.refuse, err = r.refuseCode(fRefuse, ri.refuse[:0])
 		case fBye:
 			ri.m.twosided = true
 			ri.bye, err = r.uint(fBye, 1<<32-1)
@@ -559,6 +565,7 @@ func appendHandshake(dst []byte, d *HandshakeDesc, m reqMeta) []byte {
 	o.optStr(fPeer, d.PeerName)
 	o.optUint(fToken, d.Token)
 	o.optStr(fRefuse, d.Refuse)
+	o.optStr(fCause, d.RefuseCause)
 	o.optUint(fTo, d.To)
 	o.optUint(fProof, d.Proof)
 	if d.Fresh {
@@ -581,6 +588,9 @@ func checkHandshake(d *HandshakeDesc) error {
 	}
 	if d.Refuse != "" && !validRefuseCode(d.Refuse) {
 		return fmt.Errorf("%w: HandshakeDesc.Refuse (ts_refuse): %q is not 1..%d bytes of a-z and _", ErrBadRequest, d.Refuse, maxRefuseLen)
+	}
+	if d.RefuseCause != "" && !validRefuseCode(d.RefuseCause) {
+		return fmt.Errorf("%w: HandshakeDesc.RefuseCause (ts_refuse_cause): %q is not 1..%d bytes of a-z and _", ErrBadRequest, d.RefuseCause, maxRefuseLen)
 	}
 	return nil
 }
@@ -677,8 +687,12 @@ func decodeHandshake(body []byte) (*HandshakeDesc, reqMeta, error) {
 			d.Token, err = r.uint(fToken, 1<<64-1)
 		case fRefuse:
 			m.twosided = true
-			sb, err = r.refuseCode(sb[:0])
+			sb, err = r.refuseCode(fRefuse, sb[:0])
 			d.Refuse = string(sb)
+		case fCause:
+			m.twosided = true
+			sb, err = r.refuseCode(fCause, sb[:0])
+			d.RefuseCause = string(sb)
 		case fTo:
 			m.twosided = true
 			d.To, err = r.uint(fTo, 1<<64-1)

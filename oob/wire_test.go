@@ -78,7 +78,7 @@ func TestNotifyExtensionsEncode(t *testing.T) {
 
 func TestHandshakeExtensions(t *testing.T) {
 	d := &HandshakeDesc{LocalNICPath: "a@d", QPNum: []uint32{}, ReplyMsg: "no", Token: 1<<64 - 1, Refuse: RefuseNoCtrl, To: 42, Fresh: true,
-		MaxNotify: 1 << 20}
+		MaxNotify: 1 << 20, RefuseCause: CauseDevice}
 	fr := appendHandshake(nil, d, reqMeta{})
 	got, m, err := decodeHandshake(fr[HeaderSize:])
 	require.NoError(t, err)
@@ -87,7 +87,7 @@ func TestHandshakeExtensions(t *testing.T) {
 	require.Equal(t, d, got)
 
 	// Toward Mooncake: the extensions go, a refusal keeps its text.
-	cp := HandshakeDesc{Refuse: RefuseLimit, Token: 3, To: 4, Fresh: true, MaxNotify: 1000}
+	cp := HandshakeDesc{Refuse: RefuseLimit, RefuseCause: CauseDevice, Token: 3, To: 4, Fresh: true, MaxNotify: 1000}
 	cp.stripExtensions()
 	require.Equal(t, HandshakeDesc{ReplyMsg: RefuseLimit}, cp)
 
@@ -101,6 +101,8 @@ func TestHandshakeExtensions(t *testing.T) {
 		{`{"ts_refuse":""}`, `field "ts_refuse": "" is not 1..32 bytes`},
 		{`{"ts_refuse":"Busy"}`, `field "ts_refuse": "Busy" is not`},
 		{`{"ts_refuse":"` + strings.Repeat("a", 33) + `"}`, `field "ts_refuse"`},
+		{`{"ts_refuse_cause":2}`, `field "ts_refuse_cause": want string, got number`},
+		{`{"ts_refuse_cause":"Device"}`, `field "ts_refuse_cause": "Device" is not`},
 	} {
 		_, err := DecodeHandshake([]byte(tc.body))
 		require.ErrorIs(t, err, ErrBadFrame, tc.body)
@@ -111,6 +113,11 @@ func TestHandshakeExtensions(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "future_code", got.Refuse)
 	require.ErrorIs(t, checkHandshake(&HandshakeDesc{Refuse: "No"}), ErrBadRequest)
+	require.ErrorIs(t, checkHandshake(&HandshakeDesc{Refuse: RefuseLimit, RefuseCause: "a b"}), ErrBadRequest)
+	// An unknown cause decodes too.
+	got, err = DecodeHandshake([]byte(`{"ts_refuse":"limit","ts_refuse_cause":"future_cause"}`))
+	require.NoError(t, err)
+	require.Equal(t, "future_cause", got.RefuseCause)
 }
 
 func TestNotifyReplyRefusal(t *testing.T) {

@@ -27,8 +27,16 @@
 // for an install outside the search path, or a path that does not exist to test a host
 // without rdma-core. It is read once, at the first use.
 //
-// When the load fails (no such library, or a library without an entry point the provider
-// needs) it is not tried again: every call returns the same error, which wraps
+// Before dlopen sees the file (the path given, or the one LD_LIBRARY_PATH leads to),
+// checkLibraryFile reads it with debug/elf: an ELF shared object whose headers, load
+// segments and sections lie inside the file, whose dynamic symbol table defines each entry
+// point at rdma-core's version. dlopen maps a copy cut short as if it were whole and dies of
+// SIGBUS on the first missing page; a library without symbol versions satisfies dlvsym with
+// whatever it exports under the name. A library found through the ld.so cache or the
+// system directories is checked after a dlopen that only finds its path.
+//
+// When the load fails (no such library, a file the check refuses, or a library without an
+// entry point the provider needs) it is not tried again: every call returns the same error, which wraps
 // ibv.ErrNoDevice and ErrLibrary and quotes dlerror, e.g. "no RDMA device: libibverbs not
 // loaded: dlopen "libibverbs.so.1": libibverbs.so.1: cannot open shared object file: No
 // such file or directory (...)". The provider then lists zero devices, Open fails,

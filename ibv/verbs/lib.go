@@ -66,10 +66,61 @@ func libraryName() (name string, fromEnv bool) {
 	return DefaultLibrary, false
 }
 
-// loadLibrary is tsv_load on name. With install false it only tries (the table is left as
-// it was), which lets tests try missing or broken libraries in a process that loaded
-// another one.
+// loadLibrary loads name after checkLibraryFile found its file sound: the file a path or an
+// LD_LIBRARY_PATH entry names is checked before dlopen sees it (a truncated copy would kill
+// the process with SIGBUS in dlopen); one found through the ld.so cache or the system
+// directories is installed by the system's packages and is checked after a first dlopen
+// that only finds it, before the provider uses it. With install false it only tries (the
+// table is left as it was), which lets tests try missing or broken libraries in a process
+// that loaded another one.
 func loadLibrary(name string, fromEnv, install bool) (path string, err error) {
+	what := fmt.Sprintf("%q", name)
+	if fromEnv {
+		what += " (" + EnvLibrary + ")"
+	}
+	file := libraryFile(name, os.Getenv("LD_LIBRARY_PATH"))
+	if file == "" {
+		if file, err = dlLoad(name, what, fromEnv, false); err != nil {
+			return "", err
+		}
+	}
+	if _, err := os.Stat(file); err != nil {
+		return dlLoad(name, what, fromEnv, install) // dlopen says why it cannot open it
+	}
+	if err := checkLibraryFile(file, neededSymbols()); err != nil {
+		if file != name {
+			what += " (file " + file + ")"
+		}
+		return "", fmt.Errorf("%w: %s is not a usable libibverbs: %v (%s)", ErrLibrary, what, err, libraryHint(fromEnv))
+	}
+	return dlLoad(name, what, fromEnv, install)
+}
+
+// libraryHint says what to do about a library that does not load.
+func libraryHint(fromEnv bool) string {
+	if fromEnv {
+		return "check " + EnvLibrary + ", or unset it to load " + DefaultLibrary
+	}
+	return "install rdma-core's libibverbs (libibverbs1, rdma-core), or set " + EnvLibrary + " to its path"
+}
+
+// neededSymbols are shim.c's entry points, with the versions tsv_load resolves them at.
+func neededSymbols() []libSymbol {
+	n := int(C.tsv_nsyms())
+	syms := make([]libSymbol, n)
+	for i := range syms {
+		ci := C.int(i)
+		syms[i] = libSymbol{
+			Name:     C.GoString(C.tsv_sym_name(ci)),
+			Version:  C.GoString(C.tsv_sym_version(ci)),
+			Optional: C.tsv_sym_optional(ci) != 0,
+		}
+	}
+	return syms
+}
+
+// dlLoad is tsv_load on name: the path of the file it loaded, or why not.
+func dlLoad(name, what string, fromEnv, install bool) (path string, err error) {
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
 	const bufLen = 4096
@@ -81,10 +132,6 @@ func loadLibrary(name string, fromEnv, install bool) (path string, err error) {
 		inst = 1
 	}
 	rc := int(C.tsv_load(cname, inst, errBuf, bufLen, where, bufLen))
-	what := fmt.Sprintf("%q", name)
-	if fromEnv {
-		what += " (" + EnvLibrary + ")"
-	}
 	dlerr := C.GoString(errBuf)
 	switch {
 	case rc == 0:
@@ -94,11 +141,7 @@ func loadLibrary(name string, fromEnv, install bool) (path string, err error) {
 		}
 		return path, nil
 	case rc < 0:
-		hint := "install rdma-core's libibverbs (libibverbs1, rdma-core), or set " + EnvLibrary + " to its path"
-		if fromEnv {
-			hint = "check " + EnvLibrary + ", or unset it to load " + DefaultLibrary
-		}
-		return "", fmt.Errorf("%w: dlopen %s: %s (%s)", ErrLibrary, what, dlerr, hint)
+		return "", fmt.Errorf("%w: dlopen %s: %s (%s)", ErrLibrary, what, dlerr, libraryHint(fromEnv))
 	}
 	i := C.int(rc - 1)
 	sym := C.GoString(C.tsv_sym_name(i)) + "@" + C.GoString(C.tsv_sym_version(i))

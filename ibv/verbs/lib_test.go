@@ -175,3 +175,24 @@ func TestLibraryFromEnvChild(t *testing.T) {
 	require.NotEmpty(t, devs)
 	require.True(t, strings.HasPrefix(devs[0].Name, "softverbs"), devs[0].Name)
 }
+
+// softverbs and the system's rdma-core pass the check before dlopen with the whole table of
+// entry points; a truncated copy is refused by loadLibrary before dlopen sees it.
+func TestLoadLibraryChecksTheFile(t *testing.T) {
+	for _, lib := range realLibibverbs(t) {
+		require.NoError(t, checkLibraryFile(lib, neededSymbols()), lib)
+		b, err := os.ReadFile(lib)
+		require.NoError(t, err)
+		cut := writeCopy(t, b[:len(b)/2])
+		_, err = loadLibrary(cut, true, false)
+		require.ErrorIs(t, err, ErrLibrary)
+		require.Contains(t, err.Error(), `libibverbs not loaded: "`+cut+`" (TWOSIDED_LIBIBVERBS) is not a usable libibverbs: `)
+		require.Contains(t, err.Error(), "a truncated copy? (check TWOSIDED_LIBIBVERBS, or unset it to load libibverbs.so.1)")
+
+		// Found through LD_LIBRARY_PATH: the file is named too.
+		t.Setenv("LD_LIBRARY_PATH", filepath.Dir(cut))
+		_, err = loadLibrary(DefaultLibrary, false, false)
+		require.ErrorIs(t, err, ErrLibrary)
+		require.Contains(t, err.Error(), `"libibverbs.so.1" (file `+cut+`) is not a usable libibverbs: `)
+	}
+}

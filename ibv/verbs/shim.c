@@ -103,6 +103,16 @@ const char *tsv_sym_version(int i)
 	return i >= 0 && i < TSV_NSYMS ? syms[i].version : "";
 }
 
+int tsv_nsyms(void)
+{
+	return TSV_NSYMS;
+}
+
+int tsv_sym_optional(int i)
+{
+	return i >= 0 && i < TSV_NSYMS ? syms[i].optional : 0;
+}
+
 static void copy_str(char *dst, size_t n, const char *src)
 {
 	if (n == 0)

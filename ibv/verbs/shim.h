@@ -86,6 +86,10 @@ enum {
 int tsv_load(const char *path, int install, char *err, size_t errlen, char *where, size_t wherelen);
 const char *tsv_sym_name(int i);
 const char *tsv_sym_version(int i);
+// tsv_nsyms is the number of entry points; tsv_sym_optional says whether entry point i may
+// be missing.
+int tsv_nsyms(void);
+int tsv_sym_optional(int i);
 
 // Entry points of libibverbs, through the table (valid only after tsv_load installed it).
 struct ibv_device **tsv_get_device_list(int *num);
