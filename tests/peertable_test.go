@@ -234,3 +234,111 @@ func closedChan(c <-chan struct{}) bool {
 		return false
 	}
 }
+
+// TestAttackChannelHandshakeFlood: an endless flood of handshakes asking for channels at
+// QPNs nobody owns, from 4 goroutines, against an engine at its default limits, from the
+// good peers' own address or from another; meanwhile 10 fresh engines send 20 notifies
+// each, with OOB fallback on and off. Every one is delivered and no handshake is refused:
+// the unused channels the flood holds stay within their caps (a quarter per address, 64 in
+// all), each newer one closing the oldest. Newcomers' latency is logged, never asserted.
+func TestAttackChannelHandshakeFlood(t *testing.T) {
+	const newcomers, each = 10, 20
+	for _, c := range []struct {
+		src      string
+		fallback bool
+	}{{"127.0.0.1", true}, {"127.0.0.1", false}, {attackFrom, true}, {attackFrom, false}} {
+		src := c.src
+		t.Run(fmt.Sprintf("%s/fallback=%v", src, c.fallback), func(t *testing.T) {
+			ctx := ctxFor(t, 180*time.Second)
+			rcv := newEngine(t, rdma)
+			stop := make(chan struct{})
+			var floodDone sync.WaitGroup
+			var ghosts, withChannel atomic.Int64
+			for w := 0; w < 4; w++ {
+				floodDone.Add(1)
+				go func() {
+					defer floodDone.Done()
+					for i := 0; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						reply, err := rawExchange(src, rcv.Addr(), typConnection,
+							ghostHandshake(fmt.Sprintf("10.8.%d.%d:1", w, i&255), rand.Uint32N(1<<24-2)+1, rand.Uint64()|1))
+						ghosts.Add(1)
+						if err == nil && strings.Contains(reply, `"notify_qp_num"`) {
+							withChannel.Add(1)
+						}
+					}
+				}()
+			}
+			// The newcomers come once the flood holds its channels.
+			require.True(t, waitUntil(60*time.Second, func() bool { return withChannel.Load() >= 200 }), "the flood got no channels")
+			var wg sync.WaitGroup
+			var failed, sent atomic.Int64
+			var latMu sync.Mutex
+			var lat []time.Duration
+			errs := make(chan error, 5)
+			maxUnused := 0
+			for k := 0; k < newcomers; k++ {
+				e := newEngine(t, rdma, notify.WithOOBFallback(c.fallback))
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; i < each; i++ {
+						// The default send deadline, as an application's send has (a hang
+						// guard: served, a send takes milliseconds).
+						sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+						t0 := time.Now()
+						err := e.SendNotify(sctx, rcv.Addr(), notify.Notify{Name: "new" + strconv.Itoa(k), Msg: []byte(strconv.Itoa(i))})
+						cancel()
+						latMu.Lock()
+						lat = append(lat, time.Since(t0))
+						latMu.Unlock()
+						if err != nil {
+							failed.Add(1)
+							select {
+							case errs <- fmt.Errorf("newcomer %d, notify %d: %w", k, i, err):
+							default:
+							}
+							continue
+						}
+						sent.Add(1)
+					}
+				}()
+			}
+			done := make(chan struct{})
+			go func() { wg.Wait(); close(done) }()
+			got := 0
+			for ctx.Err() == nil && !(closedChan(done) && got >= int(sent.Load())) {
+				maxUnused = max(maxUnused, rcv.Stats().Limits.Unconfirmed)
+				rctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+				m, err := rcv.Recv(rctx)
+				cancel()
+				if err == nil && strings.HasPrefix(m.Name, "new") {
+					got++
+				}
+			}
+			close(stop)
+			floodDone.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			st := rcv.Stats()
+			t.Logf("flood from %s: %d handshakes, %d got a channel; newcomers: %d of %d sends failed, %d delivered, latency p50 %v p99 %v max %v; unconfirmed channels at most %d seen, evicted %d, refused %d; peers evicted %d",
+				src, ghosts.Load(), withChannel.Load(), failed.Load(), newcomers*each, got,
+				pct(lat, .5).Round(time.Millisecond), pct(lat, .99).Round(time.Millisecond), pct(lat, 1).Round(time.Millisecond), maxUnused,
+				st.Limits.UnconfirmedEvicted, st.Limits.UnconfirmedRefused, st.Limits.PeersEvicted)
+			require.Zero(t, failed.Load(), "newcomers' sends failed during the flood")
+			// Nobody is refused for the flood's channels: the oldest unused one closes for a
+			// newer handshake (before, newcomers were refused "busy" until a ghost's channel
+			// expired after the connect timeout, and the flood took the place again).
+			require.Zero(t, st.Limits.UnconfirmedRefused, "handshakes refused busy for the flood's channels")
+			require.Positive(t, st.Limits.UnconfirmedEvicted)
+			require.Equal(t, newcomers*each, got, "every newcomer's notify delivered")
+			require.LessOrEqual(t, maxUnused, 64, "unused channels in all")
+		})
+	}
+}
