@@ -124,8 +124,9 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 		return inboundReply{refuse: refuseAuth, err: fmt.Errorf("%w: ts_proof: session %x is known here and the proof does not match", ErrAuth, hs.session)}
 	}
 	if hs.ctrl && m.cfg.channels && !proven && hs.session != m.local && !m.roomForUnused(hs.from, p) {
-		// No channel its peer has not used could close for this one (they are all being
-		// made): refuse, keeping nothing; a real peer retries (or is served over OOB meanwhile).
+		// Past a cap of channels their peers have not used, and none of them to close for
+		// this one (not while the counts hold): refuse, keeping nothing; a real peer
+		// retries (or is served over OOB meanwhile).
 		m.stats.UnconfirmedRefused++
 		return inboundReply{refuse: refuseBusy, err: fmt.Errorf("%w: %d channels handshaken and not yet used by their peers", ErrBackpressure, m.unconfirmed)}
 	}
