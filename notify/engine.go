@@ -368,7 +368,7 @@ func (e *Engine) cancelSend(req *sendReq, peer string, cause error) error {
 	withdrawn := make(chan bool, 1)
 	id := req.id
 	if err := e.loop.Submit(func() {
-		w := e.m.cancel(id, cause)
+		w := e.m.cancel(e.loop.Now(), id, cause)
 		e.perform()
 		withdrawn <- w
 	}); err == nil {
