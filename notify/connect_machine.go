@@ -23,6 +23,7 @@ func (m *peerMachine) chanWanted(id chanID) bool {
 // the others fail (or go over OOB where fallback allows), as backingOff decides.
 func (m *peerMachine) connectShed(now time.Time, name string, ch chanID, kind, err error) {
 	m.connects--
+	defer m.unhold(now) // the name's handshake failed: it holds nothing now
 	defer m.nextConnect(now)
 	if ce := m.chans[ch]; ce != nil {
 		m.dropChan(ce, true)

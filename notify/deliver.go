@@ -80,7 +80,8 @@ type recvQueue struct {
 	done     chan struct{} // closed when the queue closes
 	room     func()
 	wantRoom atomic.Bool
-	clock    queueClock // times each notify's wait in the queue
+	clock    queueClock   // times each notify's wait in the queue
+	parked   atomic.Int32 // pop calls waiting for a notify (tests)
 }
 
 func (q *recvQueue) init(capacity int, room func()) {
@@ -162,7 +163,10 @@ func (q *recvQueue) afterPop(left int) {
 	}
 }
 
-func (q *recvQueue) pop(ctx context.Context, closed *atomic.Bool) (Notify, error) {
+// pop takes the next notify, waiting with ctx. It reports ErrClosed only once the queue is
+// closed and empty: the queue closes at the end of Close, after Close has handed over what
+// the channels held, so a Recv loop that goes on through Close gets all of it.
+func (q *recvQueue) pop(ctx context.Context) (Notify, error) {
 	for {
 		q.mu.Lock()
 		if q.n > 0 {
@@ -174,15 +178,18 @@ func (q *recvQueue) pop(ctx context.Context, closed *atomic.Bool) (Notify, error
 		}
 		isClosed := q.closed
 		q.mu.Unlock()
-		if isClosed || closed.Load() {
+		if isClosed {
 			return Notify{}, ErrClosed
 		}
+		q.parked.Add(1)
 		select {
 		case <-q.wake:
 		case <-q.done:
 		case <-ctx.Done():
+			q.parked.Add(-1)
 			return Notify{}, ctx.Err()
 		}
+		q.parked.Add(-1)
 	}
 }
 

@@ -368,7 +368,7 @@ func (e *Engine) cancelSend(req *sendReq, peer string, cause error) error {
 	withdrawn := make(chan bool, 1)
 	id := req.id
 	if err := e.loop.Submit(func() {
-		w := e.m.cancel(id, cause)
+		w := e.m.cancel(e.loop.Now(), id, cause)
 		e.perform()
 		withdrawn <- w
 	}); err == nil {
@@ -461,12 +461,15 @@ func (e *Engine) spinWait(req *sendReq) {
 // context's end at once.
 const asLoopWait = time.Millisecond
 
-// Recv returns the next received notify, waiting with ctx.
+// Recv returns the next received notify, waiting with ctx. It goes on through Close: it
+// returns what the queue holds and what Close hands over (what the channels' NICs
+// acknowledged), and ErrClosed once Close has delivered all of it and the queue is empty.
+// A receive loop that stops at ErrClosed therefore gets every acknowledged notify.
 func (e *Engine) Recv(ctx context.Context) (Notify, error) {
 	if ctx == nil {
 		return Notify{}, fmt.Errorf("%w: ctx: nil", ErrInvalid)
 	}
-	n, err := e.rq.pop(ctx, &e.closed)
+	n, err := e.rq.pop(ctx)
 	switch {
 	case err == nil, errors.Is(err, ErrClosed):
 	case errors.Is(err, context.Canceled):
@@ -477,15 +480,18 @@ func (e *Engine) Recv(ctx context.Context) (Notify, error) {
 	return n, err
 }
 
-// GetNotifies drains what has arrived; it never blocks.
+// GetNotifies drains what has arrived; it never blocks. After Close it returns what Recv
+// has not taken.
 func (e *Engine) GetNotifies() []Notify { return e.rq.drain() }
 
 // Close stops the engine: every peer is told (SESSION_CLOSE on its channel), what the
-// channels' NICs acknowledged is delivered, pending sends end with ErrClosed, sockets close,
-// the reactor stops. Bounded by ctx: if ctx ends first, the rest is cut short, the engine
-// stops in the background, and the error wraps ErrTimeout and ctx's error (its message
-// says "canceled" for a cancelled ctx). A second Close returns nil. See Engine for why
-// Close takes a context (Engine is not an io.Closer).
+// channels' NICs acknowledged is delivered (to the handler, or to the queue, where Recv
+// still finds it: Recv returns ErrClosed only once Close is done and the queue is empty),
+// pending sends end with ErrClosed, sockets close, the reactor stops. Bounded by ctx: if
+// ctx ends first, the rest is cut short, the engine stops in the background, and the error
+// wraps ErrTimeout and ctx's error (its message says "canceled" for a cancelled ctx). A
+// second Close returns nil. See Engine for why Close takes a context (Engine is not an
+// io.Closer).
 func (e *Engine) Close(ctx context.Context) error {
 	if !e.closed.CompareAndSwap(false, true) {
 		return nil

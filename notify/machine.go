@@ -42,10 +42,11 @@ import (
 //
 // The decisions live in one file each: machine_send.go (sends, paths, sizes, results,
 // fences), machine_connect.go (our handshakes, their results, the connect backoff),
-// machine_inbound.go (peers' handshakes and channels), machine_peers.go (the peer table:
-// entries, aliases, tokens, room), machine_recv.go (arrivals: channel and OOB notifies,
-// fences) and machine_time.go (the timer: deadlines, gaps, retries, prunes). This file has
-// the state and the action plumbing.
+// machine_order.go (one order per pair whatever the names), machine_inbound.go (peers'
+// handshakes and channels), machine_peers.go (the peer table: entries, aliases, tokens,
+// room), machine_recv.go (arrivals: channel and OOB notifies, fences) and machine_time.go
+// (the timer: deadlines, gaps, retries, prunes). This file has the state and the action
+// plumbing.
 type peerMachine struct {
 	local    uint64
 	cfg      machineConfig
@@ -76,7 +77,12 @@ type peerMachine struct {
 	unconfirmedBy    map[netip.Addr]int
 	connects         int      // our handshakes in flight
 	connectQ         []string // names waiting for a handshake slot, in order
-	timerAt          time.Time
+	// Order across names (machine_order.go): unknown lists names whose sends wait for the
+	// name's first handshake (its engine not known yet); held, the peers whose sends wait
+	// behind them (heldSpare: held's other buffer).
+	unknown         []string
+	held, heldSpare []*peerEntry
+	timerAt         time.Time
 
 	acts  []mAction
 	spare []mAction // the other buffer of ready
@@ -199,6 +205,7 @@ type peerEntry struct {
 	bornActive bool      // made by the reply to our own handshake
 	retryAt    time.Time // connect backoff after a limit refusal
 	lastErr    error
+	held       bool // in peerMachine.held: its sends wait behind a name not known yet
 	// fenceAt: an OOB fence was refused; no fence goes over OOB before then (tick sends
 	// them), so a refusing peer sees one try per fenceWait, not a storm. A channel, or a
 	// new token from a handshake, carries them at once.

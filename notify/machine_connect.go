@@ -266,6 +266,7 @@ const causeDevice = "device"
 // connected is the result of our handshake via name on channel ch (0: none).
 func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsResult) {
 	m.connects--
+	defer m.unhold(now) // the name's engine is known, or its handshake failed
 	defer m.nextConnect(now)
 	ne := m.names[name]
 	ce := m.chans[ch]

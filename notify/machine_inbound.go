@@ -71,6 +71,7 @@ func (m *peerMachine) dropChan(ce *chanEntry, forget bool) {
 // chanClosed: channel ch ended (an error, the peer's goodbye, our close). Its pending
 // sends were reported through sendResult before.
 func (m *peerMachine) chanClosed(now time.Time, ch chanID, err error) {
+	defer m.unhold(now)
 	ce := m.chans[ch]
 	if ce == nil {
 		return
@@ -113,6 +114,7 @@ type inboundReply struct {
 
 // inbound decides a peer's handshake request.
 func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
+	defer m.unhold(now)
 	if hs.session == 0 {
 		return m.inboundLegacy(now, hs)
 	}
@@ -325,6 +327,7 @@ func (m *peerMachine) inboundLegacy(now time.Time, hs inboundHS) inboundReply {
 // inboundUp: the channel of an accepted handshake is connected (err nil) or could not be
 // (err: it is forgotten, and the reply carries the error).
 func (m *peerMachine) inboundUp(now time.Time, ch chanID, err error) {
+	defer m.unhold(now)
 	ce := m.chans[ch]
 	if ce == nil {
 		return
@@ -351,6 +354,7 @@ func (m *peerMachine) inboundUp(now time.Time, ch chanID, err error) {
 // (as for max_channels): its first OOB notify with it makes the entry (oobArrive). An entry
 // that existed keeps its token. It returns the token for the refusal.
 func (m *peerMachine) inboundFailed(now time.Time, ch chanID, fresh bool, hs inboundHS) uint64 {
+	defer m.unhold(now)
 	ce := m.chans[ch]
 	if ce == nil {
 		return 0

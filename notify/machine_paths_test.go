@@ -760,7 +760,7 @@ func TestMachineIdlePairNotLockedOut(t *testing.T) {
 	a := n.add("a", 10, simCfg())
 	b := n.add("b", 20, simCfg())
 	w := a.send("b", "withdrawn", "")
-	require.True(t, a.m.cancel(w, errors.New("ctx done")))
+	require.True(t, a.m.cancel(n.now, w, errors.New("ctx done")))
 	a.perform()
 	n.run() // the channel expires unused (connectTimeout); a forgets the pair (peerIdle)
 	require.Empty(t, a.m.peers, "a forgot the idle pair")

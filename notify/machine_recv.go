@@ -89,6 +89,7 @@ type oobArrival struct {
 // oobArrive decides an OOB notify: "" accepted (delivered, held, or a duplicate already
 // delivered), else a refusal code for the reply.
 func (m *peerMachine) oobArrive(now time.Time, a oobArrival) (string, error) {
+	defer m.unhold(now)
 	if a.session == 0 {
 		// A Mooncake engine: no session, no seq; delivered as it comes.
 		m.stats.LegacyDelivered++

@@ -15,6 +15,7 @@ import (
 // send accepts a notify for name (a host:port or an advertised name). nid is the caller's
 // idempotency id ("" none).
 func (m *peerMachine) send(now time.Time, id reqID, name, nid string, deadline time.Time, size int) {
+	defer m.unhold(now)
 	ne := m.names[name]
 	if ne == nil {
 		if len(m.names) >= m.cfg.maxNames {
@@ -48,6 +49,7 @@ func (m *peerMachine) send(now time.Time, id reqID, name, nid string, deadline t
 	if !ne.connecting && ne.stragglers == 0 {
 		m.connectName(now, ne, nil)
 	}
+	m.waitUnknown(ne)
 }
 
 // enqueue queues r on its peer and posts what the peer's path allows.
@@ -68,8 +70,10 @@ func (m *peerMachine) enqueue(now time.Time, p *peerEntry, r *reqEntry, name str
 // the channel's send slots allow. Without a path it starts one.
 func (m *peerMachine) flush(now time.Time, p *peerEntry, via string) {
 	switch {
-	case p.mode == modeOOB:
-		for len(p.waiters) > 0 && (p.key.legacy != "" || !p.seqs.full()) {
+	case p.mode == modeOOB && (p.tokenOut != 0 || p.key.legacy != ""):
+		// Without a token (a name refused for proof, the pair's own handshake still on its
+		// way) an OOB notify would be refused: the sends wait for that handshake (below).
+		for len(p.waiters) > 0 && (p.key.legacy != "" || !p.seqs.full()) && !m.heldBehind(p, p.waiters[0]) {
 			r := m.reqs[m.popWaiter(p)]
 			if r == nil {
 				continue
@@ -85,7 +89,7 @@ func (m *peerMachine) flush(now time.Time, p *peerEntry, via string) {
 		if ce.legacy && p.oldInflight > 0 {
 			return // the replaced channel's sends complete or come back first
 		}
-		for len(p.waiters) > 0 && p.inflight < m.cfg.maxPendingSends && (ce.legacy || !p.seqs.full()) {
+		for len(p.waiters) > 0 && p.inflight < m.cfg.maxPendingSends && (ce.legacy || !p.seqs.full()) && !m.heldBehind(p, p.waiters[0]) {
 			r := m.reqs[m.popWaiter(p)]
 			if r == nil {
 				continue
@@ -190,7 +194,8 @@ func (m *peerMachine) sendOOB(p *peerEntry, r *reqEntry, retry bool) {
 // cancel withdraws a send whose caller stopped waiting. A send not yet posted is
 // completed with ErrTimeout (not delivered) and reports true; a posted one goes on (its
 // outcome is unknown to the caller) and reports false.
-func (m *peerMachine) cancel(id reqID, err error) bool {
+func (m *peerMachine) cancel(now time.Time, id reqID, err error) bool {
+	defer m.unhold(now)
 	r := m.reqs[id]
 	if r == nil {
 		return false
@@ -261,6 +266,7 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 	if r == nil {
 		return
 	}
+	defer m.unhold(now)
 	defer m.releaseStragglers(now)
 	p := r.peer
 	onCh := r.ch

@@ -384,32 +384,37 @@ func simCfg() machineConfig {
 }
 
 // TestMachineAliasesShareOnePeer: one engine reached as two names gets one peer entry,
-// one sequence space and, in the end, one channel; everything is delivered once, in order.
+// one sequence space and, in the end, one channel (or none: oob); every send is delivered
+// once, in one order: the order of the sends, whichever name each went to, before and after
+// each name's handshake told which engine it leads to.
 func TestMachineAliasesShareOnePeer(t *testing.T) {
-	for seed := uint64(0); seed < 200; seed++ {
-		n := newSimNet(t, seed)
-		a := n.add("a", 10, simCfg())
-		b := n.add("b", 20, simCfg(), "localhost:b", "127.0.0.1:b")
-		// Order is per name: before the first handshake tells that both names are one
-		// engine, the two queues are unrelated to the caller.
-		order := map[string][]reqID{}
-		for i := 0; i < 40; i++ {
-			to := "localhost:b"
-			if n.rng.IntN(2) == 0 {
-				to = "127.0.0.1:b"
+	for _, channels := range []bool{true, false} {
+		for seed := uint64(0); seed < 300; seed++ {
+			n := newSimNet(t, seed)
+			cfg := simCfg()
+			cfg.channels = channels
+			a := n.add("a", 10, cfg)
+			b := n.add("b", 20, cfg, "localhost:b", "127.0.0.1:b")
+			var order []reqID
+			for i := 0; i < 40; i++ {
+				to := "localhost:b"
+				if n.rng.IntN(2) == 0 {
+					to = "127.0.0.1:b"
+				}
+				order = append(order, a.send(to, strconv.Itoa(i), ""))
+				for k := n.rng.IntN(4); k > 0 && n.step(); k-- {
+				}
 			}
-			order[to] = append(order[to], a.send(to, strconv.Itoa(i), ""))
-			for k := n.rng.IntN(4); k > 0 && n.step(); k-- {
+			n.run()
+			for _, id := range order {
+				require.NoError(t, a.results[id], "channels %v seed %d: request %d", channels, seed, id)
+			}
+			require.Equal(t, 40, checkDelivery(t, a, b, order), "channels %v seed %d", channels, seed)
+			if channels { // (over oob the idle pair is forgotten by the end of run)
+				require.Len(t, a.m.peers, 1, "seed %d: one peer for two names", seed)
+				require.Equal(t, 1, a.m.channels, "seed %d", seed)
 			}
 		}
-		n.run()
-		acked := 0
-		for _, o := range order {
-			acked += checkDelivery(t, a, b, o)
-		}
-		require.Equal(t, 40, acked, "seed %d", seed)
-		require.Len(t, a.m.peers, 1, "seed %d: one peer for two names", seed)
-		require.Equal(t, 1, a.m.channels, "seed %d", seed)
 	}
 }
 
@@ -597,14 +602,14 @@ func TestMachineCancel(t *testing.T) {
 	a := n.add("a", 10, simCfg())
 	b := n.add("b", 20, simCfg())
 	id := a.send("b", "w", "")
-	require.True(t, a.m.cancel(id, errors.New("ctx done")))
+	require.True(t, a.m.cancel(n.now, id, errors.New("ctx done")))
 	a.perform()
 	require.ErrorIs(t, a.results[id], ErrTimeout)
 	require.NotErrorIs(t, a.results[id], ErrMaybeDelivered)
 	for n.step() {
 	}
 	id2 := a.send("b", "p", "")
-	require.False(t, a.m.cancel(id2, errors.New("ctx done")), "posted: cannot be withdrawn")
+	require.False(t, a.m.cancel(n.now, id2, errors.New("ctx done")), "posted: cannot be withdrawn")
 	n.run()
 	require.NoError(t, a.results[id2])
 	require.Equal(t, []string{"p"}, func() (s []string) {
@@ -927,4 +932,49 @@ func TestMachineCloseAllUnknownForInFlight(t *testing.T) {
 		require.ErrorIs(t, a.results[waiting], ErrClosed)
 		require.NotErrorIs(t, a.results[waiting], ErrMaybeDelivered)
 	}
+}
+
+// TestMachineUnknownNameHoldsItsPortOnly: a send to a known peer waits behind an older send
+// to a name whose first handshake is on its way, when that name may be the peer's (its
+// port), and is delivered after it; a name of another port holds nothing; a handshake
+// that fails releases what waited behind it.
+func TestMachineUnknownNameHoldsItsPortOnly(t *testing.T) {
+	n := newSimNet(t, 1)
+	a := n.add("a", 10, simCfg())
+	b := n.add("b", 20, simCfg(), "localhost:b", "127.0.0.1:b")
+	n.add("c", 30, simCfg(), "127.0.0.1:c")
+	first := a.send("127.0.0.1:b", "first", "")
+	n.run()
+	require.NoError(t, a.results[first])
+	p := a.m.names["127.0.0.1:b"].peer
+	require.NotNil(t, p)
+
+	// Another name with b's port: b's next send waits for that name's handshake.
+	x := a.send("localhost:b", "x", "")
+	y := a.send("127.0.0.1:b", "y", "")
+	require.Equal(t, []reqID{y}, p.waiters, "y waits behind x, whose name may be b's")
+	// A name of another port holds nothing.
+	z := a.send("127.0.0.1:c", "z", "")
+	w := a.send("127.0.0.1:b", "w", "")
+	require.Equal(t, []reqID{y, w}, p.waiters, "still behind x")
+	n.run()
+	require.Equal(t, 4, checkDelivery(t, a, b, []reqID{first, x, y, w}))
+	require.NoError(t, a.results[z])
+
+	// A name of b's port nobody answers: its handshake fails, what waited behind it goes.
+	q1 := a.send("10.9.9.9:b", "q1", "")
+	q2 := a.send("127.0.0.1:b", "q2", "")
+	require.Equal(t, []reqID{q2}, p.waiters)
+	n.run()
+	require.ErrorIs(t, a.results[q1], ErrPeerUnreachable)
+	require.NoError(t, a.results[q2])
+	require.Equal(t, "q2", string(b.got[len(b.got)-1].Msg))
+
+	// A name of another port: the peer's sends do not wait for it.
+	r1 := a.send("127.0.0.1:d", "r1", "")
+	r2 := a.send("127.0.0.1:b", "r2", "")
+	require.Empty(t, p.waiters, "r2 posted at once")
+	n.run()
+	require.Error(t, a.results[r1])
+	require.NoError(t, a.results[r2])
 }

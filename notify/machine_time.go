@@ -110,7 +110,7 @@ func (m *peerMachine) tick(now time.Time) {
 			continue // on its way: its path's own bound ends it
 		}
 		if !now.Before(r.deadline) {
-			m.cancel(id, errors.New("deadline passed while waiting for a path"))
+			m.cancel(now, id, errors.New("deadline passed while waiting for a path"))
 			continue
 		}
 		later(r.deadline)
@@ -133,5 +133,6 @@ func (m *peerMachine) tick(now time.Time) {
 		}
 	}
 	m.releaseStragglers(now)
+	m.unhold(now)
 	m.setTimer(next)
 }
