@@ -225,6 +225,7 @@ func (m *peerMachine) closeAll(err error) {
 	m.channels, m.unconfirmed, m.connects, m.connectQ = 0, 0, 0, nil
 	for _, p := range m.peers {
 		p.ch, p.waiters, p.inflight = 0, nil, 0
+		p.parked, p.oobOut, p.busyAt = nil, 0, time.Time{}
 	}
 	m.inflight = 0
 }

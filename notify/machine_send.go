@@ -67,6 +67,7 @@ func (m *peerMachine) enqueue(now time.Time, p *peerEntry, r *reqEntry, name str
 // flush posts p's waiting sends on its path, drawing their seqs, as far as the window and
 // the channel's send slots allow. Without a path it starts one.
 func (m *peerMachine) flush(now time.Time, p *peerEntry, via string) {
+	m.unpark(p)
 	switch {
 	case p.mode == modeOOB:
 		for len(p.waiters) > 0 && (p.key.legacy != "" || !p.seqs.full()) {
@@ -182,9 +183,11 @@ func (m *peerMachine) sendOOB(p *peerEntry, r *reqEntry, retry bool) {
 	if retry {
 		m.stats.Fallbacks++
 	}
-	r.oobToken = p.tokenOut
-	m.emit(mAction{kind: aOOB, req: r.id, name: m.peerName(p), seq: r.seq, session: p.key.session,
-		token: p.tokenOut, deadline: r.deadline})
+	if p.paced() {
+		m.park(p, r) // the peer answered busy: it waits its turn (machine_busy.go)
+		return
+	}
+	m.emitOOB(p, r)
 }
 
 // cancel withdraws a send whose caller stopped waiting. A send not yet posted is
@@ -194,6 +197,10 @@ func (m *peerMachine) cancel(id reqID, err error) bool {
 	r := m.reqs[id]
 	if r == nil {
 		return false
+	}
+	if r.parked {
+		m.withdrawParked(r, err)
+		return true
 	}
 	if r.ch != 0 || r.oob {
 		return false
@@ -264,6 +271,15 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 	defer m.releaseStragglers(now)
 	p := r.peer
 	onCh := r.ch
+	paced := r.paced
+	if paced {
+		r.paced = false
+		if p != nil {
+			p.oobOut = max(p.oobOut-1, 0)
+			// Whatever the outcome, the pair's parked notifies go as its pacing allows.
+			defer func() { m.unpark(p); m.paceIdle(p) }()
+		}
+	}
 	if r.oob && r.legacy && p != nil && p.oldInflight > 0 {
 		p.oldInflight--
 	}
@@ -292,6 +308,9 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 		}
 		m.complete(id, nil)
 		if p != nil {
+			if paced {
+				m.oobAnswered(p)
+			}
 			p.lastActive = now
 			m.flush(now, p, "")
 		}
@@ -324,6 +343,11 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 			return
 		}
 		retry = false
+	}
+	if retry && paced && errors.Is(err, errPeerBusy) {
+		// Not delivered: it waits its turn, in seq order, for the peer's next answer.
+		m.busyAnswer(now, p, r)
+		return
 	}
 	if retry {
 		if p.ch != 0 && p.ch != onCh && m.chans[p.ch].up {
@@ -395,6 +419,7 @@ func (m *peerMachine) rebind(now time.Time, p *peerEntry, r *reqEntry, stale boo
 	r.peer = nil // not one of the stragglers marked below
 	// A stale refusal leaves the current pair as it is.
 	if ne.peer == p && !stale {
+		m.releaseParked(p) // refused in turn, as the name's other sends on their way to p
 		p.forgotten = true
 		m.unalias(p, r.name)
 		ne.peer = nil

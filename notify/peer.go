@@ -357,7 +357,8 @@ func (e *Engine) onMachineTimer() {
 	e.perform()
 }
 
-// busyRetry bounds the pause before an OOB notify the peer answered "busy" is sent again.
+// busyRetry bounds the pause before a fence, or a notify to a Mooncake peer, that the peer
+// answered "busy" is sent again (a notify with a seq is paced by the machine instead).
 const busyRetry = 50 * time.Millisecond
 
 // oobTarget says what an OOB send's result is for: a notify's request, or a fence.
@@ -381,8 +382,9 @@ func (e *Engine) report(t oobTarget, err error, maybe, local bool) {
 // peer at a literal address is sent to from the loop itself (oob.Node.NotifyOnLoop: no
 // submission, no goroutine, no allocation); a Mooncake peer's notifies go one after another
 // on a goroutine, and a peer named by host name on a goroutine of its own (resolving
-// blocks). A peer whose queue is full answers "busy": the notify is sent again until the
-// deadline.
+// blocks). A peer whose queue is full answers "busy": the machine sends the notify again
+// when the pair's pacing allows; a fence, or a seq-less notify, is sent again here after a
+// pause, until the deadline.
 func (e *Engine) sendOOB(peer string, req oob.NotifyRequest, deadline time.Time, t oobTarget) {
 	if req.Session == 0 {
 		// A Mooncake peer has no seqs to reorder by: its notifies go one after another.
@@ -449,8 +451,10 @@ func (s *oobSend) retry() {
 func (s *oobSend) done(err error) {
 	e := s.e
 	// While closing too: a notify the peer answered during the goodbyes is reported as it
-	// went (after closeOnLoop failed every send, the machine no longer knows it).
-	if errors.Is(err, oob.ErrBusy) && !e.closing {
+	// went (after closeOnLoop failed every send, the machine no longer knows it). A notify
+	// answered busy goes to the machine, which paces the pair (machine_busy.go); a fence
+	// is sent again here.
+	if errors.Is(err, oob.ErrBusy) && !e.closing && s.t.fence {
 		if left := s.deadline.Sub(e.loop.Now()); left > s.pause {
 			e.loop.AfterFunc(s.pause, s.retryFn)
 			return
@@ -474,8 +478,8 @@ func (e *Engine) doOOB(peer string, req oob.NotifyRequest, deadline time.Time, t
 		var err error
 		for pause := time.Millisecond; ; pause = min(2*pause, busyRetry) {
 			err = e.node.Notify(ctx, peer, &req)
-			if !errors.Is(err, oob.ErrBusy) {
-				break
+			if !errors.Is(err, oob.ErrBusy) || (req.Session != 0 && !t.fence) {
+				break // a notify with a seq answered busy goes to the machine (sendOOB)
 			}
 			t := time.NewTimer(pause)
 			select {
@@ -566,7 +570,8 @@ func oobKind(err error) error {
 	case errors.Is(err, oob.ErrAuth):
 		kind = ErrAuth
 	case errors.Is(err, oob.ErrBusy):
-		kind = ErrBackpressure
+		// The peer's queue is full: not delivered; the pair's pacing sends it again.
+		return &kindError{kind: ErrBackpressure, cause: errors.Join(errPeerBusy, err)}
 	case errors.Is(err, oob.ErrLimit):
 		kind = ErrLimit // the peer's MaxConns, or a cap of ours on OOB peers
 	case errors.Is(err, oob.ErrStale):
