@@ -259,9 +259,10 @@ func TestAttackSparseSeqs(t *testing.T) {
 
 // TestAttackPipelinedWhileFull (row 5): the receiver's queue (WithRecvQueue 16) is full and
 // nobody reads; an attacker pipelines 2 000 notifies on OOB connections and a good peer
-// sends 200. The receiver holds at most 64 OOB notifies, answers the rest busy; once the
-// consumer reads, every notify answered success is delivered once, none answered busy is,
-// and the good peer's arrive in order.
+// sends 200. The receiver holds at most 64 OOB notifies, plus one of the good peer (a known
+// pair with none held among the 64), and answers the rest busy; once the consumer reads,
+// every notify answered success is delivered once, none answered busy is, and the good
+// peer's arrive in order.
 func TestAttackPipelinedWhileFull(t *testing.T) {
 	const attacks, goodN, maxHeld = 2000, 200, 64
 	rcv := newEngine(t, notify.TransportOOB, notify.WithRecvQueue(16))
@@ -347,7 +348,7 @@ func TestAttackPipelinedWhileFull(t *testing.T) {
 	})
 	t.Logf("queue 16 full: held OOB at most %d (bound %d), engine answered busy %d; attacker: %d success, %d busy, %d other (first: %v); delivered %d flood notifies; heap at the peak %+.1f MiB",
 		maxSeen, maxHeld, st.OOBBusy, okCount, busy.Load(), other.Load(), firstOther.Load(), len(flooded), float64(int64(peak)-int64(heap0))/mib)
-	require.LessOrEqual(t, maxSeen, maxHeld, "OOB notifies held while the queue is full")
+	require.LessOrEqual(t, maxSeen, maxHeld+1, "OOB notifies held while the queue is full (64, and one of the good peer)")
 	// Who is answered busy depends on who came first: when the attacker's notifies take all
 	// 64 held places, its 64 senders all wait for those answers and send nothing more
 	// until the consumer reads, and the good peer is the one answered busy and sending
