@@ -270,13 +270,13 @@ func runSlowFanin(t testing.TB, window, count int, pace time.Duration) slowFanin
 		busy: st.OOBBusy - st0.OOBBusy + st.OOB.BusyRefused - st0.OOB.BusyRefused, senderHWM: hwm}
 }
 
-// TestSlowReceiverPacesWindowedSenders: a window of 256 notifies in flight per sender, 16
+// TestSlowReceiverPacesWindowedSenders: a window of 64 notifies in flight per sender, 16
 // senders, a receiver that holds 64 OOB notifies while its queue is full. Each notify the
 // peer answered "busy" used to be sent again on a timer of its own (up to 50 ms apart), so
 // the tries grew with what was in flight, not with what the receiver took: tens of busy
 // answers per delivered notify, and sends that failed at their deadline.
 func TestSlowReceiverPacesWindowedSenders(t *testing.T) {
-	const window, count = 256, 200
+	const window, count = 64, 200
 	r := runSlowFanin(t, window, count, time.Millisecond)
 	for i, f := range r.fails {
 		if i == 10 {
