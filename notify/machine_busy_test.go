@@ -188,3 +188,8 @@ func TestMachineOOBHold(t *testing.T) {
 	hold, _ = m.oobHold(30, tok, maxHeldOOB)
 	require.True(t, hold, "taken: it has none held again")
 }
+
+func TestMergeRanges(t *testing.T) {
+	require.Equal(t, []seqRange{{1, 5}, {8, 1}}, mergeRanges([]seqRange{{4, 2}, {1, 1}, {8, 1}, {2, 2}, {3, 1}}))
+	require.Equal(t, []seqRange{{7, 1}}, mergeRanges([]seqRange{{7, 1}}))
+}

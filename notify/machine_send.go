@@ -6,6 +6,7 @@
 package notify
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -479,7 +480,7 @@ func (m *peerMachine) fence(p *peerEntry) {
 	} else if p.tokenOut == 0 || !p.fenceAt.IsZero() {
 		return // no path now (or backing off): the next channel, handshake or tick carries them
 	}
-	for _, r := range p.seqs.takeFences() {
+	for _, r := range mergeRanges(p.seqs.takeFences()) {
 		m.stats.FencesSent++
 		a := mAction{kind: aFence, name: m.peerName(p), session: p.key.session, token: p.tokenOut,
 			first: r.first, count: r.count, pair: p.pair}
@@ -489,6 +490,25 @@ func (m *peerMachine) fence(p *peerEntry) {
 		}
 		m.emit(a)
 	}
+}
+
+// mergeRanges sorts rs and joins the ranges that touch, so that seqs given up one by one
+// (parked notifies whose sends ended, fences refused and put back) go as few fences.
+func mergeRanges(rs []seqRange) []seqRange {
+	if len(rs) < 2 {
+		return rs
+	}
+	slices.SortFunc(rs, func(a, b seqRange) int { return cmp.Compare(a.first, b.first) })
+	out := rs[:1]
+	for _, r := range rs[1:] {
+		last := &out[len(out)-1]
+		if r.first <= last.first+last.count {
+			last.count = max(last.count, r.first+r.count-last.first)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 // confirmFences resolves the fences posted on ce before the send numbered postNo, which
