@@ -562,8 +562,12 @@ func (m *peerMachine) fenceResult(now time.Time, session, first, count, token, p
 		return
 	}
 	// Refused over OOB (busy, a token the peer no longer knows, unreachable): sending it
-	// again at once would be refused again, as fast as the peer answers.
+	// again at once would be refused again, as fast as the peer answers. A busy peer is
+	// taking notifies: its window holds later seqs behind these, so the wait stays short.
 	p.fenceWait = min(max(2*p.fenceWait, m.cfg.fenceRetry), max(m.cfg.limitBackoff, m.cfg.fenceRetry))
+	if errors.Is(err, errPeerBusy) {
+		p.fenceWait = min(p.fenceWait, busyProbeMax)
+	}
 	if p.fenceAt.IsZero() {
 		p.fenceAt = now.Add(p.fenceWait)
 		m.setTimer(p.fenceAt)
