@@ -45,6 +45,7 @@ func (e *Engine) onQueueRoom() {
 				e.heldOOB = append(e.heldOOB, held[i:]...)
 				return
 			}
+			e.m.oobTaken(held[i].req.Session, held[i].pair)
 			e.takeOOB(&held[i].req, held[i].reply)
 		}
 		if e.paused {

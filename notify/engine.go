@@ -104,6 +104,7 @@ type Engine struct {
 type heldNotify struct {
 	req   oob.NotifyRequest
 	reply oob.NotifyReply
+	pair  uint64 // the peer entry that counts it (peerMachine.oobHold), 0: none
 }
 
 // New creates an engine from defaults and options (the environment is not read).

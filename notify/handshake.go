@@ -275,10 +275,6 @@ func peerNameOf(d *oob.HandshakeDesc) string {
 // oobHandler is the engine's side of the OOB node. Its methods run on the loop.
 type oobHandler Engine
 
-// maxHeldOOB bounds the OOB notifies held, unanswered, while the receive queue is full;
-// past it a sender is answered "busy" and sends again (nothing is lost).
-const maxHeldOOB = 64
-
 func (h *oobHandler) HandleNotify(req *oob.NotifyRequest, reply oob.NotifyReply) {
 	e := (*Engine)(h)
 	if e.closing || !e.started {
@@ -290,12 +286,15 @@ func (h *oobHandler) HandleNotify(req *oob.NotifyRequest, reply oob.NotifyReply)
 	// that this engine is alive (Engine.probePeer).
 	probe := req.Session != 0 && req.Seq == 0 && req.SkipCount == 0
 	if (e.paused || len(e.heldOOB) > 0) && !probe {
-		if len(e.heldOOB) >= maxHeldOOB {
+		// Held, answered when taken; or "busy": the sender sends it again after an answer
+		// (nothing is lost). The machine decides (oobHold).
+		hold, pair := e.m.oobHold(req.Session, req.Token, len(e.heldOOB))
+		if !hold {
 			e.oobBusy++
 			reply.Send(&oob.RefusedError{Code: oob.RefuseBusy, Msg: "receive queue full"})
 			return
 		}
-		e.heldOOB = append(e.heldOOB, heldNotify{req: *req, reply: reply})
+		e.heldOOB = append(e.heldOOB, heldNotify{req: *req, reply: reply, pair: pair})
 		return
 	}
 	e.takeOOB(req, reply)

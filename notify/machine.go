@@ -222,6 +222,17 @@ type peerEntry struct {
 	// maxNotify is the largest name+msg the peer delivers (its handshake's ts_max_notify;
 	// 0: not said): a larger notify is refused here, before a seq is drawn.
 	maxNotify int
+	// OOB pacing (machine_busy.go): once the peer answers "busy", at most oobCap of the
+	// pair's OOB notifies are on the wire (oobOut); the others wait in parked, in seq order,
+	// with their seqs, and go as the peer's answers come. busyAt: nothing is on the wire and
+	// the head goes again then (busyWait doubles per busy answer in a row). heldOOB: the
+	// peer's OOB notifies this engine holds while its receive queue is full.
+	oobOut, oobCap int
+	oobGrow        int // answers since the cap last grew
+	parked         []reqID
+	busyAt         time.Time
+	busyWait       time.Duration
+	heldOOB        int
 
 	sent, received, dups uint64
 }
@@ -277,6 +288,9 @@ type reqEntry struct {
 	// has since replaced (a new handshake) is about the old pair, not the current one.
 	oobToken uint64
 	size     int // name+msg bytes
+	// paced: on the wire over OOB, counted in its peer's oobOut; parked: in its peer's
+	// parked, with its seq, not on the wire.
+	paced, parked bool
 }
 
 type mActKind uint8
@@ -325,6 +339,9 @@ type machineStats struct {
 	HandshakesFailed, BackoffRefused uint64
 	Duplicates                       uint64 // received notifies dropped as duplicates (seq or id)
 	ConnectsQueued                   uint64 // handshakes that waited for a slot (maxConnects)
+	// BusyAnswers: our OOB notifies the peer answered "busy" (each waits in its pair's
+	// parked queue); BusyProbes: heads sent again because nothing else was on the wire.
+	BusyAnswers, BusyProbes uint64
 }
 
 func newPeerMachine(local uint64, cfg machineConfig, rnd func() uint64) *peerMachine {

@@ -603,6 +603,7 @@ func (p *peerEntry) hasState() bool {
 // the new entry.
 func (m *peerMachine) restartPair(now time.Time, old *peerEntry) *peerEntry {
 	m.stats.PairsRestarted++
+	m.releaseParked(old) // on the wire to the old pair, refused, sent again in the new one
 	m.flushWindow(old)
 	p := m.newPeer(now, old.key) // replaces old in m.peers
 	m.uncount(old)

@@ -308,6 +308,7 @@ func (m *peerMachine) closeAll(err error) {
 	clear(m.unusedBy)
 	for _, p := range m.peers {
 		p.ch, p.waiters, p.inflight = 0, nil, 0
+		p.parked, p.oobOut, p.busyAt = nil, 0, time.Time{}
 	}
 	m.inflight = 0
 }

@@ -6,6 +6,7 @@
 package notify
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -69,6 +70,7 @@ func (m *peerMachine) enqueue(now time.Time, p *peerEntry, r *reqEntry, name str
 // flush posts p's waiting sends on its path, drawing their seqs, as far as the window and
 // the channel's send slots allow. Without a path it starts one.
 func (m *peerMachine) flush(now time.Time, p *peerEntry, via string) {
+	m.unpark(p)
 	switch {
 	case p.mode == modeOOB && (p.tokenOut != 0 || p.key.legacy != ""):
 		// Without a token (a name refused for proof, the pair's own handshake still on its
@@ -186,9 +188,11 @@ func (m *peerMachine) sendOOB(p *peerEntry, r *reqEntry, retry bool) {
 	if retry {
 		m.stats.Fallbacks++
 	}
-	r.oobToken = p.tokenOut
-	m.emit(mAction{kind: aOOB, req: r.id, name: m.peerName(p), seq: r.seq, session: p.key.session,
-		token: p.tokenOut, deadline: r.deadline})
+	if p.paced() {
+		m.park(p, r) // the peer answered busy: it waits its turn (machine_busy.go)
+		return
+	}
+	m.emitOOB(p, r)
 }
 
 // cancel withdraws a send whose caller stopped waiting. A send not yet posted is
@@ -199,6 +203,10 @@ func (m *peerMachine) cancel(now time.Time, id reqID, err error) bool {
 	r := m.reqs[id]
 	if r == nil {
 		return false
+	}
+	if r.parked {
+		m.withdrawParked(r, err)
+		return true
 	}
 	if r.ch != 0 || r.oob {
 		return false
@@ -270,6 +278,15 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 	defer m.releaseStragglers(now)
 	p := r.peer
 	onCh := r.ch
+	paced := r.paced
+	if paced {
+		r.paced = false
+		if p != nil {
+			p.oobOut = max(p.oobOut-1, 0)
+			// Whatever the outcome, the pair's parked notifies go as its pacing allows.
+			defer func() { m.unpark(p); m.paceIdle(p) }()
+		}
+	}
 	if r.oob && r.legacy && p != nil && p.oldInflight > 0 {
 		p.oldInflight--
 	}
@@ -298,6 +315,9 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 		}
 		m.complete(id, nil)
 		if p != nil {
+			if paced {
+				m.oobAnswered(p)
+			}
 			p.lastActive = now
 			m.flush(now, p, "")
 		}
@@ -330,6 +350,11 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 			return
 		}
 		retry = false
+	}
+	if retry && paced && errors.Is(err, errPeerBusy) {
+		// Not delivered: it waits its turn, in seq order, for the peer's next answer.
+		m.busyAnswer(now, p, r)
+		return
 	}
 	if retry {
 		if p.ch != 0 && p.ch != onCh && m.chans[p.ch].up {
@@ -401,6 +426,7 @@ func (m *peerMachine) rebind(now time.Time, p *peerEntry, r *reqEntry, stale boo
 	r.peer = nil // not one of the stragglers marked below
 	// A stale refusal leaves the current pair as it is.
 	if ne.peer == p && !stale {
+		m.releaseParked(p) // refused in turn, as the name's other sends on their way to p
 		p.forgotten = true
 		m.unalias(p, r.name)
 		ne.peer = nil
@@ -460,7 +486,7 @@ func (m *peerMachine) fence(p *peerEntry) {
 	} else if p.tokenOut == 0 || !p.fenceAt.IsZero() {
 		return // no path now (or backing off): the next channel, handshake or tick carries them
 	}
-	for _, r := range p.seqs.takeFences() {
+	for _, r := range mergeRanges(p.seqs.takeFences()) {
 		m.stats.FencesSent++
 		a := mAction{kind: aFence, name: m.peerName(p), session: p.key.session, token: p.tokenOut,
 			first: r.first, count: r.count, pair: p.pair}
@@ -470,6 +496,25 @@ func (m *peerMachine) fence(p *peerEntry) {
 		}
 		m.emit(a)
 	}
+}
+
+// mergeRanges sorts rs and joins the ranges that touch, so that seqs given up one by one
+// (parked notifies whose sends ended, fences refused and put back) go as few fences.
+func mergeRanges(rs []seqRange) []seqRange {
+	if len(rs) < 2 {
+		return rs
+	}
+	slices.SortFunc(rs, func(a, b seqRange) int { return cmp.Compare(a.first, b.first) })
+	out := rs[:1]
+	for _, r := range rs[1:] {
+		last := &out[len(out)-1]
+		if r.first <= last.first+last.count {
+			last.count = max(last.count, r.first+r.count-last.first)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 // confirmFences resolves the fences posted on ce before the send numbered postNo, which
@@ -523,8 +568,12 @@ func (m *peerMachine) fenceResult(now time.Time, session, first, count, token, p
 		return
 	}
 	// Refused over OOB (busy, a token the peer no longer knows, unreachable): sending it
-	// again at once would be refused again, as fast as the peer answers.
+	// again at once would be refused again, as fast as the peer answers. A busy peer is
+	// taking notifies: its window holds later seqs behind these, so the wait stays short.
 	p.fenceWait = min(max(2*p.fenceWait, m.cfg.fenceRetry), max(m.cfg.limitBackoff, m.cfg.fenceRetry))
+	if errors.Is(err, errPeerBusy) {
+		p.fenceWait = min(p.fenceWait, busyProbeMax)
+	}
 	if p.fenceAt.IsZero() {
 		p.fenceAt = now.Add(p.fenceWait)
 		m.setTimer(p.fenceAt)

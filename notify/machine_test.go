@@ -236,6 +236,8 @@ func simOOBErr(code string, err error) error {
 		return &kindError{kind: ErrAuth, cause: errors.Join(errRebind, err)}
 	case refuseStale:
 		return &kindError{kind: ErrRejected, cause: errors.Join(errGaveUp, err)}
+	case refuseBusy:
+		return &kindError{kind: ErrBackpressure, cause: errors.Join(errPeerBusy, err)}
 	}
 	return err
 }

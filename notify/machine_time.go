@@ -56,6 +56,7 @@ func (m *peerMachine) tick(now time.Time) {
 				later(p.awaiting)
 			}
 		}
+		later(m.busyTick(now, p)) // the head of a parked queue goes again
 		if !p.fenceAt.IsZero() {
 			if !now.Before(p.fenceAt) {
 				p.fenceAt = time.Time{}

@@ -357,7 +357,8 @@ func (e *Engine) onMachineTimer() {
 	e.perform()
 }
 
-// busyRetry bounds the pause before an OOB notify the peer answered "busy" is sent again.
+// busyRetry bounds the pause before a notify to a Mooncake peer that the peer answered
+// "busy" is sent again (a notify with a seq, or a fence, goes back to the machine instead).
 const busyRetry = 50 * time.Millisecond
 
 // oobTarget says what an OOB send's result is for: a notify's request, or a fence.
@@ -381,8 +382,9 @@ func (e *Engine) report(t oobTarget, err error, maybe, local bool) {
 // peer at a literal address is sent to from the loop itself (oob.Node.NotifyOnLoop: no
 // submission, no goroutine, no allocation); a Mooncake peer's notifies go one after another
 // on a goroutine, and a peer named by host name on a goroutine of its own (resolving
-// blocks). A peer whose queue is full answers "busy": the notify is sent again until the
-// deadline.
+// blocks). A peer whose queue is full answers "busy": the machine sends the notify again
+// when the pair's pacing allows (a fence after its backoff); a seq-less notify is sent again
+// here after a pause, until the deadline.
 func (e *Engine) sendOOB(peer string, req oob.NotifyRequest, deadline time.Time, t oobTarget) {
 	if req.Session == 0 {
 		// A Mooncake peer has no seqs to reorder by: its notifies go one after another.
@@ -394,7 +396,7 @@ func (e *Engine) sendOOB(peer string, req oob.NotifyRequest, deadline time.Time,
 		return
 	}
 	s := e.getOOBSend()
-	s.peer, s.req, s.deadline, s.pause, s.t = peer, req, deadline, time.Millisecond, t
+	s.peer, s.req, s.deadline, s.t = peer, req, deadline, t
 	s.send()
 }
 
@@ -405,10 +407,8 @@ type oobSend struct {
 	peer     string
 	req      oob.NotifyRequest
 	deadline time.Time
-	pause    time.Duration // the wait before the next try after a "busy"
 	t        oobTarget
 	doneFn   func(error)
-	retryFn  func()
 }
 
 // maxFreeOOBSends bounds the Engine's free list of oobSends.
@@ -419,7 +419,7 @@ func (e *Engine) getOOBSend() *oobSend {
 		return s
 	}
 	s := &oobSend{e: e}
-	s.doneFn, s.retryFn = s.done, s.retry
+	s.doneFn = s.done
 	return s
 }
 
@@ -435,28 +435,13 @@ func (s *oobSend) send() {
 	}
 }
 
-// retry sends s again after a "busy". Loop-only.
-func (s *oobSend) retry() {
-	if s.e.closing {
-		s.e.putOOBSend(s) // closeOnLoop failed every send: the machine no longer knows it
-		return
-	}
-	s.pause = min(2*s.pause, busyRetry)
-	s.send()
-}
-
 // done is NotifyOnLoop's result. Loop-only.
 func (s *oobSend) done(err error) {
 	e := s.e
 	// While closing too: a notify the peer answered during the goodbyes is reported as it
-	// went (after closeOnLoop failed every send, the machine no longer knows it).
-	if errors.Is(err, oob.ErrBusy) && !e.closing {
-		if left := s.deadline.Sub(e.loop.Now()); left > s.pause {
-			e.loop.AfterFunc(s.pause, s.retryFn)
-			return
-		}
-		err = errors.Join(err, context.DeadlineExceeded)
-	}
+	// went (after closeOnLoop failed every send, the machine no longer knows it). A busy
+	// answer goes to the machine too: it paces the pair (machine_busy.go), and backs off a
+	// refused fence (fenceResult), one try per answer or wait rather than a timer each.
 	maybe, local := oobOutcome(err)
 	if err != nil {
 		err = oobKind(err)
@@ -474,8 +459,8 @@ func (e *Engine) doOOB(peer string, req oob.NotifyRequest, deadline time.Time, t
 		var err error
 		for pause := time.Millisecond; ; pause = min(2*pause, busyRetry) {
 			err = e.node.Notify(ctx, peer, &req)
-			if !errors.Is(err, oob.ErrBusy) {
-				break
+			if !errors.Is(err, oob.ErrBusy) || req.Session != 0 {
+				break // with a seq, or a fence: the machine decides (sendOOB)
 			}
 			t := time.NewTimer(pause)
 			select {
@@ -566,7 +551,8 @@ func oobKind(err error) error {
 	case errors.Is(err, oob.ErrAuth):
 		kind = ErrAuth
 	case errors.Is(err, oob.ErrBusy):
-		kind = ErrBackpressure
+		// The peer's queue is full: not delivered; the pair's pacing sends it again.
+		return &kindError{kind: ErrBackpressure, cause: errors.Join(errPeerBusy, err)}
 	case errors.Is(err, oob.ErrLimit):
 		kind = ErrLimit // the peer's MaxConns, or a cap of ours on OOB peers
 	case errors.Is(err, oob.ErrStale):

@@ -140,6 +140,10 @@ type LimitStats struct {
 	HandshakesFailed, BackoffRefused uint64
 	Duplicates                       uint64 // received notifies dropped as duplicates (seq or id)
 	ConnectsQueued                   uint64 // our handshakes that waited for a slot (64 run at once)
+	// Our OOB notifies that peers answered "busy" (each then waited its turn, in seq order,
+	// for the peer's next answer), and the notifies sent again because a busy answer left
+	// nothing else of their pair on the wire (at once, then after 1 ms doubling to 50 ms).
+	BusyAnswers, BusyProbes uint64
 }
 
 func limitStatsOf(s machineStats) LimitStats {
@@ -150,7 +154,8 @@ func limitStatsOf(s machineStats) LimitStats {
 		Superseded: s.Superseded, Reposted: s.Reposted, Fallbacks: s.Fallbacks, GivenUp: s.GivenUp,
 		FencesSent: s.FencesSent, FencesDropped: s.FencesDropped, PairsRestarted: s.PairsRestarted, LegacyDelivered: s.LegacyDelivered, OOBRefused: s.OOBRefused,
 		PeersPruned: s.PeersPruned, PeersUnconfirmed: s.PeersUnconfirmed, PeersEvicted: s.PeersEvicted,
-		HandshakesFailed: s.HandshakesFailed, BackoffRefused: s.BackoffRefused, Duplicates: s.Duplicates, ConnectsQueued: s.ConnectsQueued}
+		HandshakesFailed: s.HandshakesFailed, BackoffRefused: s.BackoffRefused, Duplicates: s.Duplicates, ConnectsQueued: s.ConnectsQueued,
+		BusyAnswers: s.BusyAnswers, BusyProbes: s.BusyProbes}
 }
 
 // ChannelStats are the counters of a ctrl channel (or a sum of channels).

@@ -138,7 +138,7 @@ func startFanin(t *testing.T, transport, target, tag string, engines int) *fanin
 }
 
 // closeAndWait tells the senders to stop and close their engines, and waits for it.
-func (p *faninProc) closeAndWait(t *testing.T) {
+func (p *faninProc) closeAndWait(t testing.TB) {
 	t.Helper()
 	_ = p.stdin.Close()
 	select {

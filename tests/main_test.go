@@ -42,6 +42,9 @@ func TestMain(m *testing.M) {
 	if n := os.Getenv(faninEnv); n != "" {
 		os.Exit(runFanin(n))
 	}
+	if n := os.Getenv(windowedEnv); n != "" {
+		os.Exit(runWindowed(n))
+	}
 	if n := os.Getenv(scaleEnv); n != "" {
 		os.Exit(runScale(n))
 	}

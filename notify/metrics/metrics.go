@@ -44,6 +44,7 @@ type Collector struct {
 	oobHandshakes, oobAuthFailed, oobConns, sendLat, deliverLat *prometheus.Desc
 	peerSent, peerRecv, peerDups, peerUp, peersUnlabeled        *prometheus.Desc
 	refusals, pruned, givenUp, heldOOB, oobBusy                 *prometheus.Desc
+	busyAnswers, busyProbes                                     *prometheus.Desc
 	devEvents, devChansFailed, devPortDown                      *prometheus.Desc
 	unconfirmed, unconfirmedClosed, peersEvicted                *prometheus.Desc
 
@@ -95,6 +96,8 @@ func New(e *notify.Engine, opts ...Option) *Collector {
 	c.givenUp = d("seq_gaps_given_up_total", "Sequence numbers given up: a sender's fence or a gap timeout.")
 	c.heldOOB = d("oob_notifies_held", "OOB notifies held while the receive queue is full.")
 	c.oobBusy = d("oob_busy_replies_total", "OOB notifies answered busy: the receive queue was full.")
+	c.busyAnswers = d("oob_sends_answered_busy_total", "Our OOB notifies that peers answered busy (each waits its turn for the peer's next answer).")
+	c.busyProbes = d("oob_busy_probes_total", "OOB notifies sent again because a busy answer left nothing else of their pair on the wire.")
 	c.sendLat = d("send_to_ack_seconds", "Time from a send call to its success (the peer acknowledged it).")
 	c.deliverLat = d("receive_to_deliver_seconds", "Time a received notify waited in the receive queue until the application took it.")
 	if c.peerCap > 0 {
@@ -127,7 +130,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.framesSent, c.framesRecv, c.channelsUp, c.peers, c.queueDepth,
 		c.queueCap, c.paused, c.pending, c.wakeups, c.busy,
 		c.oobHandshakes, c.oobAuthFailed, c.oobConns, c.sendLat, c.deliverLat,
-		c.refusals, c.pruned, c.givenUp, c.heldOOB, c.oobBusy,
+		c.refusals, c.pruned, c.givenUp, c.heldOOB, c.oobBusy, c.busyAnswers, c.busyProbes,
 		c.devEvents, c.devChansFailed, c.devPortDown,
 		c.unconfirmed, c.unconfirmedClosed, c.peersEvicted,
 	} {
@@ -174,6 +177,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.givenUp, l.GivenUp)
 	gauge(c.heldOOB, float64(s.HeldOOB))
 	counter(c.oobBusy, s.OOBBusy)
+	counter(c.busyAnswers, l.BusyAnswers)
+	counter(c.busyProbes, l.BusyProbes)
 	counter(c.creditStalls, ct.CreditWaits)
 	counter(c.rnrNaks, s.DeviceRNRNaks)
 	counter(c.rnrExceeded, ct.RNRRetryExceeded)
