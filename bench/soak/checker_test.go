@@ -31,7 +31,9 @@ func (h *hist) dispatch() {
 	h.c.Step(Event{K: KindDispatch, Eng: snd, Slot: dst, Op: h.op, Window: 1, Sends: []Send{{P: 1}}})
 }
 
-func (h *hist) start(s, p uint64) { h.c.Step(Event{K: KindStart, Eng: snd, Slot: dst, Op: h.op, S: s, P: p}) }
+func (h *hist) start(s, p uint64) {
+	h.c.Step(Event{K: KindStart, Eng: snd, Slot: dst, Op: h.op, S: s, P: p})
+}
 func (h *hist) result(s, p uint64, class string) {
 	h.c.Step(Event{K: KindResult, Eng: snd, Slot: dst, S: s, P: p, Class: class, Err: "e"})
 }

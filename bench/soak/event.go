@@ -258,7 +258,9 @@ func (ev *Event) validate() error {
 }
 
 // SlotName names engine e of agent a: "a<a>e<e>".
-func SlotName(agent, engine int) string { return "a" + strconv.Itoa(agent) + "e" + strconv.Itoa(engine) }
+func SlotName(agent, engine int) string {
+	return "a" + strconv.Itoa(agent) + "e" + strconv.Itoa(engine)
+}
 
 // EngineID names incarnation inc of a slot: "<slot>.<inc>". A restarted or reopened
 // engine is a new incarnation, as it is a new peer for the engines it talks to.
