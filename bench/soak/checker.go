@@ -21,6 +21,8 @@ const (
 	VCorrupt = "corrupt"
 	// VHang: a call or a Close did not return within its bound.
 	VHang = "hang"
+	// VCrash: an agent exited on its own (an engine crashed it) or could not start again.
+	VCrash = "crash"
 	// VNoResult: a call of a sender that was never killed never returned.
 	VNoResult = "no_result"
 	// VPhantom: a delivery of a call its sender (never killed) did not make.
@@ -217,6 +219,8 @@ func (c *Checker) Step(ev Event) {
 		c.deliver(ev)
 	case KindHang:
 		c.violate(VHang, streamKey{ev.Eng, ev.Slot}, ev.Err)
+	case KindCrash:
+		c.violate(VCrash, streamKey{ev.Eng, ev.Slot}, ev.Err)
 	}
 }
 

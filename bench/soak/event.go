@@ -40,6 +40,9 @@ const (
 	KindOpDone = "opdone"
 	// KindHang: a call of engine Eng did not return within its bound (Err says which).
 	KindHang = "hang"
+	// KindCrash: the parent saw an agent exit on its own, write a bad line, or fail to
+	// start (Err says which).
+	KindCrash = "crash"
 	// KindLog: a line for the operator (Err).
 	KindLog = "log"
 	// KindBye: the agent closed its engines and exits.
@@ -236,7 +239,7 @@ func (ev *Event) validate() error {
 			}
 		}
 		return nil
-	case KindClosed, KindHang:
+	case KindClosed, KindHang, KindCrash:
 		return need("e", ev.Eng, checkEngine)
 	case KindFault, KindLog, KindBye, CmdStop:
 		return nil
