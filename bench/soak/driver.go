@@ -79,19 +79,20 @@ type RecoveryStats struct {
 var ErrViolation = errors.New("soak: the delivery contract was broken")
 
 type agentProc struct {
-	idx     int
-	gen     int // spawns so far
-	cmd     *exec.Cmd
-	in      chan []byte
-	inDone  chan struct{}
-	alive   bool // spawned and not killed or exited
-	stopped bool // SIGSTOPped
-	bye     bool
-	exited  chan struct{}
-	stderr  *tailBuffer
-	slots   []string
-	killAt  time.Time
-	downMS  int
+	idx      int
+	gen      int // spawns so far
+	cmd      *exec.Cmd
+	in       chan []byte
+	inDone   chan struct{}
+	alive    bool // spawned and not killed or exited
+	stopped  bool // SIGSTOPped
+	bye      bool
+	inClosed bool
+	exited   chan struct{}
+	stderr   *tailBuffer
+	slots    []string
+	killAt   time.Time
+	downMS   int
 }
 
 type driverStream struct {
@@ -313,7 +314,10 @@ func (d *driver) teardown() {
 	go func() { d.readers.Wait(); close(done) }()
 	for {
 		select {
-		case <-d.msgs: // the run is over: what still comes is dropped
+		case m := <-d.msgs: // the run is over: what still comes is dropped
+			if ap := d.agents[m.agent]; m.eof && m.gen == ap.gen {
+				d.closeIn(ap)
+			}
 		case <-done:
 			return
 		}
@@ -357,7 +361,7 @@ func (d *driver) spawn(ap *agentProc) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("soak: start agent %d: %w", ap.idx, err)
 	}
-	ap.cmd, ap.alive, ap.stopped, ap.bye = cmd, true, false, false
+	ap.cmd, ap.alive, ap.stopped, ap.bye, ap.inClosed = cmd, true, false, false, false
 	ap.in, ap.inDone, ap.exited = make(chan []byte, 1<<14), make(chan struct{}), make(chan struct{})
 	go func(in chan []byte, done chan struct{}) { // writes never block the driver
 		defer close(done)
@@ -391,8 +395,16 @@ func (d *driver) spawn(ap *agentProc) error {
 	return nil
 }
 
+// closeIn ends the writer of ap's stdin once its process is gone.
+func (d *driver) closeIn(ap *agentProc) {
+	if !ap.inClosed {
+		ap.inClosed = true
+		close(ap.in)
+	}
+}
+
 func (d *driver) send(ap *agentProc, ev Event) {
-	if !ap.alive {
+	if !ap.alive || ap.inClosed {
 		return
 	}
 	select {
@@ -414,7 +426,7 @@ func (d *driver) handle(m agentMsg) {
 		return // a killed incarnation's last words
 	}
 	if m.eof {
-		close(ap.in)
+		d.closeIn(ap)
 		if ap.alive && !ap.bye {
 			// Exited on its own: a crash of the engine or of the agent.
 			ap.alive = false
