@@ -27,7 +27,7 @@ func ParseNotifyName(name string) (from string, s, p uint64, size int, err error
 	s, err1 := strconv.ParseUint(f[2], 10, 64)
 	p, err2 := strconv.ParseUint(f[3], 10, 64)
 	size, err3 := strconv.Atoi(f[4])
-	if err1 != nil || err2 != nil || err3 != nil || s == 0 || p == 0 || size < 0 {
+	if err1 != nil || err2 != nil || err3 != nil || s == 0 || p == 0 || size < 0 || NotifyName(f[1], s, p, size) != name {
 		return "", 0, 0, 0, fmt.Errorf("name %.80q: bad numbers", name)
 	}
 	return f[1], s, p, size, nil
