@@ -38,6 +38,10 @@ const (
 	ALostReceiverKilled = "lost_receiver_killed"
 	// AUnreportedStart: a delivery of a call whose start line died with its killed sender.
 	AUnreportedStart = "unreported_start_sender_killed"
+	// ANewIncarnation: a payload delivered by one incarnation of its target and, retried
+	// with the same Notify.ID after an unknown outcome, again by a later one: ids live in
+	// the receiving engine's memory, and a reopened or restarted engine is a new peer.
+	ANewIncarnation = "redelivered_to_new_incarnation"
 )
 
 // Bounds of what the checker keeps.
@@ -90,7 +94,7 @@ type pairKey struct{ from, to string }
 type stream struct {
 	calls     map[uint64]*call  // by call number
 	failed    map[uint64]bool   // calls that failed definitely, kept past pruning
-	delivered map[uint64]uint64 // payload -> the call that delivered it
+	delivered map[uint64]delivery // payload -> the call that delivered it, and where
 	acked     map[uint64]ack    // payload -> acknowledged, not yet delivered
 	ops       map[uint64]uint64 // op -> step of its dispatch
 	floor     uint64            // calls below it were pruned
@@ -107,6 +111,11 @@ type call struct {
 }
 
 type ack struct{ s, step, dispatch uint64 }
+
+type delivery struct {
+	s   uint64
+	eng string
+}
 
 // NewChecker returns an empty checker.
 func NewChecker() *Checker {
@@ -138,8 +147,9 @@ func (c *Checker) stream(from, slot string) *stream {
 	st := c.streams[k]
 	if st == nil {
 		st = &stream{
-			calls: map[uint64]*call{}, failed: map[uint64]bool{}, delivered: map[uint64]uint64{},
+			calls: map[uint64]*call{}, failed: map[uint64]bool{},
 			acked: map[uint64]ack{}, ops: map[uint64]uint64{}, hist: newRing(historyLen),
+			delivered: map[uint64]delivery{},
 		}
 		c.streams[k] = st
 		c.bySend[from] = append(c.bySend[from], k)
@@ -301,10 +311,13 @@ func (c *Checker) deliver(ev Event) {
 	st := c.stream(ev.From, slot)
 	c.note(st, "deliver to %s s=%d p=%d", ev.Eng, ev.S, ev.P)
 	if prev, ok := st.delivered[ev.P]; ok {
-		c.violate(VDuplicate, k, fmt.Sprintf("%s delivered payload %d as call %d, and before as call %d", ev.Eng, ev.P, ev.S, prev))
-		return
+		if prev.eng == ev.Eng {
+			c.violate(VDuplicate, k, fmt.Sprintf("%s delivered payload %d as call %d, and before as call %d", ev.Eng, ev.P, ev.S, prev.s))
+			return
+		}
+		c.Allowances[ANewIncarnation]++
 	}
-	st.delivered[ev.P] = ev.S
+	st.delivered[ev.P] = delivery{ev.S, ev.Eng}
 	pk := pairKey{ev.From, ev.Eng}
 	if last := c.pairs[pk]; ev.S <= last {
 		c.violate(VReorder, k, fmt.Sprintf("%s delivered call %d (payload %d) after call %d", ev.Eng, ev.S, ev.P, last))
@@ -343,8 +356,8 @@ func (c *Checker) prune(st *stream) {
 			delete(st.calls, s)
 		}
 	}
-	for p, s := range st.delivered {
-		if s < floor {
+	for p, d := range st.delivered {
+		if d.s < floor {
 			delete(st.delivered, p)
 		}
 	}

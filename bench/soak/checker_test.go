@@ -171,6 +171,24 @@ func TestCheckerDuplicate(t *testing.T) {
 	})
 }
 
+func TestCheckerRetryToNewIncarnation(t *testing.T) {
+	// Delivered by a1e0.1, which closed before its ack came back (maybe); the retry with
+	// the same ID reaches a1e0.2, which cannot know the id: allowed, counted.
+	h := newHist()
+	h.start(1, 1)
+	h.deliver(1, 1)
+	h.c.Step(Event{K: KindClosed, Eng: rcv})
+	h.c.Step(Event{K: KindBegin, Slot: dst, Inc: 2})
+	h.result(1, 1, ClassMaybe)
+	h.start(2, 1)
+	h.result(2, 1, ClassOK)
+	h.deliverTo("a1e0.2", 2, 1)
+	h.c.Step(Event{K: KindClosed, Eng: "a1e0.2"})
+	h.c.Finish()
+	require.Empty(t, h.c.Violations, "%+v", h.c.Details)
+	require.Equal(t, map[string]int{ANewIncarnation: 1}, h.c.Allowances)
+}
+
 func TestCheckerReorder(t *testing.T) {
 	h := newHist()
 	h.start(1, 1)
