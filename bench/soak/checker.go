@@ -92,12 +92,12 @@ type streamKey struct{ from, slot string }
 type pairKey struct{ from, to string }
 
 type stream struct {
-	calls     map[uint64]*call  // by call number
-	failed    map[uint64]bool   // calls that failed definitely, kept past pruning
+	calls     map[uint64]*call    // by call number
+	failed    map[uint64]bool     // calls that failed definitely, kept past pruning
 	delivered map[uint64]delivery // payload -> the call that delivered it, and where
-	acked     map[uint64]ack    // payload -> acknowledged, not yet delivered
-	ops       map[uint64]uint64 // op -> step of its dispatch
-	floor     uint64            // calls below it were pruned
+	acked     map[uint64]ack      // payload -> acknowledged, not yet delivered
+	ops       map[uint64]uint64   // op -> step of its dispatch
+	floor     uint64              // calls below it were pruned
 	maxS      uint64
 	killed    bool // the sender was killed
 	hist      ring
