@@ -58,8 +58,8 @@ type Violation struct {
 	Step   uint64 `json:"step"`
 	Stream string `json:"stream"` // "<sender engine> -> <target slot>"
 	Detail string `json:"detail"`
-	// History: the stream's last events; Schedule: the parent's last actions (begins,
-	// kills, dispatches, faults), each "step N: ...".
+	// History: the stream's last events (its operations among them); Schedule: the last
+	// faults, begins, kills and closes of the run, each "step N: ...".
 	History  []string `json:"history,omitempty"`
 	Schedule []string `json:"schedule,omitempty"`
 }
@@ -203,6 +203,7 @@ func (c *Checker) Step(ev Event) {
 		for _, k := range c.bySend[id] {
 			c.streams[k].killed = true
 		}
+		c.senderEnded(id)
 		c.sched.add(fmt.Sprintf("step %d: kill -9 %s", c.step, id))
 	case KindClosed:
 		slot, n, err := ParseEngineID(ev.Eng)
@@ -211,6 +212,7 @@ func (c *Checker) Step(ev Event) {
 				in.end = c.step
 			}
 		}
+		c.senderEnded(ev.Eng)
 		c.sched.add(fmt.Sprintf("step %d: closed %s", c.step, ev.Eng))
 	case KindUp:
 		c.sched.add(fmt.Sprintf("step %d: up %s at %s", c.step, ev.Eng, ev.Addr))
@@ -219,7 +221,6 @@ func (c *Checker) Step(ev Event) {
 	case KindDispatch:
 		st := c.stream(ev.Eng, ev.Slot)
 		st.ops[ev.Op] = c.step
-		c.sched.add(fmt.Sprintf("step %d: op %d %s -> %s: %d sends, window %d", c.step, ev.Op, ev.Eng, ev.Slot, len(ev.Sends), ev.Window))
 		c.note(st, "op %d dispatched: %d sends, window %d", ev.Op, len(ev.Sends), ev.Window)
 	case KindStart:
 		c.start(ev)
@@ -362,6 +363,24 @@ func (c *Checker) prune(st *stream) {
 		}
 	}
 	st.floor = max(st.floor, floor)
+}
+
+// senderEnded compacts the streams of a sender that makes no more calls, so that a long run
+// with many incarnations stays small: what it still needs is the acknowledged notifies not
+// yet delivered, the calls that failed, and the calls of a live-closed sender still
+// unresolved. A late delivery of an older call is still checked for order (per pair) and
+// against the failed calls.
+func (c *Checker) senderEnded(id string) {
+	for _, k := range c.bySend[id] {
+		st := c.streams[k]
+		for s, cl := range st.calls {
+			if cl.class != "" || st.killed {
+				delete(st.calls, s)
+			}
+		}
+		st.delivered = map[uint64]delivery{}
+		st.floor = st.maxS + 1
+	}
 }
 
 // Finish judges what only the end can: acknowledged notifies never delivered, calls that

@@ -297,6 +297,27 @@ func TestCheckerPrunesAndStillJudges(t *testing.T) {
 	require.EqualValues(t, n-2, c.Checked)
 }
 
+func TestCheckerCompactsEndedSenders(t *testing.T) {
+	h := newHist()
+	for s := uint64(1); s <= 100; s++ {
+		h.send(s, s, ClassOK, s <= 90) // 91..100 still on their way when the sender dies
+	}
+	h.send(101, 101, ClassFailed, false)
+	h.c.Step(Event{K: KindKill, Slot: "a0e0", Inc: 1})
+	st := h.c.streams[streamKey{snd, dst}]
+	require.Empty(t, st.calls)
+	require.Empty(t, st.delivered)
+	require.Len(t, st.acked, 10)
+	for s := uint64(91); s <= 99; s++ {
+		h.deliver(s, s)
+	}
+	h.deliver(95, 95)   // a duplicate after the compaction: still caught
+	h.deliver(101, 101) // a failed call: still caught
+	c := h.finish()
+	require.Equal(t, map[string]int{VDuplicate: 1, VDeliveredAfterFailure: 1, VLost: 1}, c.Violations)
+	require.Contains(t, c.Details[len(c.Details)-1].Detail, "call 100")
+}
+
 func TestCheckerDetailsBounded(t *testing.T) {
 	h := newHist()
 	for s := uint64(1); s <= 3*maxDetails; s++ {
