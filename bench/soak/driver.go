@@ -33,6 +33,9 @@ type Config struct {
 	// FaultEvery: the mean time between faults.
 	FaultEvery time.Duration
 	Mix        Mix
+	// MinDelivered: the run goes on past Duration until the agents delivered this many
+	// notifies (a short test's bound on work, not on time; ctx still ends it).
+	MinDelivered uint64
 	// Command returns the command that runs an agent with args (its flags, --spec
 	// included): the binary itself with `soak --agent`, or a test binary.
 	Command func(args []string) *exec.Cmd
@@ -215,6 +218,7 @@ func (d *driver) run(ctx context.Context) (err error) {
 	start := time.Now()
 	fg := NewFaultGen(d.cfg.Seed, d.cfg.Faults, d.cfg.Procs, len(d.cfg.Transports), int(d.cfg.FaultEvery/time.Millisecond))
 	d.nextFault(fg)
+	ended := false
 	for d.running {
 		select {
 		case m := <-d.msgs:
@@ -224,8 +228,11 @@ func (d *driver) run(ctx context.Context) (err error) {
 		case <-progress:
 			d.progress(time.Since(start))
 		case <-end.C:
-			d.running = false
+			ended = true
 		case <-ctx.Done():
+			d.running = false
+		}
+		if ended && d.c.Delivered >= d.cfg.MinDelivered {
 			d.running = false
 		}
 	}

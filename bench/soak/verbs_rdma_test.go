@@ -13,14 +13,14 @@ import (
 )
 
 // TestSoakVerbs: the short soak with the rdma_twosided engines on the verbs provider (on
-// softverbs in make test), every fault on. It skips without a libibverbs device.
+// softverbs in make test), with the faults of ciFaults. It skips without a libibverbs device.
 func TestSoakVerbs(t *testing.T) {
 	p, err := ibv.LookupProvider("verbs")
 	require.NoError(t, err)
 	if _, err := p.GetDeviceList(); err != nil {
 		t.Skipf("no libibverbs device (%v): make softverbs and set LD_LIBRARY_PATH=$PWD/build/softverbs", err)
 	}
-	cfg := testConfig(t, 4*time.Second, AllFaults)
+	cfg := testConfig(t, 4*time.Second, ciFaults)
 	cfg.Provider = "verbs"
 	r, err := runSoak(t, cfg)
 	for _, v := range r.Details {
