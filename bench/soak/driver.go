@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -33,6 +34,9 @@ type Config struct {
 	// FaultEvery: the mean time between faults.
 	FaultEvery time.Duration
 	Mix        Mix
+	// DeviceCtlDir: where the agents' softverbs control files go (device faults); "": no
+	// device faults.
+	DeviceCtlDir string
 	// MinDelivered: the run goes on past Duration until the agents delivered this many
 	// notifies (a short test's bound on work, not on time; ctx still ends it).
 	MinDelivered uint64
@@ -244,6 +248,9 @@ func (d *driver) run(ctx context.Context) (err error) {
 func (d *driver) wind(start time.Time) error {
 	d.later = nil
 	for _, ap := range d.agents {
+		if ctl := d.ctlPath(ap); ctl != "" { // the device faults under way end
+			_ = os.WriteFile(ctl, []byte("port=up\n"), 0o600)
+		}
 		if ap.stopped && ap.alive {
 			_ = ap.cmd.Process.Signal(syscall.SIGCONT)
 			ap.stopped = false
@@ -352,6 +359,15 @@ func (d *driver) spawn(ap *agentProc) error {
 	}
 	raw, _ := json.Marshal(spec)
 	cmd := d.cfg.Command([]string{"--spec", string(raw)})
+	if ctl := d.ctlPath(ap); ctl != "" {
+		if err := os.WriteFile(ctl, []byte("port=up\n"), 0o600); err != nil {
+			return fmt.Errorf("soak: %w", err)
+		}
+		if cmd.Env == nil {
+			cmd.Env = os.Environ()
+		}
+		cmd.Env = append(cmd.Env, "SOFTVERBS_CTL="+ctl)
+	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return err
@@ -408,6 +424,14 @@ func (d *driver) closeIn(ap *agentProc) {
 		ap.inClosed = true
 		close(ap.in)
 	}
+}
+
+// ctlPath is ap's softverbs control file, "" without device faults.
+func (d *driver) ctlPath(ap *agentProc) string {
+	if d.cfg.DeviceCtlDir == "" || d.cfg.Provider != "verbs" || !slices.Contains(d.cfg.Faults, FaultDevice) {
+		return ""
+	}
+	return filepath.Join(d.cfg.DeviceCtlDir, fmt.Sprintf("agent%d.ctl", ap.idx))
 }
 
 func (d *driver) send(ap *agentProc, ev Event) {
@@ -607,6 +631,21 @@ func (d *driver) inject(f Fault) {
 			}
 		}
 		d.send(ap, Event{K: CmdReopen, Slot: f.Slot, Inc: d.incs[f.Slot]})
+	case FaultDevice:
+		ctl := d.ctlPath(ap)
+		if ctl == "" {
+			return
+		}
+		note(fmt.Sprintf("agent %d's device: %s for %d ms", ap.idx, f.Device, f.MS))
+		if err := os.WriteFile(ctl, []byte(f.Device+"\n"), 0o600); err != nil {
+			d.logf("device fault: %v", err)
+		}
+		gen := ap.gen
+		d.at(time.Now().Add(time.Duration(f.MS)*time.Millisecond), func() {
+			if ap.gen == gen {
+				_ = os.WriteFile(ctl, []byte(f.End+"\n"), 0o600)
+			}
+		})
 	case FaultPause:
 		note(fmt.Sprintf("%s's consumer pauses %d ms", d.live[f.Slot], f.MS))
 		d.send(ap, Event{K: CmdPause, Slot: f.Slot, MS: f.MS})

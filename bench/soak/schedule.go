@@ -19,10 +19,21 @@ const (
 	FaultReopen = "reopen" // Close one engine mid-stream and open it again on its address
 	FaultPause  = "pause"  // one engine's consumer takes nothing for a while (backpressure)
 	FaultSlow   = "slow"   // one engine's consumer waits per notify
+	// FaultDevice: softverbs' device faults through its control file (SOFTVERBS_CTL) for a
+	// while: the port down, RTR delayed, or a share of packets dropped. Only with the verbs
+	// provider on softverbs; elsewhere it is skipped.
+	FaultDevice = "device"
 )
 
 // AllFaults are the local faults, all on by default.
-var AllFaults = []string{FaultKill, FaultStop, FaultReopen, FaultPause, FaultSlow}
+var AllFaults = []string{FaultKill, FaultStop, FaultReopen, FaultPause, FaultSlow, FaultDevice}
+
+// deviceFaults: what a device fault writes to the control file, and what ends it.
+var deviceFaults = [...][2]string{
+	{"port=down", "port=up"},
+	{"rtr_delay_ms=500", "rtr_delay_ms=0"},
+	{"drop_pct=10", "drop_pct=0"},
+}
 
 // Consumers: how an engine's application takes its notifies.
 const (
@@ -123,11 +134,14 @@ func Consumer(seed uint64, slot string, inc int) string {
 // slow), lasting MS milliseconds (stop, pause; the time down for kill) or US microseconds
 // per notify (slow); the next one comes AfterMS later.
 type Fault struct {
-	Kind    string
-	Agent   int
-	Slot    string
-	MS, US  int
-	AfterMS int
+	Kind string
+	// Device, End: the control file's line that starts a device fault, and the one that
+	// ends it.
+	Device, End string
+	Agent       int
+	Slot        string
+	MS, US      int
+	AfterMS     int
 }
 
 // FaultGen draws the fault schedule of a run.
@@ -165,6 +179,10 @@ func (g *FaultGen) Next() (f Fault, ok bool) {
 	case FaultSlow:
 		f.US = 100 + g.r.IntN(5000)
 		f.MS = 500 + g.r.IntN(3000)
+	case FaultDevice:
+		d := deviceFaults[g.r.IntN(len(deviceFaults))]
+		f.Device, f.End = d[0], d[1]
+		f.MS = 200 + g.r.IntN(2000)
 	}
 	f.AfterMS = g.everyMS/2 + g.r.IntN(g.everyMS)
 	return f, true

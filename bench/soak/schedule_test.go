@@ -85,7 +85,7 @@ func TestFaultGen(t *testing.T) {
 		return out
 	}
 	a := draw(AllFaults)
-	require.Equal(t, a, draw([]string{FaultSlow, FaultPause, FaultReopen, FaultStop, FaultKill}), "the order of --faults does not matter")
+	require.Equal(t, a, draw([]string{FaultDevice, FaultSlow, FaultPause, FaultReopen, FaultStop, FaultKill}), "the order of --faults does not matter")
 	seen := map[string]int{}
 	for _, f := range a {
 		seen[f.Kind]++
@@ -97,6 +97,12 @@ func TestFaultGen(t *testing.T) {
 		require.GreaterOrEqual(t, f.AfterMS, 500)
 	}
 	require.Len(t, seen, len(AllFaults))
+	for _, f := range a {
+		if f.Kind == FaultDevice {
+			require.NotEmpty(t, f.Device)
+			require.NotEmpty(t, f.End)
+		}
+	}
 	for _, f := range draw([]string{FaultStop}) {
 		require.Equal(t, FaultStop, f.Kind)
 	}

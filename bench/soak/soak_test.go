@@ -51,7 +51,8 @@ func testConfig(t *testing.T, d time.Duration, faults []string) Config {
 			cmd.Env = append(os.Environ(), agentEnv+"="+args[1])
 			return cmd
 		},
-		Log: testLog{t},
+		Log:          testLog{t},
+		DeviceCtlDir: t.TempDir(), // device faults: on softverbs only (TestSoakVerbs)
 	}
 }
 
@@ -80,7 +81,7 @@ func runSoak(t *testing.T, cfg Config) (Result, error) {
 // the soak finds its first notifies delivered twice by a peer that knew the old session, and
 // an acknowledged notify lost, within a few runs: `twosided soak --one-name --faults
 // reopen`); two names per peer (Mix.OneName, above).
-var ciFaults = []string{FaultStop, FaultPause, FaultSlow}
+var ciFaults = []string{FaultStop, FaultPause, FaultSlow, FaultDevice}
 
 func TestSoakClean(t *testing.T) {
 	r, err := runSoak(t, testConfig(t, 4*time.Second, ciFaults))

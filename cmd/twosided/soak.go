@@ -25,7 +25,7 @@ func init() {
 		Summary: "check the delivery contract end to end under faults: agent processes of this binary\n" +
 			"send to each other with a seeded mix of calls while they are killed, stopped and\n" +
 			"reopened; every acknowledged notify must arrive once, in order. Exit 1 on a violation.",
-		Usage: "[--duration 1m] [--seed n] [--faults all|none|kill,stop,reopen,pause,slow] [--procs 3]\n" +
+		Usage: "[--duration 1m] [--seed n] [--faults all|none|kill,stop,reopen,pause,slow,device] [--procs 3]\n" +
 			"       [--provider soft|verbs] [--transports rdma_twosided,oob] [--json file] [--plant lose|dup|reorder]",
 		Run: runSoak,
 	})
@@ -105,6 +105,14 @@ func runSoak(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wri
 	}
 	if *verbose {
 		cfg.Log = os.Stderr
+	}
+	if *provider == "verbs" { // softverbs' control files, for device faults
+		dir, err := os.MkdirTemp("", "twosided-soak-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		cfg.DeviceCtlDir = dir
 	}
 	fmt.Fprintf(os.Stderr, "soak: seed %d, %v, %d procs, %s on %s, faults %s\n", *seed, *duration, *procs, *transports, *provider, strings.Join(kinds, ","))
 	res, err := soak.Run(ctx, cfg)
