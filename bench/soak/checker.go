@@ -273,8 +273,8 @@ func (c *Checker) result(ev Event) {
 	case ClassFailed:
 		c.Failed++
 	}
-	if ev.S < st.floor {
-		return
+	if st.calls[ev.S] == nil && ev.S < st.floor {
+		return // forgotten long ago, or its sender was compacted: nothing left to judge
 	}
 	cl := c.call(st, ev.S, ev.P)
 	if cl.class != "" {
@@ -320,7 +320,10 @@ func (c *Checker) deliver(ev Event) {
 	}
 	st.delivered[ev.P] = delivery{ev.S, ev.Eng}
 	pk := pairKey{ev.From, ev.Eng}
-	if last := c.pairs[pk]; ev.S <= last {
+	if last := c.pairs[pk]; ev.S == last {
+		c.violate(VDuplicate, k, fmt.Sprintf("%s delivered call %d (payload %d) twice in a row", ev.Eng, ev.S, ev.P))
+		return
+	} else if ev.S < last {
 		c.violate(VReorder, k, fmt.Sprintf("%s delivered call %d (payload %d) after call %d", ev.Eng, ev.S, ev.P, last))
 	} else {
 		c.pairs[pk] = ev.S

@@ -318,6 +318,31 @@ func TestCheckerCompactsEndedSenders(t *testing.T) {
 	require.Contains(t, c.Details[len(c.Details)-1].Detail, "call 100")
 }
 
+func TestCheckerResultsAfterSenderClosed(t *testing.T) {
+	// A sender closed mid-operation: its calls still under way return after its "closed"
+	// line (ErrClosed, or nil for what landed); they are judged, not left unresolved.
+	h := newHist()
+	h.start(1, 1)
+	h.start(2, 2)
+	h.c.Step(Event{K: KindClosed, Eng: snd})
+	h.result(1, 1, ClassOK)
+	h.result(2, 2, ClassMaybe)
+	h.deliver(1, 1)
+	h.c.Step(Event{K: KindClosed, Eng: rcv})
+	h.c.Finish()
+	require.Empty(t, h.c.Violations, "%+v", h.c.Details)
+	require.EqualValues(t, 1, h.c.Checked)
+}
+
+func TestCheckerDuplicateAfterCompaction(t *testing.T) {
+	h := newHist()
+	h.send(1, 1, ClassOK, true)
+	h.send(2, 2, ClassOK, true)
+	h.c.Step(Event{K: KindKill, Slot: "a0e0", Inc: 1})
+	h.deliver(2, 2) // the same call again, after its sender's streams were compacted
+	only(t, h.finish(), VDuplicate)
+}
+
 func TestCheckerDetailsBounded(t *testing.T) {
 	h := newHist()
 	for s := uint64(1); s <= 3*maxDetails; s++ {
