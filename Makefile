@@ -19,6 +19,10 @@
 # 10000x is ~3-10 s for the slowest targets here (the peer machine and window fuzzers) and
 # well under a second for the decoders.
 #   make bench       benchmarks, BENCHTIME each (default 1s)
+#   make soak        the delivery contract checked end to end under faults for DURATION
+#                    (default 1h) on the soft provider, then on the verbs provider over
+#                    softverbs when it builds (SOAK_FLAGS adds flags, e.g. --seed n or
+#                    --faults kill,stop); figures in build/soak-*.json; exit 1 on a violation
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -29,13 +33,15 @@ FUZZTIME       ?= 200000x
 FUZZTIME_SHORT ?= 10000x
 BENCHTIME      ?= 1s
 TEST_TIMEOUT   ?= 45m
+DURATION       ?= 1h
+SOAK_FLAGS     ?=
 VERBS_H        ?= /usr/include/infiniband/verbs.h
 PINGPONG       ?= /usr/bin/ibv_rc_pingpong
 SOFTVERBS_LIBDIR := $(CURDIR)/build/softverbs
 
 include ibv/softverbs/softverbs.mk
 
-.PHONY: test build vet fmt-check unit allocs fuzz fuzz-short bench rdma rdma-deps
+.PHONY: test build vet fmt-check unit allocs fuzz fuzz-short bench rdma rdma-deps soak
 
 test: vet fmt-check unit allocs fuzz-short rdma
 
@@ -92,6 +98,22 @@ fuzz-short:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
+
+# soak runs `twosided soak` for DURATION on each provider; the verbs run needs libibverbs-dev's
+# headers and cgo (softverbs), else it says it was left out.
+soak:
+	@mkdir -p build; \
+	$(GO) build -o build/twosided ./cmd/twosided; \
+	echo "soak: the soft provider for $(DURATION)"; \
+	build/twosided soak --duration $(DURATION) --provider soft --json build/soak-soft.json $(SOAK_FLAGS); \
+	if [ ! -f "$(VERBS_H)" ] || [ "$$($(GO) env CGO_ENABLED)" != 1 ]; then \
+		echo "soak: the verbs provider is left out: no $(VERBS_H) or cgo disabled"; exit 0; \
+	fi; \
+	$(MAKE) --no-print-directory softverbs; \
+	$(GO) build -tags rdma -o build/twosided-rdma ./cmd/twosided; \
+	echo "soak: the verbs provider on softverbs for $(DURATION)"; \
+	LD_LIBRARY_PATH="$(SOFTVERBS_LIBDIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" \
+		build/twosided-rdma soak --duration $(DURATION) --provider verbs --json build/soak-verbs.json $(SOAK_FLAGS)
 
 # rdma-deps installs the libibverbs headers (libibverbs-dev) and rdma-core's example programs
 # (ibverbs-utils: ibv_devinfo, ibv_rc_pingpong) when they are missing and we are root.

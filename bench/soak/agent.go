@@ -1,0 +1,664 @@
+package soak
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twosided/twosided/notify"
+)
+
+// An agent is a child process of the soak: it runs the engines of its slots, executes the
+// operations the parent sends on its stdin and reports, one event per line on its stdout,
+// every call it starts, every result and every notify its applications take.
+
+// AgentSpec is what an agent runs, given as JSON in --spec.
+type AgentSpec struct {
+	Index    int           `json:"index"`
+	Engines  []AgentEngine `json:"engines"`
+	Provider string        `json:"provider,omitempty"` // rdma_twosided engines' provider; "": as notify picks
+	Seed     uint64        `json:"seed"`
+	// Plant: lose, dup or reorder one delivery on purpose, outside the engine, so that the
+	// soak shows it catches it.
+	Plant string `json:"plant,omitempty"`
+}
+
+// AgentEngine is one slot of an agent.
+type AgentEngine struct {
+	Slot      string `json:"slot"`
+	Inc       int    `json:"inc"`
+	Addr      string `json:"addr"`
+	Transport string `json:"transport"`
+}
+
+// Plants.
+const (
+	PlantLose    = "lose"
+	PlantDup     = "dup"
+	PlantReorder = "reorder"
+)
+
+// plantAt is the delivery, counted over the agent, that a plant acts on; lose acts on
+// plantLoses of them, plantAt apart, so that one is of a call that was acknowledged.
+const (
+	plantAt    = 20
+	plantLoses = 3
+)
+
+// Bounds of the agent's own checks: a call or a Close still running this long after its own
+// bound is reported as a hang. They only guard against hangs; they are not measurements.
+const (
+	hangGrace    = 60 * time.Second
+	asyncBound   = 30 * time.Second // the engine's bound of a SendNotifyAsync
+	closeTimeout = 10 * time.Second
+)
+
+type agent struct {
+	spec AgentSpec
+	out  *outQueue
+	ctx  context.Context
+
+	mu      sync.Mutex
+	engines map[string]*agentEngine // by slot
+	workers map[streamKey]chan Event
+	wg      sync.WaitGroup // workers, reopens
+	calls   callWatch
+
+	plantMu   sync.Mutex
+	delivered int
+	held      *Event // reorder: the delivery held back
+}
+
+type agentEngine struct {
+	a         *agent
+	slot, id  string
+	addr      string
+	transport string
+	consumer  string
+	e         *notify.Engine
+	pauseTill atomic.Int64 // unix ns
+	slowUS    atomic.Int64
+	stop      chan struct{}
+	done      chan struct{} // the consumer goroutine ended
+	closeOnce sync.Once
+}
+
+// RunAgent runs an agent until its stdin closes or a stop command: it answers on out.
+func RunAgent(ctx context.Context, spec AgentSpec, in io.Reader, out io.Writer) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	a := &agent{spec: spec, out: newOutQueue(out), ctx: ctx, engines: map[string]*agentEngine{}, workers: map[streamKey]chan Event{}}
+	go a.out.run()
+	defer a.out.close()
+	watchDone := make(chan struct{})
+	go func() { defer close(watchDone); a.calls.watch(ctx, a.out) }()
+	defer func() { cancel(); <-watchDone }()
+
+	for _, spec := range spec.Engines {
+		ae, err := a.open(spec.Slot, spec.Inc, spec.Addr, spec.Transport)
+		if err != nil {
+			return err
+		}
+		a.engines[spec.Slot] = ae
+	}
+	lines := bufio.NewScanner(in)
+	lines.Buffer(make([]byte, 0, 64<<10), MaxLine)
+	for lines.Scan() {
+		ev, err := Decode(lines.Bytes())
+		if err != nil {
+			a.log("bad command: %v", err)
+			continue
+		}
+		switch ev.K {
+		case CmdOp:
+			a.op(ev)
+		case CmdReopen:
+			a.reopen(ev.Slot, ev.Inc)
+		case CmdPause:
+			if ae := a.engine(ev.Slot); ae != nil {
+				ae.pauseTill.Store(time.Now().Add(time.Duration(ev.MS) * time.Millisecond).UnixNano())
+			}
+		case CmdSlow:
+			if ae := a.engine(ev.Slot); ae != nil {
+				ae.slowUS.Store(int64(ev.US))
+			}
+		case CmdStop:
+			a.stopAll()
+			a.out.put(Event{K: KindBye})
+			return nil
+		}
+	}
+	// The parent is gone: stop without ceremony.
+	a.stopAll()
+	return lines.Err()
+}
+
+func (a *agent) log(format string, args ...any) {
+	a.out.put(Event{K: KindLog, Err: fmt.Sprintf(format, args...)})
+}
+
+func (a *agent) engine(slot string) *agentEngine {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.engines[slot]
+}
+
+// open starts incarnation inc of slot and its consumer, and reports it up.
+func (a *agent) open(slot string, inc int, addr, transport string) (*agentEngine, error) {
+	ae := &agentEngine{
+		a: a, slot: slot, id: EngineID(slot, inc), addr: addr, transport: transport,
+		consumer: Consumer(a.spec.Seed, slot, inc), stop: make(chan struct{}), done: make(chan struct{}),
+	}
+	opts := []notify.Option{notify.WithListenAddr(addr), notify.WithTransport(transport), notify.WithoutProcsReserve()}
+	if a.spec.Provider != "" && transport == notify.TransportRDMATwoSided {
+		opts = append(opts, notify.WithProvider(a.spec.Provider))
+	}
+	if ae.consumer == ConsumeHandler {
+		opts = append(opts, notify.WithHandler(func(n notify.Notify) {
+			ae.take(n)
+			if us := ae.slowUS.Load(); us > 0 {
+				time.Sleep(time.Duration(min(us, 5000)) * time.Microsecond) // a slow handler, bounded
+			}
+		}))
+	}
+	var err error
+	// A restarted process may find its address still held for a moment by the kernel.
+	for try := 0; ; try++ {
+		ae.e, err = notify.New(opts...)
+		if err == nil || try == 50 || a.ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-a.ctx.Done():
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("soak agent %d: engine %s on %s: %w", a.spec.Index, ae.id, addr, err)
+	}
+	go ae.consume()
+	a.out.put(Event{K: KindUp, Eng: ae.id, Slot: slot, Addr: ae.e.Addr()})
+	return ae, nil
+}
+
+// consume takes notifies as the engine's consumer says, until stop.
+func (ae *agentEngine) consume() {
+	defer close(ae.done)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-ae.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		if till := ae.pauseTill.Load(); till > 0 {
+			if d := time.Until(time.Unix(0, till)); d > 0 {
+				select {
+				case <-time.After(d):
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+		switch ae.consumer {
+		case ConsumeHandler:
+			<-ctx.Done()
+			return
+		case ConsumeRecv:
+			n, err := ae.e.Recv(ctx)
+			if err != nil {
+				if ctx.Err() != nil || errors.Is(err, notify.ErrClosed) {
+					return
+				}
+				ae.a.log("%s: Recv: %v", ae.id, err)
+				continue
+			}
+			ae.take(n)
+		case ConsumePoll:
+			ns := ae.e.GetNotifies()
+			for _, n := range ns {
+				ae.take(n)
+			}
+			if len(ns) == 0 {
+				select {
+				case <-tick.C:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+		if us := ae.slowUS.Load(); us > 0 && ae.consumer != ConsumeHandler {
+			select {
+			case <-time.After(time.Duration(us) * time.Microsecond):
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
+}
+
+// take reports one notify the application took.
+func (ae *agentEngine) take(n notify.Notify) {
+	ev := Event{K: KindDeliver, Eng: ae.id}
+	from, s, p, size, err := ParseNotifyName(n.Name)
+	if err != nil {
+		ev.Bad = err.Error()
+		if len(ev.Bad) > 200 {
+			ev.Bad = ev.Bad[:200]
+		}
+	} else {
+		ev.From, ev.S, ev.P = from, s, p
+		ev.Bad = CheckPayload(n.Msg, p, size)
+	}
+	ae.a.report(ev)
+}
+
+// report hands a delivery to the parent, through the plant when one is set.
+func (a *agent) report(ev Event) {
+	if a.spec.Plant == "" || ev.Bad != "" {
+		a.out.put(ev)
+		return
+	}
+	a.plantMu.Lock()
+	defer a.plantMu.Unlock()
+	if h := a.held; h != nil && h.Eng == ev.Eng && h.From == ev.From {
+		a.held = nil
+		a.out.put(ev)
+		a.out.put(*h) // after a later call of its pair: reordered
+		return
+	}
+	a.delivered++
+	act := a.delivered == plantAt
+	if a.spec.Plant == PlantLose {
+		act = a.delivered%plantAt == 0 && a.delivered <= plantAt*plantLoses
+	}
+	if !act {
+		a.out.put(ev)
+		return
+	}
+	switch a.spec.Plant {
+	case PlantLose:
+		a.log("plant: lost %s's delivery of call %d (payload %d) from %s", ev.Eng, ev.S, ev.P, ev.From)
+	case PlantDup:
+		a.out.put(ev)
+		a.out.put(ev)
+		a.log("plant: duplicated %s's delivery of call %d (payload %d) from %s", ev.Eng, ev.S, ev.P, ev.From)
+	case PlantReorder:
+		a.held = &ev
+		a.log("plant: holding %s's delivery of call %d (payload %d) from %s for its pair's next", ev.Eng, ev.S, ev.P, ev.From)
+	default:
+		a.out.put(ev)
+	}
+}
+
+// flushHeld reports a held delivery whose pair had no next one.
+func (a *agent) flushHeld(eng string) {
+	a.plantMu.Lock()
+	defer a.plantMu.Unlock()
+	if a.held != nil && a.held.Eng == eng {
+		a.out.put(*a.held)
+		a.held = nil
+	}
+}
+
+// close closes ae cleanly and reports what it still held, then closed.
+func (ae *agentEngine) close() {
+	ae.closeOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+		defer cancel()
+		w := ae.a.calls.add(ae.id, "", "Close", closeTimeout)
+		err := ae.e.Close(ctx)
+		ae.a.calls.done(w)
+		if err != nil {
+			ae.a.log("%s: Close: %v", ae.id, err)
+		}
+		close(ae.stop)
+		<-ae.done
+		for _, n := range ae.e.GetNotifies() { // what the queue held when Close returned
+			ae.take(n)
+		}
+		ae.a.flushHeld(ae.id)
+		ae.a.out.put(Event{K: KindClosed, Eng: ae.id})
+	})
+}
+
+// reopen closes slot's engine mid-stream and opens incarnation inc on its address.
+func (a *agent) reopen(slot string, inc int) {
+	a.mu.Lock()
+	ae := a.engines[slot]
+	a.mu.Unlock()
+	if ae == nil {
+		return
+	}
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		ae.close()
+		nae, err := a.open(slot, inc, ae.addr, ae.transport)
+		if err != nil {
+			a.log("%v", err)
+			return
+		}
+		a.mu.Lock()
+		a.engines[slot] = nae
+		a.mu.Unlock()
+	}()
+}
+
+// stopAll waits for the operations and reopens under way, then closes every engine at once.
+func (a *agent) stopAll() {
+	a.mu.Lock()
+	for k, ch := range a.workers {
+		close(ch)
+		delete(a.workers, k)
+	}
+	a.mu.Unlock()
+	a.wg.Wait()
+	a.mu.Lock()
+	all := make([]*agentEngine, 0, len(a.engines))
+	for _, ae := range a.engines {
+		all = append(all, ae)
+	}
+	a.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, ae := range all {
+		wg.Add(1)
+		go func() { defer wg.Done(); ae.close() }()
+	}
+	wg.Wait()
+}
+
+// op queues an operation on its stream's worker: the calls of one stream are made in
+// order, one operation after the other.
+func (a *agent) op(ev Event) {
+	slot, _, _ := ParseEngineID(ev.Eng)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ae := a.engines[slot]
+	if ae == nil || ae.id != ev.Eng {
+		// The engine was reopened meanwhile: nothing was called.
+		a.out.put(Event{K: KindOpDone, Eng: ev.Eng, Slot: ev.Slot, Op: ev.Op})
+		return
+	}
+	k := streamKey{ev.Eng, ev.Slot}
+	ch := a.workers[k]
+	if ch == nil {
+		ch = make(chan Event, 64)
+		a.workers[k] = ch
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			w := &worker{a: a, ae: ae, to: ev.Slot}
+			for op := range ch {
+				w.run(op)
+			}
+		}()
+	}
+	select {
+	case ch <- ev:
+	default:
+		a.log("%s -> %s: op %d dropped, the stream's queue is full", ev.Eng, ev.Slot, ev.Op)
+		a.out.put(Event{K: KindOpDone, Eng: ev.Eng, Slot: ev.Slot, Op: ev.Op})
+	}
+}
+
+// worker makes the calls of one stream.
+type worker struct {
+	a  *agent
+	ae *agentEngine
+	to string
+	s  uint64
+}
+
+func (w *worker) notify(sd Send, s uint64) notify.Notify {
+	msg := make([]byte, sd.Size)
+	FillPayload(msg, sd.P)
+	n := notify.Notify{Name: NotifyName(w.ae.id, s, sd.P, sd.Size), Msg: msg}
+	if sd.ID {
+		n.ID = fmt.Sprint(sd.P)
+	}
+	return n
+}
+
+func classOf(err error) string {
+	switch {
+	case err == nil:
+		return ClassOK
+	case errors.Is(err, notify.ErrMaybeDelivered):
+		return ClassMaybe
+	}
+	return ClassFailed
+}
+
+func (w *worker) result(s uint64, sd Send, err error) Event {
+	ev := Event{K: KindResult, Eng: w.ae.id, Slot: w.to, S: s, P: sd.P, Class: classOf(err)}
+	if err != nil {
+		ev.Err = err.Error()
+		if len(ev.Err) > 1000 {
+			ev.Err = ev.Err[:1000]
+		}
+	}
+	return ev
+}
+
+func (w *worker) run(op Event) {
+	defer w.a.out.put(Event{K: KindOpDone, Eng: w.ae.id, Slot: w.to, Op: op.Op})
+	if op.Window <= 1 {
+		for _, sd := range op.Sends {
+			w.sync(op, sd, 0)
+		}
+		return
+	}
+	for i := 0; i < len(op.Sends); i += op.Window {
+		w.window(op, op.Sends[i:min(i+op.Window, len(op.Sends))])
+	}
+}
+
+// sync sends sd with SendNotify, and again with the same ID while the outcome is unknown
+// and retries are left; each try is a call of its own.
+func (w *worker) sync(op Event, sd Send, tries int) {
+	for ; ; tries++ {
+		w.s++
+		s := w.s
+		n := w.notify(sd, s)
+		name := op.Names[(sd.Name+tries)%len(op.Names)]
+		dl := time.Duration(max(sd.DeadlineMS, 1)) * time.Millisecond
+		w.a.out.put(Event{K: KindStart, Eng: w.ae.id, Slot: w.to, Op: op.Op, S: s, P: sd.P})
+		ctx, cancel := context.WithTimeout(w.a.ctx, dl)
+		c := w.a.calls.add(w.ae.id, w.to, fmt.Sprintf("SendNotify call %d with a %v deadline", s, dl), dl)
+		err := w.ae.e.SendNotify(ctx, name, n)
+		w.a.calls.done(c)
+		cancel()
+		w.a.out.put(w.result(s, sd, err))
+		if !errors.Is(err, notify.ErrMaybeDelivered) || !sd.ID || tries >= sd.Retries || w.a.ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// window sends sds with SendNotifyAsync, all in flight at once, waits for every result,
+// then retries the unknown ones with SendNotify.
+func (w *worker) window(op Event, sds []Send) {
+	var left atomic.Int32
+	left.Store(int32(len(sds)))
+	all := make(chan struct{})
+	maybe := make([]atomic.Bool, len(sds))
+	firsts := make([]atomic.Bool, len(sds))
+	finish := func() {
+		if left.Add(-1) == 0 {
+			close(all)
+		}
+	}
+	c := w.a.calls.add(w.ae.id, w.to, fmt.Sprintf("a window of %d SendNotifyAsync from call %d", len(sds), w.s+1), asyncBound)
+	for i, sd := range sds {
+		w.s++
+		s := w.s
+		n := w.notify(sd, s)
+		w.a.out.put(Event{K: KindStart, Eng: w.ae.id, Slot: w.to, Op: op.Op, S: s, P: sd.P})
+		err := w.ae.e.SendNotifyAsync(op.Names[sd.Name%len(op.Names)], n, func(err error) {
+			w.a.out.put(w.result(s, sd, err))
+			if firsts[i].Swap(true) {
+				return // a second result: reported, the checker counts it
+			}
+			maybe[i].Store(errors.Is(err, notify.ErrMaybeDelivered))
+			finish()
+		})
+		if err != nil {
+			w.a.out.put(w.result(s, sd, err))
+			firsts[i].Store(true)
+			finish()
+		}
+	}
+	select {
+	case <-all:
+	case <-w.a.ctx.Done():
+	}
+	w.a.calls.done(c)
+	for i, sd := range sds {
+		if maybe[i].Load() && sd.ID && sd.Retries > 0 && w.a.ctx.Err() == nil {
+			w.sync(op, sd, 1)
+		}
+	}
+}
+
+// callWatch reports a call or Close still running long after its bound.
+type callWatch struct {
+	mu   sync.Mutex
+	next uint64
+	m    map[uint64]*watched
+}
+
+type watched struct {
+	eng, slot, what string
+	start           time.Time
+	bound           time.Duration
+	said            bool
+}
+
+func (cw *callWatch) add(eng, slot, what string, bound time.Duration) uint64 {
+	cw.mu.Lock()
+	defer cw.mu.Unlock()
+	if cw.m == nil {
+		cw.m = map[uint64]*watched{}
+	}
+	cw.next++
+	cw.m[cw.next] = &watched{eng: eng, slot: slot, what: what, start: time.Now(), bound: bound}
+	return cw.next
+}
+
+func (cw *callWatch) done(id uint64) {
+	cw.mu.Lock()
+	defer cw.mu.Unlock()
+	delete(cw.m, id)
+}
+
+func (cw *callWatch) watch(ctx context.Context, out *outQueue) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		cw.mu.Lock()
+		for _, w := range cw.m {
+			if el := time.Since(w.start); !w.said && el > w.bound+hangGrace {
+				w.said = true
+				out.put(Event{K: KindHang, Eng: w.eng, Slot: w.slot, Err: fmt.Sprintf("%s still runs after %v", w.what, el.Round(time.Second))})
+			}
+		}
+		cw.mu.Unlock()
+	}
+}
+
+// outQueue writes events in the order they were put, never blocking the putter (a
+// handler on a reactor thread puts too).
+type outQueue struct {
+	w      *bufio.Writer
+	mu     sync.Mutex
+	q      []Event
+	wake   chan struct{}
+	closed bool
+	done   chan struct{}
+}
+
+func newOutQueue(w io.Writer) *outQueue {
+	return &outQueue{w: bufio.NewWriterSize(w, 64<<10), wake: make(chan struct{}, 1), done: make(chan struct{})}
+}
+
+func (o *outQueue) put(ev Event) {
+	o.mu.Lock()
+	if !o.closed {
+		o.q = append(o.q, ev)
+	}
+	o.mu.Unlock()
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (o *outQueue) run() {
+	defer close(o.done)
+	var batch []Event
+	for {
+		o.mu.Lock()
+		batch, o.q = o.q, batch[:0]
+		closed := o.closed
+		o.mu.Unlock()
+		for _, ev := range batch {
+			_, _ = o.w.Write(Encode(ev))
+		}
+		if len(batch) == 0 {
+			_ = o.w.Flush()
+			if closed {
+				return
+			}
+			<-o.wake
+		}
+	}
+}
+
+// close writes what is queued and stops.
+func (o *outQueue) close() {
+	o.mu.Lock()
+	o.closed = true
+	o.mu.Unlock()
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+	<-o.done
+}
+
+// ParseAgentSpec reads --spec.
+func ParseAgentSpec(s string) (AgentSpec, error) {
+	var spec AgentSpec
+	dec := json.NewDecoder(strings.NewReader(s))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&spec); err != nil {
+		return spec, fmt.Errorf("--spec: %w", err)
+	}
+	if len(spec.Engines) == 0 {
+		return spec, errors.New("--spec: no engines")
+	}
+	for _, e := range spec.Engines {
+		if err := checkSlot(e.Slot); err != nil {
+			return spec, fmt.Errorf("--spec: %w", err)
+		}
+	}
+	return spec, nil
+}

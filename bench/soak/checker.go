@@ -1,0 +1,475 @@
+package soak
+
+import (
+	"fmt"
+	"sort"
+)
+
+// Violation kinds.
+const (
+	// VLost: a send returned nil and its notify was never delivered, and no incarnation of
+	// its target that could have held it was killed.
+	VLost = "lost"
+	// VDuplicate: a payload delivered twice to one target (a call delivered twice, or a retry
+	// with the same Notify.ID delivered beside its original).
+	VDuplicate = "duplicate"
+	// VReorder: a pair delivered a call after a later call of the same sender.
+	VReorder = "reorder"
+	// VDeliveredAfterFailure: a call whose send failed without ErrMaybeDelivered was delivered.
+	VDeliveredAfterFailure = "delivered_after_failure"
+	// VCorrupt: a payload arrived with another size or other bytes, or a name not the soak's.
+	VCorrupt = "corrupt"
+	// VHang: a call or a Close did not return within its bound.
+	VHang = "hang"
+	// VCrash: an agent exited on its own (an engine crashed it) or could not start again.
+	VCrash = "crash"
+	// VNoResult: a call of a sender that was never killed never returned.
+	VNoResult = "no_result"
+	// VPhantom: a delivery of a call its sender (never killed) did not make.
+	VPhantom = "phantom"
+	// VDoubleResult: a call returned twice (a SendNotifyAsync done called twice).
+	VDoubleResult = "double_result"
+)
+
+// Allowance kinds: what the contract allows, counted.
+const (
+	// ALostReceiverKilled: an acknowledged notify not delivered whose target incarnation
+	// may have been the one killed (README: a receiver crash loses what it held).
+	ALostReceiverKilled = "lost_receiver_killed"
+	// AUnreportedStart: a delivery of a call whose start line died with its killed sender.
+	AUnreportedStart = "unreported_start_sender_killed"
+	// ANewIncarnation: a payload delivered by one incarnation of its target and, retried
+	// with the same Notify.ID after an unknown outcome, again by a later one: ids live in
+	// the receiving engine's memory, and a reopened or restarted engine is a new peer.
+	ANewIncarnation = "redelivered_to_new_incarnation"
+)
+
+// Bounds of what the checker keeps.
+const (
+	keepCalls   = 8192 // resolved calls kept per stream behind the newest
+	historyLen  = 48   // events kept per stream for a report
+	scheduleLen = 64   // parent actions kept for a report
+	maxDetails  = 20   // violations reported in full
+)
+
+// Violation is one breach of the contract, with what led to it.
+type Violation struct {
+	Kind   string `json:"kind"`
+	Step   uint64 `json:"step"`
+	Stream string `json:"stream"` // "<sender engine> -> <target slot>"
+	Detail string `json:"detail"`
+	// History: the stream's last events (its operations among them); Schedule: the last
+	// faults, begins, kills and closes of the run, each "step N: ...".
+	History  []string `json:"history,omitempty"`
+	Schedule []string `json:"schedule,omitempty"`
+}
+
+// Checker judges a soak's history. Feed it every event with Step in the order the parent
+// reads or makes them, then call Finish once. It does no I/O and reads no clock.
+type Checker struct {
+	step    uint64
+	slots   map[string]map[int]*incarnation
+	streams map[streamKey]*stream
+	bySend  map[string][]streamKey // sender engine -> its streams
+	pairs   map[pairKey]uint64     // (sender engine, receiver engine) -> last call delivered
+	sched   ring
+
+	// Counts.
+	Calls, Acked, Maybe, Failed, Delivered, Checked uint64
+	Violations                                      map[string]int
+	Allowances                                      map[string]int
+	Details                                         []Violation
+	finished                                        bool
+}
+
+type incarnation struct {
+	begin, end uint64 // steps; end 0: alive
+	killed     bool
+}
+
+type streamKey struct{ from, slot string }
+
+type pairKey struct{ from, to string }
+
+type stream struct {
+	calls     map[uint64]*call    // by call number
+	failed    map[uint64]bool     // calls that failed definitely, kept past pruning
+	delivered map[uint64]delivery // payload -> the call that delivered it, and where
+	acked     map[uint64]ack      // payload -> acknowledged, not yet delivered
+	ops       map[uint64]uint64   // op -> step of its dispatch
+	floor     uint64              // calls below it were pruned
+	maxS      uint64
+	killed    bool // the sender was killed
+	hist      ring
+}
+
+type call struct {
+	p, op     uint64
+	started   bool
+	class     string // "" until its result
+	delivered bool
+}
+
+type ack struct{ s, step, dispatch uint64 }
+
+type delivery struct {
+	s   uint64
+	eng string
+}
+
+// NewChecker returns an empty checker.
+func NewChecker() *Checker {
+	return &Checker{
+		slots:      map[string]map[int]*incarnation{},
+		streams:    map[streamKey]*stream{},
+		bySend:     map[string][]streamKey{},
+		pairs:      map[pairKey]uint64{},
+		sched:      newRing(scheduleLen),
+		Violations: map[string]int{},
+		Allowances: map[string]int{},
+	}
+}
+
+// Steps is the number of events fed so far.
+func (c *Checker) Steps() uint64 { return c.step }
+
+// Total is the number of violations found so far.
+func (c *Checker) Total() int {
+	n := 0
+	for _, v := range c.Violations {
+		n += v
+	}
+	return n
+}
+
+func (c *Checker) stream(from, slot string) *stream {
+	k := streamKey{from, slot}
+	st := c.streams[k]
+	if st == nil {
+		st = &stream{
+			calls: map[uint64]*call{}, failed: map[uint64]bool{},
+			acked: map[uint64]ack{}, ops: map[uint64]uint64{}, hist: newRing(historyLen),
+			delivered: map[uint64]delivery{},
+		}
+		c.streams[k] = st
+		c.bySend[from] = append(c.bySend[from], k)
+	}
+	return st
+}
+
+func (c *Checker) inc(slot string, inc int) *incarnation {
+	m := c.slots[slot]
+	if m == nil {
+		m = map[int]*incarnation{}
+		c.slots[slot] = m
+	}
+	in := m[inc]
+	if in == nil {
+		in = &incarnation{begin: c.step}
+		m[inc] = in
+	}
+	return in
+}
+
+func (c *Checker) violate(kind string, k streamKey, detail string) {
+	c.Violations[kind]++
+	if len(c.Details) >= maxDetails {
+		return
+	}
+	v := Violation{Kind: kind, Step: c.step, Stream: k.from + " -> " + k.slot, Detail: detail, Schedule: c.sched.lines()}
+	if st := c.streams[k]; st != nil {
+		v.History = st.hist.lines()
+	}
+	c.Details = append(c.Details, v)
+}
+
+func (c *Checker) note(st *stream, format string, args ...any) {
+	st.hist.add(fmt.Sprintf("step %d: ", c.step) + fmt.Sprintf(format, args...))
+}
+
+// Step feeds one event.
+func (c *Checker) Step(ev Event) {
+	c.step++
+	switch ev.K {
+	case KindBegin:
+		c.inc(ev.Slot, ev.Inc).begin = c.step
+		c.sched.add(fmt.Sprintf("step %d: begin %s", c.step, EngineID(ev.Slot, ev.Inc)))
+	case KindKill:
+		in := c.inc(ev.Slot, ev.Inc)
+		if in.end == 0 {
+			in.end, in.killed = c.step, true
+		}
+		id := EngineID(ev.Slot, ev.Inc)
+		for _, k := range c.bySend[id] {
+			c.streams[k].killed = true
+		}
+		c.senderEnded(id)
+		c.sched.add(fmt.Sprintf("step %d: kill -9 %s", c.step, id))
+	case KindClosed:
+		slot, n, err := ParseEngineID(ev.Eng)
+		if err == nil {
+			if in := c.inc(slot, n); in.end == 0 {
+				in.end = c.step
+			}
+		}
+		c.senderEnded(ev.Eng)
+		c.sched.add(fmt.Sprintf("step %d: closed %s", c.step, ev.Eng))
+	case KindUp:
+		c.sched.add(fmt.Sprintf("step %d: up %s at %s", c.step, ev.Eng, ev.Addr))
+	case KindFault:
+		c.sched.add(fmt.Sprintf("step %d: fault %s", c.step, ev.Err))
+	case KindDispatch:
+		st := c.stream(ev.Eng, ev.Slot)
+		st.ops[ev.Op] = c.step
+		c.note(st, "op %d dispatched: %d sends, window %d", ev.Op, len(ev.Sends), ev.Window)
+	case KindStart:
+		c.start(ev)
+	case KindResult:
+		c.result(ev)
+	case KindDeliver:
+		c.deliver(ev)
+	case KindHang:
+		c.violate(VHang, streamKey{ev.Eng, ev.Slot}, ev.Err)
+	case KindCrash:
+		c.violate(VCrash, streamKey{ev.Eng, ev.Slot}, ev.Err)
+	}
+}
+
+func (c *Checker) call(st *stream, s, p uint64) *call {
+	cl := st.calls[s]
+	if cl == nil {
+		cl = &call{p: p}
+		st.calls[s] = cl
+		st.maxS = max(st.maxS, s)
+	}
+	return cl
+}
+
+func (c *Checker) start(ev Event) {
+	k := streamKey{ev.Eng, ev.Slot}
+	st := c.stream(ev.Eng, ev.Slot)
+	c.Calls++
+	c.note(st, "start s=%d p=%d op=%d", ev.S, ev.P, ev.Op)
+	if ev.S < st.floor {
+		return
+	}
+	cl := c.call(st, ev.S, ev.P)
+	if cl.p != ev.P {
+		c.violate(VCorrupt, k, fmt.Sprintf("call %d started with payload %d, delivered as payload %d", ev.S, ev.P, cl.p))
+	}
+	cl.started, cl.op = true, ev.Op
+	c.prune(st)
+}
+
+func (c *Checker) result(ev Event) {
+	k := streamKey{ev.Eng, ev.Slot}
+	st := c.stream(ev.Eng, ev.Slot)
+	c.note(st, "result s=%d p=%d %s %s", ev.S, ev.P, ev.Class, ev.Err)
+	switch ev.Class {
+	case ClassOK:
+		c.Acked++
+	case ClassMaybe:
+		c.Maybe++
+	case ClassFailed:
+		c.Failed++
+	}
+	if st.calls[ev.S] == nil && ev.S < st.floor {
+		return // forgotten long ago, or its sender was compacted: nothing left to judge
+	}
+	cl := c.call(st, ev.S, ev.P)
+	if cl.class != "" {
+		c.violate(VDoubleResult, k, fmt.Sprintf("call %d (payload %d) returned %s, then %s (%s)", ev.S, ev.P, cl.class, ev.Class, ev.Err))
+		return
+	}
+	cl.class = ev.Class
+	switch ev.Class {
+	case ClassOK:
+		if _, ok := st.delivered[ev.P]; ok {
+			c.Checked++
+		} else {
+			st.acked[ev.P] = ack{s: ev.S, step: c.step, dispatch: st.ops[cl.op]}
+		}
+	case ClassFailed:
+		st.failed[ev.S] = true
+		if cl.delivered {
+			c.violate(VDeliveredAfterFailure, k, fmt.Sprintf("call %d (payload %d) was delivered, then failed without ErrMaybeDelivered: %s", ev.S, ev.P, ev.Err))
+		}
+	}
+}
+
+func (c *Checker) deliver(ev Event) {
+	c.Delivered++
+	slot, _, err := ParseEngineID(ev.Eng)
+	if err != nil || ev.Bad != "" {
+		k := streamKey{ev.From, slot}
+		if st := c.streams[k]; st != nil {
+			c.note(st, "deliver to %s s=%d p=%d BAD %s", ev.Eng, ev.S, ev.P, ev.Bad)
+		}
+		c.violate(VCorrupt, k, fmt.Sprintf("%s delivered s=%d p=%d from %s: %s", ev.Eng, ev.S, ev.P, ev.From, ev.Bad))
+		return
+	}
+	k := streamKey{ev.From, slot}
+	st := c.stream(ev.From, slot)
+	c.note(st, "deliver to %s s=%d p=%d", ev.Eng, ev.S, ev.P)
+	if prev, ok := st.delivered[ev.P]; ok {
+		if prev.eng == ev.Eng {
+			c.violate(VDuplicate, k, fmt.Sprintf("%s delivered payload %d as call %d, and before as call %d", ev.Eng, ev.P, ev.S, prev.s))
+			return
+		}
+		c.Allowances[ANewIncarnation]++
+	}
+	st.delivered[ev.P] = delivery{ev.S, ev.Eng}
+	pk := pairKey{ev.From, ev.Eng}
+	if last := c.pairs[pk]; ev.S == last {
+		c.violate(VDuplicate, k, fmt.Sprintf("%s delivered call %d (payload %d) twice in a row", ev.Eng, ev.S, ev.P))
+		return
+	} else if ev.S < last {
+		c.violate(VReorder, k, fmt.Sprintf("%s delivered call %d (payload %d) after call %d", ev.Eng, ev.S, ev.P, last))
+	} else {
+		c.pairs[pk] = ev.S
+	}
+	if a, ok := st.acked[ev.P]; ok {
+		delete(st.acked, ev.P)
+		_ = a
+		c.Checked++
+	}
+	if ev.S < st.floor {
+		if st.failed[ev.S] {
+			c.violate(VDeliveredAfterFailure, k, fmt.Sprintf("%s delivered call %d (payload %d), whose send failed without ErrMaybeDelivered", ev.Eng, ev.S, ev.P))
+		}
+		return
+	}
+	cl := c.call(st, ev.S, ev.P)
+	if cl.p != ev.P {
+		c.violate(VCorrupt, k, fmt.Sprintf("%s delivered call %d as payload %d, started as payload %d", ev.Eng, ev.S, ev.P, cl.p))
+	}
+	cl.delivered = true
+	if cl.class == ClassFailed {
+		c.violate(VDeliveredAfterFailure, k, fmt.Sprintf("%s delivered call %d (payload %d), whose send failed without ErrMaybeDelivered", ev.Eng, ev.S, ev.P))
+	}
+}
+
+// prune forgets resolved calls far behind the newest, keeping what a late delivery needs.
+func (c *Checker) prune(st *stream) {
+	if len(st.calls) < 2*keepCalls || st.maxS <= keepCalls {
+		return
+	}
+	floor := st.maxS - keepCalls
+	for s, cl := range st.calls {
+		if s < floor && cl.class != "" && cl.started {
+			delete(st.calls, s)
+		}
+	}
+	for p, d := range st.delivered {
+		if d.s < floor {
+			delete(st.delivered, p)
+		}
+	}
+	st.floor = max(st.floor, floor)
+}
+
+// senderEnded compacts the streams of a sender that makes no more calls, so that a long run
+// with many incarnations stays small: what it still needs is the acknowledged notifies not
+// yet delivered, the calls that failed, and the calls of a live-closed sender still
+// unresolved. A late delivery of an older call is still checked for order (per pair) and
+// against the failed calls.
+func (c *Checker) senderEnded(id string) {
+	for _, k := range c.bySend[id] {
+		st := c.streams[k]
+		for s, cl := range st.calls {
+			if cl.class != "" || st.killed {
+				delete(st.calls, s)
+			}
+		}
+		st.delivered = map[uint64]delivery{}
+		st.floor = st.maxS + 1
+	}
+}
+
+// Finish judges what only the end can: acknowledged notifies never delivered, calls that
+// never returned, deliveries of calls never made. Call it once every engine was closed
+// (clean, drained) or killed.
+func (c *Checker) Finish() {
+	if c.finished {
+		return
+	}
+	c.finished = true
+	keys := make([]streamKey, 0, len(c.streams))
+	for k := range c.streams {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].from != keys[j].from {
+			return keys[i].from < keys[j].from
+		}
+		return keys[i].slot < keys[j].slot
+	})
+	for _, k := range keys {
+		st := c.streams[k]
+		ps := make([]uint64, 0, len(st.acked))
+		for p := range st.acked {
+			ps = append(ps, p)
+		}
+		sort.Slice(ps, func(i, j int) bool { return ps[i] < ps[j] })
+		for _, p := range ps {
+			a := st.acked[p]
+			if c.mayHaveHeld(k.slot, a) {
+				c.Allowances[ALostReceiverKilled]++
+				continue
+			}
+			c.violate(VLost, k, fmt.Sprintf("call %d (payload %d) returned nil at step %d and was never delivered; no incarnation of %s that could hold it was killed", a.s, p, a.step, k.slot))
+		}
+		ss := make([]uint64, 0)
+		for s := range st.calls {
+			ss = append(ss, s)
+		}
+		sort.Slice(ss, func(i, j int) bool { return ss[i] < ss[j] })
+		for _, s := range ss {
+			cl := st.calls[s]
+			switch {
+			case !cl.started && st.killed:
+				c.Allowances[AUnreportedStart]++
+			case !cl.started:
+				c.violate(VPhantom, k, fmt.Sprintf("call %d (payload %d) was delivered but never made", s, cl.p))
+			case cl.class == "" && !st.killed:
+				c.violate(VNoResult, k, fmt.Sprintf("call %d (payload %d) never returned", s, cl.p))
+			}
+		}
+	}
+}
+
+// mayHaveHeld says whether an incarnation of slot that was killed could hold a notify
+// acknowledged at step a.step and dispatched at a.dispatch: it began before the result was
+// read and had not ended when the operation was dispatched.
+func (c *Checker) mayHaveHeld(slot string, a ack) bool {
+	for _, in := range c.slots[slot] {
+		if in.killed && in.begin < a.step && in.end > a.dispatch {
+			return true
+		}
+	}
+	return false
+}
+
+// ring keeps the last n lines.
+type ring struct {
+	buf  []string
+	next int
+	full bool
+}
+
+func newRing(n int) ring { return ring{buf: make([]string, n)} }
+
+func (r *ring) add(s string) {
+	r.buf[r.next] = s
+	r.next++
+	if r.next == len(r.buf) {
+		r.next, r.full = 0, true
+	}
+}
+
+func (r *ring) lines() []string {
+	if !r.full {
+		return append([]string(nil), r.buf[:r.next]...)
+	}
+	return append(append([]string(nil), r.buf[r.next:]...), r.buf[:r.next]...)
+}

@@ -1,0 +1,355 @@
+package soak
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// hist builds a history: two engines, a0e0.1 sends to slot a1e0 (engine a1e0.1).
+type hist struct {
+	c  *Checker
+	op uint64
+}
+
+const (
+	snd = "a0e0.1"
+	dst = "a1e0"
+	rcv = "a1e0.1"
+)
+
+func newHist() *hist {
+	h := &hist{c: NewChecker()}
+	h.c.Step(Event{K: KindBegin, Slot: "a0e0", Inc: 1})
+	h.c.Step(Event{K: KindBegin, Slot: dst, Inc: 1})
+	h.dispatch()
+	return h
+}
+
+func (h *hist) dispatch() {
+	h.op++
+	h.c.Step(Event{K: KindDispatch, Eng: snd, Slot: dst, Op: h.op, Window: 1, Sends: []Send{{P: 1}}})
+}
+
+func (h *hist) start(s, p uint64) {
+	h.c.Step(Event{K: KindStart, Eng: snd, Slot: dst, Op: h.op, S: s, P: p})
+}
+func (h *hist) result(s, p uint64, class string) {
+	h.c.Step(Event{K: KindResult, Eng: snd, Slot: dst, S: s, P: p, Class: class, Err: "e"})
+}
+func (h *hist) deliverTo(eng string, s, p uint64) {
+	h.c.Step(Event{K: KindDeliver, Eng: eng, From: snd, S: s, P: p})
+}
+func (h *hist) deliver(s, p uint64) { h.deliverTo(rcv, s, p) }
+
+// send is a call that returns class and, when delivered, is delivered after its result.
+func (h *hist) send(s, p uint64, class string, delivered bool) {
+	h.start(s, p)
+	h.result(s, p, class)
+	if delivered {
+		h.deliver(s, p)
+	}
+}
+
+func (h *hist) finish() *Checker {
+	h.c.Step(Event{K: KindClosed, Eng: rcv})
+	h.c.Step(Event{K: KindClosed, Eng: snd})
+	h.c.Finish()
+	return h.c
+}
+
+func only(t *testing.T, c *Checker, kind string) {
+	t.Helper()
+	require.Equal(t, map[string]int{kind: 1}, c.Violations, "details: %+v", c.Details)
+	require.Len(t, c.Details, 1)
+	require.Equal(t, kind, c.Details[0].Kind)
+	require.NotEmpty(t, c.Details[0].History, "a violation carries its stream's history")
+	require.NotEmpty(t, c.Details[0].Schedule, "a violation carries the schedule around it")
+}
+
+func TestCheckerClean(t *testing.T) {
+	h := newHist()
+	h.send(1, 1, ClassOK, true)
+	// Delivered before its result is read (another pipe), and before its start is read.
+	h.deliver(2, 2)
+	h.start(2, 2)
+	h.result(2, 2, ClassOK)
+	// Maybe, delivered; its retry with the same ID is dropped by the receiver and acked.
+	h.send(3, 3, ClassMaybe, true)
+	h.send(4, 3, ClassOK, false)
+	// Maybe, not delivered; the retry is.
+	h.send(5, 4, ClassMaybe, false)
+	h.send(6, 4, ClassOK, true)
+	// Failed definitely, not delivered; maybe, never delivered and not retried.
+	h.send(7, 5, ClassFailed, false)
+	h.send(8, 6, ClassMaybe, false)
+	h.send(9, 7, ClassOK, true)
+	c := h.finish()
+	require.Empty(t, c.Violations, "%+v", c.Details)
+	require.Empty(t, c.Allowances)
+	require.EqualValues(t, 5, c.Checked) // payloads 1, 2, 3, 4, 7
+	require.EqualValues(t, 9, c.Calls)
+	require.EqualValues(t, 5, c.Delivered)
+}
+
+func TestCheckerLost(t *testing.T) {
+	h := newHist()
+	h.send(1, 1, ClassOK, true)
+	h.send(2, 2, ClassOK, false)
+	h.send(3, 3, ClassOK, true)
+	c := h.finish()
+	only(t, c, VLost)
+	require.Contains(t, c.Details[0].Detail, "call 2 (payload 2)")
+}
+
+func TestCheckerLostAfterCleanClose(t *testing.T) {
+	// A receiver closed cleanly (drained) is no crash: what it acknowledged must arrive.
+	h := newHist()
+	h.send(1, 1, ClassOK, false)
+	h.c.Step(Event{K: KindClosed, Eng: rcv})
+	h.c.Step(Event{K: KindBegin, Slot: dst, Inc: 2})
+	h.send(2, 2, ClassOK, true) // to a1e0.2: delivered there
+	h.c.Finish()
+	only(t, h.c, VLost)
+}
+
+func TestCheckerReceiverKilledAllowance(t *testing.T) {
+	h := newHist()
+	h.send(1, 1, ClassOK, true)
+	h.send(2, 2, ClassOK, false) // held by the receiver when it was killed
+	h.c.Step(Event{K: KindKill, Slot: dst, Inc: 1})
+	h.c.Step(Event{K: KindBegin, Slot: dst, Inc: 2})
+	h.dispatch()
+	h.send(3, 3, ClassMaybe, false) // while it was down
+	h.start(4, 4)
+	h.result(4, 4, ClassOK)
+	h.deliverTo("a1e0.2", 4, 4) // a new pair: its order starts over
+	h.c.Step(Event{K: KindClosed, Eng: "a1e0.2"})
+	h.c.Finish()
+	require.Empty(t, h.c.Violations, "%+v", h.c.Details)
+	require.Equal(t, map[string]int{ALostReceiverKilled: 1}, h.c.Allowances)
+}
+
+func TestCheckerKillBeforeDispatchGivesNoAllowance(t *testing.T) {
+	// The killed incarnation ended before the op was dispatched: it cannot have held the
+	// notify, which a later incarnation acknowledged and lost.
+	h := newHist()
+	h.c.Step(Event{K: KindKill, Slot: dst, Inc: 1})
+	h.c.Step(Event{K: KindBegin, Slot: dst, Inc: 2})
+	h.dispatch()
+	h.send(1, 1, ClassOK, false)
+	h.c.Step(Event{K: KindClosed, Eng: "a1e0.2"})
+	h.c.Finish()
+	only(t, h.c, VLost)
+}
+
+func TestCheckerKilledSenderAckStillCounts(t *testing.T) {
+	// A killed sender's acknowledged sends must still arrive; its unresolved ones are unknown.
+	h := newHist()
+	h.send(1, 1, ClassOK, false)
+	h.start(2, 2) // no result: it died
+	h.c.Step(Event{K: KindKill, Slot: "a0e0", Inc: 1})
+	h.deliver(3, 3) // its start line died with it
+	h.c.Step(Event{K: KindClosed, Eng: rcv})
+	h.c.Finish()
+	only(t, h.c, VLost)
+	require.Equal(t, map[string]int{AUnreportedStart: 1}, h.c.Allowances)
+}
+
+func TestCheckerDuplicate(t *testing.T) {
+	t.Run("same call", func(t *testing.T) {
+		h := newHist()
+		h.send(1, 1, ClassOK, true)
+		h.deliver(1, 1)
+		only(t, h.finish(), VDuplicate)
+	})
+	t.Run("retry with the same ID", func(t *testing.T) {
+		h := newHist()
+		h.send(1, 1, ClassMaybe, true)
+		h.send(2, 1, ClassOK, true)
+		only(t, h.finish(), VDuplicate)
+	})
+}
+
+func TestCheckerRetryToNewIncarnation(t *testing.T) {
+	// Delivered by a1e0.1, which closed before its ack came back (maybe); the retry with
+	// the same ID reaches a1e0.2, which cannot know the id: allowed, counted.
+	h := newHist()
+	h.start(1, 1)
+	h.deliver(1, 1)
+	h.c.Step(Event{K: KindClosed, Eng: rcv})
+	h.c.Step(Event{K: KindBegin, Slot: dst, Inc: 2})
+	h.result(1, 1, ClassMaybe)
+	h.start(2, 1)
+	h.result(2, 1, ClassOK)
+	h.deliverTo("a1e0.2", 2, 1)
+	h.c.Step(Event{K: KindClosed, Eng: "a1e0.2"})
+	h.c.Finish()
+	require.Empty(t, h.c.Violations, "%+v", h.c.Details)
+	require.Equal(t, map[string]int{ANewIncarnation: 1}, h.c.Allowances)
+}
+
+func TestCheckerReorder(t *testing.T) {
+	h := newHist()
+	h.start(1, 1)
+	h.start(2, 2)
+	h.result(1, 1, ClassOK)
+	h.result(2, 2, ClassOK)
+	h.deliver(2, 2)
+	h.deliver(1, 1)
+	c := h.finish()
+	only(t, c, VReorder)
+	require.Contains(t, c.Details[0].Detail, "call 1 (payload 1) after call 2")
+	require.EqualValues(t, 2, c.Checked, "a reordered notify is still delivered")
+}
+
+func TestCheckerOrderIsPerPair(t *testing.T) {
+	// Two incarnations of one target are two pairs: each starts its own order.
+	h := newHist()
+	h.send(5, 5, ClassOK, true)
+	h.c.Step(Event{K: KindClosed, Eng: rcv})
+	h.c.Step(Event{K: KindBegin, Slot: dst, Inc: 2})
+	h.start(6, 6)
+	h.result(6, 6, ClassOK)
+	h.deliverTo("a1e0.2", 6, 6)
+	// Another sender's calls to the same receiver are another pair.
+	h.c.Step(Event{K: KindDeliver, Eng: "a1e0.2", From: "a2e0.1", S: 1, P: 1})
+	h.c.Step(Event{K: KindStart, Eng: "a2e0.1", Slot: dst, S: 1, P: 1})
+	h.c.Step(Event{K: KindResult, Eng: "a2e0.1", Slot: dst, S: 1, P: 1, Class: ClassOK})
+	h.c.Step(Event{K: KindClosed, Eng: "a1e0.2"})
+	h.c.Finish()
+	require.Empty(t, h.c.Violations, "%+v", h.c.Details)
+}
+
+func TestCheckerDeliveredAfterFailure(t *testing.T) {
+	t.Run("delivery read first", func(t *testing.T) {
+		h := newHist()
+		h.start(1, 1)
+		h.deliver(1, 1)
+		h.result(1, 1, ClassFailed)
+		only(t, h.finish(), VDeliveredAfterFailure)
+	})
+	t.Run("result read first", func(t *testing.T) {
+		h := newHist()
+		h.send(1, 1, ClassFailed, true)
+		only(t, h.finish(), VDeliveredAfterFailure)
+	})
+	t.Run("maybe is allowed", func(t *testing.T) {
+		h := newHist()
+		h.send(1, 1, ClassMaybe, true)
+		require.Empty(t, h.finish().Violations)
+	})
+}
+
+func TestCheckerCorrupt(t *testing.T) {
+	h := newHist()
+	h.start(1, 1)
+	h.result(1, 1, ClassOK)
+	h.c.Step(Event{K: KindDeliver, Eng: rcv, From: snd, S: 1, P: 1, Bad: "byte 3 differs"})
+	c := h.finish()
+	// The corrupt copy does not count as the delivery.
+	require.Equal(t, map[string]int{VCorrupt: 1, VLost: 1}, c.Violations)
+}
+
+func TestCheckerHang(t *testing.T) {
+	h := newHist()
+	h.c.Step(Event{K: KindHang, Eng: snd, Slot: dst, Err: "SendNotify with a 1s deadline still runs after 61s"})
+	only(t, h.finish(), VHang)
+}
+
+func TestCheckerNoResult(t *testing.T) {
+	h := newHist()
+	h.start(1, 1)
+	only(t, h.finish(), VNoResult)
+}
+
+func TestCheckerPhantom(t *testing.T) {
+	h := newHist()
+	h.deliver(1, 1)
+	only(t, h.finish(), VPhantom)
+}
+
+func TestCheckerDoubleResult(t *testing.T) {
+	h := newHist()
+	h.send(1, 1, ClassOK, true)
+	h.result(1, 1, ClassMaybe)
+	only(t, h.finish(), VDoubleResult)
+}
+
+func TestCheckerPrunesAndStillJudges(t *testing.T) {
+	h := newHist()
+	const n = 5 * keepCalls
+	for s := uint64(1); s <= n; s++ {
+		switch {
+		case s == 7:
+			h.send(s, s, ClassFailed, false)
+		case s == n-3:
+			h.send(s, s, ClassOK, false) // lost
+		default:
+			h.send(s, s, ClassOK, true)
+		}
+	}
+	st := h.c.streams[streamKey{snd, dst}]
+	require.Less(t, len(st.calls), 3*keepCalls, "resolved calls are forgotten")
+	h.deliver(7, 7) // a failed call delivered long after: still caught (and out of order)
+	c := h.finish()
+	require.Equal(t, map[string]int{VLost: 1, VDeliveredAfterFailure: 1, VReorder: 1}, c.Violations)
+	require.EqualValues(t, n-2, c.Checked)
+}
+
+func TestCheckerCompactsEndedSenders(t *testing.T) {
+	h := newHist()
+	for s := uint64(1); s <= 100; s++ {
+		h.send(s, s, ClassOK, s <= 90) // 91..100 still on their way when the sender dies
+	}
+	h.send(101, 101, ClassFailed, false)
+	h.c.Step(Event{K: KindKill, Slot: "a0e0", Inc: 1})
+	st := h.c.streams[streamKey{snd, dst}]
+	require.Empty(t, st.calls)
+	require.Empty(t, st.delivered)
+	require.Len(t, st.acked, 10)
+	for s := uint64(91); s <= 99; s++ {
+		h.deliver(s, s)
+	}
+	h.deliver(95, 95)   // a duplicate after the compaction: still caught
+	h.deliver(101, 101) // a failed call: still caught
+	c := h.finish()
+	require.Equal(t, map[string]int{VDuplicate: 1, VDeliveredAfterFailure: 1, VLost: 1}, c.Violations)
+	require.Contains(t, c.Details[len(c.Details)-1].Detail, "call 100")
+}
+
+func TestCheckerResultsAfterSenderClosed(t *testing.T) {
+	// A sender closed mid-operation: its calls still under way return after its "closed"
+	// line (ErrClosed, or nil for what landed); they are judged, not left unresolved.
+	h := newHist()
+	h.start(1, 1)
+	h.start(2, 2)
+	h.c.Step(Event{K: KindClosed, Eng: snd})
+	h.result(1, 1, ClassOK)
+	h.result(2, 2, ClassMaybe)
+	h.deliver(1, 1)
+	h.c.Step(Event{K: KindClosed, Eng: rcv})
+	h.c.Finish()
+	require.Empty(t, h.c.Violations, "%+v", h.c.Details)
+	require.EqualValues(t, 1, h.c.Checked)
+}
+
+func TestCheckerDuplicateAfterCompaction(t *testing.T) {
+	h := newHist()
+	h.send(1, 1, ClassOK, true)
+	h.send(2, 2, ClassOK, true)
+	h.c.Step(Event{K: KindKill, Slot: "a0e0", Inc: 1})
+	h.deliver(2, 2) // the same call again, after its sender's streams were compacted
+	only(t, h.finish(), VDuplicate)
+}
+
+func TestCheckerDetailsBounded(t *testing.T) {
+	h := newHist()
+	for s := uint64(1); s <= 3*maxDetails; s++ {
+		h.send(s, s, ClassOK, false)
+	}
+	c := h.finish()
+	require.Equal(t, 3*maxDetails, c.Violations[VLost])
+	require.Len(t, c.Details, maxDetails)
+	require.Equal(t, 3*maxDetails, c.Total())
+}

@@ -1,0 +1,804 @@
+package soak
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/twosided/twosided/notify"
+)
+
+// Config is a soak run.
+type Config struct {
+	Duration   time.Duration
+	Seed       uint64
+	Faults     []string // kinds of AllFaults
+	Procs      int      // agent processes
+	Transports []string // one engine per transport in every agent
+	Provider   string   // the rdma_twosided engines' provider ("soft", "verbs"; "": as notify picks)
+	Plant      string   // lose, dup, reorder: in agent 0's first incarnation
+	// FaultEvery: the mean time between faults.
+	FaultEvery time.Duration
+	Mix        Mix
+	// DeviceCtlDir: where the agents' softverbs control files go (device faults); "": no
+	// device faults.
+	DeviceCtlDir string
+	// MinDelivered: the run goes on past Duration until the agents delivered this many
+	// notifies (a short test's bound on work, not on time; ctx still ends it).
+	MinDelivered uint64
+	// Command returns the command that runs an agent with args (its flags, --spec
+	// included): the binary itself with `soak --agent`, or a test binary.
+	Command func(args []string) *exec.Cmd
+	// Progress gets a line every ProgressEvery (nil or 0: none); Log gets the agents'
+	// stderr and log lines (nil: kept only for a report).
+	Progress      io.Writer
+	ProgressEvery time.Duration
+	Log           io.Writer
+}
+
+// Result is what a run found; it is also the --json file.
+type Result struct {
+	Seed            uint64         `json:"seed"`
+	Duration        float64        `json:"duration_s"`
+	Procs           int            `json:"procs"`
+	Transports      []string       `json:"transports"`
+	Provider        string         `json:"provider,omitempty"`
+	Ops             uint64         `json:"ops"`
+	Calls           uint64         `json:"calls"`
+	Acked           uint64         `json:"acked"`
+	Maybe           uint64         `json:"maybe_delivered"`
+	Failed          uint64         `json:"failed"`
+	Delivered       uint64         `json:"delivered"`
+	NotifiesChecked uint64         `json:"notifies_checked"`
+	Faults          map[string]int `json:"faults"`
+	Violations      map[string]int `json:"violations"`
+	Allowances      map[string]int `json:"allowances"`
+	// Recovery: from a killed process's restart to the first notify a peer got acknowledged
+	// by one of its engines, in milliseconds.
+	Recovery RecoveryStats `json:"recovery_ms"`
+	Details  []Violation   `json:"violation_details,omitempty"`
+	Verdict  string        `json:"verdict"`
+}
+
+// RecoveryStats summarizes recovery times.
+type RecoveryStats struct {
+	Count  int     `json:"count"`
+	Min    float64 `json:"min"`
+	Median float64 `json:"median"`
+	Max    float64 `json:"max"`
+}
+
+// ErrViolation is returned by Run when the contract was broken.
+var ErrViolation = errors.New("soak: the delivery contract was broken")
+
+type agentProc struct {
+	idx      int
+	gen      int // spawns so far
+	cmd      *exec.Cmd
+	in       chan []byte
+	inDone   chan struct{}
+	alive    bool // spawned and not killed or exited
+	stopped  bool // SIGSTOPped
+	bye      bool
+	inClosed bool
+	exited   chan struct{}
+	stderr   *tailBuffer
+	slots    []string
+	killAt   time.Time
+	downMS   int
+}
+
+type driverStream struct {
+	from, to string
+	agent    int
+	gen      *StreamGen
+	busy     bool
+	closing  bool
+}
+
+type agentMsg struct {
+	agent, gen int
+	ev         Event
+	eof        bool
+	err        error
+}
+
+type timed struct {
+	at time.Time
+	fn func()
+}
+
+type driver struct {
+	cfg      Config
+	c        *Checker
+	agents   []*agentProc
+	addrs    map[string]string // slot -> host:port
+	incs     map[string]int    // slot -> its latest incarnation
+	live     map[string]string // slot -> engine id up
+	tr       map[string]string // slot -> transport
+	streams  map[streamKey]*driverStream
+	msgs     chan agentMsg
+	later    []timed
+	running  bool
+	faults   map[string]int
+	ops      uint64
+	recovery []time.Duration
+	restarts map[string]time.Time // slot -> restart awaiting its first ack
+	readers  sync.WaitGroup
+	plantSet bool
+}
+
+// Run runs a soak and returns what it found; the error wraps ErrViolation when the contract
+// was broken.
+func Run(ctx context.Context, cfg Config) (Result, error) {
+	if cfg.Procs < 1 || len(cfg.Transports) == 0 || cfg.Command == nil {
+		return Result{}, errors.New("soak: needs procs, transports and a command")
+	}
+	if cfg.Mix.MaxSize <= 0 {
+		cfg.Mix.MaxSize = notify.MaxIDLen // tiny, only when unset in tests
+	}
+	if cfg.FaultEvery <= 0 {
+		cfg.FaultEvery = 3 * time.Second
+	}
+	d := &driver{
+		cfg: cfg, c: NewChecker(), addrs: map[string]string{}, incs: map[string]int{}, live: map[string]string{},
+		tr: map[string]string{}, streams: map[streamKey]*driverStream{}, msgs: make(chan agentMsg, 4096),
+		faults: map[string]int{}, restarts: map[string]time.Time{},
+	}
+	for _, k := range cfg.Faults {
+		d.faults[k] = 0
+	}
+	for i := range cfg.Procs {
+		ap := &agentProc{idx: i, stderr: &tailBuffer{max: 16 << 10}}
+		for j, tr := range cfg.Transports {
+			slot := SlotName(i, j)
+			addr, err := freeAddr()
+			if err != nil {
+				return Result{}, err
+			}
+			d.addrs[slot], d.tr[slot] = addr, tr
+			ap.slots = append(ap.slots, slot)
+		}
+		d.agents = append(d.agents, ap)
+	}
+	start := time.Now()
+	err := d.run(ctx)
+	d.c.Finish()
+	res := d.result(time.Since(start))
+	if err == nil && d.c.Total() > 0 {
+		err = fmt.Errorf("%w: %d violations (seed %d)", ErrViolation, d.c.Total(), cfg.Seed)
+	}
+	if err != nil && !errors.Is(err, ErrViolation) {
+		res.Verdict = "ERROR: " + err.Error()
+	}
+	return res, err
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("soak: a free port: %w", err)
+	}
+	addr := l.Addr().String()
+	return addr, l.Close()
+}
+
+func (d *driver) step(ev Event) {
+	d.c.Step(ev)
+}
+
+func (d *driver) run(ctx context.Context) (err error) {
+	defer d.teardown()
+	for _, ap := range d.agents {
+		if err := d.spawn(ap); err != nil {
+			return err
+		}
+	}
+	d.running = true
+	end := time.NewTimer(d.cfg.Duration)
+	defer end.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	var progress <-chan time.Time
+	if d.cfg.Progress != nil && d.cfg.ProgressEvery > 0 {
+		pt := time.NewTicker(d.cfg.ProgressEvery)
+		defer pt.Stop()
+		progress = pt.C
+	}
+	start := time.Now()
+	fg := NewFaultGen(d.cfg.Seed, d.cfg.Faults, d.cfg.Procs, len(d.cfg.Transports), int(d.cfg.FaultEvery/time.Millisecond))
+	d.nextFault(fg)
+	ended := false
+	for d.running {
+		select {
+		case m := <-d.msgs:
+			d.handle(m)
+		case <-tick.C:
+			d.runDue()
+		case <-progress:
+			d.progress(time.Since(start))
+		case <-end.C:
+			ended = true
+		case <-ctx.Done():
+			d.running = false
+		}
+		if ended && d.c.Delivered >= d.cfg.MinDelivered {
+			d.running = false
+		}
+	}
+	return d.wind(start)
+}
+
+// wind ends a run: no new operations or faults; stopped agents continue; every operation
+// under way finishes; every agent closes its engines (drained) and exits.
+func (d *driver) wind(start time.Time) error {
+	d.later = nil
+	for _, ap := range d.agents {
+		if ctl := d.ctlPath(ap); ctl != "" { // the device faults under way end
+			_ = os.WriteFile(ctl, []byte("port=up\n"), 0o600)
+		}
+		if ap.stopped && ap.alive {
+			_ = ap.cmd.Process.Signal(syscall.SIGCONT)
+			ap.stopped = false
+		}
+	}
+	guard := time.NewTimer(3 * time.Minute) // a hang guard, not a measurement
+	defer guard.Stop()
+	busy := func() bool {
+		for _, st := range d.streams {
+			if st.busy && d.agents[st.agent].alive {
+				return true
+			}
+		}
+		for _, ap := range d.agents {
+			if ap.alive && !d.ready(ap) {
+				return true // a restart or reopen under way
+			}
+		}
+		return false
+	}
+	for busy() {
+		select {
+		case m := <-d.msgs:
+			d.handle(m)
+		case <-guard.C:
+			d.hang("the run's last operations did not finish within 3 minutes of its end")
+			return nil
+		}
+	}
+	for _, ap := range d.agents {
+		if ap.alive {
+			d.send(ap, Event{K: CmdStop})
+		}
+	}
+	for {
+		left := false
+		for _, ap := range d.agents {
+			left = left || (ap.alive && !ap.bye)
+		}
+		if !left {
+			break
+		}
+		select {
+		case m := <-d.msgs:
+			d.handle(m)
+		case <-guard.C:
+			d.hang("agents did not close their engines within 3 minutes of the run's end")
+			return nil
+		}
+	}
+	if d.cfg.Progress != nil && d.cfg.ProgressEvery > 0 {
+		d.progress(time.Since(start))
+	}
+	return nil
+}
+
+// ready says whether every slot of ap has an engine up with its latest incarnation.
+func (d *driver) ready(ap *agentProc) bool {
+	for _, slot := range ap.slots {
+		if d.live[slot] != EngineID(slot, d.incs[slot]) {
+			return false
+		}
+	}
+	return true
+}
+
+func (d *driver) hang(what string) {
+	d.step(Event{K: KindHang, Eng: EngineID("a0e0", 0), Err: what})
+	d.killAll()
+}
+
+func (d *driver) teardown() {
+	d.killAll()
+	done := make(chan struct{})
+	go func() { d.readers.Wait(); close(done) }()
+	for {
+		select {
+		case m := <-d.msgs: // the run is over: what still comes is dropped
+			if ap := d.agents[m.agent]; m.eof && m.gen == ap.gen {
+				d.closeIn(ap)
+			}
+		case <-done:
+			return
+		}
+	}
+}
+
+func (d *driver) killAll() {
+	for _, ap := range d.agents {
+		if ap.alive {
+			d.kill(ap, false)
+		}
+	}
+}
+
+func (d *driver) spawn(ap *agentProc) error {
+	ap.gen++
+	spec := AgentSpec{Index: ap.idx, Provider: d.cfg.Provider, Seed: d.cfg.Seed}
+	if ap.idx == 0 && !d.plantSet {
+		spec.Plant, d.plantSet = d.cfg.Plant, true
+	}
+	for _, slot := range ap.slots {
+		d.incs[slot]++
+		spec.Engines = append(spec.Engines, AgentEngine{Slot: slot, Inc: d.incs[slot], Addr: d.addrs[slot], Transport: d.tr[slot]})
+		d.step(Event{K: KindBegin, Slot: slot, Inc: d.incs[slot]})
+	}
+	raw, _ := json.Marshal(spec)
+	cmd := d.cfg.Command([]string{"--spec", string(raw)})
+	if ctl := d.ctlPath(ap); ctl != "" {
+		if err := os.WriteFile(ctl, []byte("port=up\n"), 0o600); err != nil {
+			return fmt.Errorf("soak: %w", err)
+		}
+		if cmd.Env == nil {
+			cmd.Env = os.Environ()
+		}
+		cmd.Env = append(cmd.Env, "SOFTVERBS_CTL="+ctl)
+	}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	ap.stderr.reset()
+	cmd.Stderr = ap.stderr
+	if d.cfg.Log != nil {
+		cmd.Stderr = io.MultiWriter(ap.stderr, d.cfg.Log)
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("soak: start agent %d: %w", ap.idx, err)
+	}
+	ap.cmd, ap.alive, ap.stopped, ap.bye, ap.inClosed = cmd, true, false, false, false
+	ap.in, ap.inDone, ap.exited = make(chan []byte, 1<<14), make(chan struct{}), make(chan struct{})
+	go func(in chan []byte, done chan struct{}) { // writes never block the driver
+		defer close(done)
+		w := bufio.NewWriter(stdin)
+		for b := range in {
+			if _, err := w.Write(b); err != nil {
+				break
+			}
+			if len(in) == 0 && w.Flush() != nil {
+				break
+			}
+		}
+		_ = stdin.Close()
+		for range in { // drain, so that a sender never blocks
+		}
+	}(ap.in, ap.inDone)
+	d.readers.Add(1)
+	gen, idx, exited := ap.gen, ap.idx, ap.exited
+	go func() {
+		defer d.readers.Done()
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 0, 64<<10), MaxLine)
+		for sc.Scan() {
+			ev, err := Decode(sc.Bytes())
+			d.msgs <- agentMsg{agent: idx, gen: gen, ev: ev, err: err}
+		}
+		err := cmd.Wait()
+		close(exited)
+		d.msgs <- agentMsg{agent: idx, gen: gen, eof: true, err: err}
+	}()
+	return nil
+}
+
+// closeIn ends the writer of ap's stdin once its process is gone.
+func (d *driver) closeIn(ap *agentProc) {
+	if !ap.inClosed {
+		ap.inClosed = true
+		close(ap.in)
+	}
+}
+
+// ctlPath is ap's softverbs control file, "" without device faults.
+func (d *driver) ctlPath(ap *agentProc) string {
+	if d.cfg.DeviceCtlDir == "" || d.cfg.Provider != "verbs" || !slices.Contains(d.cfg.Faults, FaultDevice) {
+		return ""
+	}
+	return filepath.Join(d.cfg.DeviceCtlDir, fmt.Sprintf("agent%d.ctl", ap.idx))
+}
+
+func (d *driver) send(ap *agentProc, ev Event) {
+	if !ap.alive || ap.inClosed {
+		return
+	}
+	select {
+	case ap.in <- Encode(ev):
+	default: // cannot happen: one op per stream is out at a time
+		d.logf("agent %d: its command queue is full", ap.idx)
+	}
+}
+
+func (d *driver) logf(format string, args ...any) {
+	if d.cfg.Log != nil {
+		fmt.Fprintf(d.cfg.Log, "soak: "+format+"\n", args...)
+	}
+}
+
+func (d *driver) handle(m agentMsg) {
+	ap := d.agents[m.agent]
+	if m.gen != ap.gen {
+		return // a killed incarnation's last words
+	}
+	if m.eof {
+		d.closeIn(ap)
+		if ap.alive && !ap.bye {
+			// Exited on its own: a crash of the engine or of the agent.
+			ap.alive = false
+			for _, slot := range ap.slots {
+				d.step(Event{K: KindKill, Slot: slot, Inc: d.incs[slot]})
+			}
+			d.step(Event{K: KindCrash, Eng: EngineID(ap.slots[0], d.incs[ap.slots[0]]),
+				Err: fmt.Sprintf("agent %d exited on its own (%v); its stderr ends: %s", ap.idx, m.err, ap.stderr.String())})
+			d.dropStreams(ap)
+		}
+		ap.alive = false
+		if !ap.killAt.IsZero() && d.running {
+			at := ap.killAt.Add(time.Duration(ap.downMS) * time.Millisecond)
+			ap.killAt = time.Time{}
+			d.at(at, func() { d.restart(ap) })
+		}
+		return
+	}
+	if m.err != nil {
+		d.step(Event{K: KindCrash, Eng: EngineID(ap.slots[0], d.incs[ap.slots[0]]), Err: fmt.Sprintf("agent %d wrote a bad line: %v", ap.idx, m.err)})
+		return
+	}
+	ev := m.ev
+	switch ev.K {
+	case KindLog:
+		d.logf("agent %d: %s", ap.idx, ev.Err)
+		return
+	case KindBye:
+		ap.bye = true
+		return
+	}
+	d.step(ev)
+	switch ev.K {
+	case KindUp:
+		d.live[ev.Slot] = ev.Eng
+		if !d.running {
+			return
+		}
+		for slot := range d.addrs {
+			if slot == ev.Slot {
+				continue
+			}
+			st := &driverStream{from: ev.Eng, to: slot, agent: ap.idx, gen: NewStreamGen(d.cfg.Seed, ev.Eng, slot, d.cfg.Mix)}
+			d.streams[streamKey{ev.Eng, slot}] = st
+			d.dispatch(st)
+		}
+	case KindClosed:
+		slot, _, _ := ParseEngineID(ev.Eng)
+		if d.live[slot] == ev.Eng {
+			delete(d.live, slot)
+		}
+		for k := range d.streams {
+			if k.from == ev.Eng {
+				delete(d.streams, k)
+			}
+		}
+	case KindOpDone:
+		if st := d.streams[streamKey{ev.Eng, ev.Slot}]; st != nil {
+			st.busy = false
+			if d.running && !st.closing {
+				d.dispatch(st)
+			}
+		}
+	case KindResult:
+		if t, ok := d.restarts[ev.Slot]; ok && ev.Class == ClassOK {
+			d.recovery = append(d.recovery, time.Since(t))
+			delete(d.restarts, ev.Slot)
+		}
+	}
+}
+
+func (d *driver) dispatch(st *driverStream) {
+	ev := st.gen.Next()
+	ev.Eng, ev.Slot = st.from, st.to
+	_, port, _ := net.SplitHostPort(d.addrs[st.to])
+	ev.Names = []string{d.addrs[st.to], net.JoinHostPort("localhost", port)}
+	if d.cfg.Mix.OneName {
+		ev.Names = ev.Names[:1]
+	}
+	st.busy = true
+	d.ops++
+	d.step(Event{K: KindDispatch, Eng: ev.Eng, Slot: ev.Slot, Op: ev.Op, Window: ev.Window, Sends: ev.Sends})
+	d.send(d.agents[st.agent], ev)
+}
+
+func (d *driver) dropStreams(ap *agentProc) {
+	for k, st := range d.streams {
+		if st.agent == ap.idx {
+			delete(d.streams, k)
+		}
+	}
+	for _, slot := range ap.slots {
+		delete(d.live, slot)
+	}
+}
+
+func (d *driver) at(t time.Time, fn func()) { d.later = append(d.later, timed{t, fn}) }
+
+func (d *driver) runDue() {
+	now := time.Now()
+	due := d.later[:0:0]
+	keep := d.later[:0]
+	for _, t := range d.later {
+		if !t.at.After(now) {
+			due = append(due, t)
+		} else {
+			keep = append(keep, t)
+		}
+	}
+	d.later = keep
+	for _, t := range due {
+		if d.running {
+			t.fn()
+		}
+	}
+}
+
+func (d *driver) nextFault(fg *FaultGen) {
+	f, ok := fg.Next()
+	if !ok {
+		return
+	}
+	d.at(time.Now().Add(time.Duration(f.AfterMS)*time.Millisecond), func() {
+		d.inject(f)
+		d.nextFault(fg)
+	})
+}
+
+func (d *driver) inject(f Fault) {
+	ap := d.agents[f.Agent]
+	if !ap.alive || !d.ready(ap) {
+		return // down, starting or reopening: the fault is skipped
+	}
+	note := func(what string) {
+		d.faults[f.Kind]++
+		d.step(Event{K: KindFault, Err: what})
+	}
+	switch f.Kind {
+	case FaultKill:
+		if ap.stopped {
+			return
+		}
+		note(fmt.Sprintf("kill -9 agent %d, down %d ms", ap.idx, f.MS))
+		ap.downMS = f.MS
+		d.kill(ap, true)
+	case FaultStop:
+		if ap.stopped {
+			return
+		}
+		note(fmt.Sprintf("SIGSTOP agent %d for %d ms", ap.idx, f.MS))
+		_ = ap.cmd.Process.Signal(syscall.SIGSTOP)
+		ap.stopped = true
+		gen := ap.gen
+		d.at(time.Now().Add(time.Duration(f.MS)*time.Millisecond), func() {
+			if ap.gen == gen && ap.alive && ap.stopped {
+				_ = ap.cmd.Process.Signal(syscall.SIGCONT)
+				ap.stopped = false
+			}
+		})
+	case FaultReopen:
+		if ap.stopped {
+			return
+		}
+		old := d.live[f.Slot]
+		d.incs[f.Slot]++
+		note(fmt.Sprintf("close %s mid-stream and reopen it as %s", old, EngineID(f.Slot, d.incs[f.Slot])))
+		d.step(Event{K: KindBegin, Slot: f.Slot, Inc: d.incs[f.Slot]})
+		for k, st := range d.streams {
+			if k.from == old {
+				st.closing = true
+			}
+		}
+		d.send(ap, Event{K: CmdReopen, Slot: f.Slot, Inc: d.incs[f.Slot]})
+	case FaultDevice:
+		ctl := d.ctlPath(ap)
+		if ctl == "" {
+			return
+		}
+		note(fmt.Sprintf("agent %d's device: %s for %d ms", ap.idx, f.Device, f.MS))
+		if err := os.WriteFile(ctl, []byte(f.Device+"\n"), 0o600); err != nil {
+			d.logf("device fault: %v", err)
+		}
+		gen := ap.gen
+		d.at(time.Now().Add(time.Duration(f.MS)*time.Millisecond), func() {
+			if ap.gen == gen {
+				_ = os.WriteFile(ctl, []byte(f.End+"\n"), 0o600)
+			}
+		})
+	case FaultPause:
+		note(fmt.Sprintf("%s's consumer pauses %d ms", d.live[f.Slot], f.MS))
+		d.send(ap, Event{K: CmdPause, Slot: f.Slot, MS: f.MS})
+	case FaultSlow:
+		note(fmt.Sprintf("%s's consumer slows to %d µs a notify for %d ms", d.live[f.Slot], f.US, f.MS))
+		d.send(ap, Event{K: CmdSlow, Slot: f.Slot, US: f.US})
+		gen, slot := ap.gen, f.Slot
+		d.at(time.Now().Add(time.Duration(f.MS)*time.Millisecond), func() {
+			if ap.gen == gen {
+				d.send(ap, Event{K: CmdSlow, Slot: slot})
+			}
+		})
+	}
+}
+
+// kill sends SIGKILL; the restart comes when the process is reaped (handle, eof).
+func (d *driver) kill(ap *agentProc, restart bool) {
+	if !ap.alive {
+		return
+	}
+	_ = ap.cmd.Process.Signal(syscall.SIGKILL)
+	ap.alive = false
+	for _, slot := range ap.slots {
+		d.step(Event{K: KindKill, Slot: slot, Inc: d.incs[slot]})
+	}
+	d.dropStreams(ap)
+	if restart {
+		ap.killAt = time.Now()
+	}
+}
+
+func (d *driver) restart(ap *agentProc) {
+	if ap.alive {
+		return
+	}
+	if err := d.spawn(ap); err != nil {
+		d.step(Event{K: KindCrash, Eng: EngineID(ap.slots[0], d.incs[ap.slots[0]]), Err: "restart: " + err.Error()})
+		return
+	}
+	for _, slot := range ap.slots {
+		d.restarts[slot] = time.Now()
+	}
+}
+
+func (d *driver) faultCount() int {
+	n := 0
+	for _, v := range d.faults {
+		n += v
+	}
+	return n
+}
+
+func (d *driver) progress(el time.Duration) {
+	fmt.Fprintf(d.cfg.Progress, "soak %s: ops %d, calls %d, acked %d, checked %d, faults %d, violations %d\n",
+		el.Round(time.Second), d.ops, d.c.Calls, d.c.Acked, d.c.Checked, d.faultCount(), d.c.Total())
+}
+
+func (d *driver) result(el time.Duration) Result {
+	r := Result{
+		Seed: d.cfg.Seed, Duration: el.Seconds(), Procs: d.cfg.Procs, Transports: d.cfg.Transports, Provider: d.cfg.Provider,
+		Ops: d.ops, Calls: d.c.Calls, Acked: d.c.Acked, Maybe: d.c.Maybe, Failed: d.c.Failed, Delivered: d.c.Delivered,
+		NotifiesChecked: d.c.Checked, Faults: d.faults, Violations: d.c.Violations, Allowances: d.c.Allowances, Details: d.c.Details,
+	}
+	if n := len(d.recovery); n > 0 {
+		rs := slices.Clone(d.recovery)
+		slices.Sort(rs)
+		ms := func(x time.Duration) float64 { return float64(x.Microseconds()) / 1000 }
+		r.Recovery = RecoveryStats{Count: n, Min: ms(rs[0]), Median: ms(rs[n/2]), Max: ms(rs[n-1])}
+	}
+	r.Verdict = "PASS"
+	if d.c.Total() > 0 {
+		r.Verdict = "FAIL"
+	}
+	return r
+}
+
+// Report writes the verdict: the figures and, on a violation, the seed, the schedule around
+// each violation and its stream's history.
+func (r Result) Report(w io.Writer, replay string) {
+	fmt.Fprintf(w, "soak %s: %.0f s, seed %d, %d procs, %s; ops %d, calls %d (acked %d, maybe %d, failed %d), delivered %d, notifies checked %d\n",
+		r.Verdict, r.Duration, r.Seed, r.Procs, strings.Join(r.Transports, "+"), r.Ops, r.Calls, r.Acked, r.Maybe, r.Failed, r.Delivered, r.NotifiesChecked)
+	fmt.Fprintf(w, "  faults: %s\n  allowances: %s\n  violations: %s\n", counts(r.Faults), counts(r.Allowances), counts(r.Violations))
+	if r.Recovery.Count > 0 {
+		fmt.Fprintf(w, "  recovery after restart: %d, min %.0f ms, median %.0f ms, max %.0f ms\n", r.Recovery.Count, r.Recovery.Min, r.Recovery.Median, r.Recovery.Max)
+	}
+	for i, v := range r.Details {
+		fmt.Fprintf(w, "\nviolation %d: %s at step %d, stream %s: %s\n  schedule before it:\n", i+1, v.Kind, v.Step, v.Stream, v.Detail)
+		for _, s := range v.Schedule {
+			fmt.Fprintf(w, "    %s\n", s)
+		}
+		fmt.Fprintf(w, "  the stream's history:\n")
+		for _, s := range v.History {
+			fmt.Fprintf(w, "    %s\n", s)
+		}
+	}
+	if r.Verdict == "FAIL" && replay != "" {
+		fmt.Fprintf(w, "\nreplay the schedule: %s\n", replay)
+	}
+}
+
+func counts(m map[string]int) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(k + " " + strconv.Itoa(m[k]))
+	}
+	return b.String()
+}
+
+// WriteJSON writes r to path.
+func (r Result) WriteJSON(path string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// tailBuffer keeps the last max bytes written (an agent's stderr).
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > t.max {
+		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) reset() {
+	t.mu.Lock()
+	t.b = t.b[:0]
+	t.mu.Unlock()
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.b)
+}

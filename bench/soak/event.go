@@ -1,0 +1,305 @@
+package soak
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// The event kinds. Agents write start, result, deliver, up, closed, opdone, hang, log and
+// bye on their stdout; the parent makes begin, kill, dispatch and fault itself. The parent
+// writes its commands (op, reopen, pause, slow, stop) on an agent's stdin in the same
+// format.
+const (
+	// KindBegin: the parent starts incarnation Inc of engine slot Slot (a process spawned
+	// or an engine reopened). Its engine id is EngineID(Slot, Inc).
+	KindBegin = "begin"
+	// KindKill: the parent killed incarnation Inc of Slot with SIGKILL.
+	KindKill = "kill"
+	// KindDispatch: the parent handed operation Op of stream (Eng, Slot) to its agent.
+	KindDispatch = "dispatch"
+	// KindFault: a fault the parent injected that the checker only records (Err says which).
+	KindFault = "fault"
+
+	// KindUp: engine Eng (slot Slot) listens on Addr.
+	KindUp = "up"
+	// KindStart: sender Eng starts call S of its stream to Slot, payload P, in operation Op.
+	KindStart = "start"
+	// KindResult: call S (payload P) of sender Eng to Slot returned; Class is ok, maybe
+	// (the error wraps ErrMaybeDelivered) or failed; Err is the error's text.
+	KindResult = "result"
+	// KindDeliver: engine Eng handed its application call S (payload P) of sender From;
+	// Bad names what is wrong with the payload, if anything.
+	KindDeliver = "deliver"
+	// KindClosed: engine Eng was closed cleanly and everything it held was delivered.
+	KindClosed = "closed"
+	// KindOpDone: sender Eng finished operation Op of its stream to Slot.
+	KindOpDone = "opdone"
+	// KindHang: a call of engine Eng did not return within its bound (Err says which).
+	KindHang = "hang"
+	// KindCrash: the parent saw an agent exit on its own, write a bad line, or fail to
+	// start (Err says which).
+	KindCrash = "crash"
+	// KindLog: a line for the operator (Err).
+	KindLog = "log"
+	// KindBye: the agent closed its engines and exits.
+	KindBye = "bye"
+
+	// Commands, parent to agent.
+	CmdOp     = "op"     // run Op: Sends from Eng to Slot over Names, Window at a time
+	CmdReopen = "reopen" // close engine Slot (draining it) and open incarnation Inc
+	CmdPause  = "pause"  // engine Slot's consumer takes nothing for MS milliseconds
+	CmdSlow   = "slow"   // engine Slot's consumer waits US microseconds per notify
+	CmdStop   = "stop"   // close every engine, drain, say bye and exit
+)
+
+// Call classes of a result.
+const (
+	ClassOK     = "ok"
+	ClassMaybe  = "maybe"
+	ClassFailed = "failed"
+)
+
+// Event is one line of the protocol between the parent and its agents, and one input of
+// the checker. Fields not used by a kind are left zero.
+type Event struct {
+	K     string   `json:"k"`
+	Eng   string   `json:"e,omitempty"`
+	Slot  string   `json:"slot,omitempty"`
+	Inc   int      `json:"inc,omitempty"`
+	Addr  string   `json:"addr,omitempty"`
+	From  string   `json:"from,omitempty"`
+	Op    uint64   `json:"op,omitempty"`
+	S     uint64   `json:"s,omitempty"`
+	P     uint64   `json:"p,omitempty"`
+	Class string   `json:"c,omitempty"`
+	Err   string   `json:"err,omitempty"`
+	Bad   string   `json:"bad,omitempty"`
+	Names []string `json:"names,omitempty"`
+	Sends []Send   `json:"sends,omitempty"`
+	// Window: how many sends of an op are in flight at once (1: SendNotify one by one; more:
+	// SendNotifyAsync windows).
+	Window int `json:"w,omitempty"`
+	MS     int `json:"ms,omitempty"`
+	US     int `json:"us,omitempty"`
+}
+
+// Send is one notify of an op.
+type Send struct {
+	P    uint64 `json:"p"`
+	Size int    `json:"n,omitempty"`
+	// Name picks Names[Name] for the first try; each retry takes the next name.
+	Name int `json:"name,omitempty"`
+	// ID: the notify carries Notify.ID, so a maybe-delivered result is retried.
+	ID      bool `json:"id,omitempty"`
+	Retries int  `json:"r,omitempty"`
+	// DeadlineMS bounds each SendNotify call (SendNotifyAsync has the engine's 30 s).
+	DeadlineMS int `json:"dl,omitempty"`
+}
+
+// Bounds of a decoded line: a peer process is trusted no further than this.
+const (
+	MaxLine     = 64 << 10
+	maxIDLen    = 64
+	maxErrLen   = 2048
+	maxSends    = 256
+	maxNames    = 4
+	maxNameLen  = 256
+	maxSize     = 128 << 20
+	maxRetries  = 16
+	maxDeadline = 600_000
+	maxPauseMS  = 600_000
+	maxSlowUS   = 1_000_000
+	maxInc      = 1 << 30
+)
+
+// ErrDecode is wrapped by every error of Decode.
+var ErrDecode = errors.New("soak: bad event line")
+
+// Encode returns ev as one line, newline included.
+func Encode(ev Event) []byte {
+	b, err := json.Marshal(ev)
+	if err != nil { // only plain fields: cannot happen
+		panic(err)
+	}
+	return append(b, '\n')
+}
+
+// Decode parses one line (without or with its newline) and checks every field of its kind.
+func Decode(line []byte) (Event, error) {
+	var ev Event
+	line = bytes.TrimSuffix(line, []byte("\n"))
+	if len(line) > MaxLine {
+		return ev, fmt.Errorf("%w: %d bytes, over %d", ErrDecode, len(line), MaxLine)
+	}
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&ev); err != nil {
+		return Event{}, fmt.Errorf("%w: %v", ErrDecode, err)
+	}
+	if dec.More() {
+		return Event{}, fmt.Errorf("%w: data after the object", ErrDecode)
+	}
+	if err := ev.validate(); err != nil {
+		return Event{}, fmt.Errorf("%w: %s: %v", ErrDecode, ev.K, err)
+	}
+	return ev, nil
+}
+
+func (ev *Event) validate() error {
+	need := func(field, v string, check func(string) error) error {
+		if err := check(v); err != nil {
+			return fmt.Errorf("field %s: %v", field, err)
+		}
+		return nil
+	}
+	if len(ev.Err) > maxErrLen {
+		return fmt.Errorf("field err: %d bytes, over %d", len(ev.Err), maxErrLen)
+	}
+	if ev.Inc < 0 || ev.Inc > maxInc {
+		return fmt.Errorf("field inc: %d out of 0..%d", ev.Inc, maxInc)
+	}
+	if ev.MS < 0 || ev.MS > maxPauseMS || ev.US < 0 || ev.US > maxSlowUS {
+		return errors.New("field ms or us out of range")
+	}
+	if ev.Window < 0 || ev.Window > maxSends {
+		return fmt.Errorf("field w: %d out of 0..%d", ev.Window, maxSends)
+	}
+	if len(ev.Names) > maxNames {
+		return fmt.Errorf("field names: %d, over %d", len(ev.Names), maxNames)
+	}
+	for _, n := range ev.Names {
+		if n == "" || len(n) > maxNameLen {
+			return fmt.Errorf("field names: a name of %d bytes", len(n))
+		}
+	}
+	if len(ev.Sends) > maxSends {
+		return fmt.Errorf("field sends: %d, over %d", len(ev.Sends), maxSends)
+	}
+	for i, s := range ev.Sends {
+		switch {
+		case s.P == 0:
+			return fmt.Errorf("field sends[%d].p: zero", i)
+		case s.Size < 0 || s.Size > maxSize:
+			return fmt.Errorf("field sends[%d].n: %d out of 0..%d", i, s.Size, maxSize)
+		case s.Name < 0 || (s.Name >= len(ev.Names) && s.Name > 0):
+			return fmt.Errorf("field sends[%d].name: %d, not one of %d names", i, s.Name, len(ev.Names))
+		case s.Retries < 0 || s.Retries > maxRetries:
+			return fmt.Errorf("field sends[%d].r: %d out of 0..%d", i, s.Retries, maxRetries)
+		case s.DeadlineMS < 0 || s.DeadlineMS > maxDeadline:
+			return fmt.Errorf("field sends[%d].dl: %d out of 0..%d", i, s.DeadlineMS, maxDeadline)
+		}
+	}
+	switch ev.K {
+	case KindBegin, KindKill:
+		return need("slot", ev.Slot, checkSlot)
+	case KindDispatch, KindOpDone:
+		if err := need("e", ev.Eng, checkEngine); err != nil {
+			return err
+		}
+		return need("slot", ev.Slot, checkSlot)
+	case KindUp:
+		if err := need("e", ev.Eng, checkEngine); err != nil {
+			return err
+		}
+		if err := need("slot", ev.Slot, checkSlot); err != nil {
+			return err
+		}
+		if slot, _, _ := ParseEngineID(ev.Eng); slot != ev.Slot {
+			return fmt.Errorf("field e: %q is not of slot %q", ev.Eng, ev.Slot)
+		}
+		return nil
+	case KindStart, KindResult:
+		if err := need("e", ev.Eng, checkEngine); err != nil {
+			return err
+		}
+		if err := need("slot", ev.Slot, checkSlot); err != nil {
+			return err
+		}
+		if ev.S == 0 || ev.P == 0 {
+			return errors.New("field s or p: zero")
+		}
+		if ev.K == KindResult && ev.Class != ClassOK && ev.Class != ClassMaybe && ev.Class != ClassFailed {
+			return fmt.Errorf("field c: %q is not ok, maybe or failed", ev.Class)
+		}
+		return nil
+	case KindDeliver:
+		if err := need("e", ev.Eng, checkEngine); err != nil {
+			return err
+		}
+		if ev.Bad == "" { // a malformed payload may lack a sender
+			if err := need("from", ev.From, checkEngine); err != nil {
+				return err
+			}
+			if ev.S == 0 || ev.P == 0 {
+				return errors.New("field s or p: zero")
+			}
+		}
+		return nil
+	case KindClosed, KindHang, KindCrash:
+		return need("e", ev.Eng, checkEngine)
+	case KindFault, KindLog, KindBye, CmdStop:
+		return nil
+	case CmdOp:
+		if err := need("e", ev.Eng, checkEngine); err != nil {
+			return err
+		}
+		if err := need("slot", ev.Slot, checkSlot); err != nil {
+			return err
+		}
+		if len(ev.Names) == 0 || len(ev.Sends) == 0 || ev.Window == 0 {
+			return errors.New("an op needs names, sends and a window")
+		}
+		return nil
+	case CmdReopen, CmdPause, CmdSlow:
+		return need("slot", ev.Slot, checkSlot)
+	}
+	return fmt.Errorf("unknown kind %q", ev.K)
+}
+
+// SlotName names engine e of agent a: "a<a>e<e>".
+func SlotName(agent, engine int) string {
+	return "a" + strconv.Itoa(agent) + "e" + strconv.Itoa(engine)
+}
+
+// EngineID names incarnation inc of a slot: "<slot>.<inc>". A restarted or reopened
+// engine is a new incarnation, as it is a new peer for the engines it talks to.
+func EngineID(slot string, inc int) string { return slot + "." + strconv.Itoa(inc) }
+
+// ParseEngineID splits an engine id into its slot and incarnation.
+func ParseEngineID(id string) (slot string, inc int, err error) {
+	slot, n, ok := strings.Cut(id, ".")
+	if !ok {
+		return "", 0, fmt.Errorf("engine id %q has no incarnation", id)
+	}
+	if err := checkSlot(slot); err != nil {
+		return "", 0, err
+	}
+	inc, err = strconv.Atoi(n)
+	if err != nil || inc < 0 || inc > maxInc || strconv.Itoa(inc) != n {
+		return "", 0, fmt.Errorf("engine id %q: bad incarnation", id)
+	}
+	return slot, inc, nil
+}
+
+// ParseSlot splits "a<a>e<e>".
+func ParseSlot(slot string) (agent, engine int, err error) {
+	a, e, ok := strings.Cut(strings.TrimPrefix(slot, "a"), "e")
+	if !ok || !strings.HasPrefix(slot, "a") || len(slot) > maxIDLen {
+		return 0, 0, fmt.Errorf("slot %q is not a<n>e<n>", slot)
+	}
+	agent, err1 := strconv.Atoi(a)
+	engine, err2 := strconv.Atoi(e)
+	if err1 != nil || err2 != nil || agent < 0 || engine < 0 || agent > 9999 || engine > 9999 ||
+		strconv.Itoa(agent) != a || strconv.Itoa(engine) != e {
+		return 0, 0, fmt.Errorf("slot %q is not a<n>e<n>", slot)
+	}
+	return agent, engine, nil
+}
+
+func checkSlot(s string) error { _, _, err := ParseSlot(s); return err }
+
+func checkEngine(s string) error { _, _, err := ParseEngineID(s); return err }

@@ -1,0 +1,216 @@
+package soak
+
+import (
+	"hash/fnv"
+	"math/rand/v2"
+	"slices"
+	"strings"
+)
+
+// The schedule: one seed gives every stream its operations and the injector its faults,
+// the same on every run. A stream's generator is seeded from the run's seed and the
+// stream's ends, so the operations of a stream do not depend on how fast other streams go;
+// which operations run before the soak's duration ends, and how they interleave, does.
+
+// Fault kinds, each switchable with --faults.
+const (
+	FaultKill   = "kill"   // SIGKILL an agent process and restart it under the same addresses
+	FaultStop   = "stop"   // SIGSTOP an agent process, SIGCONT it later
+	FaultReopen = "reopen" // Close one engine mid-stream and open it again on its address
+	FaultPause  = "pause"  // one engine's consumer takes nothing for a while (backpressure)
+	FaultSlow   = "slow"   // one engine's consumer waits per notify
+	// FaultDevice: softverbs' device faults through its control file (SOFTVERBS_CTL) for a
+	// while: the port down, RTR delayed, or a share of packets dropped. Only with the verbs
+	// provider on softverbs; elsewhere it is skipped.
+	FaultDevice = "device"
+)
+
+// AllFaults are the local faults, all on by default.
+var AllFaults = []string{FaultKill, FaultStop, FaultReopen, FaultPause, FaultSlow, FaultDevice}
+
+// deviceFaults: what a device fault writes to the control file, and what ends it.
+var deviceFaults = [...][2]string{
+	{"port=down", "port=up"},
+	{"rtr_delay_ms=500", "rtr_delay_ms=0"},
+	{"drop_pct=10", "drop_pct=0"},
+}
+
+// Consumers: how an engine's application takes its notifies.
+const (
+	ConsumeRecv    = "recv"    // a Recv loop
+	ConsumeHandler = "handler" // WithHandler, on the reactor thread
+	ConsumePoll    = "poll"    // GetNotifies in a loop
+)
+
+func seeded(seed uint64, parts ...string) *rand.Rand {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(strings.Join(parts, "\x00")))
+	return rand.New(rand.NewPCG(seed, h.Sum64()))
+}
+
+// Mix bounds what the generators draw.
+type Mix struct {
+	// MaxSize: the largest message, name excluded (the engines' limit less the name).
+	MaxSize int
+	// MaxWindow: the largest SendNotifyAsync window.
+	MaxWindow int
+	// OneName: every send uses the target's first name (host:port); otherwise each send
+	// picks host:port or localhost:port, two names of one peer that share its order.
+	OneName bool
+}
+
+// StreamGen draws the operations of one stream (a sender engine incarnation and a target
+// slot): SendNotify one by one or SendNotifyAsync windows, sizes from 0 to MaxSize, either
+// name of the target, Notify.ID on most sends (those are retried with it when the result
+// is unknown), short deadlines now and then.
+type StreamGen struct {
+	r   *rand.Rand
+	mix Mix
+	op  uint64
+	p   uint64
+}
+
+// NewStreamGen seeds the generator of the stream from sender engine `from` to slot `to`.
+func NewStreamGen(seed uint64, from, to string, mix Mix) *StreamGen {
+	mix.MaxWindow = max(mix.MaxWindow, 1)
+	return &StreamGen{r: seeded(seed, "stream", from, to), mix: mix}
+}
+
+// Size draws a message size: mostly small, some a few RECV buffers, rarely up to the limit.
+func (g *StreamGen) size() int {
+	var n int
+	switch x := g.r.IntN(100); {
+	case x < 45:
+		n = g.r.IntN(65)
+	case x < 75:
+		n = 65 + g.r.IntN(4096-64)
+	case x < 93:
+		n = 4096 + g.r.IntN(60<<10)
+	case x < 99:
+		n = 64<<10 + g.r.IntN(192<<10)
+	default:
+		n = g.r.IntN(g.mix.MaxSize + 1)
+	}
+	return min(n, g.mix.MaxSize)
+}
+
+// Next returns the stream's next operation (a CmdOp without Eng, Slot and Names, which the
+// driver fills in).
+func (g *StreamGen) Next() Event {
+	g.op++
+	ev := Event{K: CmdOp, Op: g.op, Window: 1}
+	n := 1
+	switch x := g.r.IntN(100); {
+	case x < 55: // one SendNotify
+	case x < 70: // a run of SendNotify
+		n = 2 + g.r.IntN(7)
+	default: // a SendNotifyAsync window
+		ev.Window = 1 + g.r.IntN(g.mix.MaxWindow)
+		n = ev.Window
+	}
+	for range n {
+		g.p++
+		s := Send{P: g.p, Size: g.size(), Name: g.r.IntN(2), ID: g.r.IntN(100) < 85, DeadlineMS: 2000 + g.r.IntN(8000)}
+		if g.r.IntN(100) < 10 {
+			s.DeadlineMS = 20 + g.r.IntN(500)
+		}
+		if s.ID {
+			s.Retries = 1 + g.r.IntN(3)
+		}
+		if g.mix.OneName {
+			s.Name = 0
+		}
+		ev.Sends = append(ev.Sends, s)
+	}
+	return ev
+}
+
+// Consumer draws how incarnation inc of slot takes its notifies.
+func Consumer(seed uint64, slot string, inc int) string {
+	return [...]string{ConsumeRecv, ConsumeHandler, ConsumePoll}[seeded(seed, "consumer", EngineID(slot, inc)).IntN(3)]
+}
+
+// Fault is one injection: Kind on Agent (kill, stop) or on engine Slot (reopen, pause,
+// slow), lasting MS milliseconds (stop, pause; the time down for kill) or US microseconds
+// per notify (slow); the next one comes AfterMS later.
+type Fault struct {
+	Kind string
+	// Device, End: the control file's line that starts a device fault, and the one that
+	// ends it.
+	Device, End string
+	Agent       int
+	Slot        string
+	MS, US      int
+	AfterMS     int
+}
+
+// FaultGen draws the fault schedule of a run.
+type FaultGen struct {
+	r       *rand.Rand
+	kinds   []string
+	agents  int
+	engines int
+	everyMS int
+}
+
+// NewFaultGen seeds the injector: kinds (a subset of AllFaults; none: no faults) on
+// agents×engines slots, one every everyMS on average.
+func NewFaultGen(seed uint64, kinds []string, agents, engines, everyMS int) *FaultGen {
+	k := slices.Clone(kinds)
+	slices.Sort(k)
+	return &FaultGen{r: seeded(seed, "faults"), kinds: k, agents: agents, engines: engines, everyMS: max(everyMS, 1)}
+}
+
+// Next draws the next fault; ok is false when no kind is on.
+func (g *FaultGen) Next() (f Fault, ok bool) {
+	if len(g.kinds) == 0 {
+		return Fault{}, false
+	}
+	f.Kind = g.kinds[g.r.IntN(len(g.kinds))]
+	f.Agent = g.r.IntN(g.agents)
+	f.Slot = SlotName(f.Agent, g.r.IntN(g.engines))
+	switch f.Kind {
+	case FaultKill:
+		f.MS = g.r.IntN(1500)
+	case FaultStop:
+		f.MS = 100 + g.r.IntN(2000)
+	case FaultPause:
+		f.MS = 100 + g.r.IntN(3000)
+	case FaultSlow:
+		f.US = 100 + g.r.IntN(5000)
+		f.MS = 500 + g.r.IntN(3000)
+	case FaultDevice:
+		d := deviceFaults[g.r.IntN(len(deviceFaults))]
+		f.Device, f.End = d[0], d[1]
+		f.MS = 200 + g.r.IntN(2000)
+	}
+	f.AfterMS = g.everyMS/2 + g.r.IntN(g.everyMS)
+	return f, true
+}
+
+// ParseFaults reads a --faults list: "all", "none" or kinds separated by commas.
+func ParseFaults(s string) ([]string, error) {
+	switch s {
+	case "all", "":
+		return slices.Clone(AllFaults), nil
+	case "none":
+		return nil, nil
+	}
+	var out []string
+	for _, k := range strings.Split(s, ",") {
+		k = strings.TrimSpace(k)
+		if !slices.Contains(AllFaults, k) {
+			return nil, &faultError{k}
+		}
+		if !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	return out, nil
+}
+
+type faultError struct{ kind string }
+
+func (e *faultError) Error() string {
+	return "--faults: unknown fault " + strings.TrimSpace(e.kind) + " (want all, none or a list of " + strings.Join(AllFaults, ",") + ")"
+}

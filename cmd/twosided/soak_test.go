@@ -1,0 +1,38 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestSoakFlags: a bad soak command line is a usage error that says which flag and why,
+// before any agent starts. The soak itself runs in bench/soak's tests.
+func TestSoakFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"soak", "--faults", "kill,flood"}, "unknown fault flood"},
+		{[]string{"soak", "--plant", "burn"}, "--plant: want lose, dup or reorder"},
+		{[]string{"soak", "--procs", "0"}, "--procs: want 1..64"},
+		{[]string{"soak", "--transports", "tcp"}, `--transports: "tcp" is not rdma_twosided or oob`},
+		{[]string{"soak", "--max-size", "2000000"}, "--max-size: want 0..1048448"},
+		{[]string{"soak", "--agent", "--spec", "{}"}, "--spec: no engines"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			require.Equal(t, 2, run(context.Background(), tc.args, &out, &errOut), errOut.String())
+			require.Contains(t, errOut.String(), tc.want)
+		})
+	}
+	var out, errOut bytes.Buffer
+	require.Equal(t, 1, run(context.Background(), []string{"soak", "--provider", "nope"}, &out, &errOut))
+	require.Contains(t, errOut.String(), `provider "nope"`)
+	out.Reset()
+	require.Equal(t, 0, run(context.Background(), []string{"help", "soak"}, &out, &errOut))
+	require.Contains(t, out.String(), "-plant")
+}
