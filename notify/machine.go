@@ -68,9 +68,6 @@ type peerMachine struct {
 	inflight    int    // sends posted on channels and not completed, all peers
 	channels    int    // channels up or being created
 	unconfirmed int    // inbound channels their peer has not used yet
-	// unusedBy counts those per source address of their handshake: capped per address and
-	// in all, the oldest of the address holding most closes for a newer one (roomForUnused).
-	unusedBy map[netip.Addr]int
 	// Peer entries made by a peer's handshake and not yet confirmed (see peerEntry.confirmed),
 	// in all and per source address: capped, and evicted first when the table is full.
 	unconfirmedPeers int
@@ -254,7 +251,6 @@ type chanEntry struct {
 	inbound   bool
 	confirmed bool
 	born      time.Time
-	from      netip.Addr // an unconfirmed inbound channel: where its handshake came from
 	// maxSize is the largest name+msg the channel carries (0: not known yet): below the
 	// peer's limit when the channel cannot fragment (a Mooncake peer, a RECV ring too
 	// small for credit flow control); a larger notify goes over OOB or is refused.
@@ -329,7 +325,6 @@ type mAction struct {
 type machineStats struct {
 	Names, Channels, Unconfirmed           int
 	UnconfirmedRefused, UnconfirmedExpired uint64
-	UnconfirmedEvicted                     uint64
 	PeersRefused, NamesRefused, ChannelsRefused, AuthRefused, Superseded, Reposted, Fallbacks, GivenUp,
 	FencesSent, FencesDropped, PairsRestarted, LegacyDelivered, OOBRefused, PeersPruned uint64
 	PeersEvicted     uint64
@@ -349,8 +344,7 @@ func newPeerMachine(local uint64, cfg machineConfig, rnd func() uint64) *peerMac
 	m := &peerMachine{
 		local: local, cfg: cfg, rand: rnd,
 		names: make(map[string]*nameEntry), peers: make(map[peerKey]*peerEntry), unconfirmedBy: make(map[netip.Addr]int),
-		unusedBy: make(map[netip.Addr]int),
-		chans:    make(map[chanID]*chanEntry), reqs: make(map[reqID]*reqEntry),
+		chans: make(map[chanID]*chanEntry), reqs: make(map[reqID]*reqEntry),
 		freeReqs: reactor.FreeList[reqEntry]{Max: maxFreeReqs},
 	}
 	var key [16]byte

@@ -50,7 +50,7 @@ func (m *peerMachine) dropChan(ce *chanEntry, forget bool) {
 		ce.dropped = true
 		m.channels--
 		if ce.inbound && !ce.confirmed {
-			m.unusedGone(ce)
+			m.unconfirmed--
 		}
 		if p := ce.peer; p != nil && p.ch == ce.id {
 			p.ch = 0
@@ -125,10 +125,9 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 		m.stats.AuthRefused++
 		return inboundReply{refuse: refuseAuth, err: fmt.Errorf("%w: ts_proof: session %x is known here and the proof does not match", ErrAuth, hs.session)}
 	}
-	if hs.ctrl && m.cfg.channels && !proven && hs.session != m.local && !m.roomForUnused(hs.from, p) {
-		// Past a cap of channels their peers have not used, and none of them to close for
-		// this one (not while the counts hold): refuse, keeping nothing; a real peer
-		// retries (or is served over OOB meanwhile).
+	if hs.ctrl && m.cfg.channels && !proven && m.unconfirmed >= m.cfg.maxUnconfirmed {
+		// A flood of handshakes whose channels nobody uses: refuse until they expire,
+		// keeping nothing; a real peer retries (or is served over OOB meanwhile).
 		m.stats.UnconfirmedRefused++
 		return inboundReply{refuse: refuseBusy, err: fmt.Errorf("%w: %d channels handshaken and not yet used by their peers", ErrBackpressure, m.unconfirmed)}
 	}
@@ -213,7 +212,7 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 	if proven {
 		cand.inbound, cand.confirmed = true, true // its peer proved the pair: a real QP
 	} else {
-		m.addUnconfirmed(now, cand, hs.from)
+		m.addUnconfirmed(now, cand)
 	}
 	m.chans[cand.id] = cand
 	rep.ch = cand.id
@@ -221,20 +220,10 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 	return rep
 }
 
-func (m *peerMachine) addUnconfirmed(now time.Time, ce *chanEntry, from netip.Addr) {
-	ce.inbound, ce.born, ce.from = true, now, from
+func (m *peerMachine) addUnconfirmed(now time.Time, ce *chanEntry) {
+	ce.inbound, ce.born = true, now
 	m.unconfirmed++
-	m.unusedBy[from]++
 	m.setTimer(now.Add(m.cfg.connectTimeout))
-}
-
-// unusedGone takes an unconfirmed inbound channel out of the unconfirmed counts (it was
-// used, or dropped).
-func (m *peerMachine) unusedGone(ce *chanEntry) {
-	m.unconfirmed--
-	if m.unusedBy[ce.from]--; m.unusedBy[ce.from] <= 0 {
-		delete(m.unusedBy, ce.from)
-	}
 }
 
 // confirm marks ce used by its peer.
@@ -245,7 +234,7 @@ func (m *peerMachine) confirm(ce *chanEntry) {
 	if ce.inbound && !ce.confirmed {
 		ce.confirmed = true
 		if !ce.dropped {
-			m.unusedGone(ce)
+			m.unconfirmed--
 		}
 	}
 }
@@ -282,7 +271,7 @@ func (m *peerMachine) inboundLegacy(now time.Time, hs inboundHS) inboundReply {
 	if !m.cfg.channels || !hs.ctrl {
 		return inboundReply{refuse: refuseNoCtrl, err: fmt.Errorf("%w: this engine has no ctrl channel", ErrNoCtrlChannel)}
 	}
-	if !m.roomForUnused(hs.from, m.peers[peerKey{legacy: hs.name}]) {
+	if m.unconfirmed >= m.cfg.maxUnconfirmed {
 		m.stats.UnconfirmedRefused++
 		return inboundReply{refuse: refuseBusy, err: fmt.Errorf("%w: %d channels handshaken and not yet used by their peers", ErrBackpressure, m.unconfirmed)}
 	}
@@ -319,7 +308,7 @@ func (m *peerMachine) inboundLegacy(now time.Time, hs inboundHS) inboundReply {
 	m.nextChan++
 	m.channels++
 	ce := &chanEntry{id: m.nextChan, epoch: p.epoch, initiator: 0, peer: p, legacy: true}
-	m.addUnconfirmed(now, ce, hs.from)
+	m.addUnconfirmed(now, ce)
 	m.chans[ce.id] = ce
 	return inboundReply{ch: ce.id, epoch: p.epoch, fresh: fresh}
 }

@@ -1,7 +1,6 @@
 // The peer machine's table (see peerMachine in machine.go): entries and their names,
 // tokens, the room a new entry gets (unconfirmed entries are capped per address and evicted
-// first, and so are the channels peers have not used), what a goodbye forgets, and how a
-// peer is named in Stats.
+// first), what a goodbye forgets, and how a peer is named in Stats.
 
 package notify
 
@@ -59,116 +58,35 @@ func (m *peerMachine) uncount(p *peerEntry) {
 }
 
 // evictable reports whether p may be forgotten to make room: unconfirmed, and holding
-// nothing (no send, seq or held notify) but channels its peer has not used, which close
-// with it.
+// nothing (no channel, send, seq or held notify).
 func (m *peerMachine) evictable(p *peerEntry) bool {
-	return !p.confirmed && (p.ch == 0 || unused(m.chans[p.ch])) && len(p.waiters) == 0 && p.inflight == 0 && p.oldInflight == 0 &&
+	return !p.confirmed && p.ch == 0 && len(p.waiters) == 0 && p.inflight == 0 && p.oldInflight == 0 &&
 		p.win.held == 0 && p.seqs.unresolved() == 0 && !m.connectingTo(p)
 }
 
-// unused reports whether ce is an inbound channel its peer has not used (nor was it
-// dropped): a handshake naming a QPN nobody owns makes one.
-func unused(ce *chanEntry) bool {
-	return ce != nil && ce.inbound && !ce.confirmed && !ce.dropped
-}
-
-// evictOldest forgets an evictable entry and reports whether there was one: the oldest made
-// by a handshake from "from" when it is valid, else the oldest of the address holding the
-// most unconfirmed entries (a flood from a few addresses gives up its own entries before a
-// newcomer from another address loses its).
+// evictOldest forgets the oldest evictable entry (made by a handshake from "from" when it
+// is valid) and reports whether there was one.
 func (m *peerMachine) evictOldest(from netip.Addr) bool {
 	var old *peerEntry
 	for _, p := range m.peers {
 		if (from.IsValid() && p.from != from) || !m.evictable(p) {
 			continue
 		}
-		if old == nil || m.unconfirmedBy[p.from] > m.unconfirmedBy[old.from] ||
-			(m.unconfirmedBy[p.from] == m.unconfirmedBy[old.from] && older(p, old)) {
+		if old == nil || p.born.Before(old.born) {
 			old = p
 		}
 	}
 	if old == nil {
 		return false
 	}
-	m.evictPeer(old)
-	return true
-}
-
-// older reports whether entry p was made before q.
-func older(p, q *peerEntry) bool {
-	return p.born.Before(q.born) || (p.born.Equal(q.born) && p.pair < q.pair)
-}
-
-// evictPeer forgets the evictable p; its channels (none of which its peer used) close.
-func (m *peerMachine) evictPeer(p *peerEntry) {
-	for _, ce := range m.chans {
-		if ce.peer == p && !ce.dropped {
-			m.evictChan(ce)
-		}
-	}
-	m.forget(p.key, p)
+	m.forget(old.key, old)
 	m.stats.PeersEvicted++
-}
-
-// evictChan closes ce, a channel its peer has not used, to make room. One being made is
-// forgotten at once (the driver holds it only once it is up: finishInbound finds it gone and
-// refuses the handshake); one that is up is drained and closed.
-func (m *peerMachine) evictChan(ce *chanEntry) {
-	m.stats.UnconfirmedEvicted++
-	if !ce.up {
-		m.dropChan(ce, true)
-		return
-	}
-	m.dropChan(ce, false)
-	m.emit(mAction{kind: aClose, ch: ce.id, err: fmt.Errorf("%w: the peer never used the channel its handshake made, and a newer handshake needed its place", ErrPeerDead)})
-}
-
-// unusedPerAddr is how many channels their peers have not used the handshakes of one
-// address may hold: a quarter of the cap in all.
-func (m *peerMachine) unusedPerAddr() int { return max(1, m.cfg.maxUnconfirmed/4) }
-
-// roomForUnused makes room for one more channel its peer has not used, asked for by a
-// handshake from "from" for the entry keep (nil: a new one): an address at its share gives
-// up its oldest, and a full cap the oldest of the address holding most. A channel goes with
-// its entry when that is evictable (and not keep). It reports false when there was none to
-// close (never while the counts hold: a count at its cap is of channels that can close).
-func (m *peerMachine) roomForUnused(from netip.Addr, keep *peerEntry) bool {
-	if from.IsValid() && m.unusedBy[from] >= m.unusedPerAddr() && !m.evictUnused(from, keep) {
-		return false
-	}
-	if m.unconfirmed >= m.cfg.maxUnconfirmed && !m.evictUnused(netip.Addr{}, keep) {
-		return false
-	}
-	return true
-}
-
-// evictUnused closes the oldest channel its peer has not used, from "from" when it is
-// valid, else of the address holding most, and reports whether there was one.
-func (m *peerMachine) evictUnused(from netip.Addr, keep *peerEntry) bool {
-	var old *chanEntry
-	for _, ce := range m.chans {
-		if !unused(ce) || (from.IsValid() && ce.from != from) {
-			continue
-		}
-		if old == nil || m.unusedBy[ce.from] > m.unusedBy[old.from] ||
-			(m.unusedBy[ce.from] == m.unusedBy[old.from] && ce.id < old.id) {
-			old = ce
-		}
-	}
-	if old == nil {
-		return false
-	}
-	if p := old.peer; p != nil && p != keep && m.evictable(p) && m.peers[p.key] == p {
-		m.evictPeer(p)
-	} else {
-		m.evictChan(old)
-	}
 	return true
 }
 
 // roomForPeer makes room for a new peer entry (from: the handshake's address, when it is a
 // peer's handshake): an address at its share of unconfirmed entries gives up its oldest,
-// and a full table an unconfirmed one (evictOldest). A non-nil error refuses the entry.
+// and a full table its oldest unconfirmed one. A non-nil error refuses the entry.
 func (m *peerMachine) roomForPeer(from netip.Addr) error {
 	if from.IsValid() && m.unconfirmedBy[from] >= m.unconfirmedPerAddr() && !m.evictOldest(from) {
 		m.stats.PeersRefused++
@@ -305,7 +223,6 @@ func (m *peerMachine) closeAll(err error) {
 	}
 	clear(m.chans)
 	m.channels, m.unconfirmed, m.connects, m.connectQ = 0, 0, 0, nil
-	clear(m.unusedBy)
 	for _, p := range m.peers {
 		p.ch, p.waiters, p.inflight = 0, nil, 0
 		p.parked, p.oobOut, p.busyAt = nil, 0, time.Time{}

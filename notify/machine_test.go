@@ -623,10 +623,9 @@ func TestMachineCancel(t *testing.T) {
 }
 
 // TestMachineBogusHandshakeFlood: 1 100 handshakes from invented sessions naming channels
-// nobody will use. At most maxUnconfirmed channels stand at a time: each newer one closes
-// the oldest, whose entry goes with it (none is refused, nothing piles up); those left
-// expire after the connect timeout, a peer that proves its pair is never refused, and a new
-// peer is served during the flood and after it.
+// nobody will use. At most maxUnconfirmed are accepted at a time (the rest are refused
+// "busy" and leave no peer entry); the accepted ones expire after the connect timeout, and
+// a real peer is served afterwards, while a peer that proves its pair is never refused.
 func TestMachineBogusHandshakeFlood(t *testing.T) {
 	n := newSimNet(t, 6)
 	a := n.add("a", 10, simCfg())
@@ -634,37 +633,21 @@ func TestMachineBogusHandshakeFlood(t *testing.T) {
 	first := a.send("b", "before", "")
 	n.run()
 	require.NoError(t, a.results[first])
-	bogus := func(from, to uint64) {
-		for s := from; s < to; s++ {
-			rep := b.m.inbound(n.now, inboundHS{name: "bogus", session: s, token: s, ctrl: true, epoch: 1})
-			require.Empty(t, rep.refuse, "%v", rep.err)
-			require.NotZero(t, rep.ch)
-			b.m.inboundUp(n.now, rep.ch, nil)
-			b.links[rep.ch] = &simLink{local: b, id: rep.ch, dead: true} // its QPN exists nowhere
-			b.perform()
-			require.LessOrEqual(t, b.m.unconfirmed, b.m.cfg.maxUnconfirmed)
+	busy := 0
+	for s := uint64(1000); s < 2100; s++ {
+		rep := b.m.inbound(n.now, inboundHS{name: "bogus", session: s, token: s, ctrl: true, epoch: 1})
+		if rep.refuse == refuseBusy {
+			busy++
+			continue
 		}
+		require.NotZero(t, rep.ch)
+		b.m.inboundUp(n.now, rep.ch, nil)
+		b.links[rep.ch] = &simLink{local: b, id: rep.ch, dead: true} // its QPN exists nowhere
 	}
-	bogus(1000, 2100)
+	b.perform()
+	require.Equal(t, 1100-b.m.cfg.maxUnconfirmed, busy)
 	require.Equal(t, b.m.cfg.maxUnconfirmed, b.m.unconfirmed)
-	require.Equal(t, uint64(1100-b.m.cfg.maxUnconfirmed), b.m.stats.UnconfirmedEvicted)
-	require.Equal(t, uint64(1100-b.m.cfg.maxUnconfirmed), b.m.stats.PeersEvicted, "an evicted channel's entry goes with it")
-	require.LessOrEqual(t, len(b.m.peers), b.m.cfg.maxUnconfirmed+1, "evicted handshakes leave nothing")
-	// A new peer, amid the flood, is served on a channel of its own.
-	c := n.add("c", 30, simCfg())
-	amid := c.send("b", "amid", "")
-	next := uint64(3000)
-	n.runWith(n.now.Add(time.Second), func() { // one bogus handshake after each event, 300 in all
-		if next < 3300 {
-			bogus(next, next+1)
-			next++
-		}
-	})
-	require.Equal(t, uint64(3300), next)
-	require.NoError(t, c.results[amid], "a new peer is served during the flood")
-	require.True(t, b.m.peers[peerKey{session: 30}].confirmed)
-	standing := b.m.unconfirmed
-	require.Positive(t, standing)
+	require.LessOrEqual(t, len(b.m.peers), b.m.cfg.maxUnconfirmed+1, "refused handshakes leave nothing")
 	// The known pair proves its token: served during the flood.
 	during := a.send("b", "during", "")
 	pa := a.m.peers[peerKey{session: 20}]
@@ -673,11 +656,11 @@ func TestMachineBogusHandshakeFlood(t *testing.T) {
 	n.run() // time passes: the bogus channels expire
 	require.NoError(t, a.results[during])
 	require.Zero(t, b.m.unconfirmed)
-	require.Equal(t, uint64(standing), b.m.stats.UnconfirmedExpired)
-	d := n.add("d", 40, simCfg())
-	late := d.send("b", "after", "")
+	require.Equal(t, uint64(b.m.cfg.maxUnconfirmed), b.m.stats.UnconfirmedExpired)
+	c := n.add("c", 30, simCfg())
+	late := c.send("b", "after", "")
 	n.run()
-	require.NoError(t, d.results[late], "a new peer is served once the flood expired")
+	require.NoError(t, c.results[late], "a new peer is served once the flood expired")
 }
 
 // FuzzMachineHostileInput: handshakes, OOB notifies and fences from a hostile client, chosen
@@ -741,21 +724,6 @@ func FuzzMachineHostileInput(f *testing.F) {
 			}
 			if unconfirmed != b.m.unconfirmedPeers || !maps.Equal(byAddr, b.m.unconfirmedBy) {
 				t.Fatalf("unconfirmed peers counted %d %v, there are %d %v", b.m.unconfirmedPeers, b.m.unconfirmedBy, unconfirmed, byAddr)
-			}
-			unusedN, unusedBy := 0, map[netip.Addr]int{}
-			for _, ce := range b.m.chans {
-				if unused(ce) {
-					unusedN++
-					unusedBy[ce.from]++
-				}
-			}
-			if unusedN != b.m.unconfirmed || !maps.Equal(unusedBy, b.m.unusedBy) {
-				t.Fatalf("unused channels counted %d %v, there are %d %v", b.m.unconfirmed, b.m.unusedBy, unusedN, unusedBy)
-			}
-			for a, k := range unusedBy {
-				if a.IsValid() && k > b.m.unusedPerAddr() {
-					t.Fatalf("%d unused channels from %s, over the share of one address", k, a)
-				}
 			}
 		}
 		n.run()

@@ -107,31 +107,26 @@ func windowStatsOf(s windowStats) WindowStats {
 type LimitStats struct {
 	Names, Channels int // now: peer names known; channels up or being created
 	Unconfirmed     int // now: inbound channels their peer has not used yet
-	// Unconfirmed is capped in all (64) and per source address of the handshakes (16): a
-	// handshake past a cap closes the oldest unconfirmed channel of its address, or of the
-	// address holding most (UnconfirmedEvicted; the channel's peer entry goes with it when
-	// nothing else holds it, counted in PeersEvicted). UnconfirmedRefused: handshakes
-	// refused because none could close; UnconfirmedExpired: unconfirmed channels closed
-	// after the connect timeout (a handshake naming a QPN nobody owns).
-	UnconfirmedRefused, UnconfirmedExpired, UnconfirmedEvicted uint64
-	PeersRefused                                               uint64
-	NamesRefused                                               uint64
-	ChannelsRefused                                            uint64
-	AuthRefused                                                uint64
-	Superseded                                                 uint64 // channels that lost to a newer one of the same pair
-	Reposted                                                   uint64 // sends reposted on a replacing channel
-	Fallbacks                                                  uint64 // sends retried over OOB after their channel failed or was unavailable
-	GivenUp                                                    uint64
-	FencesSent                                                 uint64
-	FencesDropped                                              uint64 // fences abandoned: the peer forgot the pair, or answered none for a gap timeout
-	PairsRestarted                                             uint64 // pairs started over because the peer had forgotten them (ts_fresh)
-	LegacyDelivered                                            uint64 // notifies from Mooncake peers (no session), over a channel or OOB
-	OOBRefused                                                 uint64
-	PeersPruned                                                uint64
+	// inbound handshakes refused while Unconfirmed was at its cap, and unconfirmed
+	// channels closed after the connect timeout (a handshake naming a QPN nobody owns)
+	UnconfirmedRefused, UnconfirmedExpired uint64
+	PeersRefused                           uint64
+	NamesRefused                           uint64
+	ChannelsRefused                        uint64
+	AuthRefused                            uint64
+	Superseded                             uint64 // channels that lost to a newer one of the same pair
+	Reposted                               uint64 // sends reposted on a replacing channel
+	Fallbacks                              uint64 // sends retried over OOB after their channel failed or was unavailable
+	GivenUp                                uint64
+	FencesSent                             uint64
+	FencesDropped                          uint64 // fences abandoned: the peer forgot the pair, or answered none for a gap timeout
+	PairsRestarted                         uint64 // pairs started over because the peer had forgotten them (ts_fresh)
+	LegacyDelivered                        uint64 // notifies from Mooncake peers (no session), over a channel or OOB
+	OOBRefused                             uint64
+	PeersPruned                            uint64
 	// Peer entries made by peers' handshakes that no notify, channel frame or send of ours
 	// has used yet (now), and those forgotten to make room (oldest first) when the table
-	// or one address's share (a quarter of max_peers) was full; an entry holding a channel
-	// its peer has not used counts as unconfirmed, and that channel closes with it.
+	// or one address's share (a quarter of max_peers) was full.
 	PeersUnconfirmed int
 	PeersEvicted     uint64
 	// Our handshakes that failed (unreachable, refused, no ctrl channel with fallback off,
@@ -148,8 +143,7 @@ type LimitStats struct {
 
 func limitStatsOf(s machineStats) LimitStats {
 	return LimitStats{Names: s.Names, Channels: s.Channels, Unconfirmed: s.Unconfirmed,
-		UnconfirmedRefused: s.UnconfirmedRefused, UnconfirmedExpired: s.UnconfirmedExpired,
-		UnconfirmedEvicted: s.UnconfirmedEvicted, PeersRefused: s.PeersRefused,
+		UnconfirmedRefused: s.UnconfirmedRefused, UnconfirmedExpired: s.UnconfirmedExpired, PeersRefused: s.PeersRefused,
 		NamesRefused: s.NamesRefused, ChannelsRefused: s.ChannelsRefused, AuthRefused: s.AuthRefused,
 		Superseded: s.Superseded, Reposted: s.Reposted, Fallbacks: s.Fallbacks, GivenUp: s.GivenUp,
 		FencesSent: s.FencesSent, FencesDropped: s.FencesDropped, PairsRestarted: s.PairsRestarted, LegacyDelivered: s.LegacyDelivered, OOBRefused: s.OOBRefused,
