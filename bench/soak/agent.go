@@ -28,6 +28,9 @@ type AgentSpec struct {
 	// Plant: lose, dup or reorder one delivery on purpose, outside the engine, so that the
 	// soak shows it catches it.
 	Plant string `json:"plant,omitempty"`
+	// OOBPorts: the OOB listen ports of every engine of the run; a cut shuts down the TCP
+	// connections of this process that have one of them at either end.
+	OOBPorts []int `json:"oob_ports,omitempty"`
 }
 
 // AgentEngine is one slot of an agent.
@@ -70,6 +73,8 @@ type agent struct {
 	workers map[streamKey]chan Event
 	wg      sync.WaitGroup // workers, reopens
 	calls   callWatch
+
+	foreign atomic.Uint64 // hostile plain notifies taken
 
 	plantMu   sync.Mutex
 	delivered int
@@ -129,6 +134,12 @@ func RunAgent(ctx context.Context, spec AgentSpec, in io.Reader, out io.Writer) 
 			if ae := a.engine(ev.Slot); ae != nil {
 				ae.slowUS.Store(int64(ev.US))
 			}
+		case CmdCut:
+			n, err := cutConns(a.spec.OOBPorts)
+			if err != nil {
+				a.log("cut: %v", err)
+			}
+			a.log("cut: %d OOB connections shut down", n)
 		case CmdStop:
 			a.stopAll()
 			a.out.put(Event{K: KindBye})
@@ -251,6 +262,12 @@ func (ae *agentEngine) consume() {
 
 // take reports one notify the application took.
 func (ae *agentEngine) take(n notify.Notify) {
+	if strings.HasPrefix(n.Name, HostileClassicPrefix) {
+		// A hostile client's plain Mooncake notify: the protocol delivers those (a peer
+		// without twosided's extensions is trusted as Mooncake trusts it); not the soak's.
+		ae.a.foreign.Add(1)
+		return
+	}
 	ev := Event{K: KindDeliver, Eng: ae.id}
 	from, s, p, size, err := ParseNotifyName(n.Name)
 	if err != nil {

@@ -67,6 +67,9 @@ type Result struct {
 	Faults          map[string]int `json:"faults"`
 	Violations      map[string]int `json:"violations"`
 	Allowances      map[string]int `json:"allowances"`
+	// Hostile: what the hostile client sent (frames, connections) and how many of its
+	// requests were refused in so many words.
+	Hostile map[string]uint64 `json:"hostile,omitempty"`
 	// Recovery: from a killed process's restart to the first notify a peer got acknowledged
 	// by one of its engines, in milliseconds.
 	Recovery RecoveryStats `json:"recovery_ms"`
@@ -140,6 +143,9 @@ type driver struct {
 	restarts map[string]time.Time // slot -> restart awaiting its first ack
 	readers  sync.WaitGroup
 	plantSet bool
+	ctx      context.Context
+	hostile  HostileStats
+	attacks  sync.WaitGroup // hostile bursts under way
 }
 
 // Run runs a soak and returns what it found; the error wraps ErrViolation when the contract
@@ -202,6 +208,9 @@ func (d *driver) step(ev Event) {
 }
 
 func (d *driver) run(ctx context.Context) (err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	d.ctx = ctx
+	defer func() { cancel(); d.attacks.Wait() }()
 	defer d.teardown()
 	for _, ap := range d.agents {
 		if err := d.spawn(ap); err != nil {
@@ -349,6 +358,15 @@ func (d *driver) killAll() {
 func (d *driver) spawn(ap *agentProc) error {
 	ap.gen++
 	spec := AgentSpec{Index: ap.idx, Provider: d.cfg.Provider, Seed: d.cfg.Seed}
+	if slices.Contains(d.cfg.Faults, FaultCut) {
+		for _, addr := range d.addrs {
+			if _, p, err := net.SplitHostPort(addr); err == nil {
+				n, _ := strconv.Atoi(p)
+				spec.OOBPorts = append(spec.OOBPorts, n)
+			}
+		}
+		slices.Sort(spec.OOBPorts)
+	}
 	if ap.idx == 0 && !d.plantSet {
 		spec.Plant, d.plantSet = d.cfg.Plant, true
 	}
@@ -646,6 +664,28 @@ func (d *driver) inject(f Fault) {
 				_ = os.WriteFile(ctl, []byte(f.End+"\n"), 0o600)
 			}
 		})
+	case FaultCut:
+		if ap.stopped {
+			return
+		}
+		note(fmt.Sprintf("agent %d cuts its engines' OOB connections", ap.idx))
+		d.send(ap, Event{K: CmdCut})
+	case FaultHostile:
+		target := d.addrs[f.Slot]
+		var as []Identity
+		for slot, id := range d.live {
+			if slot != f.Slot {
+				as = append(as, Identity{ID: id, Addr: d.addrs[slot]})
+			}
+		}
+		sort.Slice(as, func(i, j int) bool { return as[i].ID < as[j].ID })
+		note(fmt.Sprintf("a hostile client attacks %s (%s) for %d ms: %s", d.live[f.Slot], target, f.MS, f.Variant))
+		r := seeded(d.cfg.Seed, "hostile", strconv.Itoa(d.faults[FaultHostile]))
+		d.attacks.Add(1)
+		go func() {
+			defer d.attacks.Done()
+			runHostile(d.ctx, f.Variant, target, as, r, time.Duration(f.MS)*time.Millisecond, &d.hostile)
+		}()
 	case FaultPause:
 		note(fmt.Sprintf("%s's consumer pauses %d ms", d.live[f.Slot], f.MS))
 		d.send(ap, Event{K: CmdPause, Slot: f.Slot, MS: f.MS})
@@ -709,6 +749,9 @@ func (d *driver) result(el time.Duration) Result {
 		Ops: d.ops, Calls: d.c.Calls, Acked: d.c.Acked, Maybe: d.c.Maybe, Failed: d.c.Failed, Delivered: d.c.Delivered,
 		NotifiesChecked: d.c.Checked, Faults: d.faults, Violations: d.c.Violations, Allowances: d.c.Allowances, Details: d.c.Details,
 	}
+	if n := d.hostile.Conns.Load(); n > 0 {
+		r.Hostile = map[string]uint64{"conns": n, "frames": d.hostile.Frames.Load(), "refused": d.hostile.Refused.Load()}
+	}
 	if n := len(d.recovery); n > 0 {
 		rs := slices.Clone(d.recovery)
 		slices.Sort(rs)
@@ -728,6 +771,9 @@ func (r Result) Report(w io.Writer, replay string) {
 	fmt.Fprintf(w, "soak %s: %.0f s, seed %d, %d procs, %s; ops %d, calls %d (acked %d, maybe %d, failed %d), delivered %d, notifies checked %d\n",
 		r.Verdict, r.Duration, r.Seed, r.Procs, strings.Join(r.Transports, "+"), r.Ops, r.Calls, r.Acked, r.Maybe, r.Failed, r.Delivered, r.NotifiesChecked)
 	fmt.Fprintf(w, "  faults: %s\n  allowances: %s\n  violations: %s\n", counts(r.Faults), counts(r.Allowances), counts(r.Violations))
+	if len(r.Hostile) > 0 {
+		fmt.Fprintf(w, "  hostile client: %d connections, %d frames, %d refused in so many words\n", r.Hostile["conns"], r.Hostile["frames"], r.Hostile["refused"])
+	}
 	if r.Recovery.Count > 0 {
 		fmt.Fprintf(w, "  recovery after restart: %d, min %.0f ms, median %.0f ms, max %.0f ms\n", r.Recovery.Count, r.Recovery.Min, r.Recovery.Median, r.Recovery.Max)
 	}

@@ -54,6 +54,7 @@ const (
 	CmdPause  = "pause"  // engine Slot's consumer takes nothing for MS milliseconds
 	CmdSlow   = "slow"   // engine Slot's consumer waits US microseconds per notify
 	CmdStop   = "stop"   // close every engine, drain, say bye and exit
+	CmdCut    = "cut"    // shut down every OOB TCP connection of the agent's engines
 )
 
 // Call classes of a result.
@@ -241,7 +242,7 @@ func (ev *Event) validate() error {
 		return nil
 	case KindClosed, KindHang, KindCrash:
 		return need("e", ev.Eng, checkEngine)
-	case KindFault, KindLog, KindBye, CmdStop:
+	case KindFault, KindLog, KindBye, CmdStop, CmdCut:
 		return nil
 	case CmdOp:
 		if err := need("e", ev.Eng, checkEngine); err != nil {

@@ -23,16 +23,36 @@ const (
 	// while: the port down, RTR delayed, or a share of packets dropped. Only with the verbs
 	// provider on softverbs; elsewhere it is skipped.
 	FaultDevice = "device"
+	// FaultCut: an agent cuts every OOB TCP connection of its engines (shutdown(2) of the
+	// sockets, both ways), as a reset path or a middlebox would; the engines reconnect.
+	FaultCut = "cut"
+	// FaultHostile: a hostile client, outside every engine, attacks one engine's OOB port
+	// for a while: a flood of channel handshakes from other addresses (sessions and QPNs
+	// nobody owns), notifies forged in a live engine's name (its address, invented
+	// sessions, seqs and tokens), or bytes that are no protocol (garbage, huge lengths,
+	// truncated frames, bad JSON, idle connections). Nothing forged may be delivered, and
+	// the contract must hold for everyone else.
+	FaultHostile = "hostile"
 )
 
 // AllFaults are the local faults, all on by default.
-var AllFaults = []string{FaultKill, FaultStop, FaultReopen, FaultPause, FaultSlow, FaultDevice}
+var AllFaults = []string{FaultKill, FaultStop, FaultReopen, FaultPause, FaultSlow, FaultDevice, FaultCut, FaultHostile}
+
+// Hostile variants.
+const (
+	HostileFlood   = "flood"
+	HostileForged  = "forged"
+	HostileGarbage = "garbage"
+)
+
+var hostileVariants = [...]string{HostileFlood, HostileForged, HostileGarbage}
 
 // deviceFaults: what a device fault writes to the control file, and what ends it.
 var deviceFaults = [...][2]string{
 	{"port=down", "port=up"},
 	{"rtr_delay_ms=500", "rtr_delay_ms=0"},
 	{"drop_pct=10", "drop_pct=0"},
+	{"fatal=1", "fatal=0"},
 }
 
 // Consumers: how an engine's application takes its notifies.
@@ -138,10 +158,12 @@ type Fault struct {
 	// Device, End: the control file's line that starts a device fault, and the one that
 	// ends it.
 	Device, End string
-	Agent       int
-	Slot        string
-	MS, US      int
-	AfterMS     int
+	// Variant: what a hostile client does (flood, forged, garbage).
+	Variant string
+	Agent   int
+	Slot    string
+	MS, US  int
+	AfterMS int
 }
 
 // FaultGen draws the fault schedule of a run.
@@ -182,6 +204,9 @@ func (g *FaultGen) Next() (f Fault, ok bool) {
 	case FaultDevice:
 		d := deviceFaults[g.r.IntN(len(deviceFaults))]
 		f.Device, f.End = d[0], d[1]
+		f.MS = 200 + g.r.IntN(2000)
+	case FaultHostile:
+		f.Variant = hostileVariants[g.r.IntN(len(hostileVariants))]
 		f.MS = 200 + g.r.IntN(2000)
 	}
 	f.AfterMS = g.everyMS/2 + g.r.IntN(g.everyMS)

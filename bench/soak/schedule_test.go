@@ -85,7 +85,7 @@ func TestFaultGen(t *testing.T) {
 		return out
 	}
 	a := draw(AllFaults)
-	require.Equal(t, a, draw([]string{FaultDevice, FaultSlow, FaultPause, FaultReopen, FaultStop, FaultKill}), "the order of --faults does not matter")
+	require.Equal(t, a, draw([]string{FaultHostile, FaultCut, FaultDevice, FaultSlow, FaultPause, FaultReopen, FaultStop, FaultKill}), "the order of --faults does not matter")
 	seen := map[string]int{}
 	for _, f := range a {
 		seen[f.Kind]++
@@ -101,6 +101,10 @@ func TestFaultGen(t *testing.T) {
 		if f.Kind == FaultDevice {
 			require.NotEmpty(t, f.Device)
 			require.NotEmpty(t, f.End)
+		}
+		if f.Kind == FaultHostile {
+			require.Contains(t, hostileVariants, f.Variant)
+			require.Positive(t, f.MS)
 		}
 	}
 	for _, f := range draw([]string{FaultStop}) {

@@ -81,7 +81,7 @@ func runSoak(t *testing.T, cfg Config) (Result, error) {
 // the soak finds its first notifies delivered twice by a peer that knew the old session, and
 // an acknowledged notify lost, within a few runs: `twosided soak --one-name --faults
 // reopen`); two names per peer (Mix.OneName, above).
-var ciFaults = []string{FaultStop, FaultPause, FaultSlow, FaultDevice}
+var ciFaults = []string{FaultStop, FaultPause, FaultSlow, FaultDevice, FaultCut, FaultHostile}
 
 func TestSoakClean(t *testing.T) {
 	r, err := runSoak(t, testConfig(t, 4*time.Second, ciFaults))

@@ -25,7 +25,7 @@ func init() {
 		Summary: "check the delivery contract end to end under faults: agent processes of this binary\n" +
 			"send to each other with a seeded mix of calls while they are killed, stopped and\n" +
 			"reopened; every acknowledged notify must arrive once, in order. Exit 1 on a violation.",
-		Usage: "[--duration 1m] [--seed n] [--faults all|none|kill,stop,reopen,pause,slow,device] [--procs 3]\n" +
+		Usage: "[--duration 1m] [--seed n] [--faults all|none|kill,stop,reopen,pause,slow,device,cut,hostile] [--procs 3]\n" +
 			"       [--provider soft|verbs] [--transports rdma_twosided,oob] [--json file] [--plant lose|dup|reorder]",
 		Run: runSoak,
 	})
