@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,6 +48,9 @@ const (
 	PlantLose    = "lose"
 	PlantDup     = "dup"
 	PlantReorder = "reorder"
+	// PlantLeak: the agent starts goroutines it never ends just before its last sample
+	// (the one the parent takes once the operations ended), as a leak would have.
+	PlantLeak = "leak"
 )
 
 // plantAt is the delivery, counted over the agent, that a plant acts on; lose acts on
@@ -140,6 +145,11 @@ func RunAgent(ctx context.Context, spec AgentSpec, in io.Reader, out io.Writer) 
 				a.log("cut: %v", err)
 			}
 			a.log("cut: %d OOB connections shut down", n)
+		case CmdSample:
+			if ev.Op == sampleFinal && a.spec.Plant == PlantLeak {
+				a.leak(ctx)
+			}
+			a.out.put(Event{K: KindRes, Res: a.sample()})
 		case CmdStop:
 			a.stopAll()
 			a.out.put(Event{K: KindBye})
@@ -197,6 +207,42 @@ func (a *agent) open(slot string, inc int, addr, transport string) (*agentEngine
 	go ae.consume()
 	a.out.put(Event{K: KindUp, Eng: ae.id, Slot: slot, Addr: ae.e.Addr()})
 	return ae, nil
+}
+
+// leak is the leak plant: three times the goroutines there are, and some, waiting for the
+// agent's end.
+func (a *agent) leak(ctx context.Context) {
+	n := 3*runtime.NumGoroutine() + 2*leakSlack
+	for range n {
+		go func() { <-ctx.Done() }()
+	}
+	a.log("plant: %d goroutines leaked", n)
+}
+
+// sample says what the process holds now.
+func (a *agent) sample() *Res {
+	r := &Res{Goroutines: runtime.NumGoroutine()}
+	if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
+		r.FDs = len(ents)
+	}
+	if b, err := os.ReadFile("/proc/self/statm"); err == nil {
+		var size, resident int64
+		if _, err := fmt.Sscan(string(b), &size, &resident); err == nil {
+			r.RSSKiB = resident * int64(os.Getpagesize()) / 1024
+		}
+	}
+	a.mu.Lock()
+	engines := make([]*agentEngine, 0, len(a.engines))
+	for _, ae := range a.engines {
+		engines = append(engines, ae)
+	}
+	a.mu.Unlock()
+	for _, ae := range engines {
+		st := ae.e.Stats()
+		r.Peers += st.PeerCount
+		r.Channels += st.ChannelsUp
+	}
+	return r
 }
 
 // consume takes notifies as the engine's consumer says, until stop.

@@ -29,6 +29,12 @@ const (
 	VPhantom = "phantom"
 	// VDoubleResult: a call returned twice (a SendNotifyAsync done called twice).
 	VDoubleResult = "double_result"
+	// VLeak: an agent's goroutines, fds or memory did not come back near their baseline
+	// once the run's operations ended.
+	VLeak = "leak"
+	// VSlowRecovery: a restarted engine was not reached (a notify to it acknowledged)
+	// within the recovery bound of its coming up.
+	VSlowRecovery = "slow_recovery"
 )
 
 // Allowance kinds: what the contract allows, counted.
@@ -232,6 +238,10 @@ func (c *Checker) Step(ev Event) {
 		c.violate(VHang, streamKey{ev.Eng, ev.Slot}, ev.Err)
 	case KindCrash:
 		c.violate(VCrash, streamKey{ev.Eng, ev.Slot}, ev.Err)
+	case KindLeak:
+		c.violate(VLeak, streamKey{ev.Eng, ev.Slot}, ev.Err)
+	case KindSlowRecovery:
+		c.violate(VSlowRecovery, streamKey{ev.Eng, ev.Slot}, ev.Err)
 	}
 }
 

@@ -257,6 +257,22 @@ func TestCheckerHang(t *testing.T) {
 	only(t, h.finish(), VHang)
 }
 
+func TestCheckerLeakAndSlowRecovery(t *testing.T) {
+	for kind, ev := range map[string]Event{
+		VLeak:         {K: KindLeak, Eng: snd, Err: "goroutines 30 → 900"},
+		VSlowRecovery: {K: KindSlowRecovery, Eng: snd, Slot: dst, Err: "no notify"},
+	} {
+		h := newHist()
+		h.start(1, 1)
+		h.result(1, 1, ClassOK)
+		h.deliver(1, 1)
+		h.c.Step(ev)
+		c := h.finish()
+		require.Equal(t, map[string]int{kind: 1}, c.Violations)
+		require.Contains(t, c.Details[0].Detail, ev.Err)
+	}
+}
+
 func TestCheckerNoResult(t *testing.T) {
 	h := newHist()
 	h.start(1, 1)

@@ -30,7 +30,7 @@ type Config struct {
 	Procs      int      // agent processes
 	Transports []string // one engine per transport in every agent
 	Provider   string   // the rdma_twosided engines' provider ("soft", "verbs"; "": as notify picks)
-	Plant      string   // lose, dup, reorder: in agent 0's first incarnation
+	Plant      string   // lose, dup, reorder, leak: in agent 0's first incarnation
 	// FaultEvery: the mean time between faults.
 	FaultEvery time.Duration
 	Mix        Mix
@@ -48,6 +48,41 @@ type Config struct {
 	Progress      io.Writer
 	ProgressEvery time.Duration
 	Log           io.Writer
+	// RecoveryBound: a restarted engine must be reached (a notify to it acknowledged)
+	// within this of its coming up (default DefaultRecoveryBound).
+	RecoveryBound time.Duration
+	// SampleEvery: how often the agents say what they hold; ResWarmup: how long after
+	// its start an agent's first sample becomes its baseline (defaults 10 s and 10 s).
+	SampleEvery, ResWarmup time.Duration
+}
+
+// DefaultRecoveryBound: the dead-peer bound of the contract (a dead receiver found within
+// about 5 s) plus what the run's other faults may add meanwhile (a consumer paused up to
+// 3.1 s, a process stopped up to 2.1 s, a slow consumer), with room for a loaded machine.
+const DefaultRecoveryBound = 20 * time.Second
+
+// Leak bounds: once the run's operations have ended, an agent holding more than
+// leakFactor × its baseline + leakSlack goroutines or fds, or leakFactor × its RSS +
+// leakRSSKiB, leaks. Generous: they catch what grows with the run's length (per notify,
+// per fault, per peer ever seen), never a working set's noise.
+const (
+	leakFactor = 2
+	leakSlack  = 100
+	leakRSSKiB = 256 << 10
+)
+
+// AgentRes is an agent incarnation's resources: its baseline (its first sample after the
+// warm-up) and its last sample, taken once the run's operations ended.
+type AgentRes struct {
+	Agent int  `json:"agent"`
+	Base  *Res `json:"base"`
+	Final *Res `json:"final"`
+}
+
+type resTrack struct {
+	gen         int
+	spawned     time.Time
+	base, final *Res
 }
 
 // Result is what a run found; it is also the --json file.
@@ -73,8 +108,10 @@ type Result struct {
 	// Recovery: from a killed process's restart to the first notify a peer got acknowledged
 	// by one of its engines, in milliseconds.
 	Recovery RecoveryStats `json:"recovery_ms"`
-	Details  []Violation   `json:"violation_details,omitempty"`
-	Verdict  string        `json:"verdict"`
+	// Resources: each agent's baseline and final sample (those that lived past the warm-up).
+	Resources []AgentRes  `json:"resources,omitempty"`
+	Details   []Violation `json:"violation_details,omitempty"`
+	Verdict   string      `json:"verdict"`
 }
 
 // RecoveryStats summarizes recovery times.
@@ -140,7 +177,10 @@ type driver struct {
 	faults   map[string]int
 	ops      uint64
 	recovery []time.Duration
-	restarts map[string]time.Time // slot -> restart awaiting its first ack
+	restarts map[string]time.Time    // slot -> restart awaiting its first ack
+	reach    map[reachPair]time.Time // pairs with a new engine awaiting an ack, since it came up
+	res      []resTrack              // by agent
+	final    bool                    // the final samples are asked for
 	readers  sync.WaitGroup
 	plantSet bool
 	ctx      context.Context
@@ -163,7 +203,17 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	d := &driver{
 		cfg: cfg, c: NewChecker(), addrs: map[string]string{}, incs: map[string]int{}, live: map[string]string{},
 		tr: map[string]string{}, streams: map[streamKey]*driverStream{}, msgs: make(chan agentMsg, 4096),
-		faults: map[string]int{}, restarts: map[string]time.Time{},
+		faults: map[string]int{}, restarts: map[string]time.Time{}, reach: map[reachPair]time.Time{},
+		res: make([]resTrack, cfg.Procs),
+	}
+	if d.cfg.RecoveryBound <= 0 {
+		d.cfg.RecoveryBound = DefaultRecoveryBound
+	}
+	if d.cfg.SampleEvery <= 0 {
+		d.cfg.SampleEvery = 10 * time.Second
+	}
+	if d.cfg.ResWarmup <= 0 {
+		d.cfg.ResWarmup = 10 * time.Second
 	}
 	for _, k := range cfg.Faults {
 		d.faults[k] = 0
@@ -228,6 +278,8 @@ func (d *driver) run(ctx context.Context) (err error) {
 		defer pt.Stop()
 		progress = pt.C
 	}
+	sample := time.NewTicker(d.cfg.SampleEvery)
+	defer sample.Stop()
 	start := time.Now()
 	fg := NewFaultGen(d.cfg.Seed, d.cfg.Faults, d.cfg.Procs, len(d.cfg.Transports), int(d.cfg.FaultEvery/time.Millisecond))
 	d.nextFault(fg)
@@ -238,6 +290,13 @@ func (d *driver) run(ctx context.Context) (err error) {
 			d.handle(m)
 		case <-tick.C:
 			d.runDue()
+			d.judgeRecovery()
+		case <-sample.C:
+			for _, ap := range d.agents {
+				if ap.alive && !ap.stopped {
+					d.send(ap, Event{K: CmdSample})
+				}
+			}
 		case <-progress:
 			d.progress(time.Since(start))
 		case <-end.C:
@@ -289,6 +348,10 @@ func (d *driver) wind(start time.Time) error {
 			return nil
 		}
 	}
+	d.judgeRecovery()
+	if err := d.finalSamples(guard.C); err != nil {
+		return nil
+	}
 	for _, ap := range d.agents {
 		if ap.alive {
 			d.send(ap, Event{K: CmdStop})
@@ -314,6 +377,95 @@ func (d *driver) wind(start time.Time) error {
 		d.progress(time.Since(start))
 	}
 	return nil
+}
+
+// finalSamples asks every live agent what it holds once the operations have ended, and
+// judges it against its baseline.
+func (d *driver) finalSamples(guard <-chan time.Time) error {
+	d.final = true
+	for _, ap := range d.agents {
+		if ap.alive {
+			d.send(ap, Event{K: CmdSample, Op: sampleFinal})
+		}
+	}
+	for {
+		left := false
+		for _, ap := range d.agents {
+			left = left || (ap.alive && d.res[ap.idx].gen == ap.gen && d.res[ap.idx].final == nil)
+		}
+		if !left {
+			break
+		}
+		select {
+		case m := <-d.msgs:
+			d.handle(m)
+		case <-guard:
+			d.hang("agents did not say what they hold within 3 minutes of the run's end")
+			return errors.New("no final samples")
+		}
+	}
+	for _, ap := range d.agents {
+		t := d.res[ap.idx]
+		if !ap.alive || t.gen != ap.gen || t.base == nil || t.final == nil {
+			continue
+		}
+		b, f := t.base, t.final
+		var grown []string
+		if f.Goroutines > leakFactor*b.Goroutines+leakSlack {
+			grown = append(grown, fmt.Sprintf("goroutines %d → %d", b.Goroutines, f.Goroutines))
+		}
+		if f.FDs > leakFactor*b.FDs+leakSlack {
+			grown = append(grown, fmt.Sprintf("fds %d → %d", b.FDs, f.FDs))
+		}
+		if f.RSSKiB > leakFactor*b.RSSKiB+leakRSSKiB {
+			grown = append(grown, fmt.Sprintf("RSS %d → %d KiB", b.RSSKiB, f.RSSKiB))
+		}
+		if len(grown) > 0 {
+			d.step(Event{K: KindLeak, Eng: EngineID(ap.slots[0], d.incs[ap.slots[0]]),
+				Err: fmt.Sprintf("agent %d, once the operations ended: %s (peers %d → %d, channels %d → %d)",
+					ap.idx, strings.Join(grown, ", "), b.Peers, f.Peers, b.Channels, f.Channels)})
+		}
+	}
+	return nil
+}
+
+// reachPair is a pair of slots, one of which has a new engine, that has not yet had a
+// notify acknowledged since it came up.
+type reachPair struct{ from, to string }
+
+// awaitReach starts the recovery bound of slot's new engine: within it, a notify of it to
+// every live engine, and one of every live engine to it, must be acknowledged.
+func (d *driver) awaitReach(slot string) {
+	now := time.Now()
+	for other := range d.live {
+		if other != slot {
+			d.reach[reachPair{slot, other}] = now
+			d.reach[reachPair{other, slot}] = now
+		}
+	}
+}
+
+// forgetReach drops the pairs of slot, whose engine is gone (killed, closed).
+func (d *driver) forgetReach(slot string) {
+	for p := range d.reach {
+		if p.from == slot || p.to == slot {
+			delete(d.reach, p)
+		}
+	}
+}
+
+// judgeRecovery reports each pair with a new engine that has not had a notify acknowledged
+// within the recovery bound of the engine's coming up.
+func (d *driver) judgeRecovery() {
+	now := time.Now()
+	for p, up := range d.reach {
+		if el := now.Sub(up); el > d.cfg.RecoveryBound {
+			d.step(Event{K: KindSlowRecovery, Eng: d.live[p.from], Slot: p.to,
+				Err: fmt.Sprintf("no notify of %s to %s was acknowledged in the %v since one of them came up (bound %v)",
+					d.live[p.from], d.live[p.to], el.Round(time.Millisecond), d.cfg.RecoveryBound)})
+			delete(d.reach, p)
+		}
+	}
 }
 
 // ready says whether every slot of ap has an engine up with its latest incarnation.
@@ -403,6 +555,7 @@ func (d *driver) spawn(ap *agentProc) error {
 		return fmt.Errorf("soak: start agent %d: %w", ap.idx, err)
 	}
 	ap.cmd, ap.alive, ap.stopped, ap.bye, ap.inClosed = cmd, true, false, false, false
+	d.res[ap.idx] = resTrack{gen: ap.gen, spawned: time.Now()}
 	ap.in, ap.inDone, ap.exited = make(chan []byte, 1<<14), make(chan struct{}), make(chan struct{})
 	go func(in chan []byte, done chan struct{}) { // writes never block the driver
 		defer close(done)
@@ -506,11 +659,26 @@ func (d *driver) handle(m agentMsg) {
 	case KindBye:
 		ap.bye = true
 		return
+	case KindRes:
+		t := &d.res[ap.idx]
+		if t.gen != ap.gen {
+			return
+		}
+		if d.final {
+			t.final = ev.Res
+		} else if t.base == nil && time.Since(t.spawned) >= d.cfg.ResWarmup {
+			t.base = ev.Res
+		}
+		return
 	}
 	d.step(ev)
 	switch ev.K {
 	case KindUp:
 		d.live[ev.Slot] = ev.Eng
+		d.forgetReach(ev.Slot)
+		if d.running {
+			d.awaitReach(ev.Slot)
+		}
 		if !d.running {
 			return
 		}
@@ -526,6 +694,7 @@ func (d *driver) handle(m agentMsg) {
 		slot, _, _ := ParseEngineID(ev.Eng)
 		if d.live[slot] == ev.Eng {
 			delete(d.live, slot)
+			d.forgetReach(slot)
 		}
 		for k := range d.streams {
 			if k.from == ev.Eng {
@@ -543,6 +712,11 @@ func (d *driver) handle(m agentMsg) {
 		if t, ok := d.restarts[ev.Slot]; ok && ev.Class == ClassOK {
 			d.recovery = append(d.recovery, time.Since(t))
 			delete(d.restarts, ev.Slot)
+		}
+		if ev.Class == ClassOK {
+			if slot, _, err := ParseEngineID(ev.Eng); err == nil && d.live[slot] == ev.Eng {
+				delete(d.reach, reachPair{slot, ev.Slot})
+			}
 		}
 	}
 }
@@ -569,6 +743,7 @@ func (d *driver) dropStreams(ap *agentProc) {
 	}
 	for _, slot := range ap.slots {
 		delete(d.live, slot)
+		d.forgetReach(slot)
 	}
 }
 
@@ -758,6 +933,11 @@ func (d *driver) result(el time.Duration) Result {
 		ms := func(x time.Duration) float64 { return float64(x.Microseconds()) / 1000 }
 		r.Recovery = RecoveryStats{Count: n, Min: ms(rs[0]), Median: ms(rs[n/2]), Max: ms(rs[n-1])}
 	}
+	for i, t := range d.res {
+		if t.base != nil && t.final != nil {
+			r.Resources = append(r.Resources, AgentRes{Agent: i, Base: t.base, Final: t.final})
+		}
+	}
 	r.Verdict = "PASS"
 	if d.c.Total() > 0 {
 		r.Verdict = "FAIL"
@@ -773,6 +953,11 @@ func (r Result) Report(w io.Writer, replay string) {
 	fmt.Fprintf(w, "  faults: %s\n  allowances: %s\n  violations: %s\n", counts(r.Faults), counts(r.Allowances), counts(r.Violations))
 	if len(r.Hostile) > 0 {
 		fmt.Fprintf(w, "  hostile client: %d connections, %d frames, %d refused in so many words\n", r.Hostile["conns"], r.Hostile["frames"], r.Hostile["refused"])
+	}
+	for _, a := range r.Resources {
+		fmt.Fprintf(w, "  agent %d, baseline → end: goroutines %d → %d, fds %d → %d, RSS %d → %d MiB, peers %d → %d, channels %d → %d\n",
+			a.Agent, a.Base.Goroutines, a.Final.Goroutines, a.Base.FDs, a.Final.FDs, a.Base.RSSKiB>>10, a.Final.RSSKiB>>10,
+			a.Base.Peers, a.Final.Peers, a.Base.Channels, a.Final.Channels)
 	}
 	if r.Recovery.Count > 0 {
 		fmt.Fprintf(w, "  recovery after restart: %d, min %.0f ms, median %.0f ms, max %.0f ms\n", r.Recovery.Count, r.Recovery.Min, r.Recovery.Median, r.Recovery.Max)

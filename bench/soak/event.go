@@ -47,6 +47,12 @@ const (
 	KindLog = "log"
 	// KindBye: the agent closed its engines and exits.
 	KindBye = "bye"
+	// KindRes: what the agent's process holds now (Res), in answer to CmdSample.
+	KindRes = "res"
+	// KindLeak, KindSlowRecovery: the parent judged an agent's resources grown past their
+	// baseline, or a restarted engine reached late (Err says how).
+	KindLeak         = "leak"
+	KindSlowRecovery = "slow_recovery"
 
 	// Commands, parent to agent.
 	CmdOp     = "op"     // run Op: Sends from Eng to Slot over Names, Window at a time
@@ -55,6 +61,7 @@ const (
 	CmdSlow   = "slow"   // engine Slot's consumer waits US microseconds per notify
 	CmdStop   = "stop"   // close every engine, drain, say bye and exit
 	CmdCut    = "cut"    // shut down every OOB TCP connection of the agent's engines
+	CmdSample = "sample" // say what the process holds (KindRes); Op sampleFinal: the last, once the operations ended
 )
 
 // Call classes of a result.
@@ -86,6 +93,20 @@ type Event struct {
 	Window int `json:"w,omitempty"`
 	MS     int `json:"ms,omitempty"`
 	US     int `json:"us,omitempty"`
+	// Res: an agent's resources (KindRes).
+	Res *Res `json:"res,omitempty"`
+}
+
+// sampleFinal marks the sample the parent takes once the run's operations ended.
+const sampleFinal = 1
+
+// Res is what an agent's process holds at one moment.
+type Res struct {
+	RSSKiB     int64 `json:"rss_kib"`
+	FDs        int   `json:"fds"`
+	Goroutines int   `json:"goroutines"`
+	Peers      int   `json:"peers"`    // peer entries of its engines
+	Channels   int   `json:"channels"` // ctrl channels up
 }
 
 // Send is one notify of an op.
@@ -115,6 +136,7 @@ const (
 	maxPauseMS  = 600_000
 	maxSlowUS   = 1_000_000
 	maxInc      = 1 << 30
+	maxRes      = 1 << 40
 )
 
 // ErrDecode is wrapped by every error of Decode.
@@ -240,9 +262,20 @@ func (ev *Event) validate() error {
 			}
 		}
 		return nil
-	case KindClosed, KindHang, KindCrash:
+	case KindClosed, KindHang, KindCrash, KindLeak, KindSlowRecovery:
 		return need("e", ev.Eng, checkEngine)
-	case KindFault, KindLog, KindBye, CmdStop, CmdCut:
+	case KindRes:
+		r := ev.Res
+		if r == nil {
+			return errors.New("field res: missing")
+		}
+		for _, v := range []int64{r.RSSKiB, int64(r.FDs), int64(r.Goroutines), int64(r.Peers), int64(r.Channels)} {
+			if v < 0 || v > maxRes {
+				return fmt.Errorf("field res: %d out of 0..%d", v, int64(maxRes))
+			}
+		}
+		return nil
+	case KindFault, KindLog, KindBye, CmdStop, CmdCut, CmdSample:
 		return nil
 	case CmdOp:
 		if err := need("e", ev.Eng, checkEngine); err != nil {

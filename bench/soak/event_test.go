@@ -28,6 +28,11 @@ func TestEventRoundTrip(t *testing.T) {
 		{K: CmdPause, Slot: "a1e0", MS: 300},
 		{K: CmdSlow, Slot: "a1e0", US: 300},
 		{K: CmdStop},
+		{K: CmdCut},
+		{K: CmdSample, Op: sampleFinal},
+		{K: KindRes, Res: &Res{RSSKiB: 81920, FDs: 40, Goroutines: 31, Peers: 5, Channels: 2}},
+		{K: KindLeak, Eng: "a0e0.1", Err: "goroutines 30 → 900"},
+		{K: KindSlowRecovery, Eng: "a0e0.2", Slot: "a1e0", Err: "no notify"},
 	} {
 		line := Encode(ev)
 		require.True(t, strings.HasSuffix(string(line), "\n"))
@@ -56,6 +61,10 @@ func TestDecodeRejects(t *testing.T) {
 		"op zero payload":    `{"k":"op","e":"a0e1.1","slot":"a1e0","names":["x"],"w":1,"sends":[{"p":0}]}`,
 		"op huge size":       `{"k":"op","e":"a0e1.1","slot":"a1e0","names":["x"],"w":1,"sends":[{"p":1,"n":999999999999}]}`,
 		"long line":          `{"k":"log","err":"` + strings.Repeat("x", MaxLine) + `"}`,
+		"res missing":        `{"k":"res"}`,
+		"res negative":       `{"k":"res","res":{"rss_kib":1,"fds":-1,"goroutines":1,"peers":0,"channels":0}}`,
+		"res unknown field":  `{"k":"res","res":{"rss_kib":1,"x":1}}`,
+		"leak without e":     `{"k":"leak","err":"x"}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := Decode([]byte(line))
@@ -96,6 +105,7 @@ func FuzzDecode(f *testing.F) {
 		`{"k":"up","e":"a0e1.3","slot":"a0e1","addr":"127.0.0.1:4000"}`,
 		`{"k":"bye"}`,
 		`{"k":"begin","slot":"a0e1","inc":3}`,
+		`{"k":"res","res":{"rss_kib":81920,"fds":40,"goroutines":31,"peers":5,"channels":2}}`,
 	} {
 		f.Add([]byte(s))
 	}

@@ -51,7 +51,9 @@ func testConfig(t *testing.T, d time.Duration, faults []string) Config {
 			cmd.Env = append(os.Environ(), agentEnv+"="+args[1])
 			return cmd
 		},
-		Log:          testLog{t},
+		Log: testLog{t},
+		// Resources judged in a short run too: a baseline after 1 s, samples every 300 ms.
+		SampleEvery: 300 * time.Millisecond, ResWarmup: time.Second,
 		DeviceCtlDir: t.TempDir(), // device faults: on softverbs only (TestSoakVerbs)
 	}
 }
@@ -97,7 +99,7 @@ func TestSoakClean(t *testing.T) {
 }
 
 func TestSoakPlants(t *testing.T) {
-	for plant, kind := range map[string]string{PlantLose: VLost, PlantDup: VDuplicate, PlantReorder: VReorder} {
+	for plant, kind := range map[string]string{PlantLose: VLost, PlantDup: VDuplicate, PlantReorder: VReorder, PlantLeak: VLeak} {
 		t.Run(plant, func(t *testing.T) {
 			cfg := testConfig(t, 2*time.Second, nil)
 			cfg.Plant = plant
@@ -108,4 +110,15 @@ func TestSoakPlants(t *testing.T) {
 			require.Len(t, r.Violations, 1, "only the planted kind: %v", r.Violations)
 		})
 	}
+}
+
+// TestSoakRecoveryBound: a bound no engine can meet is reported, for every pair of new
+// engines, as slow_recovery: the judgement can fail.
+func TestSoakRecoveryBound(t *testing.T) {
+	cfg := testConfig(t, 2*time.Second, nil)
+	cfg.RecoveryBound = time.Nanosecond
+	r, err := runSoak(t, cfg)
+	require.ErrorIs(t, err, ErrViolation)
+	require.Positive(t, r.Violations[VSlowRecovery], "%v", r.Violations)
+	require.Len(t, r.Violations, 1, "only slow_recovery: %v", r.Violations)
 }

@@ -26,7 +26,8 @@ func init() {
 			"send to each other with a seeded mix of calls while they are killed, stopped and\n" +
 			"reopened; every acknowledged notify must arrive once, in order. Exit 1 on a violation.",
 		Usage: "[--duration 1m] [--seed n] [--faults all|none|kill,stop,reopen,pause,slow,device,cut,hostile] [--procs 3]\n" +
-			"       [--provider soft|verbs] [--transports rdma_twosided,oob] [--json file] [--plant lose|dup|reorder]",
+			"       [--provider soft|verbs] [--transports rdma_twosided,oob] [--json file] [--plant lose|dup|reorder|leak]\n" +
+			"       [--recovery-bound 20s]",
 		Run: runSoak,
 	})
 }
@@ -42,8 +43,9 @@ func runSoak(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wri
 		provider   = fs.String("provider", "soft", "ibv provider of the rdma_twosided engines: soft, or verbs (built with -tags rdma)")
 		transports = fs.String("transports", notify.TransportRDMATwoSided+","+notify.TransportOOB, "one engine per transport in each agent")
 		jsonPath   = fs.String("json", "", "write the figures and the verdict to this file as JSON")
-		plant      = fs.String("plant", "", "lose, dup or reorder one delivery on purpose in an agent (the soak must fail)")
+		plant      = fs.String("plant", "", "lose, dup or reorder one delivery, or leak goroutines, on purpose in an agent (the soak must fail)")
 		every      = fs.Duration("fault-every", 3*time.Second, "mean time between faults")
+		bound      = fs.Duration("recovery-bound", soak.DefaultRecoveryBound, "a new engine must have a notify acknowledged each way with every live engine within this of its start")
 		maxSize    = fs.Int("max-size", 1<<20-128, "the largest message (the engines' limit is 1 MiB, name included)")
 		window     = fs.Int("window", 32, "the largest SendNotifyAsync window")
 		oneName    = fs.Bool("one-name", false, "send to each peer by host:port only (default: host:port and localhost:port, two names of one peer)")
@@ -73,8 +75,8 @@ func runSoak(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wri
 		return usageError(fs, "--max-size: want 0..1048448")
 	case *window < 1 || *window > 256:
 		return usageError(fs, "--window: want 1..256")
-	case *plant != "" && *plant != soak.PlantLose && *plant != soak.PlantDup && *plant != soak.PlantReorder:
-		return usageError(fs, "--plant: want lose, dup or reorder")
+	case *plant != "" && *plant != soak.PlantLose && *plant != soak.PlantDup && *plant != soak.PlantReorder && *plant != soak.PlantLeak:
+		return usageError(fs, "--plant: want lose, dup, reorder or leak")
 	}
 	var trs []string
 	for _, t := range strings.Split(*transports, ",") {
@@ -97,7 +99,7 @@ func runSoak(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wri
 	}
 	cfg := soak.Config{
 		Duration: *duration, Seed: *seed, Faults: kinds, Procs: *procs, Transports: trs, Provider: *provider,
-		Plant: *plant, FaultEvery: *every, Mix: soak.Mix{MaxSize: *maxSize, MaxWindow: *window, OneName: *oneName},
+		Plant: *plant, FaultEvery: *every, RecoveryBound: *bound, Mix: soak.Mix{MaxSize: *maxSize, MaxWindow: *window, OneName: *oneName},
 		Command: func(args []string) *exec.Cmd {
 			return exec.Command(exe, append([]string{"soak", "--agent"}, args...)...)
 		},
