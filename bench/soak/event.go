@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/twosided/twosided/bench/soak/mix"
 )
 
 // The event kinds. Agents write start, result, deliver, up, closed, opdone, hang, log and
@@ -109,18 +111,8 @@ type Res struct {
 	Channels   int   `json:"channels"` // ctrl channels up
 }
 
-// Send is one notify of an op.
-type Send struct {
-	P    uint64 `json:"p"`
-	Size int    `json:"n,omitempty"`
-	// Name picks Names[Name] for the first try; each retry takes the next name.
-	Name int `json:"name,omitempty"`
-	// ID: the notify carries Notify.ID, so a maybe-delivered result is retried.
-	ID      bool `json:"id,omitempty"`
-	Retries int  `json:"r,omitempty"`
-	// DeadlineMS bounds each SendNotify call (SendNotifyAsync has the engine's 30 s).
-	DeadlineMS int `json:"dl,omitempty"`
-}
+// Send is one notify of an op (package mix).
+type Send = mix.Send
 
 // Bounds of a decoded line: a peer process is trusted no further than this.
 const (

@@ -1,10 +1,11 @@
 package soak
 
 import (
-	"hash/fnv"
 	"math/rand/v2"
 	"slices"
 	"strings"
+
+	"github.com/twosided/twosided/bench/soak/mix"
 )
 
 // The schedule: one seed gives every stream its operations and the injector its faults,
@@ -62,87 +63,29 @@ const (
 	ConsumePoll    = "poll"    // GetNotifies in a loop
 )
 
-func seeded(seed uint64, parts ...string) *rand.Rand {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte(strings.Join(parts, "\x00")))
-	return rand.New(rand.NewPCG(seed, h.Sum64()))
-}
+func seeded(seed uint64, parts ...string) *rand.Rand { return mix.Seeded(seed, parts...) }
 
-// Mix bounds what the generators draw.
-type Mix struct {
-	// MaxSize: the largest message, name excluded (the engines' limit less the name).
-	MaxSize int
-	// MaxWindow: the largest SendNotifyAsync window.
-	MaxWindow int
-	// OneName: every send uses the target's first name (host:port); otherwise each send
-	// picks host:port or localhost:port, two names of one peer that share its order.
-	OneName bool
-}
+// Mix bounds what the generators draw (package mix).
+type Mix = mix.Mix
 
 // StreamGen draws the operations of one stream (a sender engine incarnation and a target
-// slot): SendNotify one by one or SendNotifyAsync windows, sizes from 0 to MaxSize, either
-// name of the target, Notify.ID on most sends (those are retried with it when the result
-// is unknown), short deadlines now and then.
+// slot) with package mix's generator, the one the peer machines' simulation replays.
 type StreamGen struct {
-	r   *rand.Rand
-	mix Mix
-	op  uint64
-	p   uint64
+	g  *mix.StreamGen
+	op uint64
 }
 
 // NewStreamGen seeds the generator of the stream from sender engine `from` to slot `to`.
-func NewStreamGen(seed uint64, from, to string, mix Mix) *StreamGen {
-	mix.MaxWindow = max(mix.MaxWindow, 1)
-	return &StreamGen{r: seeded(seed, "stream", from, to), mix: mix}
-}
-
-// Size draws a message size: mostly small, some a few RECV buffers, rarely up to the limit.
-func (g *StreamGen) size() int {
-	var n int
-	switch x := g.r.IntN(100); {
-	case x < 45:
-		n = g.r.IntN(65)
-	case x < 75:
-		n = 65 + g.r.IntN(4096-64)
-	case x < 93:
-		n = 4096 + g.r.IntN(60<<10)
-	case x < 99:
-		n = 64<<10 + g.r.IntN(192<<10)
-	default:
-		n = g.r.IntN(g.mix.MaxSize + 1)
-	}
-	return min(n, g.mix.MaxSize)
+func NewStreamGen(seed uint64, from, to string, m Mix) *StreamGen {
+	return &StreamGen{g: mix.NewStreamGen(seed, from, to, m)}
 }
 
 // Next returns the stream's next operation (a CmdOp without Eng, Slot and Names, which the
 // driver fills in).
 func (g *StreamGen) Next() Event {
 	g.op++
-	ev := Event{K: CmdOp, Op: g.op, Window: 1}
-	n := 1
-	switch x := g.r.IntN(100); {
-	case x < 55: // one SendNotify
-	case x < 70: // a run of SendNotify
-		n = 2 + g.r.IntN(7)
-	default: // a SendNotifyAsync window
-		ev.Window = 1 + g.r.IntN(g.mix.MaxWindow)
-		n = ev.Window
-	}
-	for range n {
-		g.p++
-		s := Send{P: g.p, Size: g.size(), Name: g.r.IntN(2), ID: g.r.IntN(100) < 85, DeadlineMS: 2000 + g.r.IntN(8000)}
-		if g.r.IntN(100) < 10 {
-			s.DeadlineMS = 20 + g.r.IntN(500)
-		}
-		if s.ID {
-			s.Retries = 1 + g.r.IntN(3)
-		}
-		if g.mix.OneName {
-			s.Name = 0
-		}
-		ev.Sends = append(ev.Sends, s)
-	}
-	return ev
+	o := g.g.Next()
+	return Event{K: CmdOp, Op: g.op, Window: o.Window, Sends: o.Sends}
 }
 
 // Consumer draws how incarnation inc of slot takes its notifies.
