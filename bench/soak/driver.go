@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -218,21 +219,23 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	for _, k := range cfg.Faults {
 		d.faults[k] = 0
 	}
+	// Ports are drawn at random, not from the seed: a replay must not collide with a run
+	// beside it.
+	addrs, err := freeAddrs(cfg.Procs*len(cfg.Transports), rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid()))))
+	if err != nil {
+		return Result{}, err
+	}
 	for i := range cfg.Procs {
 		ap := &agentProc{idx: i, stderr: &tailBuffer{max: 16 << 10}}
 		for j, tr := range cfg.Transports {
 			slot := SlotName(i, j)
-			addr, err := freeAddr()
-			if err != nil {
-				return Result{}, err
-			}
-			d.addrs[slot], d.tr[slot] = addr, tr
+			d.addrs[slot], d.tr[slot] = addrs[i*len(cfg.Transports)+j], tr
 			ap.slots = append(ap.slots, slot)
 		}
 		d.agents = append(d.agents, ap)
 	}
 	start := time.Now()
-	err := d.run(ctx)
+	err = d.run(ctx)
 	d.c.Finish()
 	res := d.result(time.Since(start))
 	if err == nil && d.c.Total() > 0 {
@@ -244,13 +247,31 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	return res, err
 }
 
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("soak: a free port: %w", err)
+// freeAddrs picks n distinct free loopback addresses for the engines. The ports come from
+// below the kernel's ephemeral range (32768 and up on Linux by default), so that no
+// connection's local port takes one between the pick and an agent's (re)start, and each is
+// held until all are picked, so that no two are the same.
+func freeAddrs(n int, r *rand.Rand) ([]string, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+	}()
+	for tries := 0; len(ls) < n; tries++ {
+		if tries == 1000 {
+			return nil, fmt.Errorf("soak: %d free ports in 20000–32767: found %d", n, len(ls))
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(20000+r.IntN(12768))))
+		if err == nil {
+			ls = append(ls, l)
+		}
 	}
-	addr := l.Addr().String()
-	return addr, l.Close()
+	addrs := make([]string, n)
+	for i, l := range ls {
+		addrs[i] = l.Addr().String()
+	}
+	return addrs, nil
 }
 
 func (d *driver) step(ev Event) {
