@@ -1,6 +1,7 @@
 # twosided build and check targets. `make test` is what CI runs (.ci/run) on a clean clone.
 #
-#   make test        vet, gofmt check, unit tests with -race, the allocation tests without
+#   make test        vet, gofmt check, unit tests with -race (after test-deps: redis-server
+#                    for the directory's Redis tests), the allocation tests without
 #                    it (the race detector allocates, so they skip under -race), short
 #                    fuzzing, then the cgo verbs provider (build tag rdma) on softverbs, the
 #                    userspace libibverbs of ibv/softverbs: vet, its tests and the conformance
@@ -37,11 +38,12 @@ DURATION       ?= 1h
 SOAK_FLAGS     ?=
 VERBS_H        ?= /usr/include/infiniband/verbs.h
 PINGPONG       ?= /usr/bin/ibv_rc_pingpong
+REDIS_SERVER   ?= redis-server
 SOFTVERBS_LIBDIR := $(CURDIR)/build/softverbs
 
 include ibv/softverbs/softverbs.mk
 
-.PHONY: test build vet fmt-check unit allocs fuzz fuzz-short bench rdma rdma-deps soak
+.PHONY: test build vet fmt-check unit allocs fuzz fuzz-short bench rdma rdma-deps test-deps soak
 
 test: vet fmt-check unit allocs fuzz-short rdma
 
@@ -57,7 +59,7 @@ fmt-check:
 
 # TEST_TIMEOUT bounds each test binary: tests/ runs ~5 min on a quiet 2-core machine and
 # 2-3 times that beside other load, past go test's default of 10 min.
-unit:
+unit: test-deps
 	$(GO) test -race -timeout $(TEST_TIMEOUT) $(PKGS)
 
 # allocs runs the allocation tests (testing.AllocsPerRun) without the race detector, whose
@@ -124,6 +126,18 @@ rdma-deps:
 	echo "rdma: installing libibverbs-dev and ibverbs-utils"; \
 	apt-get update; \
 	DEBIAN_FRONTEND=noninteractive apt-get install -y libibverbs-dev ibverbs-utils
+
+# test-deps installs the services the unit tests start themselves: Debian's redis-server (the
+# directory's Redis backend is tested against it) when it is missing and we are root;
+# elsewhere those tests skip, saying so.
+test-deps:
+	@if command -v $(REDIS_SERVER) >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+		echo "test-deps: no $(REDIS_SERVER) and cannot install it (needs root and apt-get): the Redis directory tests skip"; exit 0; \
+	fi; \
+	echo "test-deps: installing redis-server"; \
+	apt-get update; \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server
 
 # rdma vets and tests the cgo verbs provider; without headers (and no root to install them)
 # it says so and skips only this part.
