@@ -197,7 +197,9 @@ func TestRedisDownAndBack(t *testing.T) {
 	cli := rawClient(t, srv, 0)
 	ctx := ctxT(t)
 	w := open(t, srv, directory.Config{TTL: time.Second}, Options{})
-	r := open(t, srv, directory.Config{Timeout: 2 * time.Second}, Options{})
+	// The resolver keeps an address found absent for a refresh period of its own TTL (20 s)
+	// and a poll: longer than the writer needs to put its registration back.
+	r := open(t, srv, directory.Config{Timeout: 2 * time.Second, TTL: time.Minute}, Options{})
 	require.NoError(t, w.Register(ctx, "p", directory.Entry{Host: "127.0.0.1", Port: 7}))
 	addr, err := r.Resolve(ctx, "p")
 	require.NoError(t, err)

@@ -57,7 +57,10 @@ const maxFlights = 4096
 // that is no server name costs one read, not one per send). Every cfg.Poll the names
 // looked up since their last read are read again (see Cache), so a cached name follows a
 // peer that restarts on a new address within about one poll period. While the service is
-// down the poll fails and cached names keep resolving as they were. A resolve of an
+// down the poll fails and cached names keep resolving as they were; a cached address whose
+// key a poll finds absent keeps resolving for a grace of one refresh period and one poll
+// (the service restarted empty: the registrations come back within a refresh), so a
+// deleted name is seen within about that. A resolve of an
 // uncached name after a failed read fails at once with ErrUnavailable while a read goes on
 // in the background.
 //
@@ -81,6 +84,7 @@ type Dir struct {
 	regs    map[string]*registration
 	seq     uint64 // numbers the reads in the order they start
 	down    bool   // the last read failed
+	lastErr error  // its error
 	closed  bool
 }
 
@@ -97,7 +101,7 @@ func New(st Store, cfg directory.Config, opt Options) *Dir {
 		opt:     opt,
 		st:      st,
 		prefix:  directory.Prefix(cfg.ClusterID),
-		cache:   NewCache(cfg.MaxCache, opt.Sweep, opt.Round),
+		cache:   NewCache(cfg.MaxCache, opt.Sweep, opt.Round, opt.Refresh+cfg.Poll),
 		flights: make(map[string]*flight),
 		regs:    make(map[string]*registration),
 	}
@@ -126,7 +130,7 @@ func (d *Dir) unavailable(op, key string, err error) error {
 func (d *Dir) result(name string, val []byte) Result {
 	key := d.prefix + name
 	if val == nil {
-		return Result{Err: fmt.Errorf("%w: %s (key %s in %s)", directory.ErrNotFound, name, key, d.opt.Conn)}
+		return Result{Err: fmt.Errorf("%w: %s (key %s in %s)", directory.ErrNotFound, name, key, d.opt.Conn), Absent: true}
 	}
 	e, err := directory.Decode(key, val)
 	if err != nil {
@@ -180,10 +184,11 @@ func (d *Dir) Resolve(ctx context.Context, name string) (string, error) {
 		d.wg.Add(1)
 		go d.fetch(name, f)
 	}
-	down := d.down
+	down, lastErr := d.down, d.lastErr
 	d.mu.Unlock()
 	if down {
-		return "", fmt.Errorf("%w: %s: resolving %s: the last read failed (reading again)", directory.ErrUnavailable, d.opt.Conn, name)
+		return "", fmt.Errorf("%w: %s: resolving %s (key %s): the last read failed, reading again: %v",
+			directory.ErrUnavailable, d.opt.Conn, name, d.prefix+name, lastErr)
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
 	defer cancel()
@@ -214,9 +219,9 @@ func (d *Dir) fetch(name string, f *flight) {
 		res = d.result(name, val)
 	}
 	d.mu.Lock()
-	d.down = err != nil
+	d.down, d.lastErr = err != nil, err
 	if err == nil && !d.closed {
-		d.cache.Store(name, res, f.seq, true)
+		d.cache.Store(name, res, f.seq, true, time.Now())
 	}
 	delete(d.flights, name)
 	f.res = res
@@ -258,7 +263,7 @@ func (d *Dir) poll() {
 	cancel()
 	if err != nil {
 		d.mu.Lock()
-		d.down = true
+		d.down, d.lastErr = true, err
 		d.mu.Unlock()
 		d.cfg.Logger.Debug().Err(err).Str("directory", d.opt.Conn).Msg("directory poll: the service did not answer; cached names stay")
 		return
@@ -267,11 +272,12 @@ func (d *Dir) poll() {
 	for i, n := range names {
 		res[i] = d.result(n, vals[i])
 	}
+	now := time.Now()
 	d.mu.Lock()
-	d.down = false
+	d.down, d.lastErr = false, nil
 	if !d.closed {
 		for i, n := range names {
-			d.cache.Store(n, res[i], seq, false)
+			d.cache.Store(n, res[i], seq, false, now)
 		}
 	}
 	d.mu.Unlock()
