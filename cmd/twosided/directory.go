@@ -1,8 +1,11 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/twosided/twosided/notify"
 	_ "github.com/twosided/twosided/notify/directory/etcd"  // --metadata etcd://…, MC_METADATA_SERVER
@@ -47,3 +50,12 @@ func (f *dirFlags) options() []notify.Option {
 	}
 	return opts
 }
+
+// quietRedisLog drops go-redis's own log lines: during an outage its pool prints one per
+// failed dial on stderr, while the directory says once that Redis is unreachable and
+// again when it is back (the engine's log).
+type quietRedisLog struct{}
+
+func (quietRedisLog) Printf(context.Context, string, ...any) {}
+
+func init() { goredis.SetLogger(quietRedisLog{}) }

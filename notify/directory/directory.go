@@ -32,10 +32,12 @@ type Config struct {
 	// ClusterID is Mooncake's MC_METADATA_CLUSTER_ID: keys live under
 	// mooncake/<ClusterID>/rpc_meta/.
 	ClusterID string
-	// TTL of the lease a registration is kept under (default 10 s, 1 s..1 h, whole
-	// seconds): the entry of a process that dies without Close disappears within it.
+	// TTL of a registration (default 10 s, 1 s..1 h, whole seconds): etcd's lease, Redis's
+	// key TTL, the TTL header sent to an HTTP server (which only twosided metadata-server
+	// honours); the entry of a process that dies without Close disappears within it.
 	TTL time.Duration
-	// Timeout bounds each request to etcd made without a shorter deadline (default 5 s).
+	// Timeout bounds each request to the service made without a shorter deadline
+	// (default 5 s).
 	Timeout time.Duration
 	// MaxCache bounds the names the cache holds (default 65536).
 	MaxCache int
