@@ -1,8 +1,8 @@
 # twosided build and check targets. `make test` is what CI runs (.ci/run) on a clean clone.
 #
 #   make test        vet, gofmt check, unit tests with -race (after test-deps: redis-server
-#                    for the directory's Redis tests), the allocation tests without
-#                    it (the race detector allocates, so they skip under -race), short
+#                    for the directory's Redis tests), the allocation tests without -race
+#                    (the race detector allocates, so they skip under it), short
 #                    fuzzing, then the cgo verbs provider (build tag rdma) on softverbs, the
 #                    userspace libibverbs of ibv/softverbs: vet, its tests and the conformance
 #                    suite, ibv_devinfo and ibv_rc_pingpong, and the engine's tests (notify,
