@@ -221,3 +221,56 @@ func TestDoctorPeerByName(t *testing.T) {
 	require.Contains(t, o.String()+e.String(), "mooncake/rpc_meta/nobody")
 	require.Contains(t, o.String()+e.String(), "peer unknown")
 }
+
+// metadata-server over https: an engine registers through MC_METADATA_SERVER=https://… with
+// the authority in TWOSIDED_METADATA_CA_FILE, and a second resolves it.
+func TestMetadataServerTLS(t *testing.T) {
+	dir := t.TempDir()
+	cert, key, err := redistest.SelfSigned(dir)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan int, 1)
+	go func() {
+		var errOut bytes.Buffer
+		code := run(ctx, []string{"metadata-server", "--listen", "127.0.0.1:0", "--tls-cert", cert, "--tls-key", key}, pw, &errOut)
+		_ = pw.CloseWithError(io.EOF)
+		done <- code
+	}()
+	sc := bufio.NewScanner(pr)
+	require.True(t, sc.Scan())
+	line := sc.Text()
+	require.True(t, strings.HasPrefix(line, "metadata server on https://"), line)
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	conn := strings.Fields(strings.TrimPrefix(line, "metadata server on "))[0]
+	t.Setenv("TWOSIDED_METADATA_CA_FILE", cert)
+	e, err := notify.FromEnv(notify.WithMetadata(conn), notify.WithServerName("tls-0"), notify.WithListenAddr("127.0.0.1:0"),
+		notify.WithTransport(notify.TransportOOB), notify.WithoutProcsReserve())
+	require.NoError(t, err)
+	r, err := notify.FromEnv(notify.WithMetadata(conn), notify.WithListenAddr("127.0.0.1:0"),
+		notify.WithTransport(notify.TransportOOB), notify.WithoutProcsReserve())
+	require.NoError(t, err)
+	sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
+	defer scancel()
+	addr, err := r.Resolve(sctx, "tls-0")
+	require.NoError(t, err)
+	require.Equal(t, e.Addr(), addr)
+	require.NoError(t, r.SendNotify(sctx, "tls-0", notify.Notify{Name: "n", Msg: []byte("x")}))
+	require.NoError(t, e.Close(sctx))
+	require.NoError(t, r.Close(sctx))
+	cancel()
+	require.Equal(t, 0, <-done)
+}
+
+func TestMetadataServerBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"metadata-server", "--tls-cert", "x"},
+		{"metadata-server", "--max-keys", "0"},
+		{"metadata-server", "--path", "metadata"},
+	} {
+		var out, errOut bytes.Buffer
+		require.Equal(t, 2, run(context.Background(), args, &out, &errOut), args)
+		require.Contains(t, errOut.String(), "Run 'twosided metadata-server --help' for usage.")
+	}
+}
