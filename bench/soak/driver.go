@@ -877,6 +877,21 @@ func (d *driver) inject(f Fault) {
 		if ap.stopped {
 			return
 		}
+		if f.Variant == KillPaused {
+			note(fmt.Sprintf("agent %d's consumers pause %d ms, then it is killed -9, down %d ms", ap.idx, f.US/1000, f.MS))
+			for _, slot := range ap.slots {
+				d.send(ap, Event{K: CmdPause, Slot: slot, MS: f.US/1000 + 1000})
+			}
+			gen := ap.gen
+			d.at(time.Now().Add(time.Duration(f.US)*time.Microsecond), func() {
+				if ap.gen == gen && ap.alive && !ap.stopped {
+					d.step(Event{K: KindFault, Err: fmt.Sprintf("kill -9 agent %d, paused", ap.idx)})
+					ap.downMS = f.MS
+					d.kill(ap, true)
+				}
+			})
+			return
+		}
 		note(fmt.Sprintf("kill -9 agent %d, down %d ms", ap.idx, f.MS))
 		ap.downMS = f.MS
 		d.kill(ap, true)
