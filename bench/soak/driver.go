@@ -499,9 +499,14 @@ type reachPair struct{ from, to string }
 // every live engine, and one of every live engine to it, must be acknowledged.
 func (d *driver) awaitReach(slot string) {
 	now := time.Now()
-	for other := range d.live {
-		if other != slot {
+	for other, id := range d.live {
+		if other == slot {
+			continue
+		}
+		if !Receiver(d.cfg.Seed, d.live[slot]) {
 			d.reach[reachPair{slot, other}] = now
+		}
+		if !Receiver(d.cfg.Seed, id) {
 			d.reach[reachPair{other, slot}] = now
 		}
 	}
@@ -763,7 +768,7 @@ func (d *driver) handle(m agentMsg) {
 		if d.running {
 			d.awaitReach(ev.Slot)
 		}
-		if !d.running {
+		if !d.running || Receiver(d.cfg.Seed, ev.Eng) {
 			return
 		}
 		for slot := range d.addrs {

@@ -96,6 +96,13 @@ func Consumer(seed uint64, slot string, inc int) string {
 	return [...]string{ConsumeRecv, ConsumeHandler, ConsumePoll}[seeded(seed, "consumer", EngineID(slot, inc)).IntN(3)]
 }
 
+// Receiver draws whether engine incarnation id only receives: one in five sends nothing,
+// as many receivers in a cluster do, so that a peer learns of its restart from nothing
+// but the path (no handshake of its own comes to tell).
+func Receiver(seed uint64, id string) bool {
+	return seeded(seed, "receiver", id).IntN(5) == 0
+}
+
 // RecvQueue draws incarnation inc of slot's receive queue bound (WithRecvQueue): the
 // default (0) or a short one that a paused consumer fills within a second, so that
 // backpressure (credits stopped, OOB answered busy) is part of the mix.
