@@ -18,6 +18,9 @@
 #undef ibv_get_device_list
 
 #define SV_EXPORT __attribute__((visibility("default")))
+/* SV_V11 makes name@@IBVERBS_1.1 the default version of a call that also has an IBVERBS_1.0
+ * entry point (compat.c); put it in the file that defines the call. */
+#define SV_V11(name) __asm__(".symver " #name ", " #name "@@@IBVERBS_1.1")
 
 enum {
 	SV_GID_TBL_LEN = 16,

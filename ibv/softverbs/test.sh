@@ -26,6 +26,91 @@ if [ ! -f "$lib/libibverbs.so.1" ]; then
 	exit 1
 fi
 
+# 0. The symbol set: every symbol and version rdma-core's libibverbs.so.1 exports (when it is
+# installed: the system's copy), and the programs and libraries linked against it load with
+# every symbol bound at once (LD_BIND_NOW / RTLD_NOW): perftest (through librdmacm), every
+# pyverbs module, the vendor provider libraries UCX and libfabric link.
+syslib=
+for d in /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib /lib/x86_64-linux-gnu; do
+	if [ -f "$d/libibverbs.so.1" ]; then syslib="$d/libibverbs.so.1"; break; fi
+done
+if ! command -v nm >/dev/null; then
+	step "symbol set equals rdma-core's" SKIPPED "nm not installed"
+elif [ -z "$syslib" ]; then
+	step "symbol set equals rdma-core's" SKIPPED "rdma-core's libibverbs.so.1 not installed"
+else
+	syms() { nm -D --with-symbol-versions --defined-only "$1" | awk '{print $2, $3}' | sort; }
+	syms "$syslib" >"$work/syms.sys"
+	syms "$lib/libibverbs.so.1" >"$work/syms.sv"
+	if diff "$work/syms.sys" "$work/syms.sv" >"$work/syms.diff"; then
+		step "symbol set equals rdma-core's ($syslib)" PASS "$(wc -l <"$work/syms.sv") symbols and versions"
+	else
+		echo "-- < only rdma-core's, > only softverbs':"; cat "$work/syms.diff"
+		step "symbol set equals rdma-core's ($syslib)" FAIL
+	fi
+fi
+loads=() noload=()
+if command -v ib_send_lat >/dev/null; then
+	if LD_BIND_NOW=1 ib_send_lat --help >"$work/load" 2>&1 || grep -q Usage "$work/load"; then
+		loads+=(perftest)
+	else
+		cat "$work/load"; step "perftest loads (LD_BIND_NOW)" FAIL
+	fi
+else
+	noload+=("perftest")
+fi
+if [ -d /usr/lib/python3/dist-packages/pyverbs ] && [ -x /usr/bin/python3 ]; then
+	if LD_BIND_NOW=1 /usr/bin/python3 - >"$work/load" 2>&1 <<-'EOF'
+		import glob, importlib, sys
+		root = "/usr/lib/python3/dist-packages/"
+		mods = sorted(p[len(root):].split(".cpython")[0].replace("/", ".")
+			      for p in glob.glob(root + "pyverbs/**/*.so", recursive=True))
+		bad = 0
+		for m in mods:
+		    try:
+		        importlib.import_module(m)
+		    except Exception as e:
+		        print("FAIL", m, e); bad = 1
+		import pyverbs.device as d
+		names = [x.name.decode() for x in d.get_device_list()]
+		print(len(mods), "modules;", names)
+		sys.exit(bad or not names)
+	EOF
+	then
+		loads+=("pyverbs ($(head -c 60 "$work/load"))")
+	else
+		cat "$work/load"; step "pyverbs imports (LD_BIND_NOW)" FAIL
+	fi
+else
+	noload+=("pyverbs")
+fi
+provs=$(ls /usr/lib/x86_64-linux-gnu/libibverbs/*.so /usr/lib/x86_64-linux-gnu/libmlx5.so.1 \
+	/usr/lib/x86_64-linux-gnu/libefa.so.1 /usr/lib/x86_64-linux-gnu/librdmacm.so.1 2>/dev/null)
+if [ -n "$provs" ] && [ -x /usr/bin/python3 ]; then
+	# RTLD_NOW (2) | RTLD_GLOBAL: every undefined symbol must resolve in softverbs.
+	if /usr/bin/python3 -c '
+import ctypes, sys
+bad = 0
+for l in sys.argv[1:]:
+    try:
+        ctypes.CDLL(l, mode=ctypes.RTLD_GLOBAL | 2)
+    except OSError as e:
+        print("FAIL", e); bad = 1
+sys.exit(bad)' $provs >"$work/load" 2>&1; then
+		loads+=("$(echo "$provs" | wc -l) provider libraries")
+	else
+		cat "$work/load"; step "provider libraries load (RTLD_NOW)" FAIL
+	fi
+else
+	noload+=("provider libraries")
+fi
+if [ ${#loads[@]} -gt 0 ]; then
+	step "linked programs load, every symbol bound" PASS "$(IFS=,; echo "${loads[*]}")"
+fi
+if [ ${#noload[@]} -gt 0 ]; then
+	step "linked programs load: ${noload[*]}" SKIPPED "not installed (perftest, python3-pyverbs, ibverbs-providers)"
+fi
+
 # 1. ibv_devices and ibv_devinfo -v list the device and its GID table.
 if command -v ibv_devices >/dev/null && command -v ibv_devinfo >/dev/null; then
 	if ibv_devices | tee "$work/devices" | grep -q "^ *$dev "; then

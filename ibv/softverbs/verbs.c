@@ -2322,3 +2322,34 @@ SV_EXPORT int ibv_close_device(struct ibv_context *context)
 	free(c);
 	return 0;
 }
+
+/* Default versions of the calls that also have an IBVERBS_1.0 entry point (compat.c). */
+SV_V11(ibv_ack_async_event);
+SV_V11(ibv_ack_cq_events);
+SV_V11(ibv_alloc_pd);
+SV_V11(ibv_attach_mcast);
+SV_V11(ibv_close_device);
+SV_V11(ibv_create_ah);
+SV_V11(ibv_create_cq);
+SV_V11(ibv_create_qp);
+SV_V11(ibv_create_srq);
+SV_V11(ibv_dealloc_pd);
+SV_V11(ibv_dereg_mr);
+SV_V11(ibv_destroy_ah);
+SV_V11(ibv_destroy_cq);
+SV_V11(ibv_destroy_qp);
+SV_V11(ibv_destroy_srq);
+SV_V11(ibv_detach_mcast);
+SV_V11(ibv_get_async_event);
+SV_V11(ibv_get_cq_event);
+SV_V11(ibv_modify_qp);
+SV_V11(ibv_modify_srq);
+SV_V11(ibv_open_device);
+SV_V11(ibv_query_device);
+SV_V11(ibv_query_gid);
+SV_V11(ibv_query_pkey);
+SV_V11(ibv_query_port);
+SV_V11(ibv_query_qp);
+SV_V11(ibv_query_srq);
+SV_V11(ibv_reg_mr);
+SV_V11(ibv_resize_cq);
