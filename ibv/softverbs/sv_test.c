@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <arpa/inet.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <infiniband/verbs.h>
@@ -510,8 +511,13 @@ static void test_bad_args(void)
 	struct ibv_send_wr *bad = NULL;
 	CHECK(ibv_post_send(s.qp, &w1, &bad) == EINVAL && bad == &w2, "num_sge > max_send_sge");
 	w2.num_sge = 1;
-	w2.opcode = IBV_WR_RDMA_WRITE;
-	CHECK(ibv_post_send(s.qp, &w2, &bad) == EINVAL && bad == &w2, "RDMA WRITE unsupported");
+	w2.opcode = IBV_WR_BIND_MW;
+	CHECK(ibv_post_send(s.qp, &w2, &bad) == EINVAL && bad == &w2, "BIND_MW unsupported");
+	w2.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD; /* one SGE of 8 bytes */
+	CHECK(ibv_post_send(s.qp, &w2, &bad) == 0, "atomic with one 8-byte SGE");
+	w2.num_sge = 0;
+	CHECK(ibv_post_send(s.qp, &w2, &bad) == EINVAL && bad == &w2, "atomic without an SGE");
+	w2.num_sge = 1;
 	w2.opcode = IBV_WR_SEND;
 	w2.send_flags = IBV_SEND_INLINE; /* max_inline_data is 0 */
 	CHECK(ibv_post_send(s.qp, &w2, &bad) == EINVAL && bad == &w2, "inline above max_inline_data");
@@ -1202,6 +1208,340 @@ static void run_tests(const struct sv_case *t, size_t n)
 	}
 }
 
+/* ---- RDMA WRITE, READ, atomics ---- */
+
+enum { RBUF = 256 * 1024 };
+
+static int set_access(struct ibv_qp *qp, int flags)
+{
+	struct ibv_qp_attr a = {.qp_access_flags = (unsigned)flags};
+	return ibv_modify_qp(qp, &a, IBV_QP_ACCESS_FLAGS);
+}
+
+static const int REMOTE_ALL = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+			      IBV_ACCESS_REMOTE_ATOMIC;
+
+static int post_rdma(struct ibv_qp *qp, enum ibv_wr_opcode op, uint64_t id, struct ibv_sge *sg, int nsge,
+		     uint64_t raddr, uint32_t rkey, uint32_t imm)
+{
+	struct ibv_send_wr wr = {.wr_id = id, .sg_list = sg, .num_sge = nsge, .opcode = op,
+				 .send_flags = IBV_SEND_SIGNALED, .imm_data = imm}, *bad;
+	wr.wr.rdma.remote_addr = raddr;
+	wr.wr.rdma.rkey = rkey;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+static int post_atomic(struct ibv_qp *qp, enum ibv_wr_opcode op, uint64_t id, struct ibv_sge *sg, uint64_t raddr,
+		       uint32_t rkey, uint64_t cmp_add, uint64_t swap)
+{
+	struct ibv_send_wr wr = {.wr_id = id, .sg_list = sg, .num_sge = 1, .opcode = op,
+				 .send_flags = IBV_SEND_SIGNALED}, *bad;
+	wr.wr.atomic.remote_addr = raddr;
+	wr.wr.atomic.rkey = rkey;
+	wr.wr.atomic.compare_add = cmp_add;
+	wr.wr.atomic.swap = swap;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+static int one_wc(struct ibv_cq *cq, struct ibv_wc *wc)
+{
+	return wait_wcs(cq, wc, 1, 30) == 1;
+}
+
+static void test_rdma(void)
+{
+	cur_test = "rdma";
+	struct qopts o = defaults();
+	struct side a, b;
+	REQUIRE(!pair(&a, &b, o, o), "pair");
+	REQUIRE(!set_access(a.qp, REMOTE_ALL) && !set_access(b.qp, REMOTE_ALL), "access flags at RTS");
+	uint8_t *rbuf = calloc(1, RBUF);
+	struct ibv_mr *rmr = ibv_reg_mr(b.pd, rbuf, RBUF, REMOTE_ALL);
+	REQUIRE(rbuf && rmr, "remote MR");
+	uint64_t rva = (uintptr_t)rbuf;
+	struct ibv_wc wc;
+
+	/* WRITE: 100000 bytes, 98 packets at MTU 1024, no RECV used. */
+	for (int i = 0; i < 100000; i++)
+		a.buf[i] = (uint8_t)(i * 7 + 1);
+	struct ibv_sge sg = {(uintptr_t)a.buf, 100000, a.mr->lkey};
+	CHECK(post_rdma(a.qp, IBV_WR_RDMA_WRITE, 1, &sg, 1, rva + 1000, rmr->rkey, 0) == 0, "post WRITE");
+	CHECK(one_wc(a.scq, &wc) && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_WRITE &&
+		      wc.wr_id == 1 && wc.byte_len == 100000,
+	      "WRITE completes: %s op %d", ibv_wc_status_str(wc.status), wc.opcode);
+	CHECK(!memcmp(rbuf + 1000, a.buf, 100000), "WRITE placed");
+	CHECK(cq_empty_for(b.rcq, 20), "a WRITE takes no RECV");
+
+	/* WRITE with immediate: RNR until a RECV is posted, then RECV_RDMA_WITH_IMM. */
+	memset(a.buf + 200000, 0x5c, 5000);
+	sg = (struct ibv_sge){(uintptr_t)a.buf + 200000, 5000, a.mr->lkey};
+	CHECK(post_rdma(a.qp, IBV_WR_RDMA_WRITE_WITH_IMM, 2, &sg, 1, rva + 120000, rmr->rkey, htonl(0xabcd)) == 0,
+	      "post WRITE_WITH_IMM");
+	CHECK(cq_empty_for(a.scq, 50), "no RECV: not complete (RNR)");
+	CHECK(post_recv(&b, b.qp, 77, 0, 0) == 0, "recv");
+	CHECK(one_wc(b.rcq, &wc) && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM &&
+		      wc.wr_id == 77 && wc.byte_len == 5000 && (wc.wc_flags & IBV_WC_WITH_IMM) &&
+		      wc.imm_data == htonl(0xabcd),
+	      "RECV_RDMA_WITH_IMM: op %d len %u", wc.opcode, wc.byte_len);
+	CHECK(one_wc(a.scq, &wc) && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_WRITE && wc.wr_id == 2,
+	      "WRITE_WITH_IMM completes");
+	CHECK(rbuf[120000] == 0x5c && rbuf[124999] == 0x5c && rbuf[125000] == 0, "WRITE_WITH_IMM placed");
+
+	/* READ: 70000 bytes into two SGEs. */
+	struct ibv_sge two[2] = {{(uintptr_t)a.buf + 300000, 30000, a.mr->lkey},
+				 {(uintptr_t)a.buf + 400000, 40000, a.mr->lkey}};
+	CHECK(post_rdma(a.qp, IBV_WR_RDMA_READ, 3, two, 2, rva + 1000, rmr->rkey, 0) == 0, "post READ");
+	CHECK(one_wc(a.scq, &wc) && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_READ && wc.wr_id == 3 &&
+		      wc.byte_len == 70000,
+	      "READ completes: %s", ibv_wc_status_str(wc.status));
+	CHECK(!memcmp(a.buf + 300000, rbuf + 1000, 30000) && !memcmp(a.buf + 400000, rbuf + 31000, 40000),
+	      "READ placed");
+
+	/* A chain of WRITEs, READs and SENDs completes in order. */
+	CHECK(post_recv(&b, b.qp, 88, 0, 64) == 0, "recv");
+	for (int i = 0; i < 8; i++) {
+		struct ibv_sge s1 = {(uintptr_t)a.buf + 600000 + i * 3000, 3000, a.mr->lkey};
+		if (i == 7)
+			CHECK(post_send(&a, a.qp, 100 + i, 0, 16, IBV_SEND_SIGNALED) == 0, "send");
+		else
+			CHECK(post_rdma(a.qp, i % 2 ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE, 100 + i, &s1, 1,
+					rva + 150000 + i * 3000, rmr->rkey, 0) == 0,
+			      "post %d", i);
+	}
+	struct ibv_wc ws[8];
+	CHECK(wait_wcs(a.scq, ws, 8, 30) == 8, "8 WCs");
+	for (int i = 0; i < 8; i++)
+		CHECK(ws[i].status == IBV_WC_SUCCESS && ws[i].wr_id == (uint64_t)(100 + i) &&
+			      ws[i].opcode == (i == 7 ? IBV_WC_SEND : i % 2 ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE),
+		      "chain %d: %s op %d", i, ibv_wc_status_str(ws[i].status), ws[i].opcode);
+	CHECK(one_wc(b.rcq, &wc) && wc.wr_id == 88, "the SEND after them");
+
+	/* Atomics on a remote u64, host order; the original value comes back. */
+	uint64_t *rv = (uint64_t *)(rbuf + 8), *lv = (uint64_t *)(a.buf + 500000);
+	*rv = 5;
+	struct ibv_sge s8 = {(uintptr_t)lv, 8, a.mr->lkey};
+	CHECK(post_atomic(a.qp, IBV_WR_ATOMIC_FETCH_AND_ADD, 4, &s8, rva + 8, rmr->rkey, 3, 0) == 0, "post FETCH_ADD");
+	CHECK(one_wc(a.scq, &wc) && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_FETCH_ADD && wc.byte_len == 8,
+	      "FETCH_ADD completes");
+	CHECK(*lv == 5 && *rv == 8, "FETCH_ADD: got %llu, now %llu", (unsigned long long)*lv, (unsigned long long)*rv);
+	CHECK(post_atomic(a.qp, IBV_WR_ATOMIC_CMP_AND_SWP, 5, &s8, rva + 8, rmr->rkey, 8, 100) == 0, "post CMP_SWP");
+	CHECK(one_wc(a.scq, &wc) && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_COMP_SWAP, "CMP_SWP completes");
+	CHECK(*lv == 8 && *rv == 100, "CMP_SWP swapped");
+	CHECK(post_atomic(a.qp, IBV_WR_ATOMIC_CMP_AND_SWP, 6, &s8, rva + 8, rmr->rkey, 7, 1) == 0, "post CMP_SWP");
+	CHECK(one_wc(a.scq, &wc) && wc.status == IBV_WC_SUCCESS, "CMP_SWP completes");
+	CHECK(*lv == 100 && *rv == 100, "CMP_SWP compare failed: unchanged");
+
+	/* Zero-length WRITE and READ: the rkey is not checked. */
+	CHECK(post_rdma(a.qp, IBV_WR_RDMA_WRITE, 7, NULL, 0, 0, 0xdead, 0) == 0 &&
+		      post_rdma(a.qp, IBV_WR_RDMA_READ, 8, NULL, 0, 0, 0xdead, 0) == 0,
+	      "post zero-length");
+	CHECK(wait_wcs(a.scq, ws, 2, 30) == 2 && ws[0].status == IBV_WC_SUCCESS && ws[1].status == IBV_WC_SUCCESS,
+	      "zero-length complete");
+	CHECK(qp_state(a.qp) == IBV_QPS_RTS && qp_state(b.qp) == IBV_QPS_RTS, "both still RTS");
+	ibv_dereg_mr(rmr);
+	free(rbuf);
+	free_side(&a);
+	free_side(&b);
+}
+
+/* Each remote error: the requester's WC, the WR after it flushed, the responder's QP in ERR
+ * (with QP_ACCESS_ERR for access errors). */
+static void test_rdma_errors(void)
+{
+	cur_test = "rdma errors";
+	enum { BAD_RKEY, PAST_END, MR_NO_WRITE, QP_NO_READ, MISALIGNED, LOCAL_NO_WRITE, NCASE };
+	static const char *const names[NCASE] = {"bad rkey", "READ past the MR", "MR without REMOTE_WRITE",
+						 "QP without REMOTE_READ", "misaligned atomic",
+						 "READ into an MR without LOCAL_WRITE"};
+	for (int k = 0; k < NCASE; k++) {
+		struct qopts o = defaults();
+		struct side a, b;
+		REQUIRE(!pair(&a, &b, o, o), "pair");
+		REQUIRE(!set_access(b.qp, k == QP_NO_READ ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE : REMOTE_ALL),
+			"access");
+		uint8_t *rbuf = calloc(1, 65536);
+		struct ibv_mr *rmr = ibv_reg_mr(b.pd, rbuf, 65536,
+						k == MR_NO_WRITE ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ : REMOTE_ALL);
+		struct ibv_mr *ro = ibv_reg_mr(a.pd, a.buf + 800000, 4096, 0);
+		REQUIRE(rbuf && rmr && ro, "MRs");
+		uint64_t rva = (uintptr_t)rbuf;
+		struct ibv_sge sg = {(uintptr_t)a.buf, 2000, a.mr->lkey};
+		struct ibv_sge s8 = {(uintptr_t)a.buf, 8, a.mr->lkey};
+		struct ibv_sge sro = {(uintptr_t)a.buf + 800000, 2000, ro->lkey};
+		int rc = -1;
+		enum ibv_wc_status want = IBV_WC_REM_ACCESS_ERR;
+		switch (k) {
+		case BAD_RKEY:
+			rc = post_rdma(a.qp, IBV_WR_RDMA_WRITE, 1, &sg, 1, rva, rmr->rkey + 1, 0);
+			break;
+		case PAST_END:
+			rc = post_rdma(a.qp, IBV_WR_RDMA_READ, 1, &sg, 1, rva + 65536 - 1000, rmr->rkey, 0);
+			break;
+		case MR_NO_WRITE:
+			rc = post_rdma(a.qp, IBV_WR_RDMA_WRITE, 1, &sg, 1, rva, rmr->rkey, 0);
+			break;
+		case QP_NO_READ:
+			rc = post_rdma(a.qp, IBV_WR_RDMA_READ, 1, &sg, 1, rva, rmr->rkey, 0);
+			break;
+		case MISALIGNED:
+			rc = post_atomic(a.qp, IBV_WR_ATOMIC_FETCH_AND_ADD, 1, &s8, rva + 4, rmr->rkey, 1, 0);
+			want = IBV_WC_REM_INV_REQ_ERR;
+			break;
+		case LOCAL_NO_WRITE:
+			rc = post_rdma(a.qp, IBV_WR_RDMA_READ, 1, &sro, 1, rva, rmr->rkey, 0);
+			want = IBV_WC_LOC_PROT_ERR;
+			break;
+		}
+		CHECK(rc == 0, "%s: post", names[k]);
+		CHECK(post_send(&a, a.qp, 2, 0, 16, IBV_SEND_SIGNALED) == 0, "%s: post the next", names[k]);
+		struct ibv_wc ws[2];
+		CHECK(wait_wcs(a.scq, ws, 2, 30) == 2, "%s: two WCs", names[k]);
+		CHECK(ws[0].wr_id == 1 && ws[0].status == want, "%s: %s, want %s", names[k], ibv_wc_status_str(ws[0].status),
+		      ibv_wc_status_str(want));
+		CHECK(ws[1].wr_id == 2 && ws[1].status == IBV_WC_WR_FLUSH_ERR, "%s: next flushed", names[k]);
+		CHECK(qp_state(a.qp) == IBV_QPS_ERR, "%s: requester ERR", names[k]);
+		if (k != LOCAL_NO_WRITE) {
+			double end = now_s() + 10;
+			while (qp_state(b.qp) != IBV_QPS_ERR && now_s() < end)
+				sleep_ms(1);
+			CHECK(qp_state(b.qp) == IBV_QPS_ERR, "%s: responder ERR", names[k]);
+			struct ibv_async_event ev;
+			if (want == IBV_WC_REM_ACCESS_ERR) {
+				CHECK(next_async(b.ctx, IBV_EVENT_QP_ACCESS_ERR, &ev, 10) == 0 && ev.element.qp == b.qp,
+				      "%s: QP_ACCESS_ERR on the responder", names[k]);
+				ibv_ack_async_event(&ev);
+			}
+		} else {
+			CHECK(qp_state(b.qp) == IBV_QPS_RTS, "%s: responder untouched", names[k]);
+		}
+		ibv_dereg_mr(ro);
+		ibv_dereg_mr(rmr);
+		free(rbuf);
+		free_side(&a);
+		free_side(&b);
+	}
+}
+
+/* 10 % loss: WRITEs and READs arrive whole, atomics are executed once each (a duplicate
+ * request gets the saved response). */
+static void test_rdma_loss(void)
+{
+	cur_test = "rdma loss";
+	struct qopts o = defaults();
+	o.send_wr = 128;
+	struct side a, b;
+	REQUIRE(!pair(&a, &b, o, o), "pair");
+	REQUIRE(!set_access(b.qp, REMOTE_ALL), "access");
+	uint8_t *rbuf = calloc(1, RBUF);
+	struct ibv_mr *rmr = ibv_reg_mr(b.pd, rbuf, RBUF, REMOTE_ALL);
+	REQUIRE(rbuf && rmr, "remote MR");
+	uint64_t rva = (uintptr_t)rbuf;
+	set_ctl("drop_pct=10\n");
+	sleep_ms(300);
+	const int n = 10, sz = 20000, na = 10;
+	for (int i = 0; i < n * sz; i++)
+		a.buf[i] = (uint8_t)(i * 11 + 3);
+	for (int i = 0; i < n; i++) {
+		struct ibv_sge s = {(uintptr_t)a.buf + i * sz, sz, a.mr->lkey};
+		CHECK(post_rdma(a.qp, IBV_WR_RDMA_WRITE, i, &s, 1, rva + i * sz, rmr->rkey, 0) == 0, "write");
+	}
+	for (int i = 0; i < n; i++) {
+		struct ibv_sge s = {(uintptr_t)a.buf + 300000 + i * sz, sz, a.mr->lkey};
+		CHECK(post_rdma(a.qp, IBV_WR_RDMA_READ, n + i, &s, 1, rva + i * sz, rmr->rkey, 0) == 0, "read");
+	}
+	uint64_t *ctr = (uint64_t *)(rbuf + RBUF - 8);
+	for (int i = 0; i < na; i++) {
+		struct ibv_sge s = {(uintptr_t)a.buf + 600000 + i * 8, 8, a.mr->lkey};
+		CHECK(post_atomic(a.qp, IBV_WR_ATOMIC_FETCH_AND_ADD, 2 * n + i, &s, rva + RBUF - 8, rmr->rkey, 1, 0) == 0,
+		      "fetch_add");
+	}
+	struct ibv_wc ws[2 * 10 + 10];
+	int got = wait_wcs(a.scq, ws, 2 * n + na, 120);
+	CHECK(got == 2 * n + na, "got %d of %d", got, 2 * n + na);
+	for (int i = 0; i < got; i++)
+		CHECK(ws[i].status == IBV_WC_SUCCESS && ws[i].wr_id == (uint64_t)i, "wc %d: %s", i,
+		      ibv_wc_status_str(ws[i].status));
+	set_ctl("");
+	sleep_ms(300);
+	CHECK(!memcmp(rbuf, a.buf, n * sz), "WRITEs placed");
+	CHECK(!memcmp(a.buf + 300000, a.buf, n * sz), "READs placed");
+	CHECK(*ctr == (uint64_t)na, "each FETCH_ADD once: %llu", (unsigned long long)*ctr);
+	for (int i = 0; i < na; i++)
+		CHECK(((uint64_t *)(a.buf + 600000))[i] == (uint64_t)i, "FETCH_ADD %d saw %d", i, i);
+	ibv_dereg_mr(rmr);
+	free(rbuf);
+	free_side(&a);
+	free_side(&b);
+}
+
+/* Across processes: the responder's memory is in a child; WRITE, READ back, FETCH_ADD, and
+ * the child checks its memory. */
+static void test_rdma_process(void)
+{
+	cur_test = "rdma across processes";
+	int up[2], down[2];
+	REQUIRE(!pipe(up) && !pipe(down), "pipes");
+	pid_t pid = fork();
+	REQUIRE(pid >= 0, "fork");
+	if (pid == 0) {
+		struct side b;
+		uint32_t peer = 0;
+		if (new_side(&b, defaults()))
+			_exit(3);
+		uint8_t *rbuf = calloc(1, 65536);
+		struct ibv_mr *rmr = ibv_reg_mr(b.pd, rbuf, 65536, REMOTE_ALL);
+		if (!rbuf || !rmr)
+			_exit(4);
+		uint64_t info[3] = {b.qp->qp_num, rmr->rkey, (uintptr_t)rbuf};
+		if (write(up[1], info, sizeof(info)) != sizeof(info) || read(down[0], &peer, 4) != 4)
+			_exit(5);
+		if (connect_qp(b.qp, b.ctx, peer, defaults()) || set_access(b.qp, REMOTE_ALL))
+			_exit(6);
+		if (write(up[1], &peer, 4) != 4 || read(down[0], &peer, 4) != 4)
+			_exit(7);
+		for (int i = 0; i < 50000; i++)
+			if (rbuf[i] != (uint8_t)(i * 3 + 1))
+				_exit(8);
+		if (*(uint64_t *)(rbuf + 65528) != 42)
+			_exit(9);
+		_exit(0);
+	}
+	struct side a;
+	uint64_t info[3];
+	uint32_t peer;
+	REQUIRE(!new_side(&a, defaults()), "side");
+	REQUIRE(read(up[0], info, sizeof(info)) == sizeof(info), "child info");
+	uint32_t mine = a.qp->qp_num;
+	REQUIRE(write(down[1], &mine, 4) == 4, "send qpn");
+	REQUIRE(read(up[0], &peer, 4) == 4, "child ready");
+	REQUIRE(connect_qp(a.qp, a.ctx, (uint32_t)info[0], defaults()) == 0, "connect");
+	for (int i = 0; i < 50000; i++)
+		a.buf[i] = (uint8_t)(i * 3 + 1);
+	struct ibv_sge s = {(uintptr_t)a.buf, 50000, a.mr->lkey};
+	struct ibv_sge r = {(uintptr_t)a.buf + 100000, 50000, a.mr->lkey};
+	struct ibv_sge s8 = {(uintptr_t)a.buf + 200000, 8, a.mr->lkey};
+	CHECK(post_rdma(a.qp, IBV_WR_RDMA_WRITE, 1, &s, 1, info[2], (uint32_t)info[1], 0) == 0, "write");
+	CHECK(post_rdma(a.qp, IBV_WR_RDMA_READ, 2, &r, 1, info[2], (uint32_t)info[1], 0) == 0, "read");
+	CHECK(post_atomic(a.qp, IBV_WR_ATOMIC_FETCH_AND_ADD, 3, &s8, info[2] + 65528, (uint32_t)info[1], 42, 0) == 0,
+	      "fetch_add");
+	struct ibv_wc ws[3];
+	CHECK(wait_wcs(a.scq, ws, 3, 30) == 3, "3 WCs");
+	for (int i = 0; i < 3; i++)
+		CHECK(ws[i].status == IBV_WC_SUCCESS && ws[i].wr_id == (uint64_t)(i + 1), "wc %d: %s", i,
+		      ibv_wc_status_str(ws[i].status));
+	CHECK(!memcmp(a.buf + 100000, a.buf, 50000), "READ back what was written");
+	CHECK(*(uint64_t *)(a.buf + 200000) == 0, "FETCH_ADD original 0");
+	CHECK(write(down[1], &mine, 4) == 4, "tell the child");
+	int st = 0;
+	waitpid(pid, &st, 0);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child saw its memory (status %d)", st);
+	free_side(&a);
+	close(up[0]);
+	close(up[1]);
+	close(down[0]);
+	close(down[1]);
+}
+
 /* run_devices runs the tests of several devices in a child of this program: the device list
  * is read once per process, from the environment. */
 static void run_devices(const char *self)
@@ -1249,6 +1589,8 @@ int main(int argc, char **argv)
 		{"delivery", test_delivery}, {"post before RTS", test_post_before_rts}, {"rnr", test_rnr}, {"flush", test_flush},
 		{"overrun", test_overrun}, {"channel", test_channel}, {"dead peer", test_dead_peer},
 		{"loss", test_loss}, {"faults", test_faults},
+		{"rdma", test_rdma}, {"rdma errors", test_rdma_errors}, {"rdma loss", test_rdma_loss},
+		{"rdma across processes", test_rdma_process},
 	};
 	static const struct sv_case several[] = {
 		{"device list", test_device_list}, {"two devices", test_device_traffic},

@@ -60,18 +60,43 @@ struct sv_mr {
 	struct ibv_mr mr;
 	struct sv_pd *pd;
 	int access;
+	uint64_t iova; /* the address remote peers use for mr.addr */
 	struct sv_mr *next;
 };
 
 struct sv_swqe {
 	uint64_t wr_id;
-	int signaled, solicited, imm_valid;
+	enum ibv_wr_opcode op;
+	int signaled, solicited, imm_valid, fence;
 	uint32_t imm;
-	uint8_t *data;
-	uint32_t len;
+	uint8_t *data;          /* SEND, WRITE: the data, copied at post time */
+	uint32_t len;           /* message length (READ: of the local SGEs; atomics: 8) */
+	uint64_t rva;           /* WRITE, READ, atomics: remote address and key */
+	uint32_t rkey;
+	uint64_t swap, cmp;     /* atomics: swap or add, compare */
+	struct ibv_sge *sge;    /* READ, atomics: where the response lands */
+	int nsge;
 	enum ibv_wc_status pre; /* an error found at post time, reported in order */
 	uint32_t first_psn, npkts;
+	uint32_t rd_got;        /* READ, atomics: response packets placed */
 };
+
+/* sv_is_rd: a READ or an atomic, completed by its responses rather than by an ACK. */
+static inline int sv_is_rd(const struct sv_swqe *w)
+{
+	return w->op == IBV_WR_RDMA_READ || w->op == IBV_WR_ATOMIC_CMP_AND_SWP ||
+	       w->op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+
+static void sv_swqe_free(struct sv_swqe *w)
+{
+	free(w->data);
+	w->data = NULL;
+	free(w->sge);
+	w->sge = NULL;
+}
+
+enum { SV_ACACHE = 16 }; /* atomic responses kept for duplicate requests (max_dest_rd_atomic) */
 
 struct sv_rwqe {
 	uint64_t wr_id;
@@ -103,6 +128,15 @@ struct sv_qp {
 	uint32_t rq_cap, rq_tail, rq_head, rq_released;
 	uint32_t epsn, msg_off;
 	int in_msg, nak_sent;
+	int msg_write, msg_imm;   /* the message in progress is an RDMA WRITE (with immediate) */
+	uint8_t *wr_ptr;          /* WRITE: where it lands, and its length */
+	uint32_t wr_len;
+	struct {
+		uint32_t psn;
+		int valid;
+		uint64_t orig;
+	} acache[SV_ACACHE];
+	int acache_next;
 
 	int overrun;
 	uint32_t ev_reported; /* async events handed out (atomic) */
@@ -336,7 +370,7 @@ static void sv_fill_device_attr(const struct sv_dev *d, struct ibv_device_attr *
 	a->max_ee_rd_atom = 0;
 	a->max_res_rd_atom = SV_MAX_RD_ATOM * SV_NQPN;
 	a->max_qp_init_rd_atom = SV_MAX_RD_ATOM;
-	a->atomic_cap = IBV_ATOMIC_NONE;
+	a->atomic_cap = IBV_ATOMIC_HCA;
 	a->max_mw = 0;
 	a->max_mcast_grp = 0;
 	a->max_ah = 0;
@@ -954,7 +988,7 @@ static struct ibv_mr *sv_reg(struct ibv_pd *ibpd, void *addr, size_t length, uin
 	m->mr.rkey = key;
 	m->pd = (struct sv_pd *)ibpd;
 	m->access = access;
-	(void)iova;
+	m->iova = iova;
 	m->next = c->mrs[key % SV_MR_BUCKETS];
 	c->mrs[key % SV_MR_BUCKETS] = m;
 	m->pd->refs++;
@@ -1029,6 +1063,21 @@ static int sv_mr_check(struct sv_ctx *c, struct sv_pd *pd, uint32_t lkey, uint64
 	return 0;
 }
 
+/* sv_mr_remote finds the MR of [va, va+len) (its iova space) under rkey in pd, with the access
+ * needed, and gives the local address of va; NULL when the key, the PD, the rights or the
+ * bounds fail (a remote access error). */
+static uint8_t *sv_mr_remote(struct sv_ctx *c, struct sv_pd *pd, uint32_t rkey, uint64_t va, uint64_t len,
+			     int need)
+{
+	struct sv_mr *m = sv_mr_find(c, rkey);
+	if (!m || m->pd != pd || (m->access & need) != need)
+		return NULL;
+	uint64_t lo = m->iova, hi = lo + m->mr.length;
+	if (va < lo || va > hi || len > hi - va)
+		return NULL;
+	return (uint8_t *)m->mr.addr + (va - lo);
+}
+
 /* ---- QP engine ---- */
 
 static int64_t sv_ack_timeout_ns(uint8_t t)
@@ -1065,7 +1114,7 @@ static void sv_arm(struct sv_qp *q, int64_t now)
 static void sv_send_pkt(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload)
 {
 	struct sv_ctx *c = q->ctx;
-	uint8_t buf[SV_HDR_LEN + SV_MAX_PAYLOAD];
+	uint8_t buf[SV_MAX_HDR + SV_MAX_PAYLOAD];
 	if (!sv_port_active(c)) {
 		sv_count(c->dev, SV_CNT_TX_DROPPED);
 		return;
@@ -1076,12 +1125,12 @@ static void sv_send_pkt(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *
 		return;
 	}
 	sv_count(c->dev, SV_CNT_TX_PACKETS);
-	sv_encode(h, buf);
+	size_t hl = sv_encode(h, buf);
 	if (h->len)
-		memcpy(buf + SV_HDR_LEN, payload, h->len);
+		memcpy(buf + hl, payload, h->len);
 	/* Non-blocking: a full socket buffer loses the packet, as a congested link would; the
 	 * retransmit timer recovers it. */
-	if (sendto(q->fd, buf, SV_HDR_LEN + h->len, MSG_DONTWAIT, (struct sockaddr *)&q->dest,
+	if (sendto(q->fd, buf, hl + h->len, MSG_DONTWAIT, (struct sockaddr *)&q->dest,
 		   sizeof(q->dest)) < 0) {
 		/* lost */
 	}
@@ -1099,8 +1148,25 @@ static void sv_complete_send(struct sv_qp *q, uint32_t idx, enum ibv_wc_status s
 	struct sv_swqe *w = &q->sq[idx % q->sq_cap];
 	if (st == IBV_WC_SUCCESS && !w->signaled)
 		return;
-	struct ibv_wc wc = {.wr_id = w->wr_id, .status = st,
-			    .opcode = IBV_WC_SEND,
+	enum ibv_wc_opcode op = IBV_WC_SEND;
+	switch (w->op) {
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		op = IBV_WC_RDMA_WRITE;
+		break;
+	case IBV_WR_RDMA_READ:
+		op = IBV_WC_RDMA_READ;
+		break;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+		op = IBV_WC_COMP_SWAP;
+		break;
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		op = IBV_WC_FETCH_ADD;
+		break;
+	default:
+		break;
+	}
+	struct ibv_wc wc = {.wr_id = w->wr_id, .status = st, .opcode = op,
 			    .byte_len = w->len, .qp_num = q->qp.qp_num};
 	if (sv_cq_push(q->scq, &wc, q, 1, idx + 1, 0))
 		q->overrun = 1;
@@ -1115,10 +1181,13 @@ static void sv_complete_recv(struct sv_qp *q, uint32_t idx, enum ibv_wc_status s
 	int sol = 0;
 	if (h) {
 		wc.src_qp = h->sqpn;
-		if (h->op == SV_OP_SEND_LAST_IMM || h->op == SV_OP_SEND_ONLY_IMM) {
+		if (h->op == SV_OP_SEND_LAST_IMM || h->op == SV_OP_SEND_ONLY_IMM ||
+		    h->op == SV_OP_WRITE_LAST_IMM || h->op == SV_OP_WRITE_ONLY_IMM) {
 			wc.wc_flags |= IBV_WC_WITH_IMM;
 			wc.imm_data = h->imm;
 		}
+		if (h->op == SV_OP_WRITE_LAST_IMM || h->op == SV_OP_WRITE_ONLY_IMM)
+			wc.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
 		sol = h->flags & SV_FLAG_SOLICITED;
 	}
 	if (sv_cq_push(q->rcq, &wc, q, 0, idx + 1, sol))
@@ -1136,8 +1205,7 @@ static void sv_qp_error(struct sv_qp *q)
 		struct sv_swqe *w = &q->sq[i % q->sq_cap];
 		w->signaled = 1; /* error completions are always reported */
 		sv_complete_send(q, i, IBV_WC_WR_FLUSH_ERR);
-		free(w->data);
-		w->data = NULL;
+		sv_swqe_free(w);
 	}
 	q->sq_done = q->sq_send = q->sq_tail;
 	q->sq_pkt = 0;
@@ -1159,8 +1227,7 @@ static void sv_fail(struct sv_qp *q, enum ibv_wc_status st)
 		struct sv_swqe *w = &q->sq[q->sq_done % q->sq_cap];
 		w->signaled = 1;
 		sv_complete_send(q, q->sq_done, st);
-		free(w->data);
-		w->data = NULL;
+		sv_swqe_free(w);
 		q->sq_done++;
 		if (q->sq_send - q->sq_done > q->sq_tail - q->sq_done) {
 			q->sq_send = q->sq_done;
@@ -1174,6 +1241,19 @@ static int sv_inflight(struct sv_qp *q)
 {
 	return q->sq_done != q->sq_send || q->sq_pkt;
 }
+
+/* sv_rd_outstanding counts the READs and atomics whose requests left and whose responses
+ * have not all come back (the initiator depth max_rd_atomic bounds it). */
+static uint32_t sv_rd_outstanding(struct sv_qp *q)
+{
+	uint32_t n = 0, end = q->sq_send + (q->sq_pkt ? 1 : 0);
+	for (uint32_t i = q->sq_done; i != end; i++)
+		if (sv_is_rd(&q->sq[i % q->sq_cap]))
+			n++;
+	return n;
+}
+
+enum { SV_READ_SEG = 32 }; /* response packets asked for by one READ request packet */
 
 static void sv_pump(struct sv_qp *q, int64_t now)
 {
@@ -1189,19 +1269,82 @@ static void sv_pump(struct sv_qp *q, int64_t now)
 		}
 		if (sv_psn_diff(q->next_psn, q->acked_psn) > SV_WINDOW)
 			return;
+		int rd = sv_is_rd(w);
 		if (q->sq_pkt == 0) {
+			/* A fenced WR waits for the READs and atomics before it; a READ or atomic
+			 * waits while max_rd_atomic of them are outstanding. */
+			if (w->fence || rd) {
+				uint32_t out = sv_rd_outstanding(q);
+				uint32_t depth = q->attr.max_rd_atomic ? q->attr.max_rd_atomic : 1;
+				if ((w->fence && out) || (rd && out >= depth))
+					return;
+			}
 			/* PSNs and packets are assigned as the message leaves, at the path MTU of
-			 * the connection (WRs may be posted before RTR set it). */
+			 * the connection (WRs may be posted before RTR set it); a READ takes one
+			 * PSN per response packet. */
 			w->first_psn = q->next_psn;
 			w->npkts = w->len ? (w->len + q->mtu_bytes - 1) / q->mtu_bytes : 1;
+			if (w->op == IBV_WR_ATOMIC_CMP_AND_SWP || w->op == IBV_WR_ATOMIC_FETCH_AND_ADD)
+				w->npkts = 1;
+			w->rd_got = 0;
 		}
+		struct sv_hdr h = {.dqpn = q->attr.dest_qp_num, .sqpn = q->qp.qp_num, .psn = q->next_psn};
+		if (rd) {
+			uint32_t m = 1;
+			if (w->op == IBV_WR_RDMA_READ) {
+				/* ask for up to SV_READ_SEG response packets at a time, so that the
+				 * window bounds the responses in flight as it bounds SENDs */
+				m = w->npkts - q->sq_pkt;
+				if (m > SV_READ_SEG)
+					m = SV_READ_SEG;
+				uint64_t off = (uint64_t)q->sq_pkt * q->mtu_bytes;
+				uint64_t n = (uint64_t)m * q->mtu_bytes;
+				h.op = SV_OP_READ_REQ;
+				h.aux = (uint8_t)q->attr.path_mtu;
+				h.va = w->rva + off;
+				h.rkey = w->rkey;
+				h.dlen = (uint32_t)(w->len - off < n ? w->len - off : n);
+			} else {
+				h.op = w->op == IBV_WR_ATOMIC_CMP_AND_SWP ? SV_OP_CMP_SWP : SV_OP_FETCH_ADD;
+				h.va = w->rva;
+				h.rkey = w->rkey;
+				h.data0 = w->swap;
+				h.data1 = w->op == IBV_WR_ATOMIC_CMP_AND_SWP ? w->cmp : 0;
+			}
+			sv_send_pkt(q, &h, NULL);
+			q->next_psn = (q->next_psn + m) & SV_PSN_MASK;
+			if (!q->ack_deadline)
+				sv_arm(q, now);
+			q->sq_pkt += m;
+			if (q->sq_pkt == w->npkts) {
+				q->sq_send++;
+				q->sq_pkt = 0;
+			}
+			continue;
+		}
+		int write = w->op == IBV_WR_RDMA_WRITE || w->op == IBV_WR_RDMA_WRITE_WITH_IMM;
 		uint32_t off = q->sq_pkt * q->mtu_bytes;
 		uint32_t left = w->len - off;
 		uint32_t n = left < q->mtu_bytes ? left : q->mtu_bytes;
 		int first = q->sq_pkt == 0, last = q->sq_pkt + 1 == w->npkts;
-		struct sv_hdr h = {.dqpn = q->attr.dest_qp_num, .sqpn = q->qp.qp_num, .psn = q->next_psn,
-				   .len = (uint16_t)n};
-		if (first && last)
+		h.len = (uint16_t)n;
+		if (write) {
+			if (first && last)
+				h.op = w->imm_valid ? SV_OP_WRITE_ONLY_IMM : SV_OP_WRITE_ONLY;
+			else if (first)
+				h.op = SV_OP_WRITE_FIRST;
+			else if (last)
+				h.op = w->imm_valid ? SV_OP_WRITE_LAST_IMM : SV_OP_WRITE_LAST;
+			else
+				h.op = SV_OP_WRITE_MIDDLE;
+			if (first) {
+				h.va = w->rva;
+				h.rkey = w->rkey;
+				h.dlen = w->len;
+			}
+			if (!last && w->imm_valid)
+				h.flags = SV_FLAG_IMM;
+		} else if (first && last)
 			h.op = w->imm_valid ? SV_OP_SEND_ONLY_IMM : SV_OP_SEND_ONLY;
 		else if (first)
 			h.op = SV_OP_SEND_FIRST;
@@ -1212,7 +1355,7 @@ static void sv_pump(struct sv_qp *q, int64_t now)
 		if (last) {
 			if (w->imm_valid)
 				h.imm = w->imm;
-			if (w->solicited)
+			if (w->solicited && (!write || w->imm_valid))
 				h.flags = SV_FLAG_SOLICITED;
 		}
 		sv_send_pkt(q, &h, w->data ? w->data + off : NULL);
@@ -1228,13 +1371,16 @@ static void sv_pump(struct sv_qp *q, int64_t now)
 	}
 }
 
+/* sv_rewind goes back to the oldest unacknowledged WQE; a READ resumes after the response
+ * packets already placed. */
 static void sv_rewind(struct sv_qp *q)
 {
 	if (!sv_inflight(q))
 		return;
-	q->next_psn = q->sq[q->sq_done % q->sq_cap].first_psn;
+	struct sv_swqe *w = &q->sq[q->sq_done % q->sq_cap];
 	q->sq_send = q->sq_done;
-	q->sq_pkt = 0;
+	q->sq_pkt = sv_is_rd(w) ? w->rd_got : 0;
+	q->next_psn = (w->first_psn + q->sq_pkt) & SV_PSN_MASK;
 }
 
 /* sv_ack applies a cumulative ACK of psn a; 1 when it acknowledged something new. */
@@ -1242,6 +1388,22 @@ static int sv_ack(struct sv_qp *q, uint32_t a, int64_t now)
 {
 	if (sv_psn_diff(a, q->acked_psn) <= 0 || sv_psn_diff(a, q->next_psn) >= 0)
 		return 0; /* duplicate, or for a PSN never sent */
+	/* Only its responses complete a READ or an atomic: an ACK (a responder's answer to a
+	 * duplicate) covers no more than the response packets placed. */
+	uint32_t end = q->sq_send + (q->sq_pkt ? 1 : 0);
+	for (uint32_t i = q->sq_done; i != end; i++) {
+		struct sv_swqe *w = &q->sq[i % q->sq_cap];
+		if (sv_is_rd(w) && w->rd_got < w->npkts) {
+			uint32_t lim = (w->first_psn + w->rd_got - 1) & SV_PSN_MASK;
+			if (sv_psn_diff(a, lim) > 0)
+				a = lim;
+			break;
+		}
+		if (sv_psn_diff(a, (w->first_psn + w->npkts - 1) & SV_PSN_MASK) < 0)
+			break;
+	}
+	if (sv_psn_diff(a, q->acked_psn) <= 0)
+		return 0;
 	q->acked_psn = a;
 	q->retries = 0;
 	q->rnr_retries = 0;
@@ -1251,8 +1413,7 @@ static int sv_ack(struct sv_qp *q, uint32_t a, int64_t now)
 		if (sv_psn_diff(a, last) < 0)
 			break;
 		sv_complete_send(q, q->sq_done, IBV_WC_SUCCESS);
-		free(w->data);
-		w->data = NULL;
+		sv_swqe_free(w);
 		q->sq_done++;
 	}
 	q->ack_deadline = 0;
@@ -1291,24 +1452,27 @@ static void sv_on_nak(struct sv_qp *q, const struct sv_hdr *h, int64_t now)
 	case SV_NAK_INV_REQ:
 		sv_fail(q, IBV_WC_REM_INV_REQ_ERR);
 		return;
+	case SV_NAK_REM_ACCESS:
+		sv_fail(q, IBV_WC_REM_ACCESS_ERR);
+		return;
 	default:
 		sv_fail(q, IBV_WC_REM_OP_ERR);
 		return;
 	}
 }
 
-/* sv_scatter places len bytes at message offset off into the RECV w. */
-static enum ibv_wc_status sv_scatter(struct sv_qp *q, struct sv_rwqe *w, uint32_t off, const uint8_t *p,
-				     uint32_t len)
+/* sv_scatter places len bytes at message offset off into the SGE list sge[0..nsge). */
+static enum ibv_wc_status sv_scatter(struct sv_qp *q, const struct ibv_sge *sge, int nsge, uint32_t off,
+				     const uint8_t *p, uint32_t len)
 {
 	uint64_t total = 0;
-	for (int i = 0; i < w->nsge; i++)
-		total += w->sge[i].length;
+	for (int i = 0; i < nsge; i++)
+		total += sge[i].length;
 	if ((uint64_t)off + len > total)
 		return IBV_WC_LOC_LEN_ERR;
 	uint64_t pos = 0;
-	for (int i = 0; i < w->nsge && len; i++) {
-		struct ibv_sge *s = &w->sge[i];
+	for (int i = 0; i < nsge && len; i++) {
+		const struct ibv_sge *s = &sge[i];
 		if (pos + s->length <= off) {
 			pos += s->length;
 			continue;
@@ -1326,14 +1490,73 @@ static enum ibv_wc_status sv_scatter(struct sv_qp *q, struct sv_rwqe *w, uint32_
 	return IBV_WC_SUCCESS;
 }
 
-static void sv_on_send(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload)
+/* sv_resp_error ends a request the responder cannot execute: the NAK, the responder QP to
+ * ERR (an access error raises IBV_EVENT_QP_ACCESS_ERR, as on a NIC). */
+static void sv_resp_error(struct sv_qp *q, uint8_t synd, uint32_t psn)
+{
+	sv_send_ctl(q, SV_OP_NAK, synd, 0, psn);
+	if (synd == SV_NAK_REM_ACCESS && q->state != IBV_QPS_ERR)
+		sv_async_push(q->ctx, IBV_EVENT_QP_ACCESS_ERR, q, 0);
+	sv_qp_error(q);
+}
+
+/* sv_qp_allows: the responder QP's qp_access_flags allow a remote access of kind need. */
+static int sv_qp_allows(struct sv_qp *q, int need)
+{
+	return (q->attr.qp_access_flags & (unsigned)need) == (unsigned)need;
+}
+
+/* sv_do_read sends the responses to a READ request at psn; 0, or -1 for an access error. */
+static int sv_do_read(struct sv_qp *q, const struct sv_hdr *h, uint32_t *npkts)
+{
+	uint32_t mtu = 128u << h->aux;
+	uint32_t m = h->dlen ? (h->dlen + mtu - 1) / mtu : 1;
+	const uint8_t *src = NULL;
+	if (h->dlen) {
+		if (!sv_qp_allows(q, IBV_ACCESS_REMOTE_READ))
+			return -1;
+		src = sv_mr_remote(q->ctx, q->pd, h->rkey, h->va, h->dlen, IBV_ACCESS_REMOTE_READ);
+		if (!src)
+			return -1;
+	}
+	for (uint32_t i = 0; i < m; i++) {
+		uint32_t off = i * mtu;
+		uint32_t n = h->dlen - off < mtu ? h->dlen - off : mtu;
+		struct sv_hdr r = {.op = SV_OP_READ_RESP, .dqpn = q->attr.dest_qp_num, .sqpn = q->qp.qp_num,
+				   .psn = (h->psn + i) & SV_PSN_MASK, .len = (uint16_t)(h->dlen ? n : 0)};
+		sv_send_pkt(q, &r, src ? src + off : NULL);
+	}
+	*npkts = m;
+	return 0;
+}
+
+static void sv_atomic_reply(struct sv_qp *q, uint32_t psn, uint64_t orig)
+{
+	struct sv_hdr r = {.op = SV_OP_ATOMIC_ACK, .dqpn = q->attr.dest_qp_num, .sqpn = q->qp.qp_num,
+			   .psn = psn, .data0 = orig};
+	sv_send_pkt(q, &r, NULL);
+}
+
+/* sv_on_request is the responder: SEND, RDMA WRITE, READ and atomic request packets. */
+static void sv_on_request(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload)
 {
 	if (q->state != IBV_QPS_RTR && q->state != IBV_QPS_RTS && q->state != IBV_QPS_SQD)
 		return;
 	int32_t d = sv_psn_diff(h->psn, q->epsn);
 	if (d < 0) {
 		sv_count(q->ctx->dev, SV_CNT_DUPLICATE);
-		sv_send_ctl(q, SV_OP_ACK, 0, 0, q->epsn - 1);
+		if (h->op == SV_OP_READ_REQ) {
+			/* a READ is executed again (it changes nothing) */
+			uint32_t m;
+			sv_do_read(q, h, &m);
+		} else if (h->op == SV_OP_CMP_SWP || h->op == SV_OP_FETCH_ADD) {
+			/* an atomic is not: its saved response is sent again */
+			for (int i = 0; i < SV_ACACHE; i++)
+				if (q->acache[i].valid && q->acache[i].psn == h->psn)
+					sv_atomic_reply(q, h->psn, q->acache[i].orig);
+		} else {
+			sv_send_ctl(q, SV_OP_ACK, 0, 0, q->epsn - 1);
+		}
 		return;
 	}
 	if (d > 0) {
@@ -1344,50 +1567,169 @@ static void sv_on_send(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *p
 		}
 		return;
 	}
-	int first = h->op == SV_OP_SEND_FIRST || h->op == SV_OP_SEND_ONLY || h->op == SV_OP_SEND_ONLY_IMM;
-	int last = h->op != SV_OP_SEND_FIRST && h->op != SV_OP_SEND_MIDDLE;
-	if (first != !q->in_msg) {
-		/* a new message inside one, or a continuation of none */
-		if (q->in_msg) {
+	int write = h->op >= SV_OP_WRITE_FIRST && h->op <= SV_OP_WRITE_ONLY_IMM;
+	int single = h->op == SV_OP_READ_REQ || h->op == SV_OP_CMP_SWP || h->op == SV_OP_FETCH_ADD;
+	int first = single || h->op == SV_OP_SEND_FIRST || h->op == SV_OP_SEND_ONLY ||
+		    h->op == SV_OP_SEND_ONLY_IMM || h->op == SV_OP_WRITE_FIRST || h->op == SV_OP_WRITE_ONLY ||
+		    h->op == SV_OP_WRITE_ONLY_IMM;
+	int last = single || (h->op != SV_OP_SEND_FIRST && h->op != SV_OP_SEND_MIDDLE &&
+			      h->op != SV_OP_WRITE_FIRST && h->op != SV_OP_WRITE_MIDDLE);
+	if (first != !q->in_msg || (q->in_msg && write != q->msg_write)) {
+		/* a new message inside one, or a continuation of none or of another kind */
+		if (q->in_msg && (!q->msg_write || q->msg_imm)) {
 			sv_complete_recv(q, q->rq_head, IBV_WC_REM_INV_REQ_ERR, q->msg_off, h);
 			q->rq_head++;
 		}
-		sv_send_ctl(q, SV_OP_NAK, SV_NAK_INV_REQ, 0, h->psn);
-		sv_qp_error(q);
+		q->in_msg = 0;
+		sv_resp_error(q, SV_NAK_INV_REQ, h->psn);
+		return;
+	}
+	if (single) {
+		q->nak_sent = 0;
+		if (h->op == SV_OP_READ_REQ) {
+			uint32_t m;
+			if (h->dlen > SV_MAX_MSG) {
+				sv_resp_error(q, SV_NAK_INV_REQ, h->psn);
+				return;
+			}
+			if (sv_do_read(q, h, &m)) {
+				sv_resp_error(q, SV_NAK_REM_ACCESS, h->psn);
+				return;
+			}
+			q->epsn = (q->epsn + m) & SV_PSN_MASK;
+			return;
+		}
+		if (h->va & 7) {
+			sv_resp_error(q, SV_NAK_INV_REQ, h->psn);
+			return;
+		}
+		uint64_t *p = NULL;
+		if (sv_qp_allows(q, IBV_ACCESS_REMOTE_ATOMIC))
+			p = (uint64_t *)sv_mr_remote(q->ctx, q->pd, h->rkey, h->va, 8, IBV_ACCESS_REMOTE_ATOMIC);
+		if (!p) {
+			sv_resp_error(q, SV_NAK_REM_ACCESS, h->psn);
+			return;
+		}
+		uint64_t orig;
+		if (h->op == SV_OP_CMP_SWP) {
+			orig = h->data1;
+			__atomic_compare_exchange_n(p, &orig, h->data0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+		} else {
+			orig = __atomic_fetch_add(p, h->data0, __ATOMIC_SEQ_CST);
+		}
+		q->acache[q->acache_next].psn = h->psn;
+		q->acache[q->acache_next].orig = orig;
+		q->acache[q->acache_next].valid = 1;
+		q->acache_next = (q->acache_next + 1) % SV_ACACHE;
+		q->epsn = (q->epsn + 1) & SV_PSN_MASK;
+		sv_atomic_reply(q, h->psn, orig);
 		return;
 	}
 	if (first) {
-		if (q->rq_head == q->rq_tail) {
+		int imm = !write || (h->flags & SV_FLAG_IMM) || h->op == SV_OP_WRITE_ONLY_IMM;
+		if (write) {
+			uint8_t *dst = NULL;
+			if (h->dlen > SV_MAX_MSG) {
+				sv_resp_error(q, SV_NAK_INV_REQ, h->psn);
+				return;
+			}
+			if (h->dlen) {
+				if (sv_qp_allows(q, IBV_ACCESS_REMOTE_WRITE))
+					dst = sv_mr_remote(q->ctx, q->pd, h->rkey, h->va, h->dlen,
+							   IBV_ACCESS_REMOTE_WRITE);
+				if (!dst) {
+					sv_resp_error(q, SV_NAK_REM_ACCESS, h->psn);
+					return;
+				}
+			}
+			q->wr_ptr = dst;
+			q->wr_len = h->dlen;
+		}
+		if (imm && q->rq_head == q->rq_tail) {
+			/* a SEND, or a WRITE with immediate, needs a RECV */
 			q->nak_sent = 1;
 			sv_count(q->ctx->dev, SV_CNT_RNR_NAK_SENT);
 			sv_send_ctl(q, SV_OP_NAK, SV_NAK_RNR, q->attr.min_rnr_timer, h->psn);
 			return;
 		}
 		q->in_msg = 1;
+		q->msg_write = write;
+		q->msg_imm = write && imm;
 		q->msg_off = 0;
 	}
 	q->nak_sent = 0;
-	struct sv_rwqe *w = &q->rq[q->rq_head % q->rq_cap];
-	enum ibv_wc_status st = sv_scatter(q, w, q->msg_off, payload, h->len);
-	if (st != IBV_WC_SUCCESS) {
-		sv_complete_recv(q, q->rq_head, st, q->msg_off, h);
-		q->rq_head++;
-		q->in_msg = 0;
-		sv_send_ctl(q, SV_OP_NAK, st == IBV_WC_LOC_LEN_ERR ? SV_NAK_INV_REQ : SV_NAK_REM_OP, 0, h->psn);
-		sv_qp_error(q);
-		return;
+	if (write) {
+		if ((uint64_t)q->msg_off + h->len > q->wr_len || (last && q->msg_off + h->len != q->wr_len)) {
+			/* more or less data than the WRITE announced */
+			if (q->msg_imm) {
+				sv_complete_recv(q, q->rq_head, IBV_WC_REM_INV_REQ_ERR, q->msg_off, h);
+				q->rq_head++;
+			}
+			q->in_msg = 0;
+			sv_resp_error(q, SV_NAK_INV_REQ, h->psn);
+			return;
+		}
+		if (h->len)
+			memcpy(q->wr_ptr + q->msg_off, payload, h->len);
+	} else {
+		struct sv_rwqe *w = &q->rq[q->rq_head % q->rq_cap];
+		enum ibv_wc_status st = sv_scatter(q, w->sge, w->nsge, q->msg_off, payload, h->len);
+		if (st != IBV_WC_SUCCESS) {
+			sv_complete_recv(q, q->rq_head, st, q->msg_off, h);
+			q->rq_head++;
+			q->in_msg = 0;
+			sv_send_ctl(q, SV_OP_NAK, st == IBV_WC_LOC_LEN_ERR ? SV_NAK_INV_REQ : SV_NAK_REM_OP, 0, h->psn);
+			sv_qp_error(q);
+			return;
+		}
 	}
 	q->msg_off += h->len;
 	q->epsn = (q->epsn + 1) & SV_PSN_MASK;
 	if (last) {
-		sv_complete_recv(q, q->rq_head, IBV_WC_SUCCESS, q->msg_off, h);
-		q->rq_head++;
+		if (!write || q->msg_imm) {
+			sv_complete_recv(q, q->rq_head, IBV_WC_SUCCESS, q->msg_off, h);
+			q->rq_head++;
+		}
 		q->in_msg = 0;
 		sv_send_ctl(q, SV_OP_ACK, 0, 0, h->psn);
 	} else if ((h->psn & (SV_ACK_EVERY - 1)) == SV_ACK_EVERY - 1) {
 		/* inside a long message, ACK now and then so that the requester's window moves */
 		sv_send_ctl(q, SV_OP_ACK, 0, 0, h->psn);
 	}
+}
+
+/* sv_on_response is the requester's side of READ responses and atomic ACKs: in order, for
+ * the oldest outstanding WQE, each one also acknowledging what precedes it. */
+static void sv_on_response(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload, int64_t now)
+{
+	if (!sv_inflight(q) || sv_psn_diff(h->psn, q->next_psn) >= 0)
+		return;
+	sv_ack(q, (h->psn - 1) & SV_PSN_MASK, now);
+	if (!sv_inflight(q))
+		return;
+	struct sv_swqe *w = &q->sq[q->sq_done % q->sq_cap];
+	uint32_t asked = q->sq_done == q->sq_send ? q->sq_pkt : w->npkts;
+	if (!sv_is_rd(w) || (h->op == SV_OP_ATOMIC_ACK) != (w->op != IBV_WR_RDMA_READ) ||
+	    h->psn != ((w->first_psn + w->rd_got) & SV_PSN_MASK) || w->rd_got >= asked)
+		return; /* a duplicate, or one after a lost response: the timer recovers */
+	enum ibv_wc_status st;
+	if (h->op == SV_OP_ATOMIC_ACK) {
+		uint64_t v = h->data0;
+		st = sv_scatter(q, w->sge, w->nsge, 0, (const uint8_t *)&v, 8);
+	} else {
+		uint32_t off = w->rd_got * q->mtu_bytes;
+		uint32_t want = w->len - off < q->mtu_bytes ? w->len - off : q->mtu_bytes;
+		if (h->len != want)
+			return;
+		st = sv_scatter(q, w->sge, w->nsge, off, payload, h->len);
+	}
+	if (st != IBV_WC_SUCCESS) {
+		sv_fail(q, st); /* the local buffer's MR went away since the post */
+		return;
+	}
+	w->rd_got++;
+	if (sv_ack(q, h->psn, now))
+		sv_pump(q, now);
 }
 
 static void sv_check_overrun(struct sv_qp *q)
@@ -1412,14 +1754,17 @@ static void sv_on_packet(struct sv_qp *q, const uint8_t *buf, size_t n, int64_t 
 		return;
 	}
 	sv_count(q->ctx->dev, SV_CNT_RX_PACKETS);
-	if (sv_op_is_send(h.op)) {
-		sv_on_send(q, &h, buf + SV_HDR_LEN);
+	const uint8_t *payload = buf + SV_HDR_LEN + sv_ext_len(h.op);
+	if (sv_op_is_request(h.op)) {
+		sv_on_request(q, &h, payload);
 	} else if (q->state == IBV_QPS_RTS || q->state == IBV_QPS_SQD) {
 		if (h.op == SV_OP_ACK) {
 			if (sv_ack(q, h.psn, now))
 				sv_pump(q, now);
-		} else {
+		} else if (h.op == SV_OP_NAK) {
 			sv_on_nak(q, &h, now);
+		} else {
+			sv_on_response(q, &h, payload, now);
 		}
 	}
 	sv_check_overrun(q);
@@ -1494,7 +1839,7 @@ static void sv_faults_apply(struct sv_ctx *c)
  * leave it readable, or the thread would sleep through a new deadline). */
 static void sv_rx(struct sv_ctx *c, const struct epoll_event *evs, int n, int thread)
 {
-	static __thread uint8_t buf[SV_HDR_LEN + SV_MAX_PAYLOAD + 1];
+	static __thread uint8_t buf[SV_MAX_HDR + SV_MAX_PAYLOAD + 1];
 	int64_t now = sv_now_ns();
 	for (int i = 0; i < n; i++) {
 		uint32_t id = evs[i].data.u32;
@@ -1567,7 +1912,11 @@ static int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
 	int rc = 0;
 	pthread_mutex_lock(&c->lk);
 	for (; wr; wr = wr->next) {
-		if (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM) {
+		enum ibv_wr_opcode op = wr->opcode;
+		int rd = op == IBV_WR_RDMA_READ || op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+		int atomic = op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+		if (op != IBV_WR_SEND && op != IBV_WR_SEND_WITH_IMM && op != IBV_WR_RDMA_WRITE &&
+		    op != IBV_WR_RDMA_WRITE_WITH_IMM && !rd) {
 			rc = EINVAL;
 			break;
 		}
@@ -1578,7 +1927,12 @@ static int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
 		uint64_t total = 0;
 		for (int i = 0; i < wr->num_sge; i++)
 			total += wr->sg_list[i].length;
-		int inl = wr->send_flags & IBV_SEND_INLINE;
+		/* an atomic returns 8 bytes into one SGE */
+		if (atomic && (wr->num_sge != 1 || total != 8)) {
+			rc = EINVAL;
+			break;
+		}
+		int inl = !rd && (wr->send_flags & IBV_SEND_INLINE);
 		if (inl && total > q->cap.max_inline_data) {
 			rc = EINVAL;
 			break;
@@ -1588,25 +1942,46 @@ static int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
 			break;
 		}
 		struct sv_swqe *w = &q->sq[q->sq_tail % q->sq_cap];
-		free(w->data);
+		sv_swqe_free(w);
 		memset(w, 0, sizeof(*w));
 		w->wr_id = wr->wr_id;
+		w->op = op;
 		w->signaled = q->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
 		w->solicited = !!(wr->send_flags & IBV_SEND_SOLICITED);
-		w->imm_valid = wr->opcode == IBV_WR_SEND_WITH_IMM;
+		w->fence = !!(wr->send_flags & IBV_SEND_FENCE);
+		w->imm_valid = op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE_WITH_IMM;
 		w->imm = w->imm_valid ? wr->imm_data : 0;
+		if (atomic) {
+			w->rva = wr->wr.atomic.remote_addr;
+			w->rkey = wr->wr.atomic.rkey;
+			w->swap = op == IBV_WR_ATOMIC_CMP_AND_SWP ? wr->wr.atomic.swap : wr->wr.atomic.compare_add;
+			w->cmp = op == IBV_WR_ATOMIC_CMP_AND_SWP ? wr->wr.atomic.compare_add : 0;
+		} else if (op != IBV_WR_SEND && op != IBV_WR_SEND_WITH_IMM) {
+			w->rva = wr->wr.rdma.remote_addr;
+			w->rkey = wr->wr.rdma.rkey;
+		}
 		if (total > SV_MAX_MSG) {
 			w->pre = IBV_WC_LOC_LEN_ERR;
 		} else {
+			/* a READ or an atomic writes into its SGEs: they need LOCAL_WRITE */
+			int need = rd ? IBV_ACCESS_LOCAL_WRITE : 0;
 			for (int i = 0; !inl && i < wr->num_sge; i++) {
 				struct ibv_sge *s = &wr->sg_list[i];
-				if (s->length && sv_mr_check(c, q->pd, s->lkey, s->addr, s->length, 0)) {
+				if (s->length && sv_mr_check(c, q->pd, s->lkey, s->addr, s->length, need)) {
 					w->pre = IBV_WC_LOC_PROT_ERR;
 					break;
 				}
 			}
 		}
-		if (!w->pre && total) {
+		if (!w->pre && rd && wr->num_sge) {
+			w->sge = malloc((size_t)wr->num_sge * sizeof(*w->sge));
+			if (!w->sge) {
+				rc = ENOMEM;
+				break;
+			}
+			memcpy(w->sge, wr->sg_list, (size_t)wr->num_sge * sizeof(*w->sge));
+			w->nsge = wr->num_sge;
+		} else if (!w->pre && total) {
 			w->data = malloc(total);
 			if (!w->data) {
 				rc = ENOMEM;
@@ -1624,8 +1999,7 @@ static int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
 			/* Posted in ERR: flushed at once. */
 			w->signaled = 1;
 			sv_complete_send(q, idx, IBV_WC_WR_FLUSH_ERR);
-			free(w->data);
-			w->data = NULL;
+			sv_swqe_free(w);
 			q->sq_done = q->sq_send = q->sq_tail;
 		}
 	}
@@ -1817,7 +2191,7 @@ SV_EXPORT int ibv_destroy_qp(struct ibv_qp *ibqp)
 		pthread_cond_wait(&ibqp->cond, &ibqp->mutex);
 	pthread_mutex_unlock(&ibqp->mutex);
 	for (uint32_t i = 0; i < q->sq_cap; i++)
-		free(q->sq[i].data);
+		sv_swqe_free(&q->sq[i]);
 	free(q->sq);
 	free(q->rq);
 	free(q->rq_sge);
@@ -2054,8 +2428,7 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 			sv_cq_clean(q->rcq, q);
 		pthread_mutex_lock(&c->lk);
 		for (uint32_t i = 0; i < q->sq_cap; i++) {
-			free(q->sq[i].data);
-			q->sq[i].data = NULL;
+			sv_swqe_free(&q->sq[i]);
 		}
 		q->sq_tail = q->sq_done = q->sq_send = q->sq_pkt = 0;
 		__atomic_store_n(&q->sq_released, 0, __ATOMIC_RELEASE);
@@ -2065,6 +2438,7 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 		q->in_msg = q->nak_sent = 0;
 		q->retries = q->rnr_retries = 0;
 		q->overrun = 0;
+		memset(q->acache, 0, sizeof(q->acache));
 		memset(&q->attr, 0, sizeof(q->attr));
 		break;
 	case IBV_QPS_ERR:
