@@ -37,6 +37,7 @@ DURATION       ?= 1h
 SOAK_FLAGS     ?=
 VERBS_H        ?= /usr/include/infiniband/verbs.h
 PINGPONG       ?= /usr/bin/ibv_rc_pingpong
+PERFTEST       ?= /usr/bin/ib_send_lat
 SOFTVERBS_LIBDIR := $(CURDIR)/build/softverbs
 
 include ibv/softverbs/softverbs.mk
@@ -115,15 +116,16 @@ soak:
 	LD_LIBRARY_PATH="$(SOFTVERBS_LIBDIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" \
 		build/twosided-rdma soak --duration $(DURATION) --provider verbs --json build/soak-verbs.json $(SOAK_FLAGS)
 
-# rdma-deps installs the libibverbs headers (libibverbs-dev) and rdma-core's example programs
-# (ibverbs-utils: ibv_devinfo, ibv_rc_pingpong) when they are missing and we are root.
+# rdma-deps installs the libibverbs headers (libibverbs-dev), rdma-core's example programs
+# (ibverbs-utils: ibv_devinfo, ibv_rc_pingpong) and perftest (ib_send_lat … ib_atomic_lat)
+# when they are missing and we are root.
 rdma-deps:
-	@if [ -f "$(VERBS_H)" ] && [ -x "$(PINGPONG)" ]; then exit 0; fi; \
+	@if [ -f "$(VERBS_H)" ] && [ -x "$(PINGPONG)" ] && [ -x "$(PERFTEST)" ]; then exit 0; fi; \
 	if [ "$$(id -u)" != 0 ]; then exit 0; fi; \
 	if ! command -v apt-get >/dev/null; then exit 0; fi; \
-	echo "rdma: installing libibverbs-dev and ibverbs-utils"; \
+	echo "rdma: installing libibverbs-dev, ibverbs-utils and perftest"; \
 	apt-get update; \
-	DEBIAN_FRONTEND=noninteractive apt-get install -y libibverbs-dev ibverbs-utils
+	DEBIAN_FRONTEND=noninteractive apt-get install -y libibverbs-dev ibverbs-utils perftest
 
 # rdma vets and tests the cgo verbs provider; without headers (and no root to install them)
 # it says so and skips only this part.

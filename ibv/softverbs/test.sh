@@ -184,6 +184,56 @@ else
 	step "SOFTVERBS_LINK=ib: ibv_devinfo, ibv_rc_pingpong" SKIPPED "ibverbs-utils not installed"
 fi
 
+# 2c. perftest's seven programs between two processes (RoCE v2 over GID 3), 64 B and 64 KiB
+# (ib_atomic_lat: 8 B, FETCH_AND_ADD and CMP_AND_SWAP); the figures are printed, never judged.
+perf() { # perf NAME ARGS... (server: NAME ARGS -p PORT; client: the same and 127.0.0.1)
+	local name="$*" ok=0 src=1
+	for _ in 1 2 3 4 5; do
+		local port=$((20000 + RANDOM % 20000))
+		timeout 300 "$@" -p "$port" >"$work/psrv" 2>&1 &
+		local srv=$!
+		ok=0
+		for _ in $(seq 1 40); do
+			if timeout 300 "$@" -p "$port" 127.0.0.1 >"$work/pcli" 2>&1; then
+				ok=1; break
+			fi
+			grep -q "Couldn't connect" "$work/pcli" || break
+			kill -0 "$srv" 2>/dev/null || break
+			sleep 0.25
+		done
+		wait "$srv"; src=$?
+		# the TCP port the two sides meet on may be taken: try another
+		grep -q "Couldn't listen" "$work/psrv" || break
+	done
+	if [ $ok = 1 ] && [ $src = 0 ]; then
+		local line fig
+		line=$(grep -A1 '#bytes' "$work/pcli" | tail -1)
+		case "$1" in
+		*_lat) fig=$(echo "$line" | awk '{printf "%s B: typical %s us, avg %s us", $1, $5, $6}') ;;
+		*) fig=$(echo "$line" | awk '{printf "%s B: %s MB/s avg, %s MB/s peak", $1, $4, $3}') ;;
+		esac
+		step "$name" PASS "$fig"
+	else
+		echo "-- server:"; cat "$work/psrv"; echo "-- client:"; cat "$work/pcli"
+		step "$name" FAIL
+	fi
+}
+if command -v ib_send_lat >/dev/null; then
+	common=(-d "$dev" -x 3 -F)
+	for t in ib_send_lat ib_write_lat ib_read_lat; do
+		perf "$t" "${common[@]}" -s 64 -n 1000
+		perf "$t" "${common[@]}" -s 65536 -n 100
+	done
+	for t in ib_send_bw ib_write_bw ib_read_bw; do
+		perf "$t" "${common[@]}" -s 64 -n 1000
+		perf "$t" "${common[@]}" -s 65536 -n 200
+	done
+	perf ib_atomic_lat "${common[@]}" -n 1000
+	perf ib_atomic_lat "${common[@]}" -n 1000 -A CMP_AND_SWAP
+else
+	step "perftest (ib_send_lat … ib_atomic_lat)" SKIPPED "perftest not installed"
+fi
+
 # 3. sv_test: the C test of verbs semantics and faults.
 if timeout 600 "$lib/sv_test"; then
 	step "sv_test" PASS
