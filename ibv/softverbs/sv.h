@@ -34,6 +34,8 @@ enum {
 	SV_ACK_EVERY = 32,         /* a responder ACKs every 32nd PSN inside a message */
 	SV_PKEY_TBL_LEN_ETH = 1,
 	SV_PKEY_TBL_LEN_IB = 128,
+	SV_VENDOR_ID = 0x5356,     /* "SV": no IEEE OUI, a made-up vendor as software devices use */
+	SV_VENDOR_PART_ID = 1,
 };
 
 struct sv_config {

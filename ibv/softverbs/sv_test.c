@@ -497,6 +497,14 @@ static void test_bad_args(void)
 	__be16 pkey;
 	CHECK(ibv_query_pkey(s.ctx, 1, 0, &pkey) == 0 && pkey == 0xffff, "pkey 0");
 	CHECK(ibv_query_pkey(s.ctx, 1, 5, &pkey) != 0, "pkey 5");
+	/* The attributes of a generic device (rdma-core's tests check them). */
+	struct ibv_device_attr_ex dx;
+	CHECK(ibv_query_device_ex(s.ctx, NULL, &dx) == 0, "query_device_ex");
+	CHECK(dx.orig_attr.vendor_id != 0 && dx.orig_attr.vendor_part_id != 0, "vendor_id %#x",
+	      dx.orig_attr.vendor_id);
+	CHECK(dx.phys_port_cnt_ex == 1 && dx.orig_attr.phys_port_cnt == 1, "phys_port_cnt_ex %u",
+	      dx.phys_port_cnt_ex);
+	CHECK(dx.orig_attr.atomic_cap == IBV_ATOMIC_HCA && dx.orig_attr.max_qp_rd_atom > 0, "atomic_cap");
 	CHECK(ibv_fork_init() == 0, "fork init");
 	CHECK(!strcmp(ibv_wc_status_str(IBV_WC_WR_FLUSH_ERR), "Work Request Flushed Error"), "wc status str");
 	CHECK(!strcmp(ibv_wc_status_str(999), "unknown"), "wc status str unknown");

@@ -352,9 +352,9 @@ static void sv_fill_device_attr(const struct sv_dev *d, struct ibv_device_attr *
 	a->sys_image_guid = a->node_guid;
 	a->max_mr_size = ~0ULL;
 	a->page_size_cap = ~4095ULL;
-	a->vendor_id = 0;
-	a->vendor_part_id = 0;
-	a->hw_ver = 0;
+	a->vendor_id = SV_VENDOR_ID;
+	a->vendor_part_id = SV_VENDOR_PART_ID;
+	a->hw_ver = 1;
 	a->max_qp = SV_NQPN;
 	a->max_qp_wr = SV_MAX_QP_WR;
 	a->device_cap_flags = IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_RC_RNR_NAK_GEN |
@@ -400,6 +400,10 @@ static int sv_query_device_ex(struct ibv_context *context, const struct ibv_quer
 		return EINVAL;
 	memset(&a, 0, sizeof(a));
 	sv_fill_device_attr(sv_ctx(context)->dev, &a.orig_attr);
+	/* The extended attributes of a generic device: one port, the same capability flags, no
+	 * ODP, timestamps, TSO, RSS, tag matching, packet pacing, device memory or PCI atomics. */
+	a.device_cap_flags_ex = a.orig_attr.device_cap_flags;
+	a.phys_port_cnt_ex = 1;
 	memset(attr, 0, attr_size);
 	memcpy(attr, &a, attr_size < sizeof(a) ? attr_size : sizeof(a));
 	return 0;
