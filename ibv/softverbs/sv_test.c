@@ -1216,6 +1216,72 @@ static void run_tests(const struct sv_case *t, size_t n)
 	}
 }
 
+/* A shared receive queue: two QPs take RECVs from it in order, the limit event fires once,
+ * a QP in ERR leaves the SRQ's RECVs to the other (QP_LAST_WQE_REACHED), busy rules. */
+static void test_srq(void)
+{
+	cur_test = "srq";
+	struct qopts o = defaults();
+	struct side a, b;
+	REQUIRE(!new_side(&a, o) && !new_side(&b, o), "sides");
+	struct ibv_srq_init_attr si = {.attr = {.max_wr = 16, .max_sge = 2}};
+	struct ibv_srq *srq = ibv_create_srq(b.pd, &si);
+	REQUIRE(srq && si.attr.max_wr >= 16, "create_srq");
+	struct ibv_qp *bq[2], *aq[2];
+	for (int i = 0; i < 2; i++) {
+		struct ibv_qp_init_attr qa = {.send_cq = b.scq, .recv_cq = b.rcq, .srq = srq, .qp_type = IBV_QPT_RC,
+					      .cap = {.max_send_wr = 16, .max_send_sge = 1, .max_recv_wr = 16,
+						      .max_recv_sge = 1}};
+		bq[i] = ibv_create_qp(b.pd, &qa);
+		aq[i] = new_qp(&a, o);
+		REQUIRE(bq[i] && aq[i] && qa.cap.max_recv_wr == 0, "QPs");
+		REQUIRE(!to_init(bq[i]) && !to_init(aq[i]), "INIT");
+		REQUIRE(!connect_qp(aq[i], a.ctx, bq[i]->qp_num, o) && !connect_qp(bq[i], b.ctx, aq[i]->qp_num, o),
+			"connect");
+	}
+	CHECK(post_recv(&b, bq[0], 99, 0, 64) == EINVAL, "post_recv on an SRQ QP");
+	CHECK(ibv_destroy_srq(srq) == EBUSY, "SRQ with QPs");
+	for (int i = 0; i < 8; i++) {
+		struct ibv_sge sg = {(uintptr_t)b.buf + RECV_BASE + i * 64, 64, b.mr->lkey};
+		struct ibv_recv_wr wr = {.wr_id = (uint64_t)i, .sg_list = &sg, .num_sge = 1}, *bad;
+		CHECK(ibv_post_srq_recv(srq, &wr, &bad) == 0, "post_srq_recv %d", i);
+	}
+	struct ibv_srq_attr sa = {.srq_limit = 5};
+	CHECK(ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT) == 0, "arm limit 5");
+	sa.max_wr = 64;
+	CHECK(ibv_modify_srq(srq, &sa, IBV_SRQ_MAX_WR) == EINVAL, "no resize");
+	struct ibv_wc wc[2];
+	for (int k = 0; k < 2; k++) {
+		for (int j = 0; j < 2; j++)
+			CHECK(post_send(&a, aq[k], 10 * k + j, 0, 32, IBV_SEND_SIGNALED) == 0, "send");
+		CHECK(wait_wcs(b.rcq, wc, 2, 30) == 2, "2 RECVs");
+		for (int j = 0; j < 2; j++)
+			CHECK(wc[j].status == IBV_WC_SUCCESS && wc[j].wr_id == (uint64_t)(2 * k + j) &&
+				      wc[j].qp_num == bq[k]->qp_num && wc[j].byte_len == 32,
+			      "QP %d RECV %d: wr_id %llu", k, j, (unsigned long long)wc[j].wr_id);
+		CHECK(wait_wcs(a.scq, wc, 2, 30) == 2, "2 SENDs");
+	}
+	struct ibv_async_event ev;
+	CHECK(next_async(b.ctx, IBV_EVENT_SRQ_LIMIT_REACHED, &ev, 10) == 0 && ev.element.srq == srq, "limit event");
+	ibv_ack_async_event(&ev);
+	CHECK(ibv_query_srq(srq, &sa) == 0 && sa.srq_limit == 0 && sa.max_wr >= 16, "limit disarmed");
+	struct ibv_qp_attr at = {.qp_state = IBV_QPS_ERR};
+	CHECK(ibv_modify_qp(bq[0], &at, IBV_QP_STATE) == 0, "QP 0 to ERR");
+	CHECK(next_async(b.ctx, IBV_EVENT_QP_LAST_WQE_REACHED, &ev, 10) == 0 && ev.element.qp == bq[0],
+	      "LAST_WQE_REACHED");
+	ibv_ack_async_event(&ev);
+	CHECK(cq_empty_for(b.rcq, 20), "the SRQ's RECVs are not flushed");
+	CHECK(post_send(&a, aq[1], 30, 0, 16, IBV_SEND_SIGNALED) == 0, "send");
+	CHECK(wait_wcs(b.rcq, wc, 1, 30) == 1 && wc[0].wr_id == 4 && wc[0].qp_num == bq[1]->qp_num,
+	      "the other QP takes the next RECV");
+	CHECK(wait_wcs(a.scq, wc, 1, 30) == 1, "send done");
+	for (int i = 0; i < 2; i++)
+		CHECK(!ibv_destroy_qp(bq[i]) && !ibv_destroy_qp(aq[i]), "destroy QPs");
+	CHECK(ibv_destroy_srq(srq) == 0, "destroy SRQ");
+	free_side(&a);
+	free_side(&b);
+}
+
 /* ---- RDMA WRITE, READ, atomics ---- */
 
 enum { RBUF = 256 * 1024 };
@@ -1598,7 +1664,7 @@ int main(int argc, char **argv)
 		{"overrun", test_overrun}, {"channel", test_channel}, {"dead peer", test_dead_peer},
 		{"loss", test_loss}, {"faults", test_faults},
 		{"rdma", test_rdma}, {"rdma errors", test_rdma_errors}, {"rdma loss", test_rdma_loss},
-		{"rdma across processes", test_rdma_process},
+		{"rdma across processes", test_rdma_process}, {"srq", test_srq},
 	};
 	static const struct sv_case several[] = {
 		{"device list", test_device_list}, {"two devices", test_device_traffic},

@@ -134,14 +134,14 @@ fi
 
 # 2. ibv_rc_pingpong between two processes, polling and with completion events (RoCE: GID 3,
 # the IPv4 RoCE v2 entry).
-pingpong() { # pingpong NAME ARGS... (each side runs ibv_rc_pingpong -d $dev -n $iters -p PORT ARGS...)
+pingpong() { # pingpong NAME ARGS... (each side runs $pp -d $dev -n $iters -p PORT ARGS...)
 	local name=$1; shift
-	local port=$((20000 + RANDOM % 20000))
-	timeout 120 ibv_rc_pingpong -d "$dev" -n "$iters" -p "$port" "$@" >"$work/srv" 2>&1 &
+	local port=$((20000 + RANDOM % 20000)) prog=${pp:-ibv_rc_pingpong}
+	timeout 120 "$prog" -d "$dev" -n "$iters" -p "$port" "$@" >"$work/srv" 2>&1 &
 	local srv=$!
 	local ok=0
 	for _ in $(seq 1 40); do
-		if timeout 120 ibv_rc_pingpong -d "$dev" -n "$iters" -p "$port" "$@" 127.0.0.1 >"$work/cli" 2>&1; then
+		if timeout 120 "$prog" -d "$dev" -n "$iters" -p "$port" "$@" 127.0.0.1 >"$work/cli" 2>&1; then
 			ok=1; break
 		fi
 		grep -q "Couldn't connect" "$work/cli" || break
@@ -149,15 +149,18 @@ pingpong() { # pingpong NAME ARGS... (each side runs ibv_rc_pingpong -d $dev -n 
 	done
 	wait "$srv"; local src=$?
 	if [ $ok = 1 ] && [ $src = 0 ]; then
-		step "ibv_rc_pingpong $name" PASS "$(grep -o '[0-9.]* usec/iter' "$work/cli")"
+		step "$prog $name" PASS "$(grep -o '[0-9.]* usec/iter' "$work/cli")"
 	else
 		echo "-- server:"; cat "$work/srv"; echo "-- client:"; cat "$work/cli"
-		step "ibv_rc_pingpong $name" FAIL
+		step "$prog $name" FAIL
 	fi
 }
 if command -v ibv_rc_pingpong >/dev/null; then
 	pingpong "-n $iters (polling)" -g 3
 	pingpong "-n $iters -e (events)" -g 3 -e
+	# 16 QPs on one shared receive queue
+	pp=ibv_srq_pingpong pingpong "-n $iters (16 QPs, one SRQ)" -g 3
+	pp=ibv_srq_pingpong pingpong "-n $iters -e (16 QPs, one SRQ, events)" -g 3 -e
 else
 	step "ibv_rc_pingpong" SKIPPED "ibverbs-utils not installed"
 fi

@@ -104,6 +104,20 @@ struct sv_rwqe {
 	struct ibv_sge *sge;
 };
 
+/* A shared receive queue: its QPs take RECVs from it in order, each at the first packet of a
+ * message (the slot is free again then). */
+struct sv_srq {
+	struct ibv_srq srq;
+	struct sv_ctx *ctx;
+	struct sv_pd *pd;
+	struct sv_rwqe *q;
+	struct ibv_sge *sge;
+	uint32_t cap, max_sge, head, tail;
+	uint32_t limit;       /* armed when non-zero: SRQ_LIMIT_REACHED below it */
+	int nqp;
+	uint32_t ev_reported; /* async events handed out (atomic) */
+};
+
 struct sv_qp {
 	struct ibv_qp qp;
 	struct sv_ctx *ctx;
@@ -137,6 +151,11 @@ struct sv_qp {
 		uint64_t orig;
 	} acache[SV_ACACHE];
 	int acache_next;
+
+	struct sv_srq *srq;      /* RECVs from this SRQ instead of rq */
+	struct sv_rwqe srq_cur;  /* the SRQ RECV the message in progress uses */
+	struct ibv_sge *srq_cur_sge;
+	int srq_have;
 
 	int overrun;
 	uint32_t ev_reported; /* async events handed out (atomic) */
@@ -281,6 +300,11 @@ SV_EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_
 				event->element.cq = a.elem;
 				__atomic_add_fetch(&((struct sv_cq *)a.elem)->async_reported, 1, __ATOMIC_SEQ_CST);
 				break;
+			case IBV_EVENT_SRQ_ERR:
+			case IBV_EVENT_SRQ_LIMIT_REACHED:
+				event->element.srq = a.elem;
+				__atomic_add_fetch(&((struct sv_srq *)a.elem)->ev_reported, 1, __ATOMIC_SEQ_CST);
+				break;
 			case IBV_EVENT_QP_FATAL:
 			case IBV_EVENT_QP_REQ_ERR:
 			case IBV_EVENT_QP_ACCESS_ERR:
@@ -318,6 +342,17 @@ SV_EXPORT void ibv_ack_async_event(struct ibv_async_event *event)
 		++cq->async_events_completed;
 		pthread_cond_broadcast(&cq->cond);
 		pthread_mutex_unlock(&cq->mutex);
+		return;
+	}
+	case IBV_EVENT_SRQ_ERR:
+	case IBV_EVENT_SRQ_LIMIT_REACHED: {
+		struct ibv_srq *srq = event->element.srq;
+		if (!srq)
+			return;
+		pthread_mutex_lock(&srq->mutex);
+		++srq->events_completed;
+		pthread_cond_broadcast(&srq->cond);
+		pthread_mutex_unlock(&srq->mutex);
 		return;
 	}
 	case IBV_EVENT_QP_FATAL:
@@ -374,7 +409,9 @@ static void sv_fill_device_attr(const struct sv_dev *d, struct ibv_device_attr *
 	a->max_mw = 0;
 	a->max_mcast_grp = 0;
 	a->max_ah = 0;
-	a->max_srq = 0;
+	a->max_srq = 1 << 16;
+	a->max_srq_wr = SV_MAX_QP_WR;
+	a->max_srq_sge = SV_MAX_SGE;
 	a->max_pkeys = sv_cfg.ib ? SV_PKEY_TBL_LEN_IB : SV_PKEY_TBL_LEN_ETH;
 	a->local_ca_ack_delay = 16;
 	a->phys_port_cnt = 1;
@@ -660,7 +697,7 @@ static int sv_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
 	while (n < num_entries && cq->count) {
 		struct sv_cqe *e = &cq->ring[cq->head];
 		wc[n++] = e->wc;
-		if (e->qp)
+		if (e->qp && e->is_send != 2) /* 2: an SRQ RECV, whose slot was freed when taken */
 			__atomic_store_n(e->is_send ? &e->qp->sq_released : &e->qp->rq_released, e->release,
 					 __ATOMIC_RELEASE);
 		cq->head = (cq->head + 1) % cq->cap;
@@ -1176,10 +1213,9 @@ static void sv_complete_send(struct sv_qp *q, uint32_t idx, enum ibv_wc_status s
 		q->overrun = 1;
 }
 
-static void sv_complete_recv(struct sv_qp *q, uint32_t idx, enum ibv_wc_status st, uint32_t len,
-			     const struct sv_hdr *h)
+static void sv_complete_rwqe(struct sv_qp *q, const struct sv_rwqe *w, int srq, uint32_t release,
+			     enum ibv_wc_status st, uint32_t len, const struct sv_hdr *h)
 {
-	struct sv_rwqe *w = &q->rq[idx % q->rq_cap];
 	struct ibv_wc wc = {.wr_id = w->wr_id, .status = st, .opcode = IBV_WC_RECV, .byte_len = len,
 			    .qp_num = q->qp.qp_num};
 	int sol = 0;
@@ -1194,8 +1230,61 @@ static void sv_complete_recv(struct sv_qp *q, uint32_t idx, enum ibv_wc_status s
 			wc.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
 		sol = h->flags & SV_FLAG_SOLICITED;
 	}
-	if (sv_cq_push(q->rcq, &wc, q, 0, idx + 1, sol))
+	if (sv_cq_push(q->rcq, &wc, q, srq ? 2 : 0, release, sol))
 		q->overrun = 1;
+}
+
+static void sv_complete_recv(struct sv_qp *q, uint32_t idx, enum ibv_wc_status st, uint32_t len,
+			     const struct sv_hdr *h)
+{
+	sv_complete_rwqe(q, &q->rq[idx % q->rq_cap], 0, idx + 1, st, len, h);
+}
+
+/* The receive queue of a QP, its own or its SRQ's (context lock held). */
+
+static int sv_rq_empty(struct sv_qp *q)
+{
+	if (q->srq)
+		return !q->srq_have && q->srq->head == q->srq->tail;
+	return q->rq_head == q->rq_tail;
+}
+
+/* sv_rq_take makes the head RECV the message's (an SRQ's: taken from it, which may fire the
+ * SRQ limit event). */
+static void sv_rq_take(struct sv_qp *q)
+{
+	struct sv_srq *r = q->srq;
+	if (!r || q->srq_have)
+		return;
+	struct sv_rwqe *w = &r->q[r->head % r->cap];
+	q->srq_cur.wr_id = w->wr_id;
+	q->srq_cur.nsge = w->nsge;
+	if (w->nsge)
+		memcpy(q->srq_cur_sge, w->sge, (size_t)w->nsge * sizeof(*w->sge));
+	q->srq_have = 1;
+	r->head++;
+	if (r->limit && r->tail - r->head < r->limit) {
+		r->limit = 0;
+		sv_async_push(q->ctx, IBV_EVENT_SRQ_LIMIT_REACHED, r, 0);
+	}
+}
+
+static struct sv_rwqe *sv_rq_cur(struct sv_qp *q)
+{
+	return q->srq ? &q->srq_cur : &q->rq[q->rq_head % q->rq_cap];
+}
+
+/* sv_rq_done completes the message's RECV. */
+static void sv_rq_done(struct sv_qp *q, enum ibv_wc_status st, uint32_t len, const struct sv_hdr *h)
+{
+	if (q->srq) {
+		if (q->srq_have)
+			sv_complete_rwqe(q, &q->srq_cur, 1, 0, st, len, h);
+		q->srq_have = 0;
+		return;
+	}
+	sv_complete_recv(q, q->rq_head, st, len, h);
+	q->rq_head++;
 }
 
 /* sv_qp_error moves q to ERR and flushes both queues. */
@@ -1214,6 +1303,11 @@ static void sv_qp_error(struct sv_qp *q)
 	q->sq_done = q->sq_send = q->sq_tail;
 	q->sq_pkt = 0;
 	q->ack_deadline = q->resume_at = 0;
+	if (q->srq) {
+		/* only the RECV it took is the QP's; the SRQ's others stay for its other QPs */
+		sv_rq_done(q, IBV_WC_WR_FLUSH_ERR, 0, NULL);
+		sv_async_push(q->ctx, IBV_EVENT_QP_LAST_WQE_REACHED, q, 0);
+	}
 	for (uint32_t i = q->rq_head; i != q->rq_tail; i++)
 		sv_complete_recv(q, i, IBV_WC_WR_FLUSH_ERR, 0, NULL);
 	q->rq_head = q->rq_tail;
@@ -1580,10 +1674,8 @@ static void sv_on_request(struct sv_qp *q, const struct sv_hdr *h, const uint8_t
 			      h->op != SV_OP_WRITE_FIRST && h->op != SV_OP_WRITE_MIDDLE);
 	if (first != !q->in_msg || (q->in_msg && write != q->msg_write)) {
 		/* a new message inside one, or a continuation of none or of another kind */
-		if (q->in_msg && (!q->msg_write || q->msg_imm)) {
-			sv_complete_recv(q, q->rq_head, IBV_WC_REM_INV_REQ_ERR, q->msg_off, h);
-			q->rq_head++;
-		}
+		if (q->in_msg && (!q->msg_write || q->msg_imm))
+			sv_rq_done(q, IBV_WC_REM_INV_REQ_ERR, q->msg_off, h);
 		q->in_msg = 0;
 		sv_resp_error(q, SV_NAK_INV_REQ, h->psn);
 		return;
@@ -1649,13 +1741,15 @@ static void sv_on_request(struct sv_qp *q, const struct sv_hdr *h, const uint8_t
 			q->wr_ptr = dst;
 			q->wr_len = h->dlen;
 		}
-		if (imm && q->rq_head == q->rq_tail) {
+		if (imm && sv_rq_empty(q)) {
 			/* a SEND, or a WRITE with immediate, needs a RECV */
 			q->nak_sent = 1;
 			sv_count(q->ctx->dev, SV_CNT_RNR_NAK_SENT);
 			sv_send_ctl(q, SV_OP_NAK, SV_NAK_RNR, q->attr.min_rnr_timer, h->psn);
 			return;
 		}
+		if (imm)
+			sv_rq_take(q);
 		q->in_msg = 1;
 		q->msg_write = write;
 		q->msg_imm = write && imm;
@@ -1665,10 +1759,8 @@ static void sv_on_request(struct sv_qp *q, const struct sv_hdr *h, const uint8_t
 	if (write) {
 		if ((uint64_t)q->msg_off + h->len > q->wr_len || (last && q->msg_off + h->len != q->wr_len)) {
 			/* more or less data than the WRITE announced */
-			if (q->msg_imm) {
-				sv_complete_recv(q, q->rq_head, IBV_WC_REM_INV_REQ_ERR, q->msg_off, h);
-				q->rq_head++;
-			}
+			if (q->msg_imm)
+				sv_rq_done(q, IBV_WC_REM_INV_REQ_ERR, q->msg_off, h);
 			q->in_msg = 0;
 			sv_resp_error(q, SV_NAK_INV_REQ, h->psn);
 			return;
@@ -1676,11 +1768,10 @@ static void sv_on_request(struct sv_qp *q, const struct sv_hdr *h, const uint8_t
 		if (h->len)
 			memcpy(q->wr_ptr + q->msg_off, payload, h->len);
 	} else {
-		struct sv_rwqe *w = &q->rq[q->rq_head % q->rq_cap];
+		struct sv_rwqe *w = sv_rq_cur(q);
 		enum ibv_wc_status st = sv_scatter(q, w->sge, w->nsge, q->msg_off, payload, h->len);
 		if (st != IBV_WC_SUCCESS) {
-			sv_complete_recv(q, q->rq_head, st, q->msg_off, h);
-			q->rq_head++;
+			sv_rq_done(q, st, q->msg_off, h);
 			q->in_msg = 0;
 			sv_send_ctl(q, SV_OP_NAK, st == IBV_WC_LOC_LEN_ERR ? SV_NAK_INV_REQ : SV_NAK_REM_OP, 0, h->psn);
 			sv_qp_error(q);
@@ -1690,10 +1781,8 @@ static void sv_on_request(struct sv_qp *q, const struct sv_hdr *h, const uint8_t
 	q->msg_off += h->len;
 	q->epsn = (q->epsn + 1) & SV_PSN_MASK;
 	if (last) {
-		if (!write || q->msg_imm) {
-			sv_complete_recv(q, q->rq_head, IBV_WC_SUCCESS, q->msg_off, h);
-			q->rq_head++;
-		}
+		if (!write || q->msg_imm)
+			sv_rq_done(q, IBV_WC_SUCCESS, q->msg_off, h);
 		q->in_msg = 0;
 		sv_send_ctl(q, SV_OP_ACK, 0, 0, h->psn);
 	} else if ((h->psn & (SV_ACK_EVERY - 1)) == SV_ACK_EVERY - 1) {
@@ -2031,7 +2120,8 @@ static int sv_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_
 	int rc = 0;
 	pthread_mutex_lock(&c->lk);
 	for (; wr; wr = wr->next) {
-		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > q->cap.max_recv_sge || (wr->num_sge && !wr->sg_list)) {
+		if (q->srq || wr->num_sge < 0 || (uint32_t)wr->num_sge > q->cap.max_recv_sge ||
+		    (wr->num_sge && !wr->sg_list)) {
 			rc = EINVAL;
 			break;
 		}
@@ -2067,11 +2157,17 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *ibpd, struct ibv_qp_init_a
 		errno = EINVAL;
 		return NULL;
 	}
-	if (a->qp_type != IBV_QPT_RC || a->srq) {
+	if (a->qp_type != IBV_QPT_RC) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
+	if (a->srq && a->srq->context != ibpd->context) {
+		errno = EINVAL;
+		return NULL;
+	}
 	struct ibv_qp_cap cap = a->cap;
+	if (a->srq)
+		cap.max_recv_wr = cap.max_recv_sge = 0; /* its RECVs are the SRQ's */
 	if (cap.max_send_wr > SV_MAX_QP_WR || cap.max_recv_wr > SV_MAX_QP_WR || cap.max_send_sge > SV_MAX_SGE ||
 	    cap.max_recv_sge > SV_MAX_SGE || cap.max_inline_data > SV_MAX_INLINE) {
 		errno = EINVAL;
@@ -2094,8 +2190,13 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *ibpd, struct ibv_qp_init_a
 	q->sq = calloc(q->sq_cap, sizeof(*q->sq));
 	q->rq = calloc(q->rq_cap, sizeof(*q->rq));
 	q->rq_sge = calloc((size_t)q->rq_cap * (cap.max_recv_sge ? cap.max_recv_sge : 1), sizeof(*q->rq_sge));
+	if (a->srq) {
+		q->srq = (struct sv_srq *)a->srq;
+		q->srq_cur_sge = calloc(q->srq->max_sge ? q->srq->max_sge : 1, sizeof(*q->srq_cur_sge));
+		q->srq_cur.sge = q->srq_cur_sge;
+	}
 	q->fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (!q->sq || !q->rq || !q->rq_sge || q->fd < 0)
+	if (!q->sq || !q->rq || !q->rq_sge || (q->srq && !q->srq_cur_sge) || q->fd < 0)
 		goto fail;
 	for (uint32_t i = 0; i < q->rq_cap; i++)
 		q->rq[i].sge = q->rq_sge + (size_t)i * (cap.max_recv_sge ? cap.max_recv_sge : 1);
@@ -2126,7 +2227,7 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *ibpd, struct ibv_qp_init_a
 	q->qp.pd = ibpd;
 	q->qp.send_cq = a->send_cq;
 	q->qp.recv_cq = a->recv_cq;
-	q->qp.srq = NULL;
+	q->qp.srq = a->srq;
 	q->qp.handle = qpn;
 	q->qp.qp_num = qpn;
 	q->qp.state = IBV_QPS_RESET;
@@ -2150,6 +2251,8 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *ibpd, struct ibv_qp_init_a
 	q->scq->nqp++;
 	q->rcq->nqp++;
 	q->pd->refs++;
+	if (q->srq)
+		q->srq->nqp++;
 	pthread_mutex_unlock(&c->lk);
 	a->cap = cap;
 	return &q->qp;
@@ -2160,6 +2263,7 @@ fail:;
 	free(q->sq);
 	free(q->rq);
 	free(q->rq_sge);
+	free(q->srq_cur_sge);
 	free(q);
 	errno = e;
 	return NULL;
@@ -2189,6 +2293,8 @@ SV_EXPORT int ibv_destroy_qp(struct ibv_qp *ibqp)
 	q->scq->nqp--;
 	q->rcq->nqp--;
 	q->pd->refs--;
+	if (q->srq)
+		q->srq->nqp--;
 	pthread_mutex_unlock(&c->lk);
 	pthread_mutex_lock(&ibqp->mutex);
 	while (ibqp->events_completed != __atomic_load_n(&q->ev_reported, __ATOMIC_SEQ_CST))
@@ -2199,6 +2305,7 @@ SV_EXPORT int ibv_destroy_qp(struct ibv_qp *ibqp)
 	free(q->sq);
 	free(q->rq);
 	free(q->rq_sge);
+	free(q->srq_cur_sge);
 	free(q);
 	return 0;
 }
@@ -2442,6 +2549,7 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 		q->in_msg = q->nak_sent = 0;
 		q->retries = q->rnr_retries = 0;
 		q->overrun = 0;
+		q->srq_have = 0;
 		memset(q->acache, 0, sizeof(q->acache));
 		memset(&q->attr, 0, sizeof(q->attr));
 		break;
@@ -2495,6 +2603,7 @@ SV_EXPORT int ibv_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int ma
 	init_attr->qp_context = ibqp->qp_context;
 	init_attr->send_cq = ibqp->send_cq;
 	init_attr->recv_cq = ibqp->recv_cq;
+	init_attr->srq = ibqp->srq;
 	init_attr->cap = q->cap;
 	init_attr->qp_type = IBV_QPT_RC;
 	init_attr->sq_sig_all = q->sq_sig_all;
@@ -2528,29 +2637,142 @@ SV_EXPORT int ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece)
 
 /* ---- what softverbs does not offer ---- */
 
-SV_EXPORT struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
+/* ---- shared receive queues ---- */
+
+SV_EXPORT struct ibv_srq *ibv_create_srq(struct ibv_pd *ibpd, struct ibv_srq_init_attr *attr)
 {
-	(void)pd, (void)attr;
-	errno = EOPNOTSUPP;
-	return NULL;
+	if (!ibpd || !attr || !attr->attr.max_wr || attr->attr.max_wr > SV_MAX_QP_WR ||
+	    attr->attr.max_sge > SV_MAX_SGE) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct sv_ctx *c = sv_ctx(ibpd->context);
+	if (sv_dead(c)) {
+		errno = EIO;
+		return NULL;
+	}
+	struct sv_srq *r = calloc(1, sizeof(*r));
+	if (!r) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	r->cap = sv_pow2(attr->attr.max_wr);
+	r->max_sge = attr->attr.max_sge ? attr->attr.max_sge : 1;
+	r->q = calloc(r->cap, sizeof(*r->q));
+	r->sge = calloc((size_t)r->cap * r->max_sge, sizeof(*r->sge));
+	if (!r->q || !r->sge) {
+		free(r->q);
+		free(r->sge);
+		free(r);
+		errno = ENOMEM;
+		return NULL;
+	}
+	for (uint32_t i = 0; i < r->cap; i++)
+		r->q[i].sge = r->sge + (size_t)i * r->max_sge;
+	r->ctx = c;
+	r->pd = (struct sv_pd *)ibpd;
+	r->srq.context = ibpd->context;
+	r->srq.srq_context = attr->srq_context;
+	r->srq.pd = ibpd;
+	r->srq.handle = 0;
+	pthread_mutex_init(&r->srq.mutex, NULL);
+	pthread_cond_init(&r->srq.cond, NULL);
+	pthread_mutex_lock(&c->lk);
+	r->pd->refs++;
+	pthread_mutex_unlock(&c->lk);
+	attr->attr.max_wr = r->cap;
+	attr->attr.max_sge = r->max_sge;
+	return &r->srq;
 }
 
+/* ibv_modify_srq arms the limit (IBV_SRQ_LIMIT); resizing (IBV_SRQ_MAX_WR) is not offered
+ * (IBV_DEVICE_SRQ_RESIZE is not set), EINVAL as on such a device. */
 SV_EXPORT int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr, int mask)
 {
-	(void)srq, (void)attr, (void)mask;
-	return EOPNOTSUPP;
+	if (!srq || !attr || (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) || (mask & IBV_SRQ_MAX_WR))
+		return EINVAL;
+	struct sv_srq *r = (struct sv_srq *)srq;
+	if (!(mask & IBV_SRQ_LIMIT))
+		return 0;
+	if (attr->srq_limit > r->cap)
+		return EINVAL;
+	pthread_mutex_lock(&r->ctx->lk);
+	r->limit = attr->srq_limit;
+	pthread_mutex_unlock(&r->ctx->lk);
+	return 0;
 }
 
 SV_EXPORT int ibv_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr)
 {
-	(void)srq, (void)attr;
-	return EOPNOTSUPP;
+	if (!srq || !attr)
+		return EINVAL;
+	struct sv_srq *r = (struct sv_srq *)srq;
+	pthread_mutex_lock(&r->ctx->lk);
+	attr->max_wr = r->cap;
+	attr->max_sge = r->max_sge;
+	attr->srq_limit = r->limit;
+	pthread_mutex_unlock(&r->ctx->lk);
+	return 0;
 }
 
 SV_EXPORT int ibv_destroy_srq(struct ibv_srq *srq)
 {
-	(void)srq;
-	return EOPNOTSUPP;
+	if (!srq)
+		return EINVAL;
+	struct sv_srq *r = (struct sv_srq *)srq;
+	struct sv_ctx *c = r->ctx;
+	pthread_mutex_lock(&c->lk);
+	if (r->nqp) {
+		pthread_mutex_unlock(&c->lk);
+		errno = EBUSY;
+		return EBUSY;
+	}
+	sv_async_drop(c, r);
+	r->pd->refs--;
+	pthread_mutex_unlock(&c->lk);
+	pthread_mutex_lock(&srq->mutex);
+	while (srq->events_completed != __atomic_load_n(&r->ev_reported, __ATOMIC_SEQ_CST))
+		pthread_cond_wait(&srq->cond, &srq->mutex);
+	pthread_mutex_unlock(&srq->mutex);
+	free(r->q);
+	free(r->sge);
+	free(r);
+	return 0;
+}
+
+static int sv_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
+{
+	if (!srq || !wr) {
+		if (bad_wr)
+			*bad_wr = wr;
+		return EINVAL;
+	}
+	struct sv_srq *r = (struct sv_srq *)srq;
+	int rc = 0;
+	pthread_mutex_lock(&r->ctx->lk);
+	for (; wr; wr = wr->next) {
+		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > r->max_sge || (wr->num_sge && !wr->sg_list)) {
+			rc = EINVAL;
+			break;
+		}
+		if (r->tail - r->head >= r->cap) {
+			rc = ENOMEM;
+			break;
+		}
+		struct sv_rwqe *w = &r->q[r->tail % r->cap];
+		w->wr_id = wr->wr_id;
+		w->nsge = wr->num_sge;
+		if (wr->num_sge)
+			memcpy(w->sge, wr->sg_list, (size_t)wr->num_sge * sizeof(*w->sge));
+		r->tail++;
+	}
+	pthread_mutex_unlock(&r->ctx->lk);
+	if (rc) {
+		if (bad_wr)
+			*bad_wr = wr;
+		errno = rc;
+	}
+	return rc;
 }
 
 SV_EXPORT struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
@@ -2662,6 +2884,7 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	ctx->ops.req_notify_cq = sv_req_notify_cq;
 	ctx->ops.post_send = sv_post_send;
 	ctx->ops.post_recv = sv_post_recv;
+	ctx->ops.post_srq_recv = sv_post_srq_recv;
 	c->vctx.sz = sizeof(struct verbs_context);
 	c->vctx.query_port = sv_query_port;
 	c->vctx.query_device_ex = sv_query_device_ex;
