@@ -1616,6 +1616,126 @@ static void test_rdma_process(void)
 	close(down[1]);
 }
 
+/* UC: the IB spec's UC attribute masks, SEND and WRITE (with immediate) delivered, no RDMA READ
+ * or atomics; a message without a RECV is dropped with no error on either side; under loss,
+ * every SEND completes at the requester and what arrives is whole and in order. */
+static int connect_uc(struct ibv_qp *qp, struct ibv_context *ctx, uint32_t dqpn, struct qopts o)
+{
+	struct ibv_qp_attr a;
+	rtr_attr(&a, dqpn, 3, o);
+	if (ibv_query_gid(ctx, 1, 3, &a.ah_attr.grh.dgid))
+		return -1;
+	const int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+	if (ibv_modify_qp(qp, &a, rtr | IBV_QP_MIN_RNR_TIMER) != EINVAL) /* an RC-only attribute */
+		return -2;
+	int rc = ibv_modify_qp(qp, &a, rtr);
+	if (rc)
+		return rc;
+	rts_attr(&a, o);
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT) != EINVAL)
+		return -3;
+	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
+}
+
+static void test_uc(void)
+{
+	cur_test = "uc";
+	struct qopts o = defaults();
+	o.send_wr = 128;
+	o.recv_wr = 128;
+	struct side a, b;
+	REQUIRE(!new_side(&a, o) && !new_side(&b, o), "sides");
+	struct ibv_qp *aq, *bq;
+	struct ibv_qp_init_attr qa = {.send_cq = a.scq, .recv_cq = a.rcq, .qp_type = IBV_QPT_UC,
+				      .cap = {.max_send_wr = 128, .max_recv_wr = 128, .max_send_sge = 2,
+					      .max_recv_sge = 2}};
+	aq = ibv_create_qp(a.pd, &qa);
+	qa.send_cq = b.scq;
+	qa.recv_cq = b.rcq;
+	bq = ibv_create_qp(b.pd, &qa);
+	REQUIRE(aq && bq && aq->qp_type == IBV_QPT_UC, "UC QPs");
+	REQUIRE(!to_init(aq) && !to_init(bq), "INIT");
+	struct ibv_qp_attr at = {.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE};
+	REQUIRE(!ibv_modify_qp(bq, &at, IBV_QP_ACCESS_FLAGS), "REMOTE_WRITE");
+	int rc1 = connect_uc(aq, a.ctx, bq->qp_num, o), rc2 = connect_uc(bq, b.ctx, aq->qp_num, o);
+	REQUIRE(rc1 == 0 && rc2 == 0, "UC masks and connect (%d, %d)", rc1, rc2);
+	uint8_t *rbuf = calloc(1, 65536);
+	struct ibv_mr *rmr = ibv_reg_mr(b.pd, rbuf, 65536, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	REQUIRE(rbuf && rmr, "MR");
+	struct ibv_wc wc[64];
+
+	/* a SEND without a RECV is dropped; the next one, with a RECV, arrives */
+	uint64_t rx0 = counter(0, "rx_packets");
+	CHECK(post_send(&a, aq, 1, 0, 100, IBV_SEND_SIGNALED) == 0, "send without RECV");
+	CHECK(wait_wcs(a.scq, wc, 1, 30) == 1 && wc[0].status == IBV_WC_SUCCESS, "completes at the requester");
+	/* the responder has handled it once its device counted it (both under its context's lock) */
+	double until = now_s() + 30;
+	while (counter(0, "rx_packets") == rx0 && now_s() < until)
+		sleep_ms(1);
+	for (int i = 0; i < 5000; i++)
+		a.buf[i] = (uint8_t)(i * 5);
+	CHECK(post_recv(&b, bq, 10, 0, 8192) == 0, "recv");
+	CHECK(post_send(&a, aq, 2, 0, 5000, IBV_SEND_SIGNALED) == 0, "send");
+	CHECK(wait_wcs(b.rcq, wc, 1, 30) == 1 && wc[0].status == IBV_WC_SUCCESS && wc[0].wr_id == 10 &&
+		      wc[0].byte_len == 5000 && !memcmp(b.buf + RECV_BASE, a.buf, 5000),
+	      "delivered whole: %s id %llu len %u", ibv_wc_status_str(wc[0].status), (unsigned long long)wc[0].wr_id, wc[0].byte_len);
+	CHECK(wait_wcs(a.scq, wc, 1, 30) == 1 && wc[0].wr_id == 2, "send done");
+
+	/* WRITE and WRITE with immediate; READ and atomics refused */
+	struct ibv_sge sg = {(uintptr_t)a.buf, 5000, a.mr->lkey};
+	CHECK(post_rdma(aq, IBV_WR_RDMA_WRITE, 3, &sg, 1, (uintptr_t)rbuf, rmr->rkey, 0) == 0, "write");
+	CHECK(post_recv(&b, bq, 11, 0, 0) == 0, "recv");
+	CHECK(post_rdma(aq, IBV_WR_RDMA_WRITE_WITH_IMM, 4, &sg, 1, (uintptr_t)rbuf + 10000, rmr->rkey, 7) == 0,
+	      "write imm");
+	CHECK(wait_wcs(b.rcq, wc, 1, 30) == 1 && wc[0].opcode == IBV_WC_RECV_RDMA_WITH_IMM && wc[0].imm_data == 7 &&
+		      wc[0].byte_len == 5000,
+	      "WRITE_WITH_IMM arrives");
+	CHECK(!memcmp(rbuf, a.buf, 5000) && !memcmp(rbuf + 10000, a.buf, 5000), "both WRITEs placed");
+	CHECK(wait_wcs(a.scq, wc, 2, 30) == 2 && wc[0].opcode == IBV_WC_RDMA_WRITE, "writes done");
+	CHECK(post_rdma(aq, IBV_WR_RDMA_READ, 5, &sg, 1, (uintptr_t)rbuf, rmr->rkey, 0) == EINVAL, "no READ on UC");
+
+	/* loss: every SEND completes; what arrives is whole and in order */
+	set_ctl("drop_pct=20\n");
+	sleep_ms(300);
+	const int n = 40, sz = 3000;
+	for (int i = 0; i < n + 1; i++)
+		CHECK(post_recv(&b, bq, 100 + i, (i % 20) * 3000, sz) == 0, "recv");
+	for (int i = 0; i < n * sz; i++)
+		a.buf[i] = (uint8_t)(i / sz);
+	for (int i = 0; i < n; i++)
+		CHECK(post_send(&a, aq, 100 + i, i * sz, sz, IBV_SEND_SIGNALED) == 0, "send");
+	CHECK(wait_wcs(a.scq, wc, n, 30) == n, "all %d complete at the requester", n);
+	set_ctl("");
+	sleep_ms(300);
+	/* a last SEND, sent after the others and unlossy: once it is in, all that will come is */
+	memset(a.buf + n * sz, 0xee, 16);
+	CHECK(post_send(&a, aq, 999, n * sz, 16, IBV_SEND_SIGNALED) == 0, "marker");
+	int got = 0, seen_marker = 0;
+	uint64_t prev = 0;
+	double end = now_s() + 30;
+	while (!seen_marker && now_s() < end) {
+		int k = ibv_poll_cq(b.rcq, 1, wc);
+		if (k <= 0) {
+			sleep_ms(1);
+			continue;
+		}
+		CHECK(wc[0].status == IBV_WC_SUCCESS, "no error: %s", ibv_wc_status_str(wc[0].status));
+		if (wc[0].byte_len == 16) {
+			seen_marker = 1;
+			break;
+		}
+		CHECK(wc[0].byte_len == (uint32_t)sz && wc[0].wr_id > prev, "whole, in order");
+		prev = wc[0].wr_id;
+		got++;
+	}
+	CHECK(seen_marker && got <= n, "marker after %d of %d", got, n);
+	ibv_dereg_mr(rmr);
+	free(rbuf);
+	CHECK(!ibv_destroy_qp(aq) && !ibv_destroy_qp(bq), "destroy");
+	free_side(&a);
+	free_side(&b);
+}
+
 /* run_devices runs the tests of several devices in a child of this program: the device list
  * is read once per process, from the environment. */
 static void run_devices(const char *self)
@@ -1665,6 +1785,7 @@ int main(int argc, char **argv)
 		{"loss", test_loss}, {"faults", test_faults},
 		{"rdma", test_rdma}, {"rdma errors", test_rdma_errors}, {"rdma loss", test_rdma_loss},
 		{"rdma across processes", test_rdma_process}, {"srq", test_srq},
+		{"uc", test_uc},
 	};
 	static const struct sv_case several[] = {
 		{"device list", test_device_list}, {"two devices", test_device_traffic},

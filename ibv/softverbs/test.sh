@@ -161,6 +161,9 @@ if command -v ibv_rc_pingpong >/dev/null; then
 	# 16 QPs on one shared receive queue
 	pp=ibv_srq_pingpong pingpong "-n $iters (16 QPs, one SRQ)" -g 3
 	pp=ibv_srq_pingpong pingpong "-n $iters -e (16 QPs, one SRQ, events)" -g 3 -e
+	# UC: nothing is resent, so a datagram the loaded host drops would hang it: no loss here
+	# (SOFTVERBS_DROP_PCT unset), and loopback UDP at one message in flight keeps its packets
+	pp=ibv_uc_pingpong pingpong "-n $iters (UC)" -g 3
 else
 	step "ibv_rc_pingpong" SKIPPED "ibverbs-utils not installed"
 fi

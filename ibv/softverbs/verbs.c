@@ -1365,7 +1365,8 @@ static void sv_pump(struct sv_qp *q, int64_t now)
 			sv_fail(q, w->pre);
 			return;
 		}
-		if (sv_psn_diff(q->next_psn, q->acked_psn) > SV_WINDOW)
+		int uc = q->qp.qp_type == IBV_QPT_UC;
+		if (!uc && sv_psn_diff(q->next_psn, q->acked_psn) > SV_WINDOW)
 			return;
 		int rd = sv_is_rd(w);
 		if (q->sq_pkt == 0) {
@@ -1458,6 +1459,20 @@ static void sv_pump(struct sv_qp *q, int64_t now)
 		}
 		sv_send_pkt(q, &h, w->data ? w->data + off : NULL);
 		q->next_psn = (q->next_psn + 1) & SV_PSN_MASK;
+		if (uc) {
+			/* UC: done once sent; nothing is acknowledged or sent again */
+			q->acked_psn = (q->next_psn - 1) & SV_PSN_MASK;
+			if (last) {
+				q->sq_send++;
+				q->sq_pkt = 0;
+				sv_complete_send(q, q->sq_done, IBV_WC_SUCCESS);
+				sv_swqe_free(w);
+				q->sq_done++;
+			} else {
+				q->sq_pkt++;
+			}
+			continue;
+		}
 		if (!q->ack_deadline)
 			sv_arm(q, now);
 		if (last) {
@@ -1635,11 +1650,82 @@ static void sv_atomic_reply(struct sv_qp *q, uint32_t psn, uint64_t orig)
 	sv_send_pkt(q, &r, NULL);
 }
 
+/* sv_uc_request is a UC responder: no ACK, NAK or RNR. A packet lost (a PSN gap) drops the
+ * message in progress, whose RECV serves the next one; a message without a RECV, or whose
+ * WRITE fails its checks, is dropped; the packets of a message not started are dropped. */
+static void sv_uc_request(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload)
+{
+	int write = h->op >= SV_OP_WRITE_FIRST && h->op <= SV_OP_WRITE_ONLY_IMM;
+	if (!sv_op_is_send(h->op) && !write)
+		return; /* no READs or atomics on UC */
+	int first = h->op == SV_OP_SEND_FIRST || h->op == SV_OP_SEND_ONLY || h->op == SV_OP_SEND_ONLY_IMM ||
+		    h->op == SV_OP_WRITE_FIRST || h->op == SV_OP_WRITE_ONLY || h->op == SV_OP_WRITE_ONLY_IMM;
+	int last = h->op != SV_OP_SEND_FIRST && h->op != SV_OP_SEND_MIDDLE && h->op != SV_OP_WRITE_FIRST &&
+		   h->op != SV_OP_WRITE_MIDDLE;
+	if (h->psn != q->epsn || first)
+		q->in_msg = 0;
+	q->epsn = (h->psn + 1) & SV_PSN_MASK;
+	if (!first && (!q->in_msg || write != q->msg_write))
+		return;
+	if (first) {
+		int imm = !write || (h->flags & SV_FLAG_IMM) || h->op == SV_OP_WRITE_ONLY_IMM;
+		if (write) {
+			uint8_t *dst = NULL;
+			if (h->dlen > SV_MAX_MSG)
+				return;
+			if (h->dlen) {
+				if (sv_qp_allows(q, IBV_ACCESS_REMOTE_WRITE))
+					dst = sv_mr_remote(q->ctx, q->pd, h->rkey, h->va, h->dlen,
+							   IBV_ACCESS_REMOTE_WRITE);
+				if (!dst)
+					return;
+			}
+			q->wr_ptr = dst;
+			q->wr_len = h->dlen;
+		}
+		if (imm && sv_rq_empty(q))
+			return;
+		if (imm)
+			sv_rq_take(q);
+		q->in_msg = 1;
+		q->msg_write = write;
+		q->msg_imm = write && imm;
+		q->msg_off = 0;
+	}
+	if (write) {
+		if ((uint64_t)q->msg_off + h->len > q->wr_len || (last && q->msg_off + h->len != q->wr_len)) {
+			q->in_msg = 0;
+			return;
+		}
+		if (h->len)
+			memcpy(q->wr_ptr + q->msg_off, payload, h->len);
+	} else {
+		struct sv_rwqe *w = sv_rq_cur(q);
+		enum ibv_wc_status st = sv_scatter(q, w->sge, w->nsge, q->msg_off, payload, h->len);
+		if (st != IBV_WC_SUCCESS) {
+			sv_rq_done(q, st, q->msg_off, h);
+			q->in_msg = 0;
+			sv_qp_error(q);
+			return;
+		}
+	}
+	q->msg_off += h->len;
+	if (last) {
+		if (!write || q->msg_imm)
+			sv_rq_done(q, IBV_WC_SUCCESS, q->msg_off, h);
+		q->in_msg = 0;
+	}
+}
+
 /* sv_on_request is the responder: SEND, RDMA WRITE, READ and atomic request packets. */
 static void sv_on_request(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload)
 {
 	if (q->state != IBV_QPS_RTR && q->state != IBV_QPS_RTS && q->state != IBV_QPS_SQD)
 		return;
+	if (q->qp.qp_type == IBV_QPT_UC) {
+		sv_uc_request(q, h, payload);
+		return;
+	}
 	int32_t d = sv_psn_diff(h->psn, q->epsn);
 	if (d < 0) {
 		sv_count(q->ctx->dev, SV_CNT_DUPLICATE);
@@ -1850,7 +1936,7 @@ static void sv_on_packet(struct sv_qp *q, const uint8_t *buf, size_t n, int64_t 
 	const uint8_t *payload = buf + SV_HDR_LEN + sv_ext_len(h.op);
 	if (sv_op_is_request(h.op)) {
 		sv_on_request(q, &h, payload);
-	} else if (q->state == IBV_QPS_RTS || q->state == IBV_QPS_SQD) {
+	} else if ((q->state == IBV_QPS_RTS || q->state == IBV_QPS_SQD) && q->qp.qp_type == IBV_QPT_RC) {
 		if (h.op == SV_OP_ACK) {
 			if (sv_ack(q, h.psn, now))
 				sv_pump(q, now);
@@ -2008,8 +2094,9 @@ static int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
 		enum ibv_wr_opcode op = wr->opcode;
 		int rd = op == IBV_WR_RDMA_READ || op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
 		int atomic = op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
-		if (op != IBV_WR_SEND && op != IBV_WR_SEND_WITH_IMM && op != IBV_WR_RDMA_WRITE &&
-		    op != IBV_WR_RDMA_WRITE_WITH_IMM && !rd) {
+		if ((op != IBV_WR_SEND && op != IBV_WR_SEND_WITH_IMM && op != IBV_WR_RDMA_WRITE &&
+		     op != IBV_WR_RDMA_WRITE_WITH_IMM && !rd) ||
+		    (rd && ibqp->qp_type == IBV_QPT_UC)) {
 			rc = EINVAL;
 			break;
 		}
@@ -2157,7 +2244,7 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *ibpd, struct ibv_qp_init_a
 		errno = EINVAL;
 		return NULL;
 	}
-	if (a->qp_type != IBV_QPT_RC) {
+	if (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UC) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
@@ -2231,7 +2318,7 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *ibpd, struct ibv_qp_init_a
 	q->qp.handle = qpn;
 	q->qp.qp_num = qpn;
 	q->qp.state = IBV_QPS_RESET;
-	q->qp.qp_type = IBV_QPT_RC;
+	q->qp.qp_type = a->qp_type;
 	pthread_mutex_init(&q->qp.mutex, NULL);
 	pthread_cond_init(&q->qp.cond, NULL);
 	q->mtu_bytes = 1024;
@@ -2427,6 +2514,14 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 	if ((unsigned)next > IBV_QPS_ERR || next == IBV_QPS_SQE)
 		goto out;
 	struct sv_trans t = sv_rule(cur, next);
+	if (ibqp->qp_type == IBV_QPT_UC) {
+		/* UC has no ACKs, retries, RNR or RDMA reads: the IB spec's UC table is the RC one
+		 * without their attributes */
+		const int rc_only = IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER | IBV_QP_TIMEOUT |
+				    IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+		t.req &= ~rc_only;
+		t.opt &= ~rc_only;
+	}
 	if (!t.valid || (mask & t.req) != t.req || (mask & ~(t.req | t.opt | IBV_QP_STATE)))
 		goto out;
 	if ((mask & IBV_QP_PORT) && attr->port_num != 1)
@@ -2605,7 +2700,7 @@ SV_EXPORT int ibv_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int ma
 	init_attr->recv_cq = ibqp->recv_cq;
 	init_attr->srq = ibqp->srq;
 	init_attr->cap = q->cap;
-	init_attr->qp_type = IBV_QPT_RC;
+	init_attr->qp_type = ibqp->qp_type;
 	init_attr->sq_sig_all = q->sq_sig_all;
 	pthread_mutex_unlock(&q->ctx->lk);
 	return 0;
