@@ -467,8 +467,8 @@ static void test_bad_args(void)
 	qa.cap.max_inline_data = 1 << 20;
 	CHECK(!ibv_create_qp(s.pd, &qa) && errno == EINVAL, "inline too big");
 	qa.cap.max_inline_data = 0;
-	qa.qp_type = IBV_QPT_UD;
-	CHECK(!ibv_create_qp(s.pd, &qa) && errno == EOPNOTSUPP, "UD");
+	qa.qp_type = IBV_QPT_XRC_SEND;
+	CHECK(!ibv_create_qp(s.pd, &qa) && errno == EOPNOTSUPP, "XRC");
 	qa.qp_type = IBV_QPT_RC;
 	qa.send_cq = NULL;
 	CHECK(!ibv_create_qp(s.pd, &qa) && errno == EINVAL, "no send cq");
@@ -1736,6 +1736,107 @@ static void test_uc(void)
 	free_side(&b);
 }
 
+/* UD: the UD attribute masks, address handles, the GRH before the payload, Q_Key checks (a
+ * wrong one dropped, the high bit meaning the QP's own), one-MTU messages, and a reply to the
+ * sender through ibv_create_ah_from_wc. */
+static struct ibv_qp *ud_qp(struct side *s, uint32_t qkey)
+{
+	struct ibv_qp_init_attr qa = {.send_cq = s->scq, .recv_cq = s->rcq, .qp_type = IBV_QPT_UD,
+				      .cap = {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1,
+					      .max_recv_sge = 1}};
+	struct ibv_qp *qp = ibv_create_qp(s->pd, &qa);
+	if (!qp)
+		return NULL;
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1, .qkey = qkey};
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT) != EINVAL) /* QKEY needed */
+		return NULL;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY))
+		return NULL;
+	a.qp_state = IBV_QPS_RTR;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE))
+		return NULL;
+	a.qp_state = IBV_QPS_RTS;
+	a.sq_psn = 1;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN))
+		return NULL;
+	return qp;
+}
+
+static int post_ud(struct side *s, struct ibv_qp *qp, struct ibv_ah *ah, uint32_t qpn, uint32_t qkey, uint64_t id,
+		   int off, int len, enum ibv_wr_opcode op)
+{
+	struct ibv_sge sg = {(uintptr_t)s->buf + off, (uint32_t)len, s->mr->lkey};
+	struct ibv_send_wr wr = {.wr_id = id, .sg_list = &sg, .num_sge = 1, .opcode = op,
+				 .send_flags = IBV_SEND_SIGNALED, .imm_data = 77}, *bad;
+	wr.wr.ud.ah = ah;
+	wr.wr.ud.remote_qpn = qpn;
+	wr.wr.ud.remote_qkey = qkey;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+static void test_ud(void)
+{
+	cur_test = "ud";
+	struct qopts o = defaults();
+	struct side a, b;
+	REQUIRE(!new_side(&a, o) && !new_side(&b, o), "sides");
+	const uint32_t qk = 0x11111111;
+	struct ibv_qp *aq = ud_qp(&a, qk), *bq = ud_qp(&b, qk);
+	REQUIRE(aq && bq, "UD QPs and masks");
+	struct ibv_ah_attr ah_attr = {.is_global = 1, .port_num = 1, .grh = {.sgid_index = 3, .hop_limit = 1}};
+	REQUIRE(!ibv_query_gid(a.ctx, 1, 3, &ah_attr.grh.dgid), "gid");
+	struct ibv_ah *ah = ibv_create_ah(a.pd, &ah_attr);
+	REQUIRE(ah, "create_ah: %s", strerror(errno));
+	struct ibv_ah_attr bad_attr = ah_attr;
+	bad_attr.is_global = 0;
+	errno = 0;
+	CHECK(ibv_create_ah(a.pd, &bad_attr) == NULL && errno == EINVAL, "a RoCE AH needs a GRH");
+	struct ibv_wc wc[2];
+
+	/* a wrong Q_Key is dropped */
+	CHECK(post_recv(&b, bq, 1, 0, 2048) == 0, "recv");
+	uint64_t rx0 = counter(0, "rx_packets");
+	CHECK(post_ud(&a, aq, ah, bq->qp_num, qk + 1, 10, 0, 100, IBV_WR_SEND) == 0, "send, wrong qkey");
+	CHECK(wait_wcs(a.scq, wc, 1, 30) == 1 && wc[0].status == IBV_WC_SUCCESS, "it completes at the sender");
+	double until = now_s() + 30;
+	while (counter(0, "rx_packets") == rx0 && now_s() < until)
+		sleep_ms(1);
+	CHECK(cq_empty_for(b.rcq, 10), "dropped");
+
+	/* the high bit: the sender QP's own Q_Key; the RECV holds the GRH, then the payload */
+	for (int i = 0; i < 1000; i++)
+		a.buf[i] = (uint8_t)(i + 9);
+	CHECK(post_ud(&a, aq, ah, bq->qp_num, 0x80000000u, 11, 0, 1000, IBV_WR_SEND_WITH_IMM) == 0, "send");
+	CHECK(wait_wcs(b.rcq, wc, 1, 30) == 1 && wc[0].status == IBV_WC_SUCCESS && wc[0].wr_id == 1 &&
+		      wc[0].byte_len == 1040 && (wc[0].wc_flags & IBV_WC_GRH) && (wc[0].wc_flags & IBV_WC_WITH_IMM) &&
+		      wc[0].imm_data == 77 && wc[0].src_qp == aq->qp_num,
+	      "received: %s len %u flags %#x", ibv_wc_status_str(wc[0].status), wc[0].byte_len, wc[0].wc_flags);
+	struct ibv_grh *grh = (struct ibv_grh *)(b.buf + RECV_BASE);
+	CHECK(!memcmp(b.buf + RECV_BASE + 40, a.buf, 1000), "payload after the GRH");
+	CHECK(!memcmp(grh->sgid.raw, ah_attr.grh.dgid.raw, 16) && grh->next_hdr == 0x1b, "GRH");
+	CHECK(wait_wcs(a.scq, wc, 1, 30) == 1 && wc[0].wr_id == 11, "send done");
+
+	/* a reply through the AH made from the WC */
+	struct ibv_wc rwc = {.wc_flags = IBV_WC_GRH, .src_qp = aq->qp_num};
+	struct ibv_ah *back = ibv_create_ah_from_wc(b.pd, &rwc, grh, 1);
+	CHECK(back != NULL, "create_ah_from_wc: %s", strerror(errno));
+	CHECK(post_recv(&a, aq, 2, 0, 2048) == 0, "recv");
+	CHECK(back && post_ud(&b, bq, back, rwc.src_qp, qk, 12, 0, 16, IBV_WR_SEND) == 0, "reply");
+	CHECK(wait_wcs(a.rcq, wc, 1, 30) == 1 && wc[0].wr_id == 2 && wc[0].src_qp == bq->qp_num, "reply received");
+	CHECK(wait_wcs(b.scq, wc, 1, 30) == 1, "reply done");
+
+	/* refused at post: above the MTU (1024), RDMA on UD, no AH */
+	CHECK(post_ud(&a, aq, ah, bq->qp_num, qk, 13, 0, 1025, IBV_WR_SEND) == EINVAL, "above the MTU");
+	CHECK(post_ud(&a, aq, ah, bq->qp_num, qk, 13, 0, 16, IBV_WR_RDMA_WRITE) == EINVAL, "WRITE on UD");
+	CHECK(post_ud(&a, aq, NULL, bq->qp_num, qk, 13, 0, 16, IBV_WR_SEND) == EINVAL, "no AH");
+	if (back)
+		CHECK(ibv_destroy_ah(back) == 0, "destroy ah");
+	CHECK(ibv_destroy_ah(ah) == 0, "destroy ah");
+	CHECK(!ibv_destroy_qp(aq) && !ibv_destroy_qp(bq), "destroy");
+	free_side(&a);
+	free_side(&b);
+}
+
 /* run_devices runs the tests of several devices in a child of this program: the device list
  * is read once per process, from the environment. */
 static void run_devices(const char *self)
@@ -1785,7 +1886,7 @@ int main(int argc, char **argv)
 		{"loss", test_loss}, {"faults", test_faults},
 		{"rdma", test_rdma}, {"rdma errors", test_rdma_errors}, {"rdma loss", test_rdma_loss},
 		{"rdma across processes", test_rdma_process}, {"srq", test_srq},
-		{"uc", test_uc},
+		{"uc", test_uc}, {"ud", test_ud},
 	};
 	static const struct sv_case several[] = {
 		{"device list", test_device_list}, {"two devices", test_device_traffic},

@@ -76,6 +76,10 @@ struct sv_swqe {
 	uint64_t swap, cmp;     /* atomics: swap or add, compare */
 	struct ibv_sge *sge;    /* READ, atomics: where the response lands */
 	int nsge;
+	struct sockaddr_in udest; /* UD: where it goes, its Q_Key and GRH GIDs */
+	uint32_t qkey;
+	int grh;
+	uint8_t sgid[16], dgid[16];
 	enum ibv_wc_status pre; /* an error found at post time, reported in order */
 	uint32_t first_psn, npkts;
 	uint32_t rd_got;        /* READ, atomics: response packets placed */
@@ -102,6 +106,14 @@ struct sv_rwqe {
 	uint64_t wr_id;
 	int nsge;
 	struct ibv_sge *sge;
+};
+
+/* An address handle: where a UD message goes (its destination QPN is the WR's). */
+struct sv_ah {
+	struct ibv_ah ah;
+	struct sockaddr_in dest;
+	int grh;
+	union ibv_gid sgid, dgid;
 };
 
 /* A shared receive queue: its QPs take RECVs from it in order, each at the first packet of a
@@ -408,7 +420,7 @@ static void sv_fill_device_attr(const struct sv_dev *d, struct ibv_device_attr *
 	a->atomic_cap = IBV_ATOMIC_HCA;
 	a->max_mw = 0;
 	a->max_mcast_grp = 0;
-	a->max_ah = 0;
+	a->max_ah = 1 << 20;
 	a->max_srq = 1 << 16;
 	a->max_srq_wr = SV_MAX_QP_WR;
 	a->max_srq_sge = SV_MAX_SGE;
@@ -1152,7 +1164,16 @@ static void sv_arm(struct sv_qp *q, int64_t now)
 		sv_wake(q->ctx, q->ack_deadline);
 }
 
+static void sv_send_pkt_to(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload,
+			   const struct sockaddr_in *dest);
+
 static void sv_send_pkt(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload)
+{
+	sv_send_pkt_to(q, h, payload, &q->dest);
+}
+
+static void sv_send_pkt_to(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload,
+			   const struct sockaddr_in *dest)
 {
 	struct sv_ctx *c = q->ctx;
 	uint8_t buf[SV_MAX_HDR + SV_MAX_PAYLOAD];
@@ -1171,8 +1192,7 @@ static void sv_send_pkt(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *
 		memcpy(buf + hl, payload, h->len);
 	/* Non-blocking: a full socket buffer loses the packet, as a congested link would; the
 	 * retransmit timer recovers it. */
-	if (sendto(q->fd, buf, hl + h->len, MSG_DONTWAIT, (struct sockaddr *)&q->dest,
-		   sizeof(q->dest)) < 0) {
+	if (sendto(q->fd, buf, hl + h->len, MSG_DONTWAIT, (const struct sockaddr *)dest, sizeof(*dest)) < 0) {
 		/* lost */
 	}
 }
@@ -1228,6 +1248,12 @@ static void sv_complete_rwqe(struct sv_qp *q, const struct sv_rwqe *w, int srq, 
 		}
 		if (h->op == SV_OP_WRITE_LAST_IMM || h->op == SV_OP_WRITE_ONLY_IMM)
 			wc.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
+		if (h->op == SV_OP_UD_SEND_IMM) {
+			wc.wc_flags |= IBV_WC_WITH_IMM;
+			wc.imm_data = h->imm;
+		}
+		if ((h->op == SV_OP_UD_SEND || h->op == SV_OP_UD_SEND_IMM) && (h->flags & SV_FLAG_GRH))
+			wc.wc_flags |= IBV_WC_GRH;
 		sol = h->flags & SV_FLAG_SOLICITED;
 	}
 	if (sv_cq_push(q->rcq, &wc, q, srq ? 2 : 0, release, sol))
@@ -1364,6 +1390,26 @@ static void sv_pump(struct sv_qp *q, int64_t now)
 				return; /* report in order, after what precedes it */
 			sv_fail(q, w->pre);
 			return;
+		}
+		if (q->qp.qp_type == IBV_QPT_UD) {
+			/* UD: one packet to the WR's address, done once sent */
+			struct sv_hdr u = {.op = w->imm_valid ? SV_OP_UD_SEND_IMM : SV_OP_UD_SEND,
+					   .dqpn = ntohs(w->udest.sin_port), .sqpn = q->qp.qp_num, .psn = q->next_psn,
+					   .imm = w->imm_valid ? w->imm : 0, .len = (uint16_t)w->len, .qkey = w->qkey};
+			if (w->solicited)
+				u.flags |= SV_FLAG_SOLICITED;
+			if (w->grh)
+				u.flags |= SV_FLAG_GRH;
+			memcpy(u.sgid, w->sgid, 16);
+			memcpy(u.dgid, w->dgid, 16);
+			sv_send_pkt_to(q, &u, w->data, &w->udest);
+			q->next_psn = (q->next_psn + 1) & SV_PSN_MASK;
+			q->acked_psn = (q->next_psn - 1) & SV_PSN_MASK;
+			q->sq_send++;
+			sv_complete_send(q, q->sq_done, IBV_WC_SUCCESS);
+			sv_swqe_free(w);
+			q->sq_done++;
+			continue;
 		}
 		int uc = q->qp.qp_type == IBV_QPT_UC;
 		if (!uc && sv_psn_diff(q->next_psn, q->acked_psn) > SV_WINDOW)
@@ -1717,6 +1763,32 @@ static void sv_uc_request(struct sv_qp *q, const struct sv_hdr *h, const uint8_t
 	}
 }
 
+/* sv_ud_recv is a UD receiver: a message whose Q_Key is not the QP's, or that finds no RECV,
+ * is dropped; the RECV gets the 40-byte GRH (IB layout: version 6, next header 0x1b, hop limit
+ * 64, the payload length, source and destination GIDs), then the payload. */
+static void sv_ud_recv(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload)
+{
+	if (q->state != IBV_QPS_RTR && q->state != IBV_QPS_RTS && q->state != IBV_QPS_SQD)
+		return;
+	if (h->qkey != q->attr.qkey || sv_rq_empty(q))
+		return;
+	sv_rq_take(q);
+	struct sv_rwqe *w = sv_rq_cur(q);
+	uint8_t grh[40] = {0x60, 0, 0, 0};
+	uint16_t plen = htons((uint16_t)(h->len + (h->op == SV_OP_UD_SEND_IMM ? 4 : 0) + 8 + 12));
+	memcpy(grh + 4, &plen, 2);
+	grh[6] = 0x1b;
+	grh[7] = 64;
+	memcpy(grh + 8, h->sgid, 16);
+	memcpy(grh + 24, h->dgid, 16);
+	enum ibv_wc_status st = sv_scatter(q, w->sge, w->nsge, 0, grh, 40);
+	if (st == IBV_WC_SUCCESS)
+		st = sv_scatter(q, w->sge, w->nsge, 40, payload, h->len);
+	sv_rq_done(q, st, 40 + h->len, h);
+	if (st != IBV_WC_SUCCESS)
+		sv_qp_error(q);
+}
+
 /* sv_on_request is the responder: SEND, RDMA WRITE, READ and atomic request packets. */
 static void sv_on_request(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload)
 {
@@ -1934,7 +2006,13 @@ static void sv_on_packet(struct sv_qp *q, const uint8_t *buf, size_t n, int64_t 
 	}
 	sv_count(q->ctx->dev, SV_CNT_RX_PACKETS);
 	const uint8_t *payload = buf + SV_HDR_LEN + sv_ext_len(h.op);
-	if (sv_op_is_request(h.op)) {
+	int ud = q->qp.qp_type == IBV_QPT_UD;
+	if (h.op == SV_OP_UD_SEND || h.op == SV_OP_UD_SEND_IMM) {
+		if (ud)
+			sv_ud_recv(q, &h, payload);
+	} else if (ud) {
+		/* a connected QP's packet: not for a UD QP */
+	} else if (sv_op_is_request(h.op)) {
 		sv_on_request(q, &h, payload);
 	} else if ((q->state == IBV_QPS_RTS || q->state == IBV_QPS_SQD) && q->qp.qp_type == IBV_QPT_RC) {
 		if (h.op == SV_OP_ACK) {
@@ -2096,7 +2174,9 @@ static int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
 		int atomic = op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
 		if ((op != IBV_WR_SEND && op != IBV_WR_SEND_WITH_IMM && op != IBV_WR_RDMA_WRITE &&
 		     op != IBV_WR_RDMA_WRITE_WITH_IMM && !rd) ||
-		    (rd && ibqp->qp_type == IBV_QPT_UC)) {
+		    (rd && ibqp->qp_type == IBV_QPT_UC) ||
+		    (ibqp->qp_type == IBV_QPT_UD && op != IBV_WR_SEND && op != IBV_WR_SEND_WITH_IMM) ||
+		    (ibqp->qp_type == IBV_QPT_UD && !wr->wr.ud.ah)) {
 			rc = EINVAL;
 			break;
 		}
@@ -2114,6 +2194,11 @@ static int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
 		}
 		int inl = !rd && (wr->send_flags & IBV_SEND_INLINE);
 		if (inl && total > q->cap.max_inline_data) {
+			rc = EINVAL;
+			break;
+		}
+		/* a UD message is one packet: at most the port's MTU */
+		if (ibqp->qp_type == IBV_QPT_UD && total > (128u << sv_cfg.active_mtu)) {
 			rc = EINVAL;
 			break;
 		}
@@ -2139,6 +2224,16 @@ static int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
 		} else if (op != IBV_WR_SEND && op != IBV_WR_SEND_WITH_IMM) {
 			w->rva = wr->wr.rdma.remote_addr;
 			w->rkey = wr->wr.rdma.rkey;
+		}
+		if (ibqp->qp_type == IBV_QPT_UD) {
+			const struct sv_ah *ah = (const struct sv_ah *)wr->wr.ud.ah;
+			w->udest = ah->dest;
+			w->udest.sin_port = htons((uint16_t)wr->wr.ud.remote_qpn);
+			/* a Q_Key with the high bit set means the QP's own */
+			w->qkey = (wr->wr.ud.remote_qkey & 0x80000000u) ? q->attr.qkey : wr->wr.ud.remote_qkey;
+			w->grh = ah->grh;
+			memcpy(w->sgid, ah->sgid.raw, 16);
+			memcpy(w->dgid, ah->dgid.raw, 16);
 		}
 		if (total > SV_MAX_MSG) {
 			w->pre = IBV_WC_LOC_LEN_ERR;
@@ -2244,7 +2339,7 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *ibpd, struct ibv_qp_init_a
 		errno = EINVAL;
 		return NULL;
 	}
-	if (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UC) {
+	if (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UC && a->qp_type != IBV_QPT_UD) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
@@ -2321,7 +2416,7 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *ibpd, struct ibv_qp_init_a
 	q->qp.qp_type = a->qp_type;
 	pthread_mutex_init(&q->qp.mutex, NULL);
 	pthread_cond_init(&q->qp.cond, NULL);
-	q->mtu_bytes = 1024;
+	q->mtu_bytes = a->qp_type == IBV_QPT_UD ? 128u << sv_cfg.active_mtu : 1024;
 	pthread_mutex_lock(&c->lk);
 	if (c->qps[qpn]) {
 		pthread_mutex_unlock(&c->lk);
@@ -2458,6 +2553,32 @@ static struct sv_trans sv_rule(enum ibv_qp_state cur, enum ibv_qp_state next)
 	return t;
 }
 
+/* The IB spec's UD attribute rules. */
+static struct sv_trans sv_rule_ud(enum ibv_qp_state cur, enum ibv_qp_state next)
+{
+	struct sv_trans t = {0, 0, 0};
+	if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) {
+		t.valid = 1;
+		return t;
+	}
+	const int P = IBV_QP_PKEY_INDEX, Q = IBV_QP_QKEY, C = IBV_QP_CUR_STATE;
+	if (cur == IBV_QPS_RESET && next == IBV_QPS_INIT)
+		t = (struct sv_trans){1, P | IBV_QP_PORT | Q, 0};
+	else if (cur == IBV_QPS_INIT && next == IBV_QPS_INIT)
+		t = (struct sv_trans){1, 0, P | IBV_QP_PORT | Q};
+	else if (cur == IBV_QPS_INIT && next == IBV_QPS_RTR)
+		t = (struct sv_trans){1, 0, P | Q};
+	else if (cur == IBV_QPS_RTR && next == IBV_QPS_RTS)
+		t = (struct sv_trans){1, IBV_QP_SQ_PSN, C | Q};
+	else if ((cur == IBV_QPS_RTS || cur == IBV_QPS_SQD) && next == IBV_QPS_RTS)
+		t = (struct sv_trans){1, 0, C | Q};
+	else if (cur == IBV_QPS_RTS && next == IBV_QPS_SQD)
+		t = (struct sv_trans){1, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY};
+	else if (cur == IBV_QPS_SQD && next == IBV_QPS_SQD)
+		t = (struct sv_trans){1, 0, P | Q};
+	return t;
+}
+
 /* sv_resolve checks an address vector as the kernel's address resolution would and gives the
  * UDP destination of dest_qpn. */
 static int sv_resolve(const struct sv_dev *d, const struct ibv_ah_attr *ah, uint32_t dest_qpn,
@@ -2514,6 +2635,8 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 	if ((unsigned)next > IBV_QPS_ERR || next == IBV_QPS_SQE)
 		goto out;
 	struct sv_trans t = sv_rule(cur, next);
+	if (ibqp->qp_type == IBV_QPT_UD)
+		t = sv_rule_ud(cur, next);
 	if (ibqp->qp_type == IBV_QPT_UC) {
 		/* UC has no ACKs, retries, RNR or RDMA reads: the IB spec's UC table is the RC one
 		 * without their attributes */
@@ -2619,6 +2742,10 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 	if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY)
 		s->en_sqd_async_notify = attr->en_sqd_async_notify;
 	q->mtu_bytes = s->path_mtu >= IBV_MTU_256 && s->path_mtu <= IBV_MTU_4096 ? 128u << s->path_mtu : 1024;
+	if (ibqp->qp_type == IBV_QPT_UD)
+		q->mtu_bytes = 128u << sv_cfg.active_mtu;
+	if (mask & IBV_QP_QKEY)
+		s->qkey = attr->qkey;
 
 	int64_t now = sv_now_ns();
 	switch (next) {
@@ -2870,33 +2997,101 @@ static int sv_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct 
 	return rc;
 }
 
+/* ---- address handles ---- */
+
 SV_EXPORT struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
 {
-	(void)pd, (void)attr;
-	errno = EOPNOTSUPP;
-	return NULL;
+	if (!pd || !attr) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct sv_ctx *c = sv_ctx(pd->context);
+	if (sv_dead(c)) {
+		errno = EIO;
+		return NULL;
+	}
+	struct sockaddr_in dest;
+	int rc = sv_resolve(c->dev, attr, 1, &dest); /* the QPN is each WR's */
+	if (rc) {
+		errno = rc;
+		return NULL;
+	}
+	struct sv_ah *ah = calloc(1, sizeof(*ah));
+	if (!ah) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	ah->ah.context = pd->context;
+	ah->ah.pd = pd;
+	ah->dest = dest;
+	ah->grh = attr->is_global;
+	if (attr->is_global) {
+		ah->dgid = attr->grh.dgid;
+		struct sv_gid g;
+		if (!sv_gid_at(c->dev, attr->grh.sgid_index, &g))
+			ah->sgid = g.gid;
+	}
+	return &ah->ah;
 }
 
 SV_EXPORT int ibv_destroy_ah(struct ibv_ah *ah)
 {
-	(void)ah;
-	return EOPNOTSUPP;
+	if (!ah)
+		return EINVAL;
+	free(ah);
+	return 0;
 }
 
+/* ibv_init_ah_from_wc gives the address vector back to the sender of a UD message: the GRH's
+ * source GID as the DGID, the local GID entry that matches its destination GID as the SGID
+ * (ENOENT when none does); without a GRH (InfiniBand mode), the WC's source LID. */
 SV_EXPORT int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num, struct ibv_wc *wc,
 				  struct ibv_grh *grh, struct ibv_ah_attr *ah_attr)
 {
-	(void)context, (void)port_num, (void)wc, (void)grh, (void)ah_attr;
-	errno = EOPNOTSUPP;
-	return -1;
+	if (!context || !wc || !ah_attr || port_num != 1) {
+		errno = EINVAL;
+		return -1;
+	}
+	memset(ah_attr, 0, sizeof(*ah_attr));
+	ah_attr->dlid = wc->slid;
+	ah_attr->sl = wc->sl;
+	ah_attr->src_path_bits = wc->dlid_path_bits;
+	ah_attr->port_num = port_num;
+	if (!(wc->wc_flags & IBV_WC_GRH))
+		return 0;
+	if (!grh) {
+		errno = EINVAL;
+		return -1;
+	}
+	const struct sv_dev *d = sv_ctx(context)->dev;
+	struct sv_gid g;
+	int idx = -1;
+	for (unsigned i = 0; i < SV_GID_TBL_LEN && idx < 0; i++)
+		if (!sv_gid_at(d, i, &g) && !memcmp(g.gid.raw, grh->dgid.raw, 16))
+			idx = (int)i;
+	if (idx < 0) {
+		errno = ENOENT;
+		return -1;
+	}
+	ah_attr->is_global = 1;
+	ah_attr->grh.dgid = grh->sgid;
+	ah_attr->grh.sgid_index = (uint8_t)idx;
+	ah_attr->grh.hop_limit = 0xff;
+	ah_attr->grh.traffic_class = (uint8_t)((be32toh(grh->version_tclass_flow) >> 20) & 0xff);
+	return 0;
 }
 
 SV_EXPORT struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc, struct ibv_grh *grh,
 					       uint8_t port_num)
 {
-	(void)pd, (void)wc, (void)grh, (void)port_num;
-	errno = EOPNOTSUPP;
-	return NULL;
+	struct ibv_ah_attr a;
+	if (!pd) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if (ibv_init_ah_from_wc(pd->context, port_num, wc, grh, &a))
+		return NULL;
+	return ibv_create_ah(pd, &a);
 }
 
 SV_EXPORT int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)

@@ -52,6 +52,9 @@ size_t sv_ext_len(uint8_t op)
 		return SV_ATOMETH_LEN;
 	case SV_OP_ATOMIC_ACK:
 		return SV_AACK_LEN;
+	case SV_OP_UD_SEND:
+	case SV_OP_UD_SEND_IMM:
+		return SV_DETH_LEN;
 	default:
 		return 0;
 	}
@@ -62,7 +65,8 @@ size_t sv_ext_len(uint8_t op)
  *  4 u32 dest QPN   8 u32 source QPN   12 u32 PSN   16 u32 immediate
  * 20 u16 payload length   22 u8 flags   23 u8 NAK syndrome (high 3 bits) | aux (low 5 bits)
  * then by opcode: RETH (24 u64 va, 32 u32 rkey, 36 u32 length), AtomicETH (24 u64 va,
- * 32 u32 rkey, 36 u64 swap/add, 44 u64 compare) or AtomicAckETH (24 u64 original). */
+ * 32 u32 rkey, 36 u64 swap/add, 44 u64 compare), AtomicAckETH (24 u64 original) or DETH
+ * (24 u32 Q_Key, 28 source GID, 44 destination GID). */
 size_t sv_encode(const struct sv_hdr *h, uint8_t *b)
 {
 	put16(b, SV_MAGIC);
@@ -88,6 +92,10 @@ size_t sv_encode(const struct sv_hdr *h, uint8_t *b)
 		put64(e + 20, h->data1);
 	} else if (ext == SV_AACK_LEN) {
 		put64(e, h->data0);
+	} else if (ext == SV_DETH_LEN) {
+		put32(e, h->qkey);
+		memcpy(e + 4, h->sgid, 16);
+		memcpy(e + 20, h->dgid, 16);
 	}
 	return SV_HDR_LEN + ext;
 }
@@ -127,6 +135,10 @@ int sv_decode(const uint8_t *b, size_t n, struct sv_hdr *h)
 		x.data1 = get64(e + 20);
 	} else if (ext == SV_AACK_LEN) {
 		x.data0 = get64(e);
+	} else if (ext == SV_DETH_LEN) {
+		x.qkey = get32(e);
+		memcpy(x.sgid, e + 4, 16);
+		memcpy(x.dgid, e + 20, 16);
 	}
 	if (x.op != SV_OP_NAK && x.op != SV_OP_READ_REQ && (x.synd || x.aux))
 		return -1;
@@ -177,6 +189,14 @@ int sv_decode(const uint8_t *b, size_t n, struct sv_hdr *h)
 	case SV_OP_READ_RESP:
 	case SV_OP_ATOMIC_ACK:
 		if (x.imm || x.flags || (x.op == SV_OP_ATOMIC_ACK && x.len))
+			return -1;
+		break;
+	case SV_OP_UD_SEND:
+		if (x.imm)
+			return -1;
+		/* fallthrough */
+	case SV_OP_UD_SEND_IMM:
+		if (x.flags & ~(SV_FLAG_SOLICITED | SV_FLAG_GRH))
 			return -1;
 		break;
 	case SV_OP_ACK:

@@ -12,7 +12,8 @@ enum {
 	SV_RETH_LEN = 16,   /* WRITE FIRST/ONLY, READ request: va u64, rkey u32, length u32 */
 	SV_ATOMETH_LEN = 28, /* CMP_SWP, FETCH_ADD: va u64, rkey u32, swap/add u64, compare u64 */
 	SV_AACK_LEN = 8,    /* ATOMIC ACK: the original value u64 */
-	SV_MAX_HDR = SV_HDR_LEN + SV_ATOMETH_LEN,
+	SV_DETH_LEN = 36,   /* UD SEND: Q_Key u32, source GID, destination GID (the GRH's) */
+	SV_MAX_HDR = SV_HDR_LEN + SV_DETH_LEN,
 	SV_MAX_PAYLOAD = 4096, /* the largest path MTU */
 	SV_PSN_MASK = 0xffffff,
 };
@@ -37,6 +38,8 @@ enum sv_op {
 	SV_OP_NAK = 0x12,
 	SV_OP_READ_RESP = 0x13, /* one per PSN of the request, in order */
 	SV_OP_ATOMIC_ACK = 0x14,
+	SV_OP_UD_SEND = 0x15, /* a UD message: one packet */
+	SV_OP_UD_SEND_IMM = 0x16,
 };
 
 enum sv_nak {
@@ -49,7 +52,7 @@ enum sv_nak {
 
 /* SV_FLAG_IMM marks the FIRST and MIDDLE packets of an RDMA WRITE with immediate, so that the
  * responder claims its RECV (or answers RNR) at the first packet, as for a SEND. */
-enum { SV_FLAG_SOLICITED = 1, SV_FLAG_IMM = 2 };
+enum { SV_FLAG_SOLICITED = 1, SV_FLAG_IMM = 2, SV_FLAG_GRH = 4 /* UD: the sender's AH had a GRH */ };
 
 struct sv_hdr {
 	uint8_t op;
@@ -67,6 +70,8 @@ struct sv_hdr {
 	uint32_t dlen;   /* RETH: DMA length of the whole WRITE or of the READ request */
 	uint64_t data0;  /* AtomicETH: swap or add value; ATOMIC ACK: the original value */
 	uint64_t data1;  /* AtomicETH: compare value */
+	uint32_t qkey;   /* DETH: the Q_Key */
+	uint8_t sgid[16], dgid[16]; /* DETH: the GIDs the receiver's GRH shows */
 };
 
 /* sv_ext_len is the extended header length of op (after the SV_HDR_LEN fixed header). */

@@ -31,6 +31,9 @@ func valid() []Header {
 		{Op: 15, DQPN: 1, SQPN: 2, PSN: 9, VA: 0x1008, RKey: 5, Data0: 3},
 		{Op: 0x13, DQPN: 2, SQPN: 1, PSN: 7, Len: 5},
 		{Op: 0x14, DQPN: 2, SQPN: 1, PSN: 8, Data0: 0xffffffffffffffff},
+		{Op: 0x15, Flags: 5, DQPN: 2, SQPN: 1, PSN: 9, Len: 7, QKey: 0x11111111,
+			SGID: [16]byte{10: 0xff, 11: 0xff, 12: 127, 15: 1}, DGID: [16]byte{0: 0xfe, 1: 0x80, 15: 2}},
+		{Op: 0x16, DQPN: 2, SQPN: 1, PSN: 9, Imm: 4, QKey: 7},
 	}
 }
 
@@ -63,6 +66,8 @@ func TestRejects(t *testing.T) {
 		{Op: 15, Data1: 1},                  // a compare value on a FETCH_ADD
 		{Op: 0x14, Len: 1},                  // payload on an ATOMIC ACK
 		{Op: 0x13, Imm: 1},                  // immediate on a READ response
+		{Op: 0x15, Imm: 1},                  // immediate on a UD SEND without one
+		{Op: 0x15, Flags: 2},                // the WRITE immediate flag on a UD SEND
 		{Op: 5, PSN: 1 << 24},               // PSN wider than 24 bits
 		{Op: 5, DQPN: 1 << 24},              // QPN wider than 24 bits
 		{Op: 5, Flags: 2},                   // reserved flag
