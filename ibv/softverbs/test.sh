@@ -252,6 +252,26 @@ else
 	step "perftest (ib_send_lat … ib_atomic_lat)" SKIPPED "perftest not installed"
 fi
 
+# 2d. rdma-core's Python tests (python3-pyverbs ships them gzipped under
+# /usr/share/doc/rdma-core/tests) on softverbs0, GID 3: no failure and no error; a test skips
+# where softverbs, like a generic device, lacks the feature (mlx5/EFA-only, ODP, DM, …).
+pytests=/usr/share/doc/rdma-core/tests
+if [ -f "$pytests/run_tests.py" ] && [ -x /usr/bin/python3 ]; then
+	cp -r "$pytests" "$work/pytests"
+	gunzip -f "$work/pytests/"*.gz 2>/dev/null
+	timeout 900 /usr/bin/python3 "$work/pytests/run_tests.py" --dev "$dev" --port 1 --gid 3 >"$work/pyverbs" 2>&1
+	prc=$?
+	summary=$(grep -E '^(Ran |OK|FAILED)' "$work/pyverbs" | tr '\n' ' ')
+	if [ $prc = 0 ]; then
+		step "rdma-core's Python tests (pyverbs)" PASS "$summary"
+	else
+		grep -E '^(FAIL|ERROR):' "$work/pyverbs"; tail -40 "$work/pyverbs"
+		step "rdma-core's Python tests (pyverbs)" FAIL "$summary"
+	fi
+else
+	step "rdma-core's Python tests (pyverbs)" SKIPPED "python3-pyverbs not installed"
+fi
+
 # 3. sv_test: the C test of verbs semantics and faults.
 if timeout 600 "$lib/sv_test"; then
 	step "sv_test" PASS
