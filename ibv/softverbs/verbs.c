@@ -1802,9 +1802,12 @@ static void sv_on_request(struct sv_qp *q, const struct sv_hdr *h, const uint8_t
 	if (d < 0) {
 		sv_count(q->ctx->dev, SV_CNT_DUPLICATE);
 		if (h->op == SV_OP_READ_REQ) {
-			/* a READ is executed again (it changes nothing) */
+			/* a READ is executed again (it changes nothing); a requester that resumes a
+			 * READ after its last placed response asks for a range that may run past
+			 * what it asked before: the PSNs past it are taken now */
 			uint32_t m;
-			sv_do_read(q, h, &m);
+			if (!sv_do_read(q, h, &m) && sv_psn_diff((h->psn + m) & SV_PSN_MASK, q->epsn) > 0)
+				q->epsn = (h->psn + m) & SV_PSN_MASK;
 		} else if (h->op == SV_OP_CMP_SWP || h->op == SV_OP_FETCH_ADD) {
 			/* an atomic is not: its saved response is sent again */
 			for (int i = 0; i < SV_ACACHE; i++)
