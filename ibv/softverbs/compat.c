@@ -150,13 +150,18 @@ SV_EXPORT int ibv_resolve_eth_l2_from_gid(struct ibv_context *context, struct ib
 
 /* ---- IBVERBS_1.10 / 1.13: sharing objects between processes through the uverbs fd ---- */
 
-/* ibv_import_device takes a uverbs character device's fd: softverbs has none, so any other
- * fd is EINVAL and a character device ENODEV, as rdma-core says for fds of no RDMA device. */
+/* ibv_import_device takes a device's command fd: a softverbs context's (/dev/null: there is
+ * no kernel device) is EOPNOTSUPP, as rdma-core says for a device whose provider cannot
+ * import; an fd that is no character device EINVAL, any other ENODEV. */
 SV_EXPORT struct ibv_context *ibv_import_device(int cmd_fd)
 {
-	struct stat st;
+	struct stat st, null;
 	if (fstat(cmd_fd, &st) || !S_ISCHR(st.st_mode)) {
 		errno = EINVAL;
+		return NULL;
+	}
+	if (!stat("/dev/null", &null) && S_ISCHR(null.st_mode) && st.st_rdev == null.st_rdev) {
+		errno = EOPNOTSUPP;
 		return NULL;
 	}
 	errno = ENODEV;

@@ -510,7 +510,8 @@ static void test_bad_args(void)
 	CHECK(!strcmp(ibv_wc_status_str(999), "unknown"), "wc status str unknown");
 	CHECK(!strcmp(ibv_event_type_str(IBV_EVENT_PORT_ERR), "port error"), "event str");
 
-	/* Post errors name the bad WR. */
+	/* Post errors name the bad WR (at RTS: before it, every SEND is EINVAL). */
+	REQUIRE(connect_qp(s.qp, s.ctx, s.qp->qp_num, defaults()) == 0, "RTS (to itself)");
 	struct ibv_sge sg[8];
 	for (int i = 0; i < 8; i++)
 		sg[i] = (struct ibv_sge){(uintptr_t)s.buf, 8, s.mr->lkey};
@@ -918,12 +919,14 @@ static void test_dead_peer(void)
 	close(down[1]);
 }
 
-/* WRs posted before RTS (mlx5 takes them; softverbs queues them): RECVs posted in RESET and
- * INIT are used, SENDs posted in RESET, INIT and RTR leave at RTS, cut at the path MTU that
- * RTR set (4096 here). */
+/* Posting and the QP state, as the IB spec's immediate errors and mlx5 (rdma-core 40 on):
+ * a RECV in RESET and a SEND before RTS are EINVAL (naming the WR); RECVs posted in INIT and
+ * RTR are used once the QP receives; SENDs leave from RTS at the path MTU RTR set (4096 here);
+ * back in RESET, both are refused again, and a QP that went to ERR without reaching RTS
+ * refuses SENDs. */
 static void test_post_before_rts(void)
 {
-	cur_test = "post before RTS";
+	cur_test = "post and QP state";
 	struct qopts o = defaults();
 	struct side a, b;
 	REQUIRE(!new_side(&a, o) && !new_side(&b, o), "sides");
@@ -931,24 +934,29 @@ static void test_post_before_rts(void)
 	REQUIRE(!ibv_modify_qp(a.qp, &at, IBV_QP_STATE) && !ibv_modify_qp(b.qp, &at, IBV_QP_STATE), "RESET");
 	for (int i = 0; i < 12000; i++)
 		a.buf[i] = (uint8_t)(i * 13);
-	CHECK(post_recv(&b, b.qp, 100, 0, 20000) == 0, "recv in RESET");
-	CHECK(post_send(&a, a.qp, 1, 0, 9000, IBV_SEND_SIGNALED) == 0, "send in RESET");
+	CHECK(post_recv(&b, b.qp, 100, 0, 20000) == EINVAL, "recv in RESET");
+	CHECK(post_send(&a, a.qp, 1, 0, 9000, IBV_SEND_SIGNALED) == EINVAL, "send in RESET");
 	REQUIRE(!to_init(a.qp) && !to_init(b.qp), "INIT");
+	CHECK(post_recv(&b, b.qp, 100, 0, 20000) == 0, "recv in INIT");
 	CHECK(post_recv(&b, b.qp, 101, 20000, 20000) == 0, "recv in INIT");
-	CHECK(post_recv(&b, b.qp, 102, 40000, 20000) == 0, "recv in INIT");
-	CHECK(post_send(&a, a.qp, 2, 9000, 3000, IBV_SEND_SIGNALED) == 0, "send in INIT");
+	CHECK(post_send(&a, a.qp, 2, 9000, 3000, IBV_SEND_SIGNALED) == EINVAL, "send in INIT");
 	struct ibv_qp_attr r;
 	rtr_attr(&r, b.qp->qp_num, 3, o);
 	r.path_mtu = IBV_MTU_4096;
 	ibv_query_gid(b.ctx, 1, 3, &r.ah_attr.grh.dgid);
 	REQUIRE(ibv_modify_qp(a.qp, &r, RTR_MASK) == 0, "a RTR");
-	CHECK(post_send(&a, a.qp, 3, 0, 1, IBV_SEND_SIGNALED) == 0, "send in RTR");
+	CHECK(post_send(&a, a.qp, 3, 0, 1, IBV_SEND_SIGNALED) == EINVAL, "send in RTR");
 	r.dest_qp_num = a.qp->qp_num;
 	REQUIRE(ibv_modify_qp(b.qp, &r, RTR_MASK) == 0, "b RTR");
+	CHECK(post_recv(&b, b.qp, 102, 40000, 20000) == 0, "recv in RTR");
 	struct ibv_wc wc[3];
-	CHECK(cq_empty_for(b.rcq, 50), "nothing before RTS");
+	CHECK(cq_empty_for(b.rcq, 20), "nothing before RTS");
 	rts_attr(&at, o);
 	REQUIRE(ibv_modify_qp(a.qp, &at, RTS_MASK) == 0, "a RTS");
+	CHECK(post_send(&a, a.qp, 1, 0, 9000, IBV_SEND_SIGNALED) == 0 &&
+		      post_send(&a, a.qp, 2, 9000, 3000, IBV_SEND_SIGNALED) == 0 &&
+		      post_send(&a, a.qp, 3, 0, 1, IBV_SEND_SIGNALED) == 0,
+	      "sends in RTS");
 	CHECK(wait_wcs(b.rcq, wc, 3, 20) == 3, "3 RECVs");
 	const int len[3] = {9000, 3000, 1};
 	const int off[3] = {0, 9000, 0};
@@ -961,6 +969,23 @@ static void test_post_before_rts(void)
 	CHECK(wait_wcs(a.scq, wc, 3, 20) == 3 && wc[0].wr_id == 1 && wc[2].wr_id == 3 &&
 		      wc[2].status == IBV_WC_SUCCESS,
 	      "3 sends");
+	/* ERR after RTS: posts are flushed; back in RESET and in ERR from INIT, refused */
+	at.qp_state = IBV_QPS_ERR;
+	REQUIRE(!ibv_modify_qp(a.qp, &at, IBV_QP_STATE), "a ERR");
+	CHECK(post_send(&a, a.qp, 4, 0, 1, IBV_SEND_SIGNALED) == 0 && wait_wcs(a.scq, wc, 1, 20) == 1 &&
+		      wc[0].status == IBV_WC_WR_FLUSH_ERR,
+	      "send in ERR after RTS: flushed");
+	at.qp_state = IBV_QPS_RESET;
+	REQUIRE(!ibv_modify_qp(a.qp, &at, IBV_QP_STATE), "a RESET");
+	CHECK(post_recv(&a, a.qp, 5, 0, 16) == EINVAL && post_send(&a, a.qp, 6, 0, 1, 0) == EINVAL,
+	      "both refused after RESET");
+	REQUIRE(!to_init(a.qp), "INIT again");
+	at.qp_state = IBV_QPS_ERR;
+	REQUIRE(!ibv_modify_qp(a.qp, &at, IBV_QP_STATE), "a ERR from INIT");
+	CHECK(post_send(&a, a.qp, 7, 0, 1, 0) == EINVAL, "send in ERR never having reached RTS");
+	CHECK(post_recv(&a, a.qp, 8, 0, 16) == 0 && wait_wcs(a.rcq, wc, 1, 20) == 1 &&
+		      wc[0].status == IBV_WC_WR_FLUSH_ERR,
+	      "recv in ERR after INIT: flushed");
 	free_side(&a);
 	free_side(&b);
 }
@@ -1852,6 +1877,75 @@ static void test_ud(void)
 	free_side(&b);
 }
 
+/* ibv_create_qp_ex and the ibv_wr_* API: a chain of a SEND with inline data, a WRITE with
+ * immediate and a FETCH_ADD built and posted by ibv_wr_complete; a builder softverbs does not
+ * offer fails the chain with EINVAL; unsupported send ops are EOPNOTSUPP at create. */
+static void test_qp_ex(void)
+{
+	cur_test = "qp_ex";
+	struct qopts o = defaults();
+	struct side a, b;
+	REQUIRE(!new_side(&a, o) && !new_side(&b, o), "sides");
+	struct ibv_qp_init_attr_ex xa = {.send_cq = a.scq, .recv_cq = a.rcq, .qp_type = IBV_QPT_RC,
+					 .cap = {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 2,
+						 .max_recv_sge = 2, .max_inline_data = 64},
+					 .comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+					 .pd = a.pd,
+					 .send_ops_flags = IBV_QP_EX_WITH_BIND_MW};
+	errno = 0;
+	CHECK(!ibv_create_qp_ex(a.ctx, &xa) && errno == EOPNOTSUPP, "BIND_MW send op refused");
+	xa.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+	struct ibv_qp *qp = ibv_create_qp_ex(a.ctx, &xa);
+	REQUIRE(qp, "create_qp_ex: %s", strerror(errno));
+	struct ibv_qp_ex *x = ibv_qp_to_qp_ex(qp);
+	REQUIRE(x && ibv_qp_to_qp_ex(a.qp) == NULL, "qp_to_qp_ex");
+	REQUIRE(!to_init(qp) && !connect_qp(qp, a.ctx, b.qp->qp_num, o) && !connect_qp(b.qp, b.ctx, qp->qp_num, o),
+		"connect");
+	REQUIRE(!set_access(b.qp, REMOTE_ALL), "access");
+	uint8_t *rbuf = calloc(1, 4096);
+	struct ibv_mr *rmr = ibv_reg_mr(b.pd, rbuf, 4096, REMOTE_ALL);
+	REQUIRE(rbuf && rmr, "MR");
+	CHECK(post_recv(&b, b.qp, 1, 0, 256) == 0 && post_recv(&b, b.qp, 2, 256, 256) == 0, "recvs");
+	memset(a.buf, 0x3c, 100);
+	char msg[] = "inline hello";
+	ibv_wr_start(x);
+	x->wr_id = 10;
+	x->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	ibv_wr_send(x);
+	ibv_wr_set_inline_data(x, msg, sizeof(msg));
+	x->wr_id = 11;
+	x->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write_imm(x, rmr->rkey, (uintptr_t)rbuf + 100, htonl(5));
+	ibv_wr_set_sge(x, a.mr->lkey, (uintptr_t)a.buf, 100);
+	x->wr_id = 12;
+	ibv_wr_atomic_fetch_add(x, rmr->rkey, (uintptr_t)rbuf + 1024, 9);
+	ibv_wr_set_sge(x, a.mr->lkey, (uintptr_t)a.buf + 2048, 8);
+	CHECK(ibv_wr_complete(x) == 0, "wr_complete");
+	struct ibv_wc wc[3];
+	CHECK(wait_wcs(a.scq, wc, 3, 30) == 3, "3 WCs");
+	for (int i = 0; i < 3; i++)
+		CHECK(wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == (uint64_t)(10 + i), "wc %d: %s", i,
+		      ibv_wc_status_str(wc[i].status));
+	CHECK(wc[0].opcode == IBV_WC_SEND && wc[1].opcode == IBV_WC_RDMA_WRITE && wc[2].opcode == IBV_WC_FETCH_ADD,
+	      "opcodes");
+	CHECK(wait_wcs(b.rcq, wc, 2, 30) == 2 && wc[0].byte_len == sizeof(msg) &&
+		      !memcmp(b.buf + RECV_BASE, msg, sizeof(msg)) && wc[1].opcode == IBV_WC_RECV_RDMA_WITH_IMM &&
+		      wc[1].imm_data == htonl(5),
+	      "SEND and WRITE_WITH_IMM received");
+	CHECK(rbuf[100] == 0x3c && rbuf[199] == 0x3c && *(uint64_t *)(rbuf + 1024) == 9, "WRITE and FETCH_ADD placed");
+	ibv_wr_start(x);
+	ibv_wr_send(x);
+	ibv_wr_set_sge(x, a.mr->lkey, (uintptr_t)a.buf, 8);
+	ibv_wr_local_inv(x, 1);
+	CHECK(ibv_wr_complete(x) == EINVAL, "a builder softverbs does not offer fails the chain");
+	CHECK(cq_empty_for(a.scq, 10), "nothing of it posted");
+	ibv_dereg_mr(rmr);
+	free(rbuf);
+	CHECK(!ibv_destroy_qp(qp), "destroy");
+	free_side(&a);
+	free_side(&b);
+}
+
 /* run_devices runs the tests of several devices in a child of this program: the device list
  * is read once per process, from the environment. */
 static void run_devices(const char *self)
@@ -1896,12 +1990,12 @@ int main(int argc, char **argv)
 	static const struct sv_case base[] = {
 		{"one device", test_one_device},
 		{"modify rules", test_modify_rules}, {"bad arguments", test_bad_args},
-		{"delivery", test_delivery}, {"post before RTS", test_post_before_rts}, {"rnr", test_rnr}, {"flush", test_flush},
+		{"delivery", test_delivery}, {"post and QP state", test_post_before_rts}, {"rnr", test_rnr}, {"flush", test_flush},
 		{"overrun", test_overrun}, {"channel", test_channel}, {"dead peer", test_dead_peer},
 		{"loss", test_loss}, {"faults", test_faults},
 		{"rdma", test_rdma}, {"rdma errors", test_rdma_errors}, {"rdma loss", test_rdma_loss},
 		{"rdma across processes", test_rdma_process}, {"srq", test_srq},
-		{"uc", test_uc}, {"ud", test_ud},
+		{"uc", test_uc}, {"ud", test_ud}, {"qp_ex", test_qp_ex},
 	};
 	static const struct sv_case several[] = {
 		{"device list", test_device_list}, {"two devices", test_device_traffic},

@@ -168,6 +168,7 @@ pingpong() { # pingpong NAME ARGS... (each side runs $pp -d $dev -n $iters -p PO
 if command -v ibv_rc_pingpong >/dev/null; then
 	pingpong "-n $iters (polling)" -g 3
 	pingpong "-n $iters -e (events)" -g 3 -e
+	pingpong "-n $iters -N (ibv_create_qp_ex, the ibv_wr_* API)" -g 3 -N
 	# 16 QPs on one shared receive queue
 	pp=ibv_srq_pingpong pingpong "-n $iters (16 QPs, one SRQ)" -g 3
 	pp=ibv_srq_pingpong pingpong "-n $iters -e (16 QPs, one SRQ, events)" -g 3 -e

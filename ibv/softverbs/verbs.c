@@ -130,8 +130,22 @@ struct sv_srq {
 	uint32_t ev_reported; /* async events handed out (atomic) */
 };
 
+/* A WR the ibv_wr_* API is building (ibv_wr_start .. ibv_wr_complete). */
+struct sv_pwr {
+	struct ibv_send_wr wr;
+	struct ibv_sge sge[SV_MAX_SGE];
+	uint8_t *inl; /* inline data, copied at once */
+};
+
 struct sv_qp {
-	struct ibv_qp qp;
+	union {
+		struct ibv_qp qp;
+		struct ibv_qp_ex qpx; /* its first member is the ibv_qp */
+	};
+	int has_qpx;            /* created by ibv_create_qp_ex with send ops */
+	int rq_open, sq_open;   /* posting allowed: RECVs from INIT on, SENDs from RTS on (to RESET) */
+	struct sv_pwr *pw;      /* the WRs being built */
+	int npw, cappw, pw_err;
 	struct sv_ctx *ctx;
 	struct sv_cq *scq, *rcq;
 	struct sv_pd *pd;
@@ -173,6 +187,8 @@ struct sv_qp {
 	uint32_t ev_reported; /* async events handed out (atomic) */
 	struct sv_qp *next;
 };
+
+static void sv_pw_clear(struct sv_qp *q);
 
 struct sv_async {
 	enum ibv_event_type type;
@@ -2173,6 +2189,10 @@ static int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
 	pthread_mutex_lock(&c->lk);
 	for (; wr; wr = wr->next) {
 		enum ibv_wr_opcode op = wr->opcode;
+		if (!q->sq_open) {
+			rc = EINVAL; /* before RTS: the IB spec's immediate error, as mlx5 */
+			break;
+		}
 		int rd = op == IBV_WR_RDMA_READ || op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
 		int atomic = op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
 		if ((op != IBV_WR_SEND && op != IBV_WR_SEND_WITH_IMM && op != IBV_WR_RDMA_WRITE &&
@@ -2305,7 +2325,7 @@ static int sv_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_
 	int rc = 0;
 	pthread_mutex_lock(&c->lk);
 	for (; wr; wr = wr->next) {
-		if (q->srq || wr->num_sge < 0 || (uint32_t)wr->num_sge > q->cap.max_recv_sge ||
+		if (!q->rq_open || q->srq || wr->num_sge < 0 || (uint32_t)wr->num_sge > q->cap.max_recv_sge ||
 		    (wr->num_sge && !wr->sg_list)) {
 			rc = EINVAL;
 			break;
@@ -2491,6 +2511,8 @@ SV_EXPORT int ibv_destroy_qp(struct ibv_qp *ibqp)
 	free(q->rq);
 	free(q->rq_sge);
 	free(q->srq_cur_sge);
+	sv_pw_clear(q);
+	free(q->pw);
 	free(q);
 	return 0;
 }
@@ -2775,6 +2797,7 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 		q->retries = q->rnr_retries = 0;
 		q->overrun = 0;
 		q->srq_have = 0;
+		q->rq_open = q->sq_open = 0;
 		memset(q->acache, 0, sizeof(q->acache));
 		memset(&q->attr, 0, sizeof(q->attr));
 		break;
@@ -2789,6 +2812,7 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 		q->state = next;
 		break;
 	case IBV_QPS_RTS:
+		q->sq_open = 1;
 		if (cur == IBV_QPS_RTR) {
 			q->next_psn = s->sq_psn;
 			q->acked_psn = (s->sq_psn - 1) & SV_PSN_MASK;
@@ -2801,6 +2825,8 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 		q->state = next;
 		break;
 	}
+	if (next == IBV_QPS_INIT)
+		q->rq_open = 1;
 	sv_check_overrun(q);
 	ibqp->state = q->state;
 	rc = 0;
@@ -2838,8 +2864,283 @@ SV_EXPORT int ibv_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int ma
 
 SV_EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
 {
-	(void)qp;
-	return NULL; /* no extended QPs: ibv_create_qp_ex is not offered */
+	struct sv_qp *q = (struct sv_qp *)qp;
+	return q && q->has_qpx ? &q->qpx : NULL;
+}
+
+/* ---- the ibv_wr_* API: WRs are built in the QP and posted by ibv_wr_complete through
+ * ibv_post_send, with its checks; what it cannot build is EINVAL from ibv_wr_complete ---- */
+
+static void sv_pw_clear(struct sv_qp *q)
+{
+	for (int i = 0; i < q->npw; i++) {
+		free(q->pw[i].inl);
+		q->pw[i].inl = NULL;
+	}
+	q->npw = 0;
+	q->pw_err = 0;
+}
+
+static struct sv_pwr *sv_pw_new(struct ibv_qp_ex *x, enum ibv_wr_opcode op)
+{
+	struct sv_qp *q = (struct sv_qp *)x;
+	if (q->npw == q->cappw) {
+		int n = q->cappw ? q->cappw * 2 : 4;
+		struct sv_pwr *p = realloc(q->pw, (size_t)n * sizeof(*p));
+		if (!p) {
+			q->pw_err = ENOMEM;
+			return NULL;
+		}
+		q->pw = p;
+		q->cappw = n;
+	}
+	struct sv_pwr *w = &q->pw[q->npw++];
+	memset(&w->wr, 0, sizeof(w->wr));
+	w->inl = NULL;
+	w->wr.wr_id = x->wr_id;
+	w->wr.send_flags = x->wr_flags;
+	w->wr.opcode = op;
+	return w;
+}
+
+static struct sv_pwr *sv_pw_last(struct ibv_qp_ex *x)
+{
+	struct sv_qp *q = (struct sv_qp *)x;
+	if (!q->npw) {
+		q->pw_err = EINVAL; /* a setter before any WR */
+		return NULL;
+	}
+	return &q->pw[q->npw - 1];
+}
+
+static void sv_wr_send(struct ibv_qp_ex *x)
+{
+	sv_pw_new(x, IBV_WR_SEND);
+}
+
+static void sv_wr_send_imm(struct ibv_qp_ex *x, __be32 imm)
+{
+	struct sv_pwr *w = sv_pw_new(x, IBV_WR_SEND_WITH_IMM);
+	if (w)
+		w->wr.imm_data = imm;
+}
+
+static void sv_wr_rdma(struct ibv_qp_ex *x, enum ibv_wr_opcode op, uint32_t rkey, uint64_t addr, __be32 imm)
+{
+	struct sv_pwr *w = sv_pw_new(x, op);
+	if (!w)
+		return;
+	w->wr.wr.rdma.rkey = rkey;
+	w->wr.wr.rdma.remote_addr = addr;
+	w->wr.imm_data = imm;
+}
+
+static void sv_wr_rdma_write(struct ibv_qp_ex *x, uint32_t rkey, uint64_t addr)
+{
+	sv_wr_rdma(x, IBV_WR_RDMA_WRITE, rkey, addr, 0);
+}
+
+static void sv_wr_rdma_write_imm(struct ibv_qp_ex *x, uint32_t rkey, uint64_t addr, __be32 imm)
+{
+	sv_wr_rdma(x, IBV_WR_RDMA_WRITE_WITH_IMM, rkey, addr, imm);
+}
+
+static void sv_wr_rdma_read(struct ibv_qp_ex *x, uint32_t rkey, uint64_t addr)
+{
+	sv_wr_rdma(x, IBV_WR_RDMA_READ, rkey, addr, 0);
+}
+
+static void sv_wr_atomic(struct ibv_qp_ex *x, enum ibv_wr_opcode op, uint32_t rkey, uint64_t addr, uint64_t cmp_add,
+			 uint64_t swap)
+{
+	struct sv_pwr *w = sv_pw_new(x, op);
+	if (!w)
+		return;
+	w->wr.wr.atomic.rkey = rkey;
+	w->wr.wr.atomic.remote_addr = addr;
+	w->wr.wr.atomic.compare_add = cmp_add;
+	w->wr.wr.atomic.swap = swap;
+}
+
+static void sv_wr_cmp_swp(struct ibv_qp_ex *x, uint32_t rkey, uint64_t addr, uint64_t compare, uint64_t swap)
+{
+	sv_wr_atomic(x, IBV_WR_ATOMIC_CMP_AND_SWP, rkey, addr, compare, swap);
+}
+
+static void sv_wr_fetch_add(struct ibv_qp_ex *x, uint32_t rkey, uint64_t addr, uint64_t add)
+{
+	sv_wr_atomic(x, IBV_WR_ATOMIC_FETCH_AND_ADD, rkey, addr, add, 0);
+}
+
+static void sv_wr_set_ud_addr(struct ibv_qp_ex *x, struct ibv_ah *ah, uint32_t qpn, uint32_t qkey)
+{
+	struct sv_pwr *w = sv_pw_last(x);
+	if (!w)
+		return;
+	w->wr.wr.ud.ah = ah;
+	w->wr.wr.ud.remote_qpn = qpn;
+	w->wr.wr.ud.remote_qkey = qkey;
+}
+
+static void sv_wr_set_sge_list(struct ibv_qp_ex *x, size_t n, const struct ibv_sge *sg)
+{
+	struct sv_pwr *w = sv_pw_last(x);
+	if (!w)
+		return;
+	if (n > SV_MAX_SGE) {
+		((struct sv_qp *)x)->pw_err = EINVAL;
+		return;
+	}
+	if (n)
+		memcpy(w->sge, sg, n * sizeof(*sg));
+	w->wr.num_sge = (int)n;
+}
+
+static void sv_wr_set_sge(struct ibv_qp_ex *x, uint32_t lkey, uint64_t addr, uint32_t length)
+{
+	struct ibv_sge sg = {addr, length, lkey};
+	sv_wr_set_sge_list(x, 1, &sg);
+}
+
+static void sv_wr_set_inline_data_list(struct ibv_qp_ex *x, size_t n, const struct ibv_data_buf *bufs)
+{
+	struct sv_pwr *w = sv_pw_last(x);
+	if (!w)
+		return;
+	size_t total = 0;
+	for (size_t i = 0; i < n; i++)
+		total += bufs[i].length;
+	free(w->inl);
+	w->inl = malloc(total ? total : 1);
+	if (!w->inl) {
+		((struct sv_qp *)x)->pw_err = ENOMEM;
+		return;
+	}
+	size_t off = 0;
+	for (size_t i = 0; i < n; i++) {
+		memcpy(w->inl + off, bufs[i].addr, bufs[i].length);
+		off += bufs[i].length;
+	}
+	w->sge[0] = (struct ibv_sge){(uintptr_t)w->inl, (uint32_t)total, 0};
+	w->wr.num_sge = 1;
+	w->wr.send_flags |= IBV_SEND_INLINE;
+}
+
+static void sv_wr_set_inline_data(struct ibv_qp_ex *x, void *addr, size_t length)
+{
+	struct ibv_data_buf b = {addr, length};
+	sv_wr_set_inline_data_list(x, 1, &b);
+}
+
+/* What softverbs does not offer: the WR list fails at ibv_wr_complete. */
+static void sv_wr_refuse(struct ibv_qp_ex *x)
+{
+	((struct sv_qp *)x)->pw_err = EINVAL;
+}
+
+static void sv_wr_bind_mw(struct ibv_qp_ex *x, struct ibv_mw *mw, uint32_t rkey, const struct ibv_mw_bind_info *b)
+{
+	(void)mw, (void)rkey, (void)b;
+	sv_wr_refuse(x);
+}
+
+static void sv_wr_rkey_op(struct ibv_qp_ex *x, uint32_t rkey)
+{
+	(void)rkey;
+	sv_wr_refuse(x);
+}
+
+static void sv_wr_send_tso(struct ibv_qp_ex *x, void *hdr, uint16_t hdr_sz, uint16_t mss)
+{
+	(void)hdr, (void)hdr_sz, (void)mss;
+	sv_wr_refuse(x);
+}
+
+static void sv_wr_atomic_write(struct ibv_qp_ex *x, uint32_t rkey, uint64_t addr, const void *v)
+{
+	(void)rkey, (void)addr, (void)v;
+	sv_wr_refuse(x);
+}
+
+static void sv_wr_start(struct ibv_qp_ex *x)
+{
+	sv_pw_clear((struct sv_qp *)x);
+}
+
+static int sv_wr_complete(struct ibv_qp_ex *x)
+{
+	struct sv_qp *q = (struct sv_qp *)x;
+	int rc = q->pw_err;
+	if (!rc && q->npw) {
+		for (int i = 0; i < q->npw; i++) {
+			q->pw[i].wr.sg_list = q->pw[i].sge;
+			q->pw[i].wr.next = i + 1 < q->npw ? &q->pw[i + 1].wr : NULL;
+		}
+		struct ibv_send_wr *bad;
+		rc = sv_post_send(&q->qp, &q->pw[0].wr, &bad);
+	}
+	sv_pw_clear(q);
+	return rc;
+}
+
+static void sv_wr_abort(struct ibv_qp_ex *x)
+{
+	sv_pw_clear((struct sv_qp *)x);
+}
+
+static const uint64_t sv_send_ops = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+				    IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
+				    IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+
+/* sv_create_qp_ex is ibv_create_qp_ex: a PD, send ops among sv_send_ops (the others, XRC,
+ * create flags, TSO, RSS: EOPNOTSUPP). */
+static struct ibv_qp *sv_create_qp_ex(struct ibv_context *context, struct ibv_qp_init_attr_ex *a)
+{
+	if (!context || !a || !(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || a->pd->context != context) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if ((a->comp_mask & ~(uint32_t)(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
+					IBV_QP_INIT_ATTR_CREATE_FLAGS)) ||
+	    ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags) ||
+	    ((a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (a->send_ops_flags & ~sv_send_ops))) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	struct ibv_qp_init_attr ia = {.qp_context = a->qp_context, .send_cq = a->send_cq, .recv_cq = a->recv_cq,
+				      .srq = a->srq, .cap = a->cap, .qp_type = a->qp_type,
+				      .sq_sig_all = a->sq_sig_all};
+	struct ibv_qp *qp = ibv_create_qp(a->pd, &ia);
+	if (!qp)
+		return NULL;
+	a->cap = ia.cap;
+	if (a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
+		struct sv_qp *q = (struct sv_qp *)qp;
+		struct ibv_qp_ex *x = &q->qpx;
+		q->has_qpx = 1;
+		x->wr_atomic_cmp_swp = sv_wr_cmp_swp;
+		x->wr_atomic_fetch_add = sv_wr_fetch_add;
+		x->wr_bind_mw = sv_wr_bind_mw;
+		x->wr_local_inv = sv_wr_rkey_op;
+		x->wr_rdma_read = sv_wr_rdma_read;
+		x->wr_rdma_write = sv_wr_rdma_write;
+		x->wr_rdma_write_imm = sv_wr_rdma_write_imm;
+		x->wr_send = sv_wr_send;
+		x->wr_send_imm = sv_wr_send_imm;
+		x->wr_send_inv = sv_wr_rkey_op;
+		x->wr_send_tso = sv_wr_send_tso;
+		x->wr_set_ud_addr = sv_wr_set_ud_addr;
+		x->wr_set_xrc_srqn = sv_wr_rkey_op;
+		x->wr_set_inline_data = sv_wr_set_inline_data;
+		x->wr_set_inline_data_list = sv_wr_set_inline_data_list;
+		x->wr_set_sge = sv_wr_set_sge;
+		x->wr_set_sge_list = sv_wr_set_sge_list;
+		x->wr_start = sv_wr_start;
+		x->wr_complete = sv_wr_complete;
+		x->wr_abort = sv_wr_abort;
+		x->wr_atomic_write = sv_wr_atomic_write;
+	}
+	return qp;
 }
 
 SV_EXPORT int ibv_query_qp_data_in_order(struct ibv_qp *qp, enum ibv_wr_opcode op, uint32_t flags)
@@ -3168,7 +3469,9 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	}
 	struct ibv_context *ctx = &c->vctx.context;
 	ctx->device = device;
-	ctx->cmd_fd = -1;
+	/* A device's command fd, as programs dup and pass it (ibv_import_device): /dev/null
+	 * stands for softverbs' (there is no kernel device); -1 if it cannot be opened. */
+	ctx->cmd_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
 	ctx->async_fd = afd;
 	ctx->num_comp_vectors = 1;
 	pthread_mutex_init(&ctx->mutex, NULL);
@@ -3181,6 +3484,7 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	c->vctx.sz = sizeof(struct verbs_context);
 	c->vctx.query_port = sv_query_port;
 	c->vctx.query_device_ex = sv_query_device_ex;
+	c->vctx.create_qp_ex = sv_create_qp_ex;
 	if (pthread_create(&c->thr, NULL, sv_thread, c)) {
 		close(c->epfd);
 		close(c->wakefd);
@@ -3211,6 +3515,8 @@ SV_EXPORT int ibv_close_device(struct ibv_context *context)
 	close(c->epfd);
 	close(c->wakefd);
 	close(context->async_fd);
+	if (context->cmd_fd >= 0)
+		close(context->cmd_fd);
 	free(c->qps);
 	free(c->aq);
 	free(c);
