@@ -38,6 +38,7 @@ SOAK_FLAGS     ?=
 VERBS_H        ?= /usr/include/infiniband/verbs.h
 PINGPONG       ?= /usr/bin/ibv_rc_pingpong
 PERFTEST       ?= /usr/bin/ib_send_lat
+PYVERBS        ?= /usr/lib/python3/dist-packages/pyverbs
 SOFTVERBS_LIBDIR := $(CURDIR)/build/softverbs
 
 include ibv/softverbs/softverbs.mk
@@ -117,15 +118,15 @@ soak:
 		build/twosided-rdma soak --duration $(DURATION) --provider verbs --json build/soak-verbs.json $(SOAK_FLAGS)
 
 # rdma-deps installs the libibverbs headers (libibverbs-dev), rdma-core's example programs
-# (ibverbs-utils: ibv_devinfo, ibv_rc_pingpong) and perftest (ib_send_lat … ib_atomic_lat)
-# when they are missing and we are root.
+# (ibverbs-utils: ibv_devinfo, ibv_rc_pingpong), perftest (ib_send_lat … ib_atomic_lat) and
+# pyverbs with rdma-core's Python tests (python3-pyverbs) when they are missing and we are root.
 rdma-deps:
-	@if [ -f "$(VERBS_H)" ] && [ -x "$(PINGPONG)" ] && [ -x "$(PERFTEST)" ]; then exit 0; fi; \
+	@if [ -f "$(VERBS_H)" ] && [ -x "$(PINGPONG)" ] && [ -x "$(PERFTEST)" ] && [ -d "$(PYVERBS)" ]; then exit 0; fi; \
 	if [ "$$(id -u)" != 0 ]; then exit 0; fi; \
 	if ! command -v apt-get >/dev/null; then exit 0; fi; \
-	echo "rdma: installing libibverbs-dev, ibverbs-utils and perftest"; \
+	echo "rdma: installing libibverbs-dev, ibverbs-utils, perftest and python3-pyverbs"; \
 	apt-get update; \
-	DEBIAN_FRONTEND=noninteractive apt-get install -y libibverbs-dev ibverbs-utils perftest
+	DEBIAN_FRONTEND=noninteractive apt-get install -y libibverbs-dev ibverbs-utils perftest python3-pyverbs
 
 # rdma vets and tests the cgo verbs provider; without headers (and no root to install them)
 # it says so and skips only this part.
