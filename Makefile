@@ -39,6 +39,8 @@ SOAK_FLAGS     ?=
 VERBS_H        ?= /usr/include/infiniband/verbs.h
 PINGPONG       ?= /usr/bin/ibv_rc_pingpong
 REDIS_SERVER   ?= redis-server
+PERFTEST       ?= /usr/bin/ib_send_lat
+PYVERBS        ?= /usr/lib/python3/dist-packages/pyverbs
 SOFTVERBS_LIBDIR := $(CURDIR)/build/softverbs
 
 include ibv/softverbs/softverbs.mk
@@ -117,15 +119,16 @@ soak:
 	LD_LIBRARY_PATH="$(SOFTVERBS_LIBDIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" \
 		build/twosided-rdma soak --duration $(DURATION) --provider verbs --json build/soak-verbs.json $(SOAK_FLAGS)
 
-# rdma-deps installs the libibverbs headers (libibverbs-dev) and rdma-core's example programs
-# (ibverbs-utils: ibv_devinfo, ibv_rc_pingpong) when they are missing and we are root.
+# rdma-deps installs the libibverbs headers (libibverbs-dev), rdma-core's example programs
+# (ibverbs-utils: ibv_devinfo, ibv_rc_pingpong), perftest (ib_send_lat … ib_atomic_lat) and
+# pyverbs with rdma-core's Python tests (python3-pyverbs) when they are missing and we are root.
 rdma-deps:
-	@if [ -f "$(VERBS_H)" ] && [ -x "$(PINGPONG)" ]; then exit 0; fi; \
+	@if [ -f "$(VERBS_H)" ] && [ -x "$(PINGPONG)" ] && [ -x "$(PERFTEST)" ] && [ -d "$(PYVERBS)" ]; then exit 0; fi; \
 	if [ "$$(id -u)" != 0 ]; then exit 0; fi; \
 	if ! command -v apt-get >/dev/null; then exit 0; fi; \
-	echo "rdma: installing libibverbs-dev and ibverbs-utils"; \
+	echo "rdma: installing libibverbs-dev, ibverbs-utils, perftest and python3-pyverbs"; \
 	apt-get update; \
-	DEBIAN_FRONTEND=noninteractive apt-get install -y libibverbs-dev ibverbs-utils
+	DEBIAN_FRONTEND=noninteractive apt-get install -y libibverbs-dev ibverbs-utils perftest python3-pyverbs
 
 # test-deps installs the services the unit tests start themselves: Debian's redis-server (the
 # directory's Redis backend is tested against it) when it is missing and we are root;
