@@ -137,8 +137,7 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 		// in all), none past its grace: refused, keeping nothing. The cookie lets it ask
 		// again in the other pool, which a flood that never reads replies cannot fill.
 		m.stats.UnconfirmedRefused++
-		rep := inboundReply{refuse: refuseBusy, err: fmt.Errorf("%w: max_unconfirmed: %d channels handshaken and not yet used by their peers (%d from %s), none past its grace",
-			ErrBackpressure, m.unconfirmed, m.unusedBy[unusedKey{hs.from, pool}], hs.from)}
+		rep := inboundReply{refuse: refuseBusy, err: m.unusedBusy(hs.from, pool)}
 		if p == nil {
 			rep.token = m.cookie(hs.session, hs.name)
 		}
@@ -247,6 +246,17 @@ func (m *peerMachine) addUnconfirmed(now time.Time, ce *chanEntry, from netip.Ad
 	m.setTimer(now.Add(m.cfg.connectTimeout))
 }
 
+// unusedBusy is the error of a handshake refused busy for want of room for an unused
+// channel in pool (roomForUnused).
+func (m *peerMachine) unusedBusy(from netip.Addr, pool unusedPool) error {
+	where := ""
+	if from.IsValid() {
+		where = fmt.Sprintf(", %d of them from %s (its share: %d)", m.unusedBy[unusedKey{from, pool}], from, m.unusedShare())
+	}
+	return fmt.Errorf("%w: max_unconfirmed: %d channels handshaken and not yet used by their peers%s, none past its grace; ask again",
+		ErrBackpressure, m.unusedIn[pool], where)
+}
+
 // unusedGone takes an unconfirmed inbound channel out of the counts (it was used, or
 // dropped).
 func (m *peerMachine) unusedGone(ce *chanEntry) {
@@ -307,8 +317,7 @@ func (m *peerMachine) inboundLegacy(now time.Time, hs inboundHS) inboundReply {
 	p := m.peers[key]
 	if !m.roomForUnused(now, hs.from, poolFirst, p) {
 		m.stats.UnconfirmedRefused++
-		return inboundReply{refuse: refuseBusy, err: fmt.Errorf("%w: max_unconfirmed: %d channels handshaken and not yet used by their peers (%d from %s), none past its grace",
-			ErrBackpressure, m.unconfirmed, m.unusedBy[unusedKey{hs.from, poolFirst}], hs.from)}
+		return inboundReply{refuse: refuseBusy, err: m.unusedBusy(hs.from, poolFirst)}
 	}
 	fresh := false
 	if p == nil {
