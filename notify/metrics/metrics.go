@@ -120,7 +120,7 @@ var dropReasons = []string{"bad_magic", "decode", "unknown_type", "stale_epoch",
 var deviceEvents = []string{"port_err", "port_active", "device_fatal", "gid_change", "other", "reopened", "reopen_failed"}
 
 // refusalReasons are the reasons of twosided_refusals_total.
-var refusalReasons = []string{"peer_limit", "name_limit", "channel_limit", "auth", "oob"}
+var refusalReasons = []string{"peer_limit", "name_limit", "channel_limit", "auth", "oob", "unconfirmed_busy"}
 
 // Describe sends every Desc the Collector may send.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
@@ -166,7 +166,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.framesDropped, v, dropReasons[i])
 	}
 	l := &s.Limits
-	for i, v := range []uint64{l.PeersRefused, l.NamesRefused, l.ChannelsRefused, l.AuthRefused, l.OOBRefused} {
+	for i, v := range []uint64{l.PeersRefused, l.NamesRefused, l.ChannelsRefused, l.AuthRefused, l.OOBRefused, l.UnconfirmedRefused} {
 		counter(c.refusals, v, refusalReasons[i])
 	}
 	counter(c.pruned, l.PeersPruned)
