@@ -68,6 +68,11 @@ type peerMachine struct {
 	inflight    int    // sends posted on channels and not completed, all peers
 	channels    int    // channels up or being created
 	unconfirmed int    // inbound channels their peer has not used yet
+	// Those by pool and source address of their handshake (unusedBy), and by pool in all
+	// (unusedIn): each pool is capped per address and in all (roomForUnused), so what
+	// unauthenticated handshakes make the NIC hold is bounded.
+	unusedBy map[unusedKey]int
+	unusedIn [2]int
 	// Peer entries made by a peer's handshake and not yet confirmed (see peerEntry.confirmed),
 	// in all and per source address: capped, and evicted first when the table is full.
 	unconfirmedPeers int
@@ -216,6 +221,9 @@ type peerEntry struct {
 	// peers that talk. from: the address of the handshake that made it (when known).
 	confirmed bool
 	from      netip.Addr
+	// inCh: the last channel a handshake of the peer asked for (inbound), up or being
+	// made: an unconfirmed entry is evictable only when that channel is (evictable).
+	inCh chanID
 	// maxNotify is the largest name+msg the peer delivers (its handshake's ts_max_notify;
 	// 0: not said): a larger notify is refused here, before a seq is drawn.
 	maxNotify int
@@ -251,6 +259,10 @@ type chanEntry struct {
 	inbound   bool
 	confirmed bool
 	born      time.Time
+	// from and pool: an unconfirmed inbound channel's handshake address and pool (counted
+	// in peerMachine.unusedBy).
+	from netip.Addr
+	pool unusedPool
 	// maxSize is the largest name+msg the channel carries (0: not known yet): below the
 	// peer's limit when the channel cannot fragment (a Mooncake peer, a RECV ring too
 	// small for credit flow control); a larger notify goes over OOB or is refused.
@@ -325,6 +337,7 @@ type mAction struct {
 type machineStats struct {
 	Names, Channels, Unconfirmed           int
 	UnconfirmedRefused, UnconfirmedExpired uint64
+	UnconfirmedEvicted                     uint64
 	PeersRefused, NamesRefused, ChannelsRefused, AuthRefused, Superseded, Reposted, Fallbacks, GivenUp,
 	FencesSent, FencesDropped, PairsRestarted, LegacyDelivered, OOBRefused, PeersPruned uint64
 	PeersEvicted     uint64
@@ -344,7 +357,8 @@ func newPeerMachine(local uint64, cfg machineConfig, rnd func() uint64) *peerMac
 	m := &peerMachine{
 		local: local, cfg: cfg, rand: rnd,
 		names: make(map[string]*nameEntry), peers: make(map[peerKey]*peerEntry), unconfirmedBy: make(map[netip.Addr]int),
-		chans: make(map[chanID]*chanEntry), reqs: make(map[reqID]*reqEntry),
+		unusedBy: make(map[unusedKey]int),
+		chans:    make(map[chanID]*chanEntry), reqs: make(map[reqID]*reqEntry),
 		freeReqs: reactor.FreeList[reqEntry]{Max: maxFreeReqs},
 	}
 	var key [16]byte

@@ -563,7 +563,7 @@ func (m *peerMachine) bind(now time.Time, ne *nameEntry, session uint64, adverti
 		p = m.restartPair(now, p)
 	}
 	if p == nil {
-		if err := m.roomForPeer(netip.Addr{}); err != nil {
+		if _, err := m.roomForPeer(now, netip.Addr{}, true); err != nil { // we talk to it: as proven
 			return nil, sendErr(ErrLimit, ne.name, "handshake", err, false)
 		}
 		p = m.newPeer(now, key)
