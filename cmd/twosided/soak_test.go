@@ -17,7 +17,7 @@ func TestSoakFlags(t *testing.T) {
 		want string
 	}{
 		{[]string{"soak", "--faults", "kill,flood"}, "unknown fault flood"},
-		{[]string{"soak", "--plant", "burn"}, "--plant: want lose, dup or reorder"},
+		{[]string{"soak", "--plant", "burn"}, "--plant: want lose, dup, reorder or leak"},
 		{[]string{"soak", "--procs", "0"}, "--procs: want 1..64"},
 		{[]string{"soak", "--transports", "tcp"}, `--transports: "tcp" is not rdma_twosided or oob`},
 		{[]string{"soak", "--max-size", "2000000"}, "--max-size: want 0..1048448"},
