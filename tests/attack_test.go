@@ -90,8 +90,11 @@ func TestAttackBogusHandshakes(t *testing.T) {
 	require.Zero(t, failed.Load(), "every bogus handshake gets a reply")
 	// At most an address's share at a time: on a slow machine (-race, strace) the first
 	// ones may expire (connect timeout 2 s), or pass their grace (1 s) and be evicted,
-	// before the flood ends, and their places are taken again.
-	require.LessOrEqual(t, accepted.Load(), int64(ghostCap/4)+int64(st.Limits.UnconfirmedExpired+st.Limits.UnconfirmedEvicted), "bogus channels beyond the unconfirmed cap")
+	// before the flood ends, and their places are taken again; a channel to a QPN nobody
+	// owns may also die of its own (its RC path fails) and free its place, which no
+	// counter tells apart: one more share is allowed for those. An engine without the cap
+	// accepts all 1 100.
+	require.LessOrEqual(t, accepted.Load(), int64(ghostCap/2)+int64(st.Limits.UnconfirmedExpired+st.Limits.UnconfirmedEvicted), "bogus channels beyond the unconfirmed cap")
 	require.LessOrEqual(t, st.Limits.Unconfirmed, ghostCap/4, "bogus channels from one address")
 	require.LessOrEqual(t, st.Limits.Channels, ghostCap+1)
 	require.LessOrEqual(t, fd1-fd0, 4*ghostCap, "fds per bogus channel")
