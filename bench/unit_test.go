@@ -129,7 +129,7 @@ func TestFloorSendAllocatesNothing(t *testing.T) {
 			s := newSink()
 			t0 := make([]atomic.Int64, 4)
 			s.timed(t0, 0)
-			n, err := newFloorNode(spin, spin, false, s)
+			n, err := newFloorNode(spin, spin, false, "", s)
 			require.NoError(t, err)
 			defer n.close(context.Background())
 			c, err := n.newClient([]string{n.addr()})
@@ -163,7 +163,7 @@ func TestFloorSendAllocatesNothing(t *testing.T) {
 
 func TestPumpAllocatesNothingPerMessage(t *testing.T) {
 	s := newSink()
-	n, err := newFloorNode(false, false, false, s)
+	n, err := newFloorNode(false, false, false, "", s)
 	require.NoError(t, err)
 	defer n.close(context.Background())
 	var workers []client
