@@ -28,7 +28,7 @@ type Result struct {
 	OpsRepeats []float64 `json:"ops_per_s_repeats,omitempty"`
 	OpsMin     float64   `json:"ops_per_s_min,omitempty"`
 	OpsMax     float64   `json:"ops_per_s_max,omitempty"`
-	MBPerSec  float64 `json:"mb_per_s"`
+	MBPerSec   float64   `json:"mb_per_s"`
 
 	CPUSelfUS           float64 `json:"cpu_self_us"`  // this process, measured phase
 	CPUChildUS          float64 `json:"cpu_child_us"` // the receiving process (two processes)

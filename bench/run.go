@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"runtime"
 	"runtime/debug"
@@ -285,8 +285,8 @@ type Settings struct {
 	DurationS  float64  `json:"duration_s"`
 	BusyPollUS float64  `json:"busy_poll_us"`
 	Keepalive  bool     `json:"keepalive"`
-	Floor      string   `json:"floor"` // the floor ratios are taken against
-	Repeat     int      `json:"repeat"`  // runs of each pipelined figure
+	Floor      string   `json:"floor"`  // the floor ratios are taken against
+	Repeat     int      `json:"repeat"` // runs of each pipelined figure
 	BurstTimeS float64  `json:"burst_time_s"`
 	// Server: the bench server of a two-host run (--client), as it described itself.
 	Server *ServerInfo `json:"server,omitempty"`
