@@ -83,7 +83,7 @@ func writeTable(w io.Writer, rep *Report) {
 		case ScenarioIdle:
 			r0 := rows[0]
 			fmt.Fprintf(w, "idle: %d peers connected, no traffic, %.1f s\n", r0.Peers, r0.ElapsedS)
-			fmt.Fprintln(tw, "transport\twake-ups/s\tcpu % self\tcpu % child\terrors\t")
+			fmt.Fprintf(tw, "transport\twake-ups/s\tcpu %% self\tcpu %% %s\terrors\t\n", strings.TrimPrefix(other, "the "))
 			for _, r := range rows {
 				self, child := 0.0, 0.0
 				if r.ElapsedS > 0 {

@@ -45,19 +45,29 @@ const (
 // sentinel and the message names the flag and the cause.
 var (
 	// ErrServerUnreachable: nothing accepted the control connection.
-	ErrServerUnreachable = fmt.Errorf("bench: server not reachable: %w", notify.ErrPeerUnreachable)
+	ErrServerUnreachable error = &sentinel{"bench: server not reachable", notify.ErrPeerUnreachable}
 	// ErrNotServer: the address answered, but not as a twosided bench server.
-	ErrNotServer = fmt.Errorf("bench: not a twosided bench server: %w", notify.ErrPeerUnreachable)
+	ErrNotServer error = &sentinel{"bench: not a twosided bench server", notify.ErrPeerUnreachable}
 	// ErrVersion: client and server speak different protocol versions.
-	ErrVersion = fmt.Errorf("bench: protocol version mismatch: %w", notify.ErrRejected)
+	ErrVersion error = &sentinel{"bench: protocol version mismatch", notify.ErrRejected}
 	// ErrServerRefused: the server cannot run what was asked (a provider it lacks, a
 	// transport it cannot open, another client's run in progress, a spec out of bounds).
-	ErrServerRefused = fmt.Errorf("bench: the server cannot run it: %w", notify.ErrRejected)
+	ErrServerRefused error = &sentinel{"bench: the server cannot run it", notify.ErrRejected}
 	// ErrServerRun: the server failed during a run.
-	ErrServerRun = fmt.Errorf("bench: the server's side of the run failed: %w", notify.ErrRejected)
+	ErrServerRun error = &sentinel{"bench: the server's side of the run failed", notify.ErrRejected}
 	// ErrServerLost: the control connection broke or carried something undecodable.
-	ErrServerLost = fmt.Errorf("bench: control connection lost: %w", notify.ErrPeerUnreachable)
+	ErrServerLost error = &sentinel{"bench: control connection lost", notify.ErrPeerUnreachable}
 )
+
+// sentinel is an error of this package that is also a notify sentinel (errors.Is), with
+// a message of its own.
+type sentinel struct {
+	msg  string
+	base error
+}
+
+func (s *sentinel) Error() string { return s.msg }
+func (s *sentinel) Unwrap() error { return s.base }
 
 // errProto is wrapped by every decoding error.
 var errProto = errors.New("bench: control message")

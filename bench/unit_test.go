@@ -98,9 +98,24 @@ func TestSpecsDefaultSuite(t *testing.T) {
 	// in burst.
 	require.Len(t, specs, (len(Transports)-1)*(len(Scenarios)-1+len(DefaultSizes))+len(DefaultSizes))
 	for _, s := range specs {
-		if s.Scenario == ScenarioBurst && s.Size == 65536 {
-			require.Equal(t, burstBytesLimit/65536, s.Count)
+		switch {
+		case isPipelined(s.Scenario):
+			// Without a count a pipelined run is timed: a steady state of BurstTime.
+			require.True(t, s.Timed, "%s %s", s.Scenario, s.Transport)
+			require.Equal(t, time.Second, s.Duration)
+			if s.Transport == TransportOOBClassic {
+				require.Equal(t, classicCeiling, s.Count)
+			}
+		default:
+			require.False(t, s.Timed, s.Scenario)
 		}
+	}
+	// With a count, burst sends it (at most 16 MiB per run by default is the untimed rule).
+	cfg = Config{Procs: 1, Count: 100}
+	require.NoError(t, cfg.normalize())
+	for _, s := range cfg.specs() {
+		require.False(t, s.Timed)
+		require.Equal(t, 100, s.Count)
 	}
 }
 
