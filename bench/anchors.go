@@ -178,60 +178,50 @@ func runUCX(ctx context.Context, cfg *Config, path, test, scenario string, size,
 
 	srv := exec.CommandContext(ctx, path, "-p", strconv.Itoa(port))
 	srv.Env = append(os.Environ(), ucxEnv...)
-	srvOut, err := srv.StdoutPipe()
-	if err != nil {
-		a.Error = err.Error()
-		return a
-	}
-	srvErr := &syncBuffer{}
-	srv.Stderr = srvErr
+	srvOut := &syncBuffer{}
+	srv.Stdout, srv.Stderr = srvOut, srvOut
 	if err := srv.Start(); err != nil {
 		a.Error = fmt.Sprintf("start the ucx_perftest server: %v", err)
 		return a
 	}
-	ready := make(chan bool, 1)
-	drained := make(chan struct{})
+	exited := make(chan struct{})
 	go func() {
-		defer close(drained)
-		sc := bufio.NewScanner(srvOut)
-		said := false
-		for sc.Scan() {
-			if !said && strings.Contains(sc.Text(), "Waiting for connection") {
-				ready <- true
-				said = true
-			}
-		}
-		if !said {
-			ready <- false
-		}
+		_ = srv.Wait()
+		close(exited)
 	}()
 	defer func() {
 		_ = srv.Process.Kill()
-		<-drained
-		_ = srv.Wait()
+		<-exited
 	}()
-	wait := time.NewTimer(10 * time.Second)
-	defer wait.Stop()
-	select {
-	case ok := <-ready:
-		if !ok {
-			a.Error = "the ucx_perftest server exited before it listened: " + strings.TrimSpace(srvErr.String())
+	// The server says nothing a pipe sees before it exits (its stdout is block-buffered),
+	// so the client retries while the server is not listening yet: up to 10 s.
+	var b bytes.Buffer // ucx_perftest prints its errors on stdout
+	for start := time.Now(); ; {
+		cli := exec.CommandContext(ctx, path, args...)
+		cli.Env = append(os.Environ(), ucxEnv...)
+		b.Reset()
+		cli.Stdout, cli.Stderr = &b, &b
+		if err = cli.Run(); err == nil {
+			break
+		}
+		select {
+		case <-exited:
+			a.Error = "the ucx_perftest server exited: " + lastLines(srvOut.String(), 3)
+			return a
+		default:
+		}
+		if !strings.Contains(b.String(), "Connection refused") || time.Since(start) > 10*time.Second || ctx.Err() != nil {
+			a.Error = fmt.Sprintf("ucx_perftest client: %v: %s", err, lastLines(b.String(), 3))
 			return a
 		}
-	case <-wait.C:
-		a.Error = "the ucx_perftest server did not listen within 10 s"
-		return a
+		t := time.NewTimer(50 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
 	}
-	cli := exec.CommandContext(ctx, path, args...)
-	cli.Env = append(os.Environ(), ucxEnv...)
-	var stderr bytes.Buffer
-	cli.Stderr = &stderr
-	b, err := cli.Output()
-	if err != nil {
-		a.Error = fmt.Sprintf("ucx_perftest client: %v: %s", err, strings.TrimSpace(lastLines(stderr.String(), 3)))
-		return a
-	}
-	f, err := parseUCXPerftest(b)
+	f, err := parseUCXPerftest(b.Bytes())
 	if err != nil {
 		a.Error = err.Error()
 		return a

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -308,4 +309,48 @@ func FuzzDecodeControl(f *testing.F) {
 			t.Fatalf("accepted %+v", r)
 		}
 	})
+}
+
+// TestUCXAnchorsMissing: without ucx_perftest the anchors are skipped with a line that says
+// why, and the suite runs.
+func TestUCXAnchorsMissing(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	cfg := tinyConfig(t, FloorBlock)
+	cfg.Scenarios = []string{ScenarioLatency}
+	cfg.Anchors = []string{AnchorUCX}
+	var out bytes.Buffer
+	rep, err := Run(context.Background(), cfg, &out)
+	require.NoError(t, err)
+	require.Len(t, rep.Anchors, 1)
+	require.Contains(t, rep.Anchors[0].Skipped, "ucx_perftest not found")
+	require.Contains(t, out.String(), "skipped: ucx_perftest not found in PATH")
+	checkOutputs(t, cfg, rep)
+}
+
+// TestUCXAnchors: with ucx_perftest installed, its rows stand beside ours.
+func TestUCXAnchors(t *testing.T) {
+	if _, err := exec.LookPath("ucx_perftest"); err != nil {
+		t.Skip("ucx_perftest is not installed (ucx-utils)")
+	}
+	cfg := tinyConfig(t, FloorBlock)
+	cfg.Scenarios = []string{ScenarioLatency, ScenarioBurst}
+	cfg.Sizes = []int{64}
+	cfg.Anchors = []string{AnchorUCX}
+	var out bytes.Buffer
+	rep, err := Run(context.Background(), cfg, &out)
+	require.NoError(t, err)
+	t.Log("\n" + out.String())
+	var rows int
+	for _, a := range rep.Anchors {
+		require.Empty(t, a.Error, a.Test)
+		require.Contains(t, a.Command, "UCX_TLS=tcp ucx_perftest 127.0.0.1")
+	}
+	for _, r := range rep.Results {
+		if r.Transport == TransportUCX {
+			rows++
+			require.Positive(t, r.OpsPerSec, r.Scenario)
+		}
+	}
+	require.Equal(t, 2, rows, "a latency and a burst row")
+	checkOutputs(t, cfg, rep)
 }
