@@ -21,7 +21,8 @@ func init() {
 		Name: "bench",
 		Summary: "Benchmark notify transports (rdma_twosided, oob, oob-classic) against TCP floors\n" +
 			"(floor-block, floor-spin); rdma_twosided on the soft provider, or on a libibverbs device\n" +
-			"(--provider verbs, -tags rdma). With no flags: the default suite, two processes, ~30 s.",
+			"(--provider verbs, -tags rdma). With no flags: the default suite, two processes, a few minutes.\n" +
+			"Between two hosts: bench --server on one, bench --client HOST:18515 on the other (round trips only).",
 		Usage: "[--scenario list] [--transport list] [--procs 1|2] [-n count] [-s sizes] [--peers k]\n" +
 			"       [-D duration] [--busy-poll 50us] [--window w] [--provider soft|verbs] [--keepalive-off] [--json file] [--plot file.svg]\n" +
 			"       [--repeat 3] [--burst-time 1s] [--anchors ucx] [--client host:port]\n" +
