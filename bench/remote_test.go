@@ -354,3 +354,23 @@ func TestUCXAnchors(t *testing.T) {
 	require.Equal(t, 2, rows, "a latency and a burst row")
 	checkOutputs(t, cfg, rep)
 }
+
+func TestMergeRepeats(t *testing.T) {
+	a := &Result{OpsPerSec: 300, Errors: 1, FirstError: "first"}
+	b := &Result{OpsPerSec: 100}
+	c := &Result{OpsPerSec: 200, Errors: 2, FirstError: "third"}
+	m := mergeRepeats([]*Result{a, b, c})
+	require.Same(t, c, m, "the median run")
+	require.Equal(t, []float64{300, 100, 200}, m.OpsRepeats, "in run order")
+	require.Equal(t, 100.0, m.OpsMin)
+	require.Equal(t, 300.0, m.OpsMax)
+	require.EqualValues(t, 3, m.Errors)
+	require.Equal(t, "first", m.FirstError)
+	require.InDelta(t, 1.0, m.Spread(), 1e-12)
+	require.Equal(t, "±50%", spreadCell(m))
+
+	one := &Result{OpsPerSec: 5}
+	require.Same(t, one, mergeRepeats([]*Result{one}))
+	require.Zero(t, one.Spread())
+	require.Equal(t, "-", spreadCell(one))
+}
