@@ -16,7 +16,8 @@ import (
 )
 
 // Anchors are outside references run beside ours: UCX's ucx_perftest over UCX's tcp
-// transport on this host's loopback, ucp_am_lat beside the latency rows (its p50 is half
+// transport on this host's loopback (or, against a bench server, between the hosts: the
+// server runs ucx_perftest's server side), ucp_am_lat beside the latency rows (its p50 is half
 // the round trip, as UCX reports it, with both sides busy polling) and ucp_am_bw beside the
 // burst rows, at the same sizes. They appear in the tables as transport TransportUCX, and
 // in the JSON under "anchors" with the exact commands.
@@ -183,31 +184,37 @@ func runUCXOnce(ctx context.Context, cfg *Config, path, test, scenario string, s
 	ctx, cancel := context.WithTimeout(ctx, cfg.RunTimeout)
 	defer cancel()
 	a := &Anchor{Tool: "ucx_perftest", Test: test, Scenario: scenario, Size: size}
-	port, err := freePort()
-	if err != nil {
-		a.Error = err.Error()
-		return a
+	host := "127.0.0.1"
+	var (
+		port   int
+		exited <-chan struct{}
+		why    func() string
+	)
+	if cfg.Server != "" {
+		// The server host runs ucx_perftest's server for this one run.
+		rs, err := startRemoteUCX(ctx, cfg.Server)
+		if err != nil {
+			a.Error = err.Error()
+			return a
+		}
+		defer rs.close()
+		host, port, exited, why = rs.host, rs.port, rs.done, func() string { return "the bench server ended the ucx_perftest run" }
+	} else {
+		p, err := freePort("127.0.0.1")
+		if err != nil {
+			a.Error = err.Error()
+			return a
+		}
+		ls, err := startUCXServer(ctx, path, p)
+		if err != nil {
+			a.Error = err.Error()
+			return a
+		}
+		defer ls.stop()
+		port, exited, why = p, ls.exited, func() string { return "the ucx_perftest server exited: " + lastLines(ls.out.String(), 3) }
 	}
-	args := []string{"127.0.0.1", "-p", strconv.Itoa(port), "-t", test, "-s", strconv.Itoa(size), "-n", strconv.Itoa(n)}
+	args := []string{host, "-p", strconv.Itoa(port), "-t", test, "-s", strconv.Itoa(size), "-n", strconv.Itoa(n)}
 	a.Command = strings.Join(ucxEnv, " ") + " ucx_perftest " + strings.Join(args, " ")
-
-	srv := exec.CommandContext(ctx, path, "-p", strconv.Itoa(port))
-	srv.Env = append(os.Environ(), ucxEnv...)
-	srvOut := &syncBuffer{}
-	srv.Stdout, srv.Stderr = srvOut, srvOut
-	if err := srv.Start(); err != nil {
-		a.Error = fmt.Sprintf("start the ucx_perftest server: %v", err)
-		return a
-	}
-	exited := make(chan struct{})
-	go func() {
-		_ = srv.Wait()
-		close(exited)
-	}()
-	defer func() {
-		_ = srv.Process.Kill()
-		<-exited
-	}()
 	// The server says nothing a pipe sees before it exits (its stdout is block-buffered),
 	// so the client retries while the server is not listening yet: up to 10 s.
 	var b bytes.Buffer // ucx_perftest prints its errors on stdout
@@ -216,12 +223,13 @@ func runUCXOnce(ctx context.Context, cfg *Config, path, test, scenario string, s
 		cli.Env = append(os.Environ(), ucxEnv...)
 		b.Reset()
 		cli.Stdout, cli.Stderr = &b, &b
-		if err = cli.Run(); err == nil {
+		err := cli.Run()
+		if err == nil {
 			break
 		}
 		select {
 		case <-exited:
-			a.Error = "the ucx_perftest server exited: " + lastLines(srvOut.String(), 3)
+			a.Error = why()
 			return a
 		default:
 		}
@@ -245,6 +253,34 @@ func runUCXOnce(ctx context.Context, cfg *Config, path, test, scenario string, s
 	return a
 }
 
+// ucxServer is a running ucx_perftest server process.
+type ucxServer struct {
+	cmd    *exec.Cmd
+	out    *syncBuffer
+	exited chan struct{}
+}
+
+// startUCXServer starts `ucx_perftest -p port` with ucxEnv; stop kills it.
+func startUCXServer(ctx context.Context, path string, port int) (*ucxServer, error) {
+	srv := exec.CommandContext(ctx, path, "-p", strconv.Itoa(port))
+	srv.Env = append(os.Environ(), ucxEnv...)
+	s := &ucxServer{cmd: srv, out: &syncBuffer{}, exited: make(chan struct{})}
+	srv.Stdout, srv.Stderr = s.out, s.out
+	if err := srv.Start(); err != nil {
+		return nil, fmt.Errorf("start the ucx_perftest server: %w", err)
+	}
+	go func() {
+		_ = srv.Wait()
+		close(s.exited)
+	}()
+	return s, nil
+}
+
+func (s *ucxServer) stop() {
+	_ = s.cmd.Process.Kill()
+	<-s.exited
+}
+
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	if len(lines) > n {
@@ -253,10 +289,10 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// freePort asks the kernel for a free TCP port on loopback (ucx_perftest takes a port, not
+// freePort asks the kernel for a free TCP port on host (ucx_perftest takes a port, not
 // a listener; another process may take it first, and the run then fails with the reason).
-func freePort() (int, error) {
-	l, err := net.Listen("tcp4", "127.0.0.1:0")
+func freePort(host string) (int, error) {
+	l, err := net.Listen("tcp4", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return 0, fmt.Errorf("bench: a free port for ucx_perftest: %w", err)
 	}

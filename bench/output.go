@@ -129,18 +129,22 @@ func writeTable(w io.Writer, rep *Report) {
 		}
 		writeBreakdowns(w, rows)
 	}
-	writeAnchors(w, rep.Anchors)
+	writeAnchors(w, rep.Anchors, s.Server != nil)
 	for _, f := range rep.Failures {
 		fmt.Fprintf(w, "\nFAILED %s %s (%s): %s\n", f.Scenario, f.Transport, sizeCell(f.Size), f.Error)
 	}
 }
 
 // writeAnchors says how the anchors' rows were made, or why there are none.
-func writeAnchors(w io.Writer, as []*Anchor) {
+func writeAnchors(w io.Writer, as []*Anchor, remote bool) {
 	if len(as) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\nanchors (%s rows): UCX's ucx_perftest over UCX's tcp transport on this host's loopback, both sides busy polling; ucp_am_lat's p50 and mean are half the round trip\n", TransportUCX)
+	where := "on this host's loopback"
+	if remote {
+		where = "between this host and the server (its ucx_perftest server started by the bench server)"
+	}
+	fmt.Fprintf(w, "\nanchors (%s rows): UCX's ucx_perftest over UCX's tcp transport %s, both sides busy polling; ucp_am_lat's p50 and mean are half the round trip\n", TransportUCX, where)
 	seen := map[string]bool{}
 	for _, a := range as {
 		switch {

@@ -84,7 +84,12 @@ type hello struct {
 	Proto   string     `json:"proto"`
 	Version int        `json:"version"`
 	Spec    *childSpec `json:"spec,omitempty"`
+	// Anchor asks the server to run the server side of an anchor for one run instead:
+	// anchorUCX starts ucx_perftest there, on the port of the reply's AnchorPort.
+	Anchor string `json:"anchor,omitempty"`
 }
+
+const anchorUCXServer = "ucx_perftest"
 
 type helloReply struct {
 	Proto   string      `json:"proto"`
@@ -92,6 +97,8 @@ type helloReply struct {
 	Code    string      `json:"code,omitempty"`
 	Err     string      `json:"err,omitempty"`
 	Info    *ServerInfo `json:"info,omitempty"`
+	// AnchorPort: where the anchor's server listens (a hello with Anchor).
+	AnchorPort int `json:"anchor_port,omitempty"`
 }
 
 // ServerInfo is what a bench server says about itself; a client's report carries it.
@@ -155,6 +162,12 @@ func decodeHello(line []byte) (hello, error) {
 			return h, err
 		}
 	}
+	switch {
+	case h.Anchor != "" && h.Anchor != anchorUCXServer:
+		return h, fmt.Errorf("%w: anchor %q, want %q", errProto, h.Anchor, anchorUCXServer)
+	case h.Anchor != "" && h.Spec != nil:
+		return h, fmt.Errorf("%w: a hello asks for a spec or an anchor, not both", errProto)
+	}
 	return h, nil
 }
 
@@ -170,6 +183,9 @@ func decodeHelloReply(line []byte) (helloReply, error) {
 	}
 	if len(r.Err) > maxCtrlLine/2 || len(r.Code) > 32 {
 		return r, fmt.Errorf("%w: error text out of bounds", errProto)
+	}
+	if r.AnchorPort < 0 || r.AnchorPort > 65535 {
+		return r, fmt.Errorf("%w: anchor_port %d out of range", errProto, r.AnchorPort)
 	}
 	if r.Info != nil && (len(r.Info.Providers) > 64 || r.Info.NumCPU < 0) {
 		return r, fmt.Errorf("%w: info out of bounds", errProto)

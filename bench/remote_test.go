@@ -374,3 +374,29 @@ func TestMergeRepeats(t *testing.T) {
 	require.Zero(t, one.Spread())
 	require.Equal(t, "-", spreadCell(one))
 }
+
+// TestUCXAnchorsRemote: against a bench server, the anchors run between the hosts: the
+// server starts ucx_perftest's server for each run.
+func TestUCXAnchorsRemote(t *testing.T) {
+	if _, err := exec.LookPath("ucx_perftest"); err != nil {
+		t.Skip("ucx_perftest is not installed (ucx-utils)")
+	}
+	host := loopback2(t)
+	addr := startServer(t, host+":0")
+	cfg := tinyConfig(t, FloorBlock)
+	cfg.Procs = 0
+	cfg.Server = addr
+	cfg.Scenarios = []string{ScenarioLatency, ScenarioBurst}
+	cfg.Sizes = []int{64}
+	cfg.Anchors = []string{AnchorUCX}
+	var out bytes.Buffer
+	rep, err := Run(context.Background(), cfg, &out)
+	require.NoError(t, err)
+	t.Log("\n" + out.String())
+	require.NotEmpty(t, rep.Anchors)
+	for _, a := range rep.Anchors {
+		require.Empty(t, a.Error, a.Test)
+		require.Contains(t, a.Command, "ucx_perftest "+host+" -p ")
+	}
+	require.Contains(t, out.String(), "between this host and the server")
+}

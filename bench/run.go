@@ -51,8 +51,8 @@ type Config struct {
 	// Server runs the receiving side on a bench server (host:port, `twosided bench
 	// --server`) instead of a child process; only round trips cross between the hosts.
 	Server string
-	// Anchors lists outside references run beside ours on this host: "ucx" (ucx_perftest
-	// over UCX's tcp transport on loopback).
+	// Anchors lists outside references run beside ours: "ucx" (ucx_perftest over UCX's
+	// tcp transport, on loopback, or between the hosts with Server).
 	Anchors []string
 
 	JSONPath string    // write every figure and the settings here

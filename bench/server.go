@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"runtime"
 	"sync"
 	"time"
@@ -145,6 +146,9 @@ func (s *Server) session(ctx context.Context, conn net.Conn) {
 	case h.Version != ProtoVersion:
 		refuse(codeVersion, "client speaks version %d, this server %d", h.Version, ProtoVersion)
 		return
+	case h.Anchor != "":
+		s.anchor(ctx, conn, sc, enc, refuse)
+		return
 	case h.Spec == nil:
 		_ = enc.Encode(helloReply{Proto: ProtoName, Version: ProtoVersion, Info: s.info(conn)})
 		return
@@ -163,15 +167,7 @@ func (s *Server) session(ctx context.Context, conn net.Conn) {
 			return
 		}
 	}
-	wait := time.NewTimer(busyWait)
-	select {
-	case s.one <- struct{}{}:
-		wait.Stop()
-	case <-wait.C:
-		refuse(codeBusy, "another client's run has been in progress for %v", busyWait)
-		return
-	case <-ctx.Done():
-		wait.Stop()
+	if !s.acquire(ctx, refuse) {
 		return
 	}
 	defer func() { <-s.one }()
@@ -186,6 +182,106 @@ func (s *Server) session(ctx context.Context, conn net.Conn) {
 	runChild(ctx, spec, host, sc, conn)
 }
 
+// acquire waits for the session in progress to end (busyWait at most).
+func (s *Server) acquire(ctx context.Context, refuse func(code, format string, args ...any)) bool {
+	wait := time.NewTimer(busyWait)
+	defer wait.Stop()
+	select {
+	case s.one <- struct{}{}:
+		return true
+	case <-wait.C:
+		refuse(codeBusy, "another client's run has been in progress for %v", busyWait)
+	case <-ctx.Done():
+	}
+	return false
+}
+
+// anchor runs ucx_perftest's server for one client run: it says the port, and stops the
+// process when the client closes the control connection (after its ucx_perftest client).
+func (s *Server) anchor(ctx context.Context, conn net.Conn, sc *bufio.Scanner, enc *json.Encoder, refuse func(code, format string, args ...any)) {
+	path, err := exec.LookPath("ucx_perftest")
+	if err != nil {
+		refuse(codeUnsupported, "ucx_perftest is not installed on the server (Debian/Ubuntu package ucx-utils)")
+		return
+	}
+	if !s.acquire(ctx, refuse) {
+		return
+	}
+	defer func() { <-s.one }()
+	port, err := freePort(addrIP(conn.LocalAddr()).String())
+	if err != nil {
+		refuse(codeUnsupported, "%v", err)
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, childLife)
+	defer cancel()
+	us, err := startUCXServer(rctx, path, port)
+	if err != nil {
+		refuse(codeUnsupported, "%v", err)
+		return
+	}
+	defer us.stop()
+	if err := enc.Encode(helloReply{Proto: ProtoName, Version: ProtoVersion, Info: s.info(conn), AnchorPort: port}); err != nil {
+		return
+	}
+	_ = conn.SetDeadline(time.Time{})
+	fmt.Fprintf(s.log, "bench server: %s: ucx_perftest server on port %d\n", conn.RemoteAddr(), port)
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		for sc.Scan() { // nothing is expected: the client's half-close ends the run
+		}
+	}()
+	select {
+	case <-closed:
+	case <-us.exited:
+	case <-rctx.Done():
+	}
+	_ = conn.Close()
+	<-closed
+}
+
+// remoteUCX is a ucx_perftest server a bench server runs for this client.
+type remoteUCX struct {
+	conn net.Conn
+	host string
+	port int
+	done chan struct{} // closed when the server ends the run
+}
+
+// startRemoteUCX asks the bench server for a ucx_perftest server.
+func startRemoteUCX(ctx context.Context, server string) (*remoteUCX, error) {
+	conn, _, sc, port, err := dialServerFor(ctx, server, hello{Proto: ProtoName, Version: ProtoVersion, Anchor: anchorUCXServer})
+	if err != nil {
+		return nil, err
+	}
+	if port == 0 {
+		_ = conn.Close()
+		return nil, fmt.Errorf("%w: --client %s: no ucx_perftest port in its reply", ErrNotServer, server)
+	}
+	r := &remoteUCX{conn: conn, host: addrIP(conn.RemoteAddr()).String(), port: port, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		for sc.Scan() {
+		}
+	}()
+	return r, nil
+}
+
+// close half-closes the control connection and waits (10 s at most) for the server to stop
+// its ucx_perftest.
+func (r *remoteUCX) close() {
+	_ = halfCloser{r.conn}.Close()
+	t := time.NewTimer(10 * time.Second)
+	defer t.Stop()
+	select {
+	case <-r.done:
+	case <-t.C:
+	}
+	_ = r.conn.Close()
+	<-r.done
+}
+
 func addrIP(a net.Addr) netip.Addr {
 	if ap, err := netip.ParseAddrPort(a.String()); err == nil {
 		return ap.Addr().Unmap()
@@ -196,17 +292,24 @@ func addrIP(a net.Addr) netip.Addr {
 // dialServer opens a control connection to a bench server and exchanges the hello: spec
 // nil asks for the server's info only. On success the scanner reads the session's lines.
 func dialServer(ctx context.Context, server string, spec *childSpec) (net.Conn, *ServerInfo, *bufio.Scanner, error) {
+	conn, info, sc, _, err := dialServerFor(ctx, server, hello{Proto: ProtoName, Version: ProtoVersion, Spec: spec})
+	return conn, info, sc, err
+}
+
+// dialServerFor sends h and returns the connection, the server's info and the anchor port
+// of its reply.
+func dialServerFor(ctx context.Context, server string, h hello) (net.Conn, *ServerInfo, *bufio.Scanner, int, error) {
 	d := net.Dialer{Timeout: helloTimeout}
 	conn, err := d.DialContext(ctx, "tcp4", server)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("%w: --client %s: %v", ErrServerUnreachable, server, err)
+		return nil, nil, nil, 0, fmt.Errorf("%w: --client %s: %v", ErrServerUnreachable, server, err)
 	}
-	fail := func(err error) (net.Conn, *ServerInfo, *bufio.Scanner, error) {
+	fail := func(err error) (net.Conn, *ServerInfo, *bufio.Scanner, int, error) {
 		_ = conn.Close()
-		return nil, nil, nil, err
+		return nil, nil, nil, 0, err
 	}
 	_ = conn.SetDeadline(time.Now().Add(helloTimeout))
-	b, _ := json.Marshal(hello{Proto: ProtoName, Version: ProtoVersion, Spec: spec})
+	b, _ := json.Marshal(h)
 	if _, err := conn.Write(append(b, '\n')); err != nil {
 		return fail(fmt.Errorf("%w: --client %s: hello: %v", ErrNotServer, server, err))
 	}
@@ -232,7 +335,7 @@ func dialServer(ctx context.Context, server string, spec *childSpec) (net.Conn, 
 		return fail(fmt.Errorf("%w: --client %s: a reply without the server's info", ErrNotServer, server))
 	}
 	_ = conn.SetDeadline(time.Time{})
-	return conn, r.Info, sc, nil
+	return conn, r.Info, sc, r.AnchorPort, nil
 }
 
 // probeServer asks the server for its info and returns it with this host's address on the

@@ -158,7 +158,7 @@ func runBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 	fs.StringVar(&cfg.PlotPath, "plot", "", "write latency CDFs and throughput vs size to this SVG file")
 	fs.IntVar(&cfg.Repeat, "repeat", 3, "runs of each pipelined figure (burst, bidi, fanin, fanout); the table shows the median and the spread")
 	fs.DurationVar(&cfg.BurstTime, "burst-time", time.Second, "how long each pipelined run sends when -n is not given (a steady state)")
-	fs.Var(&anchors, "anchors", "outside references beside ours: ucx (ucx_perftest ucp_am_lat and ucp_am_bw over UCX_TLS=tcp on loopback; skipped when not installed)")
+	fs.Var(&anchors, "anchors", "outside references beside ours: ucx (ucx_perftest ucp_am_lat and ucp_am_bw over UCX_TLS=tcp, on loopback or, with --client, between the hosts; skipped when not installed)")
 	fs.StringVar(&cfg.Server, "client", "", "run against a bench server on another host (host:port of `twosided bench --server`): the receivers run there, only round trips are timed")
 	fs.Var(&server, "server", "serve the receiving side to --client runs from other hosts, on [host:port] (default :18515), until interrupted")
 	if err := parseFlags(fs, joinServerAddr(args)); err != nil {
