@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -93,8 +94,8 @@ func parseUCXPerftest(out []byte) (ucxFigures, error) {
 	nums := make([]float64, len(fields))
 	for i, s := range fields {
 		v, err := strconv.ParseFloat(strings.ReplaceAll(s, ",", ""), 64)
-		if err != nil || v < 0 {
-			return f, fmt.Errorf("%w: Final line field %d %q is not a number", errUCXOutput, i+1, s)
+		if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
+			return f, fmt.Errorf("%w: Final line field %d %q is not a finite number", errUCXOutput, i+1, s)
 		}
 		nums[i] = v
 	}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -244,6 +245,8 @@ func TestParseUCXPerftest(t *testing.T) {
 		"short":     "Final: 1 2 3\n",
 		"not a num": "Final: 1 2 3 4 5 6 7 x\n",
 		"negative":  "Final: 1 2 3 4 5 6 7 -8\n",
+		"infinite":  "Final: 50 0.1 0.1 0.1 inf inf 1 1\n",
+		"nan":       "Final: 50 NaN 0.1 0.1 1 1 1 1\n",
 	} {
 		_, err := parseUCXPerftest([]byte(in))
 		require.ErrorIs(t, err, errUCXOutput, name)
@@ -259,8 +262,16 @@ func FuzzParseUCXPerftest(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		fig, err := parseUCXPerftest(b)
-		if err == nil && (fig.iterations < 0 || fig.p50 < 0 || fig.msgRate < 0) {
-			t.Fatalf("negative figures from %q", b)
+		if err != nil {
+			return
+		}
+		for _, v := range []float64{fig.p50, fig.avg, fig.mbps, fig.msgRate} {
+			if v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
+				t.Fatalf("figure %v from %q", v, b)
+			}
+		}
+		if fig.iterations < 0 {
+			t.Fatalf("negative iterations from %q", b)
 		}
 	})
 }
