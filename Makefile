@@ -20,6 +20,10 @@
 # 10000x is ~3-10 s for the slowest targets here (the peer machine and window fuzzers) and
 # well under a second for the decoders.
 #   make bench       benchmarks, BENCHTIME each (default 1s)
+#   make bench-anchors  twosided bench's latency and burst rows (oob, rdma_twosided on the soft
+#                    provider, the TCP floors) with UCX's ucx_perftest over UCX_TLS=tcp beside
+#                    them (--anchors ucx; a line says so when ucx_perftest is not installed);
+#                    BENCH_FLAGS adds flags; build/bench-anchors.json and .svg
 #   make soak        the delivery contract checked end to end under faults for DURATION
 #                    (default 1h) on the soft provider, then on the verbs provider over
 #                    softverbs when it builds (SOAK_FLAGS adds flags, e.g. --seed n or
@@ -36,6 +40,7 @@ BENCHTIME      ?= 1s
 TEST_TIMEOUT   ?= 45m
 DURATION       ?= 1h
 SOAK_FLAGS     ?=
+BENCH_FLAGS    ?=
 VERBS_H        ?= /usr/include/infiniband/verbs.h
 PINGPONG       ?= /usr/bin/ibv_rc_pingpong
 REDIS_SERVER   ?= redis-server
@@ -45,7 +50,7 @@ SOFTVERBS_LIBDIR := $(CURDIR)/build/softverbs
 
 include ibv/softverbs/softverbs.mk
 
-.PHONY: test build vet fmt-check unit allocs fuzz fuzz-short bench rdma rdma-deps test-deps soak
+.PHONY: test build vet fmt-check unit allocs fuzz fuzz-short bench bench-anchors rdma rdma-deps test-deps soak
 
 test: vet fmt-check unit allocs fuzz-short rdma
 
@@ -102,6 +107,12 @@ fuzz-short:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
+
+bench-anchors:
+	@mkdir -p build
+	$(GO) build -o build/twosided ./cmd/twosided
+	build/twosided bench --scenario latency,burst --transport oob,rdma_twosided,floor-block,floor-spin,floor-stream \
+		--provider soft --anchors ucx --json build/bench-anchors.json --plot build/bench-anchors.svg $(BENCH_FLAGS)
 
 # soak runs `twosided soak` for DURATION on each provider; the verbs run needs libibverbs-dev's
 # headers and cgo (softverbs), else it says it was left out.
