@@ -64,14 +64,7 @@ func runMetadataServer(ctx context.Context, fs *flag.FlagSet, args []string, std
 		scheme = "https"
 	}
 	fmt.Fprintf(stdout, "metadata server on %s://%s%s (MC_METADATA_SERVER=%s://<this host>:%s%s)\n", scheme, ln.Addr(), *path,
-		scheme, listenPort(ln.Addr()), *path)
+		scheme, listenPort(ln.Addr().String()), *path)
 	return srv.Serve(ctx, ln)
 }
 
-func listenPort(a net.Addr) string {
-	_, p, err := net.SplitHostPort(a.String())
-	if err != nil {
-		return "?"
-	}
-	return p
-}
