@@ -144,6 +144,7 @@ func (m *peerMachine) peerGone(now time.Time, name string) {
 		return
 	}
 	p := ne.peer
+	m.supersede(p) // what is still with it may be sent again to the engine that takes its place
 	if ce := m.chans[p.ch]; p.ch != 0 && ce != nil {
 		// Its channel goes too (drained first: what its NIC acknowledged is delivered).
 		m.dropChan(ce, false)

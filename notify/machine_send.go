@@ -427,7 +427,8 @@ func (m *peerMachine) rebind(now time.Time, p *peerEntry, r *reqEntry, stale boo
 	// A stale refusal leaves the current pair as it is.
 	if ne.peer == p && !stale {
 		m.releaseParked(p) // refused in turn, as the name's other sends on their way to p
-		p.forgotten = true
+		ne.lost = p.key.session // its next handshake kept the pair's state (bind)
+		m.supersede(p)
 		m.unalias(p, r.name)
 		ne.peer = nil
 		for _, id := range p.waiters {
@@ -443,6 +444,7 @@ func (m *peerMachine) rebind(now time.Time, p *peerEntry, r *reqEntry, stale boo
 	}
 	i, _ := slices.BinarySearch(ne.waiters, r.id) // in send order (ids grow with each send)
 	ne.waiters = slices.Insert(ne.waiters, i, r.id)
+	m.waitUnknown(ne)
 	if ne.stragglers > 0 {
 		return true // releaseStragglers moves them on once the last straggler is answered
 	}
