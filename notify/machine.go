@@ -82,7 +82,7 @@ type peerMachine struct {
 	// superseded: peers whose engine went away from a name while sends were still with
 	// them; later sends to a peer of the same port wait behind those (heldBySuperseded).
 	superseded []*peerEntry
-	timerAt         time.Time
+	timerAt    time.Time
 
 	acts  []mAction
 	spare []mAction // the other buffer of ready

@@ -426,7 +426,7 @@ func (m *peerMachine) rebind(now time.Time, p *peerEntry, r *reqEntry, stale boo
 	r.peer = nil // not one of the stragglers marked below
 	// A stale refusal leaves the current pair as it is.
 	if ne.peer == p && !stale {
-		m.releaseParked(p) // refused in turn, as the name's other sends on their way to p
+		m.releaseParked(p)      // refused in turn, as the name's other sends on their way to p
 		ne.lost = p.key.session // its next handshake kept the pair's state (bind)
 		m.supersede(p)
 		m.unalias(p, r.name)
