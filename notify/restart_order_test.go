@@ -1,6 +1,7 @@
 package notify
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"testing"
@@ -111,4 +112,88 @@ func restartTwoNames(t *testing.T, seed uint64, channels bool, down time.Duratio
 		got = append(got, string(g.Msg))
 	}
 	return got
+}
+
+// TestMachineHandshakeForOldEngineKeepsNewPair: a's handshake to b's name went for the
+// engine that was there (session 20, whose pair had state), but a new engine (21) answered
+// it: fresh, since it had no state for a when the request came. Meanwhile the new engine's
+// own handshake made a's entry for it, and a's next notify went in that pair with seq 1.
+// The reply says nothing of that pair: it must not be started over. Before, a took the
+// reply for "the peer forgot the pair" (the handshake went while a held state: for the old
+// engine) and started its seqs over at 1: the new engine, whose window had moved past 1,
+// dropped a's next notifies as duplicates, acknowledged (the soak's "lost" at a reopened
+// receiver).
+func TestMachineHandshakeForOldEngineKeepsNewPair(t *testing.T) {
+	now := time.Unix(1000, 0)
+	m, kinds := directMachine(simCfg())
+	m.send(now, 1, "b", "", now.Add(time.Hour), 0)
+	c := kinds(aConnect)
+	require.Len(t, c, 1)
+	m.connected(now, "b", c[0].ch, hsResult{session: 20, token: 7, peerName: "b", ctrl: true})
+	require.Len(t, kinds(aPost), 1)
+	m.sendResult(now, 1, nil, false, false)
+	kinds(aComplete)
+
+	// b restarts: its channel fails, and a's next send handshakes for the old pair.
+	m.chanClosed(now, c[0].ch, errors.New("peer gone"))
+	kinds(aClose)
+	m.send(now, 2, "b", "", now.Add(time.Hour), 0)
+	c = kinds(aConnect)
+	require.Len(t, c, 1)
+	require.Equal(t, uint64(20), c[0].session, "the handshake goes for the old engine's pair")
+
+	// The new engine's own handshake reaches a first; a's send goes in the new pair.
+	rep := m.inbound(now, inboundHS{name: "b", session: 21, token: 9, ctrl: true})
+	require.True(t, rep.fresh)
+	require.NotZero(t, rep.ch)
+	m.inboundUp(now, rep.ch, nil)
+	posts := kinds(aPost)
+	require.Len(t, posts, 1)
+	require.Equal(t, uint64(1), posts[0].seq)
+	m.sendResult(now, 2, nil, false, false)
+	kinds(aComplete)
+
+	// The reply to a's handshake, made by the new engine before it knew a.
+	m.connected(now, "b", c[0].ch, hsResult{session: 21, token: 9, peerName: "b", ctrl: true, fresh: true})
+	require.Zero(t, m.stats.PairsRestarted, "the reply to a handshake sent for the old engine restarted the new pair")
+	m.send(now, 3, "b", "", now.Add(time.Hour), 0)
+	posts = kinds(aPost)
+	require.Len(t, posts, 1)
+	require.Equal(t, uint64(2), posts[0].seq, "the pair's seqs go on")
+}
+
+// TestMachineRefusalDuringHandshakeKeepsPair: a's first handshake to b is on its way when
+// b's own handshake makes the pair at a; a sends in it and gets b's notifies. One of a's
+// notifies is refused for its token (b checked it before a's handshake reached it), which
+// makes a rebind the name. Then the reply to a's first handshake comes, fresh (b made its
+// state for a with it). That handshake went before a had any state for the pair: the reply
+// does not say b forgot it. Before, the refusal marked the entry forgotten and any fresh
+// reply restarted the pair: a's window started over at 1 while b's seqs went on, so b's
+// next notifies waited for a gap timeout and were then delivered out of order.
+func TestMachineRefusalDuringHandshakeKeepsPair(t *testing.T) {
+	now := time.Unix(1000, 0)
+	cfg := simCfg()
+	cfg.channels = false
+	m, kinds := directMachine(cfg)
+	m.send(now, 1, "b", "", now.Add(time.Hour), 0)
+	require.Len(t, kinds(aConnect), 1)
+
+	rep := m.inbound(now, inboundHS{name: "b", session: 20, token: 7})
+	require.True(t, rep.fresh)
+	require.Len(t, kinds(aOOB), 1, "the send goes in the pair b's handshake made")
+	p := m.peers[peerKey{session: 20}]
+	for seq := uint64(1); seq <= 2; seq++ {
+		code, err := m.oobArrive(now, oobArrival{session: 20, token: rep.token, seq: seq, n: Notify{Msg: []byte("from b")}})
+		require.Empty(t, code, "%v", err)
+	}
+	require.Len(t, kinds(aDeliver), 2)
+
+	m.sendResult(now, 1, &kindError{kind: ErrAuth, cause: errors.Join(errRebind, errors.New("ts_token"))}, false, false)
+	kinds(aOOB)
+	m.connected(now, "b", 0, hsResult{session: 20, token: 7, peerName: "b", fresh: true})
+	require.Zero(t, m.stats.PairsRestarted, "a reply to a handshake sent before the pair had state restarted it")
+	require.Same(t, p, m.peers[peerKey{session: 20}])
+	code, err := m.oobArrive(now, oobArrival{session: 20, token: rep.token, seq: 3, n: Notify{Msg: []byte("from b")}})
+	require.Empty(t, code, "%v", err)
+	require.Len(t, kinds(aDeliver), 1, "b's next notify is delivered at once, in order")
 }
