@@ -129,20 +129,30 @@ func (m *peerMachine) heldBySuperseded(p *peerEntry, id reqID) bool {
 	return held
 }
 
-// oldestOf is the oldest send still with q (0: none), kept in q.holdFrom until it leaves q:
-// sends join q later than the ones it has (handOver clears it when it hands q older ones).
+// oldestOf is the oldest send still with q (0: none), kept in q.holdFrom until it leaves q
+// (noneHeld: q had none, until one joins it, in enqueue): sends join q later than the ones
+// it has, and handOver clears it when it hands q older ones.
 func (m *peerMachine) oldestOf(q *peerEntry) reqID {
-	if r := m.reqs[q.holdFrom]; q.holdFrom != 0 && r != nil && r.peer == q {
+	switch r := m.reqs[q.holdFrom]; {
+	case q.holdFrom == noneHeld:
+		return 0
+	case q.holdFrom != 0 && r != nil && r.peer == q:
 		return q.holdFrom
 	}
-	q.holdFrom = 0
+	q.holdFrom = noneHeld
 	for id, r := range m.reqs {
-		if r.peer == q && (q.holdFrom == 0 || id < q.holdFrom) {
+		if r.peer == q && (q.holdFrom == noneHeld || id < q.holdFrom) {
 			q.holdFrom = id
 		}
 	}
+	if q.holdFrom == noneHeld {
+		return 0
+	}
 	return q.holdFrom
 }
+
+// noneHeld in peerEntry.holdFrom: no send is with the peer.
+const noneHeld = ^reqID(0)
 
 // named reports whether a name leads to q.
 func (m *peerMachine) named(q *peerEntry) bool {

@@ -56,6 +56,9 @@ func (m *peerMachine) send(now time.Time, id reqID, name, nid string, deadline t
 // enqueue queues r on its peer and posts what the peer's path allows.
 func (m *peerMachine) enqueue(now time.Time, p *peerEntry, r *reqEntry, name string) {
 	r.peer = p
+	if p.holdFrom == noneHeld {
+		p.holdFrom = r.id // the oldest with a superseded peer (oldestOf)
+	}
 	p.lastActive = now
 	m.confirmPeer(p) // a peer we send to
 	if len(p.waiters) >= m.cfg.maxPendingSends {
