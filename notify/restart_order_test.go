@@ -197,3 +197,32 @@ func TestMachineRefusalDuringHandshakeKeepsPair(t *testing.T) {
 	require.Empty(t, code, "%v", err)
 	require.Len(t, kinds(aDeliver), 1, "b's next notify is delivered at once, in order")
 }
+
+// TestMachineGoodbyeKeepsWaitingName: b restarted, and the name now leads to the new engine
+// while a send is still on its way to the old one (a straggler: the name's next send waits
+// behind it). A goodbye for the name (the old engine's, read late) finds the new pair with
+// nothing of its own in flight. Before, it forgot the pair and the name with it: the send
+// that waited on the name was dropped from every list and ended only at its deadline, and
+// the straggler, refused by the new engine, found no name to be sent again under.
+func TestMachineGoodbyeKeepsWaitingName(t *testing.T) {
+	now := time.Unix(1000, 0)
+	cfg := simCfg()
+	cfg.channels = false
+	m, kinds, first := oobSendMachine(t, cfg, now)
+	require.Equal(t, uint64(20), first.session)
+
+	rep := m.inbound(now, inboundHS{name: "b", session: 21, token: 9})
+	require.True(t, rep.fresh)
+	m.send(now, 2, "b", "", now.Add(time.Hour), 0)
+	require.Empty(t, kinds(aOOB), "send 2 waits behind the straggler to the old engine")
+
+	m.peerGone(now, "b")
+	require.NotNil(t, m.names["b"], "the name that holds send 2 is kept")
+	m.sendResult(now, 1, &kindError{kind: ErrAuth, cause: errors.Join(errRebind, errors.New("ts_to"))}, false, false)
+	var sent []reqID
+	for _, a := range kinds(aOOB) {
+		require.Equal(t, uint64(21), a.session)
+		sent = append(sent, a.req)
+	}
+	require.Equal(t, []reqID{1, 2}, sent, "both go to the new engine, in send order")
+}

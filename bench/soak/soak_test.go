@@ -98,6 +98,12 @@ func TestSoakPlants(t *testing.T) {
 			cfg := testConfig(t, 2*time.Second, nil)
 			cfg.Plant = plant
 			r, err := runSoak(t, cfg)
+			for _, v := range r.Details {
+				if v.Kind != kind {
+					t.Logf("%s at step %d, %s: %s\nhistory:\n%s\nschedule:\n%s", v.Kind, v.Step, v.Stream, v.Detail,
+						strings.Join(v.History, "\n"), strings.Join(v.Schedule, "\n"))
+				}
+			}
 			require.ErrorIs(t, err, ErrViolation)
 			require.Equal(t, "FAIL", r.Verdict)
 			require.Positive(t, r.Violations[kind], "the planted %s was not reported: %v", plant, r.Violations)
