@@ -41,7 +41,7 @@ func testConfig(t *testing.T, d time.Duration, faults []string) Config {
 		Duration: d, Seed: 42, Faults: faults, Procs: 2,
 		Transports: []string{notify.TransportRDMATwoSided, notify.TransportOOB}, Provider: "soft",
 		FaultEvery: 700 * time.Millisecond,
-		Mix: Mix{MaxSize: 64 << 10, MaxWindow: 16},
+		Mix:        Mix{MaxSize: 64 << 10, MaxWindow: 16},
 		// Enough work for the plants to act and be seen, however slow the machine.
 		MinDelivered: 400,
 		Command: func(args []string) *exec.Cmd {
