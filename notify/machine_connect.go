@@ -10,6 +10,8 @@ import (
 	"net/netip"
 	"slices"
 	"time"
+
+	"github.com/twosided/twosided/oob"
 )
 
 func (m *peerMachine) connectPeer(now time.Time, p *peerEntry, via string) {
@@ -290,7 +292,9 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 	}
 	ne.connecting = false
 	m.withdraw(ne)
-	ne.hinted, ne.unreachable = false, res.err != nil
+	// An engine that answered it is closing (oob.ErrPeerClosed) was there: a restart, not
+	// an address nobody serves.
+	ne.hinted, ne.unreachable = false, res.err != nil && !errors.Is(res.err, oob.ErrPeerClosed)
 	if res.err != nil {
 		closeCh(res.err)
 		kind := ErrPeerUnreachable

@@ -393,6 +393,12 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 	}
 	// Given up: the receiver is told, so it never waits for this seq.
 	m.stats.GivenUp++
+	if !local && errors.Is(kind, ErrPeerUnreachable) {
+		// The path to p broke: its engine may be gone from its address, and another take
+		// its place there. What is still with p may then be refused and sent again to
+		// that one: it holds later sends to peers of p's port (supersede).
+		m.supersede(p)
+	}
 	p.seqs.giveUp(r.seq)
 	m.fence(p)
 	m.complete(id, r.tries.sendErr(kind, m.peerName(p), pathName(onCh != 0), err, maybe))

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/twosided/twosided/oob"
 )
 
 // TestMachineRestartTwoNamesKeepOrder: a sends a stream to b by two names of b's port
@@ -225,4 +227,83 @@ func TestMachineGoodbyeKeepsWaitingName(t *testing.T) {
 		sent = append(sent, a.req)
 	}
 	require.Equal(t, []reqID{1, 2}, sent, "both go to the new engine, in send order")
+}
+
+// TestMachineUnreachableOldEngineHoldsNewName: b was killed (a's sends to it by
+// "127.0.0.1:b" found nobody there) and came back with a new session. a's next send by
+// that name still goes to the old pair, where the new engine will refuse it; a later send
+// by "localhost:b", a name a had not bound yet, reaches the new engine by its own
+// handshake. It must wait for the older one: refused and sent again in the new pair, that
+// one goes first. Before, the later send drew the new pair's first seq at once (the soak:
+// one name's calls delivered after the other's later ones, at a restarted engine).
+func TestMachineUnreachableOldEngineHoldsNewName(t *testing.T) {
+	now := time.Unix(1000, 0)
+	cfg := simCfg()
+	cfg.channels = false
+	m, kinds := directMachine(cfg)
+	const x, y = "127.0.0.1:b", "localhost:b"
+	m.send(now, 1, x, "", now.Add(time.Hour), 0)
+	require.Len(t, kinds(aConnect), 1)
+	m.connected(now, x, 0, hsResult{session: 20, token: 7, peerName: "b"})
+	require.Len(t, kinds(aOOB), 1)
+	m.sendResult(now, 1, nil, false, false)
+	kinds(aComplete)
+
+	m.send(now, 2, x, "", now.Add(time.Hour), 0) // b is down
+	require.Len(t, kinds(aOOB), 1)
+	m.sendResult(now, 2, errors.New("connection refused"), false, false)
+	kinds(aComplete)
+
+	m.send(now, 3, x, "", now.Add(time.Hour), 0) // b is back, as another engine
+	old := kinds(aOOB)
+	require.Len(t, old, 1)
+	require.Equal(t, uint64(20), old[0].session)
+	m.send(now, 4, y, "", now.Add(time.Hour), 0)
+	require.Len(t, kinds(aConnect), 1)
+	m.connected(now, y, 0, hsResult{session: 21, token: 9, peerName: "b", fresh: true})
+	require.Empty(t, kinds(aOOB), "send 4 waits for send 3, still with the old pair")
+
+	m.sendResult(now, 3, &kindError{kind: ErrAuth, cause: errors.Join(errRebind, errors.New("ts_to"))}, false, false)
+	require.Len(t, kinds(aConnect), 1)
+	m.connected(now, x, 0, hsResult{session: 21, token: 9, peerName: "b"})
+	var sent []reqID
+	for _, a := range kinds(aOOB) {
+		require.Equal(t, uint64(21), a.session)
+		sent = append(sent, a.req)
+	}
+	require.Equal(t, []reqID{3, 4}, sent, "sent in the new pair in send order")
+}
+
+// TestMachineClosingPeerNameHolds: a's handshake by "localhost:b" reached b as it closed
+// (the OOB node's ErrPeerClosed): the name backs off, and the send a makes to it meanwhile
+// waits. A later send by another name of b's port that reaches the engine now there must
+// wait for it: the name met an engine, it is not an address nobody serves. Before, it held
+// nothing during its backoff and the later send went first (the short soak of make test:
+// a reopened receiver delivered one name's calls after the other's later ones).
+func TestMachineClosingPeerNameHolds(t *testing.T) {
+	now := time.Unix(1000, 0)
+	cfg := simCfg()
+	cfg.channels = false
+	m, kinds := directMachine(cfg)
+	const y, z = "localhost:b", "127.0.0.1:b"
+	m.send(now, 1, y, "", now.Add(time.Hour), 0)
+	require.Len(t, kinds(aConnect), 1)
+	closing := &kindError{kind: ErrPeerUnreachable, cause: fmt.Errorf("%w: %w: the peer closed", oob.ErrPeerUnreachable, oob.ErrPeerClosed)}
+	m.connected(now, y, 0, hsResult{err: closing})
+	require.Len(t, kinds(aComplete), 1)
+
+	m.send(now, 2, y, "", now.Add(time.Hour), 0) // waits for the next handshake (backoff)
+	m.send(now, 3, z, "", now.Add(time.Hour), 0)
+	require.Len(t, kinds(aConnect), 1)
+	m.connected(now, z, 0, hsResult{session: 21, token: 9, peerName: "b", fresh: true})
+	require.Empty(t, kinds(aOOB), "send 3 waits for send 2, older, on a name of the same port")
+
+	m.tick(now.Add(time.Second))
+	require.Len(t, kinds(aConnect), 1)
+	m.connected(now.Add(time.Second), y, 0, hsResult{session: 21, token: 9, peerName: "b"})
+	var sent []reqID
+	for _, a := range kinds(aOOB) {
+		sent = append(sent, a.req)
+	}
+	require.Equal(t, []reqID{2, 3}, sent)
 }
