@@ -307,3 +307,46 @@ func TestMachineClosingPeerNameHolds(t *testing.T) {
 	}
 	require.Equal(t, []reqID{2, 3}, sent)
 }
+
+// TestMachineBrokenPeerHoldsOnlyNewPeers: a send to one engine of a port was given up for
+// its path (nobody at that address). That engine may be gone and another take its address:
+// a peer made from then on waits for the sends still with the first one. A peer of the same
+// port made before (another host, a Mooncake-style shared port) does not.
+func TestMachineBrokenPeerHoldsOnlyNewPeers(t *testing.T) {
+	now := time.Unix(1000, 0)
+	cfg := simCfg()
+	cfg.channels = false
+	m, kinds := directMachine(cfg)
+	bind := func(id reqID, name string, session uint64) {
+		m.send(now, id, name, "", now.Add(time.Hour), 0)
+		require.Len(t, kinds(aConnect), 1)
+		m.connected(now, name, 0, hsResult{session: session, token: session, peerName: name})
+		require.Len(t, kinds(aOOB), 1)
+		m.sendResult(now, id, nil, false, false)
+		kinds(aComplete)
+	}
+	bind(1, "hosta:12001", 20)
+	bind(2, "hostb:12001", 30)
+	now = now.Add(time.Second)
+	m.send(now, 3, "hosta:12001", "", now.Add(time.Hour), 0)
+	require.Len(t, kinds(aOOB), 1)
+	m.sendResult(now, 3, errors.New("connection refused"), false, false)
+	kinds(aComplete)
+	m.send(now, 4, "hosta:12001", "", now.Add(time.Hour), 0) // on its way to the broken one
+	require.Len(t, kinds(aOOB), 1)
+
+	m.send(now, 5, "hostb:12001", "", now.Add(time.Hour), 0)
+	require.Len(t, kinds(aOOB), 1, "a peer made before the break is not held")
+
+	now = now.Add(time.Second)
+	m.send(now, 6, "hostc:12001", "", now.Add(time.Hour), 0)
+	require.Len(t, kinds(aConnect), 1)
+	m.connected(now, "hostc:12001", 0, hsResult{session: 40, token: 40, peerName: "hostc:12001"})
+	require.Empty(t, kinds(aOOB), "a peer made since waits for send 4")
+	m.sendResult(now, 4, errors.New("connection refused"), false, false)
+	var sent []reqID
+	for _, a := range kinds(aOOB) {
+		sent = append(sent, a.req)
+	}
+	require.Equal(t, []reqID{6}, sent)
+}
