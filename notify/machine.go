@@ -223,10 +223,6 @@ type peerEntry struct {
 	// oldest send still with it, when known (0: find it again).
 	superseded bool
 	holdFrom   reqID
-	// weakSince: superseded only because its path broke (supersedeBroken), at this time:
-	// it holds sends to peers made since then only (one of them may have taken its
-	// address), not to those it shares a port with on other hosts. Zero: superseded outright.
-	weakSince time.Time
 	// confirmed: the peer proved the entry is its own: it answered our handshake, used the
 	// pair's token or channel, or we sent to it. An entry a handshake made is unconfirmed
 	// until then: those are capped per source address and evicted first (oldest first)

@@ -101,25 +101,8 @@ func (m *peerMachine) supersede(q *peerEntry) {
 		return
 	}
 	q.holdFrom = 0 // found again (heldBySuperseded)
-	q.weakSince = time.Time{}
 	if !q.superseded {
 		q.superseded = true
-		m.superseded = append(m.superseded, q)
-	}
-}
-
-// supersedeBroken: a send to q was given up for its path (nobody at its address, a broken
-// connection): its engine may be gone, and one that takes the address is a peer made from
-// now on. Until q is superseded outright, what is still with q holds later sends to those
-// only: a live engine of q's port on another host (made before) is not held.
-func (m *peerMachine) supersedeBroken(now time.Time, q *peerEntry) {
-	if q == nil || q.key.legacy != "" || (q.superseded && q.weakSince.IsZero()) {
-		return
-	}
-	q.holdFrom = 0
-	if !q.superseded {
-		q.superseded = true
-		q.weakSince = now
 		m.superseded = append(m.superseded, q)
 	}
 }
@@ -131,16 +114,13 @@ func (m *peerMachine) heldBySuperseded(p *peerEntry, id reqID) bool {
 	held, k := false, 0
 	for _, q := range m.superseded {
 		oldest := m.oldestOf(q)
-		if !q.superseded {
-			continue // its engine answered since (a send to it succeeded)
-		}
 		if oldest == 0 && !m.named(q) {
-			q.superseded, q.weakSince = false, time.Time{}
+			q.superseded = false
 			continue
 		}
 		m.superseded[k] = q
 		k++
-		if !held && q != p && oldest != 0 && oldest < id && peersMayMeet(q, p) && (q.weakSince.IsZero() || !p.born.Before(q.weakSince)) {
+		if !held && q != p && oldest != 0 && oldest < id && peersMayMeet(q, p) {
 			held = true
 		}
 	}

@@ -317,9 +317,6 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 			m.confirmFences(p, ce, r.postNo)
 		}
 		m.complete(id, nil)
-		if p != nil && !p.weakSince.IsZero() {
-			p.superseded, p.weakSince = false, time.Time{} // its engine is there after all
-		}
 		if p != nil {
 			if paced {
 				m.oobAnswered(p)
@@ -399,8 +396,8 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 	if !local && errors.Is(kind, ErrPeerUnreachable) {
 		// The path to p broke: its engine may be gone from its address, and another take
 		// its place there. What is still with p may then be refused and sent again to
-		// that one: it holds later sends to a peer of p's port made since.
-		m.supersedeBroken(now, p)
+		// that one: it holds later sends to peers of p's port (supersede).
+		m.supersede(p)
 	}
 	p.seqs.giveUp(r.seq)
 	m.fence(p)
