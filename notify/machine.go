@@ -84,7 +84,10 @@ type peerMachine struct {
 	// behind them (heldSpare: held's other buffer).
 	unknown         []string
 	held, heldSpare []*peerEntry
-	timerAt         time.Time
+	// superseded: peers whose engine went away from a name while sends were still with
+	// them; later sends to a peer of the same port wait behind those (heldBySuperseded).
+	superseded []*peerEntry
+	timerAt    time.Time
 
 	acts  []mAction
 	spare []mAction // the other buffer of ready
@@ -160,7 +163,8 @@ type nameEntry struct {
 	connecting bool    // our handshake via this name is in flight
 	queued     bool    // waiting in connectQ for a handshake slot
 	token      uint64  // the token we offered in that handshake
-	kept       bool    // that handshake went while we held state for the pair (seqs, a window)
+	kept       uint64  // that handshake went while we held state (seqs, a window) for the pair with this session (0: none)
+	lost       uint64  // the session whose pair the peer at this name refused (rebind): the next handshake kept its state
 	waiters    []reqID // sends to this name before its peer is known
 	legacyOOB  bool    // the name is a Mooncake engine without ctrl channel: seq-less OOB
 	retryAt    time.Time
@@ -178,6 +182,13 @@ type nameEntry struct {
 	// new pair: until all are answered, the name's waiters stay here (not moved to the
 	// new peer), so the new seqs are drawn in send order.
 	stragglers int
+	// hinted: the name's handshakes failed, and an engine answered on its port since: its
+	// next handshake goes at once, and its sends hold later ones to that port's peers
+	// (unknownWaits) until it ends, as a new name's do.
+	hinted bool
+	// unreachable: the name's last handshake failed with no engine's answer (nothing
+	// listening, a timeout): until one answers, its sends hold nothing (unknownWaits).
+	unreachable bool
 }
 
 type peerEntry struct {
@@ -213,7 +224,10 @@ type peerEntry struct {
 	// new token from a handshake, carries them at once.
 	fenceAt   time.Time
 	fenceWait time.Duration
-	forgotten bool // the peer refused our token: it no longer knows the pair (rebind)
+	// superseded: its engine went away from one of its names (supersede); holdFrom: the
+	// oldest send still with it, when known (0: find it again).
+	superseded bool
+	holdFrom   reqID
 	// confirmed: the peer proved the entry is its own: it answered our handshake, used the
 	// pair's token or channel, or we sent to it. An entry a handshake made is unconfirmed
 	// until then: those are capped per source address and evicted first (oldest first)

@@ -292,10 +292,14 @@ func (m *peerMachine) learnName(now time.Time, p *peerEntry, name string) {
 		m.names[name] = ne
 	}
 	if ne.peer != p {
-		if ne.peer != nil {
-			m.unalias(ne.peer, name)
+		old := ne.peer
+		if old != nil {
+			m.leave(ne, old, p)
 		}
 		ne.peer = p
+		if old != nil {
+			m.markStragglers(ne, p) // its sends on their way to old are refused there
+		}
 	}
 	if ne.connecting {
 		// Our own handshake to this name is on its way with ne.token: the peer may use it
@@ -303,6 +307,7 @@ func (m *peerMachine) learnName(now time.Time, p *peerEntry, name string) {
 		m.addTokenIn(p, ne.token)
 	}
 	m.alias(p, name)
+	m.hintPort(now, name, p)
 	m.moveWaiters(ne, p) // in their order, ahead of any later send to the name
 }
 

@@ -270,15 +270,27 @@ func (m *peerMachine) peerGone(now time.Time, name string) {
 		return
 	}
 	p := ne.peer
+	m.supersede(p) // what is still with it may be sent again to the engine that takes its place
 	if ce := m.chans[p.ch]; p.ch != 0 && ce != nil {
 		// Its channel goes too (drained first: what its NIC acknowledged is delivered).
 		m.dropChan(ce, false)
 		m.emit(mAction{kind: aClose, ch: ce.id, err: fmt.Errorf("%w: %s closed", ErrPeerDead, name)})
 	}
-	if len(p.waiters) == 0 && p.inflight == 0 && p.win.held == 0 && p.seqs.unresolved() == 0 && !m.connectingTo(p) {
+	if len(p.waiters) == 0 && p.inflight == 0 && p.win.held == 0 && p.seqs.unresolved() == 0 && !m.connectingTo(p) && !m.namesHold(p) {
 		m.forget(p.key, p)
 		m.stats.PeersPruned++
 	}
+}
+
+// namesHold reports whether a name of p holds sends (waiting for its stragglers): forgetting
+// p would drop the name with them.
+func (m *peerMachine) namesHold(p *peerEntry) bool {
+	for _, n := range p.names {
+		if ne := m.names[n]; ne != nil && ne.peer == p && (len(ne.waiters) > 0 || ne.stragglers > 0) {
+			return true
+		}
+	}
+	return false
 }
 
 // forget drops a peer entry and its names. Its sequence spaces go with it: a peer that

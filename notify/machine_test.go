@@ -191,6 +191,13 @@ func (e *simEngine) do(a mAction) {
 		}
 		to := n.engines[n.alias[a.name]]
 		n.post(func() {
+			if to == nil { // nobody at the name (an engine down for a while)
+				n.post(func() {
+					e.m.fenceResult(n.now, a.session, a.first, a.count, a.token, a.pair, errors.New("unreachable"))
+					e.perform()
+				})
+				return
+			}
 			code, err := to.m.oobArrive(n.now, oobArrival{session: e.m.local, token: a.token, to: a.session, skipFrom: a.first, skipN: a.count})
 			to.perform()
 			err = simOOBErr(code, err)
