@@ -62,6 +62,10 @@ func runSoak(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wri
 		return err
 	}
 	if *agentHost {
+		host, _, err := net.SplitHostPort(*listen)
+		if ip := net.ParseIP(host); err != nil || ip == nil || ip.IsUnspecified() {
+			return usageError(fs, fmt.Sprintf("--listen: want ip:port with the IP peers reach this host's engines at, got %q", *listen))
+		}
 		return runAgentHost(ctx, *listen)
 	}
 	if *agent {
@@ -165,10 +169,7 @@ func runSoak(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wri
 
 // runAgentHost serves remote agents on listen until ctx ends (the process is stopped).
 func runAgentHost(ctx context.Context, listen string) error {
-	host, _, err := net.SplitHostPort(listen)
-	if err != nil || net.ParseIP(host) == nil || net.ParseIP(host).IsUnspecified() {
-		return fmt.Errorf("--listen: want ip:port with the IP peers reach this host's engines at, got %q", listen)
-	}
+	host, _, _ := net.SplitHostPort(listen)
 	exe, err := os.Executable()
 	if err != nil {
 		return err
