@@ -516,7 +516,8 @@ func (n *Node) startClassic(c *call, ps *peerState) {
 		c.finish(fmt.Errorf("%w: %s: %s: a one-request (Mooncake-style) connection cannot authenticate; AuthKey is set and AllowUnauthenticated is false", ErrAuth, ps.addr, requestName(c.typ)), nil)
 		return
 	}
-	n.out = n.encodeCall(n.out[:0], c, reqMeta{hasID: ps.twosided, twosided: ps.twosided}, ps.twosided)
+	twosided := ps.twosided || c.pairRequest()
+	n.out = n.encodeCall(n.out[:0], c, reqMeta{hasID: twosided, twosided: twosided}, twosided)
 	if err := n.checkFrame(c, ps, n.out); err != nil {
 		c.finish(err, nil)
 		return
@@ -532,6 +533,18 @@ func (n *Node) startClassic(c *call, ps *peerState) {
 	n.st.classicSent.Add(1)
 	cc.send(n.out) // a new connection's buffer is empty: MaxConnBuffer > MaxMaxFrame+9 is not needed
 	cc.touch()
+}
+
+// pairRequest reports whether c is a notify of a twosided pair: it carries a session
+// (ts_session), which only a peer's twosided handshake gives. Such a request keeps its
+// ts_* members on a one-request connection too, whatever the Node knows of the peer: a
+// persistent connection cut before its hello's answer (EOF, as a reset path cuts it) says
+// nothing of what the peer is, and a peer state dropped with its last connection forgot
+// it. Stripped, it would reach the twosided receiver as a Mooncake notify, without seq, id
+// or sender: delivered out of order, undeduplicated, and a probe or a fence as an empty
+// notify.
+func (c *call) pairRequest() bool {
+	return c.typ == TypeNotify && c.nreq.Session != 0
 }
 
 // sendCall writes c on a ready persistent connection. A request that cannot go (over the
