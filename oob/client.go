@@ -516,7 +516,7 @@ func (n *Node) startClassic(c *call, ps *peerState) {
 		c.finish(fmt.Errorf("%w: %s: %s: a one-request (Mooncake-style) connection cannot authenticate; AuthKey is set and AllowUnauthenticated is false", ErrAuth, ps.addr, requestName(c.typ)), nil)
 		return
 	}
-	twosided := ps.twosided || c.pairRequest()
+	twosided := ps.twosided || (c.pairRequest() && ps.classicUntil <= n.now())
 	n.out = n.encodeCall(n.out[:0], c, reqMeta{hasID: twosided, twosided: twosided}, twosided)
 	if err := n.checkFrame(c, ps, n.out); err != nil {
 		c.finish(err, nil)
@@ -535,16 +535,24 @@ func (n *Node) startClassic(c *call, ps *peerState) {
 	cc.touch()
 }
 
-// pairRequest reports whether c is a notify of a twosided pair: it carries a session
-// (ts_session), which only a peer's twosided handshake gives. Such a request keeps its
-// ts_* members on a one-request connection too, whatever the Node knows of the peer: a
-// persistent connection cut before its hello's answer (EOF, as a reset path cuts it) says
-// nothing of what the peer is, and a peer state dropped with its last connection forgot
-// it. Stripped, it would reach the twosided receiver as a Mooncake notify, without seq, id
-// or sender: delivered out of order, undeduplicated, and a probe or a fence as an empty
-// notify.
+// pairRequest reports whether c is a twosided pair's request: a notify, probe or fence
+// with a session (ts_session, which only a peer's twosided handshake gives), or a
+// handshake with one. Unless the peer answered the hello as Mooncake does (classicUntil),
+// such a request keeps its ts_* members on a one-request connection: a persistent
+// connection cut before its hello's answer (EOF, as a reset path cuts it) says nothing of
+// what the peer is, and a peer state dropped with its last connection forgot that it was
+// twosided. Stripped, a notify would reach the twosided receiver as a Mooncake notify,
+// without seq, id or sender (delivered out of order, undeduplicated, a probe or a fence
+// as an empty notify), and a handshake would be answered as to a Mooncake engine (the
+// pair served seq-less).
 func (c *call) pairRequest() bool {
-	return c.typ == TypeNotify && c.nreq.Session != 0
+	switch c.typ {
+	case TypeNotify:
+		return c.nreq.Session != 0
+	case TypeConnection:
+		return c.hs.Session != 0
+	}
+	return false
 }
 
 // sendCall writes c on a ready persistent connection. A request that cannot go (over the

@@ -29,7 +29,11 @@ func TestHelloCutKeepsTwosidedMembers(t *testing.T) {
 			body, err := readFrameRaw(c)
 			if err == nil && !strings.Contains(string(body), `"ts_hello"`) {
 				got <- string(body)
-				_, _ = c.Write(appendNotifyReply(nil, reqMeta{twosided: true}, nil))
+				if strings.Contains(string(body), `"local_nic_path"`) {
+					_, _ = c.Write(appendHandshake(nil, &HandshakeDesc{LocalNICPath: "b@d", Session: 8, PeerName: "b"}, reqMeta{twosided: true}))
+				} else {
+					_, _ = c.Write(appendNotifyReply(nil, reqMeta{twosided: true}, nil))
+				}
 			}
 			_ = c.Close()
 		}
@@ -45,4 +49,10 @@ func TestHelloCutKeepsTwosidedMembers(t *testing.T) {
 	require.NoError(t, a.Notify(bg(t), ln.Addr().String(), &NotifyRequest{From: "127.0.0.1:1", Session: 7, Token: 9}))
 	body = <-got
 	require.Contains(t, body, `"ts_session":7`)
+	// A handshake of a twosided engine: stripped, it would be answered as by a Mooncake
+	// engine, and the pair served seq-less.
+	resp, err := a.Handshake(bg(t), ln.Addr().String(), &HandshakeDesc{LocalNICPath: "a@d", PeerNICPath: "b@d", Session: 7, PeerName: "a"})
+	require.NoError(t, err)
+	require.Contains(t, <-got, `"ts_session":7`)
+	require.EqualValues(t, 8, resp.Session)
 }
