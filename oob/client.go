@@ -516,7 +516,8 @@ func (n *Node) startClassic(c *call, ps *peerState) {
 		c.finish(fmt.Errorf("%w: %s: %s: a one-request (Mooncake-style) connection cannot authenticate; AuthKey is set and AllowUnauthenticated is false", ErrAuth, ps.addr, requestName(c.typ)), nil)
 		return
 	}
-	n.out = n.encodeCall(n.out[:0], c, reqMeta{hasID: ps.twosided, twosided: ps.twosided}, ps.twosided)
+	twosided := ps.twosided || (c.pairRequest() && ps.classicUntil <= n.now())
+	n.out = n.encodeCall(n.out[:0], c, reqMeta{hasID: twosided, twosided: twosided}, twosided)
 	if err := n.checkFrame(c, ps, n.out); err != nil {
 		c.finish(err, nil)
 		return
@@ -532,6 +533,26 @@ func (n *Node) startClassic(c *call, ps *peerState) {
 	n.st.classicSent.Add(1)
 	cc.send(n.out) // a new connection's buffer is empty: MaxConnBuffer > MaxMaxFrame+9 is not needed
 	cc.touch()
+}
+
+// pairRequest reports whether c is a twosided pair's request: a notify, probe or fence
+// with a session (ts_session, which only a peer's twosided handshake gives), or a
+// handshake with one. Unless the peer answered the hello as Mooncake does (classicUntil),
+// such a request keeps its ts_* members on a one-request connection: a persistent
+// connection cut before its hello's answer (EOF, as a reset path cuts it) says nothing of
+// what the peer is, and a peer state dropped with its last connection forgot that it was
+// twosided. Stripped, a notify would reach the twosided receiver as a Mooncake notify,
+// without seq, id or sender (delivered out of order, undeduplicated, a probe or a fence
+// as an empty notify), and a handshake would be answered as to a Mooncake engine (the
+// pair served seq-less).
+func (c *call) pairRequest() bool {
+	switch c.typ {
+	case TypeNotify:
+		return c.nreq.Session != 0
+	case TypeConnection:
+		return c.hs.Session != 0
+	}
+	return false
 }
 
 // sendCall writes c on a ready persistent connection. A request that cannot go (over the
