@@ -80,9 +80,8 @@ func runSoak(t *testing.T, cfg Config) (Result, error) {
 }
 
 // ciFaults are the faults of the short soaks in make test: all of them (device faults act
-// on softverbs only, TestSoakVerbs) but cut, which finds open engine defects within seconds
-// (docs/soak.md) and a test of make test must pass.
-var ciFaults = []string{FaultKill, FaultStop, FaultReopen, FaultPause, FaultSlow, FaultDevice, FaultHostile}
+// on softverbs only, TestSoakVerbs).
+var ciFaults = AllFaults
 
 func TestSoakClean(t *testing.T) {
 	r, err := runSoak(t, testConfig(t, 4*time.Second, ciFaults))
