@@ -67,4 +67,3 @@ func runMetadataServer(ctx context.Context, fs *flag.FlagSet, args []string, std
 		scheme, listenPort(ln.Addr().String()), *path)
 	return srv.Serve(ctx, ln)
 }
-
