@@ -173,6 +173,10 @@ type nameEntry struct {
 	// new pair: until all are answered, the name's waiters stay here (not moved to the
 	// new peer), so the new seqs are drawn in send order.
 	stragglers int
+	// rebound: the engine at the name refused the pair the name led to (rebind), and the
+	// name's next handshake has not ended: its sends hold later sends to the peers it may
+	// lead to (unknownWaits), though its handshakes failed before (that engine answered).
+	rebound bool
 }
 
 type peerEntry struct {

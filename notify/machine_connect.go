@@ -281,7 +281,7 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 		closeCh(ErrClosed)
 		return
 	}
-	ne.connecting = false
+	ne.connecting, ne.rebound = false, false
 	m.withdraw(ne)
 	if res.err != nil {
 		closeCh(res.err)

@@ -27,11 +27,14 @@ func (m *peerMachine) waitUnknown(ne *nameEntry) {
 
 // unknownWaits reports whether ne's sends hold back later sends to the peers it may lead
 // to: its engine is not known, and its first handshake (none failed in a row) is on its
-// way or waits for a slot. A name whose handshakes fail holds nothing: a dead engine must
+// way or waits for a slot, or the engine there refused the pair the name led to and the
+// name's next handshake has not ended (rebound: its sends, refused, go again in the pair
+// that handshake finds, and later sends to another name of that engine must not draw
+// their seqs there first). A name whose handshakes fail holds nothing: a dead engine must
 // not stall the live ones for as long as it is retried.
 func (m *peerMachine) unknownWaits(ne *nameEntry) bool {
-	return ne != nil && ne.peer == nil && len(ne.waiters) > 0 && ne.failures == 0 && ne.stragglers == 0 &&
-		(ne.connecting || ne.queued)
+	return ne != nil && ne.peer == nil && len(ne.waiters) > 0 &&
+		(ne.rebound || (ne.failures == 0 && ne.stragglers == 0 && (ne.connecting || ne.queued)))
 }
 
 // heldBehind reports whether the send id, next in line for p, must wait: an older send

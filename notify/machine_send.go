@@ -440,9 +440,11 @@ func (m *peerMachine) rebind(now time.Time, p *peerEntry, r *reqEntry, stale boo
 		p.tokenOut = 0
 		// The name's other sends on their way to p are refused too, in any order.
 		m.markStragglers(ne, nil)
+		ne.rebound = true
 	}
 	i, _ := slices.BinarySearch(ne.waiters, r.id) // in send order (ids grow with each send)
 	ne.waiters = slices.Insert(ne.waiters, i, r.id)
+	m.waitUnknown(ne) // later sends to another name of the engine wait for these
 	if ne.stragglers > 0 {
 		return true // releaseStragglers moves them on once the last straggler is answered
 	}
