@@ -150,7 +150,7 @@ func (m *peerMachine) oobArrive(now time.Time, a oobArrival) (string, error) {
 // the other does not know as its own yet: the reply, on its way, tells whether the name
 // is p's (the token becomes the pair's) or not (refused then). Refused now, the sender
 // would take the pair for forgotten and start it over, and its sends under this name
-// would go after later ones under another (see docs/design.md, Order).
+// would go after later ones under another (docs/design.md, the delivery contract).
 func (m *peerMachine) provenByToken(now time.Time, p *peerEntry, a *oobArrival) (*peerEntry, string, error) {
 	if a.token == 0 {
 		return p, "", nil
