@@ -711,12 +711,18 @@ func (m *peerMachine) dropName(ne *nameEntry) {
 func (m *peerMachine) failPeerWaiters(now time.Time, p *peerEntry, err error) {
 	ws := p.waiters
 	p.waiters = nil
-	for _, id := range ws {
+	for i, id := range ws {
 		r := m.reqs[id]
 		if r == nil {
 			continue
 		}
 		if m.cfg.fallback && (p.tokenOut != 0 || p.key.legacy != "") && r.seq == 0 && !p.seqs.full() {
+			if m.heldBehind(p, id) {
+				// An older send may still come to this pair: this one and the later ones
+				// wait for it (unhold flushes them), so their seqs are drawn after its.
+				p.waiters = append(p.waiters, ws[i:]...)
+				break
+			}
 			m.sendOOB(p, r, true)
 			continue
 		}

@@ -103,3 +103,44 @@ func TestMachineRebindHoldsOtherNames(t *testing.T) {
 		require.Equal(t, 3, checkDelivery(t, c, a, order), "seed %d", seed)
 	}
 }
+
+// TestMachineFallbackWaitsBehindUnknownName: c sends m1 to localhost:b, whose first
+// handshake is on its way, then m2 to 127.0.0.1:b, another name of b, while b opens its own
+// pair to c (channels on, OOB fallback). b refuses c's 127.0.0.1:b handshake for want of
+// proof (it knows c's session from the localhost:b one), so at c m2 waits for the pair,
+// which b's handshake then gives a channel and a token; the channel is cut at once. m2 must
+// not go over OOB before m1 has its seq: before, the fallback (the name backing off after
+// its refusal, failPeerWaiters) sent it without asking whether an older send waited for a
+// name of b's port, and b delivered m2 before m1 (TestMachineSoakMix, seed 683).
+func TestMachineFallbackWaitsBehindUnknownName(t *testing.T) {
+	for seed := uint64(0); seed < 50; seed++ {
+		n := newSimNet(t, seed)
+		b := n.add("b", 20, simCfg(), "127.0.0.1:b", "localhost:b")
+		c := n.add("c", 30, simCfg(), "127.0.0.1:c", "localhost:c")
+		fire := func(i, pending int) {
+			t.Helper()
+			f := n.events[i]
+			n.events = append(n.events[:i], n.events[i+1:]...)
+			f()
+			require.Len(t, n.events, pending, "seed %d", seed)
+		}
+		// Events 0, 1: c's handshakes via localhost:b and 127.0.0.1:b; 2: b's via 127.0.0.1:c.
+		order := []reqID{c.send("localhost:b", "m1", "")}
+		order = append(order, c.send("127.0.0.1:b", "m2", ""))
+		q := b.send("127.0.0.1:c", "q1", "")
+		fire(0, 3) // at b: c's localhost:b handshake (reply: 3)
+		fire(0, 3) // at b: c's 127.0.0.1:b one, refused for want of proof (reply: 3)
+		fire(2, 3) // at c: the refusal; m2 waits for the pair (its channel's close: 3)
+		fire(0, 3) // at c: b's handshake: the pair's channel and token (reply: 3)
+		p := c.m.peers[peerKey{session: 20}]
+		require.NotNil(t, p)
+		require.NotZero(t, p.ch, "seed %d", seed)
+		id := p.ch // cut: the channel ends before anything went on it
+		c.closeLink(id)
+		c.m.chanClosed(n.now, id, errors.New("cut"))
+		c.perform()
+		n.run()
+		require.Equal(t, 2, checkDelivery(t, c, b, order), "seed %d", seed)
+		require.Equal(t, 1, checkDelivery(t, b, c, []reqID{q}), "seed %d", seed)
+	}
+}
