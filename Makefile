@@ -1,7 +1,8 @@
 # twosided build and check targets. `make test` is what CI runs (.ci/run) on a clean clone.
 #
-#   make test        vet, gofmt check, unit tests with -race, the allocation tests without
-#                    it (the race detector allocates, so they skip under -race), short
+#   make test        vet, gofmt check, unit tests with -race (after test-deps: redis-server
+#                    for the directory's Redis tests), the allocation tests without -race
+#                    (the race detector allocates, so they skip under it), short
 #                    fuzzing, then the cgo verbs provider (build tag rdma) on softverbs, the
 #                    userspace libibverbs of ibv/softverbs: vet, its tests and the conformance
 #                    suite, ibv_devinfo and ibv_rc_pingpong, and the engine's tests (notify,
@@ -19,6 +20,10 @@
 # 10000x is ~3-10 s for the slowest targets here (the peer machine and window fuzzers) and
 # well under a second for the decoders.
 #   make bench       benchmarks, BENCHTIME each (default 1s)
+#   make bench-anchors  twosided bench's latency and burst rows (oob, rdma_twosided on the soft
+#                    provider, the TCP floors) with UCX's ucx_perftest over UCX_TLS=tcp beside
+#                    them (--anchors ucx; a line says so when ucx_perftest is not installed);
+#                    BENCH_FLAGS adds flags; build/bench-anchors.json and .svg
 #   make soak        the delivery contract checked end to end under faults for DURATION
 #                    (default 1h) on the soft provider, then on the verbs provider over
 #                    softverbs when it builds (SOAK_FLAGS adds flags, e.g. --seed n or
@@ -35,13 +40,17 @@ BENCHTIME      ?= 1s
 TEST_TIMEOUT   ?= 45m
 DURATION       ?= 1h
 SOAK_FLAGS     ?=
+BENCH_FLAGS    ?=
 VERBS_H        ?= /usr/include/infiniband/verbs.h
 PINGPONG       ?= /usr/bin/ibv_rc_pingpong
+REDIS_SERVER   ?= redis-server
+PERFTEST       ?= /usr/bin/ib_send_lat
+PYVERBS        ?= /usr/lib/python3/dist-packages/pyverbs
 SOFTVERBS_LIBDIR := $(CURDIR)/build/softverbs
 
 include ibv/softverbs/softverbs.mk
 
-.PHONY: test build vet fmt-check unit allocs fuzz fuzz-short bench rdma rdma-deps soak
+.PHONY: test build vet fmt-check unit allocs fuzz fuzz-short bench bench-anchors rdma rdma-deps test-deps soak
 
 test: vet fmt-check unit allocs fuzz-short rdma
 
@@ -57,7 +66,7 @@ fmt-check:
 
 # TEST_TIMEOUT bounds each test binary: tests/ runs ~5 min on a quiet 2-core machine and
 # 2-3 times that beside other load, past go test's default of 10 min.
-unit:
+unit: test-deps
 	$(GO) test -race -timeout $(TEST_TIMEOUT) $(PKGS)
 
 # allocs runs the allocation tests (testing.AllocsPerRun) without the race detector, whose
@@ -99,6 +108,12 @@ fuzz-short:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
 
+bench-anchors:
+	@mkdir -p build
+	$(GO) build -o build/twosided ./cmd/twosided
+	build/twosided bench --scenario latency,burst --transport oob,rdma_twosided,floor-block,floor-spin,floor-stream \
+		--provider soft --anchors ucx --json build/bench-anchors.json --plot build/bench-anchors.svg $(BENCH_FLAGS)
+
 # soak runs `twosided soak` for DURATION on each provider; the verbs run needs libibverbs-dev's
 # headers and cgo (softverbs), else it says it was left out.
 soak:
@@ -115,15 +130,28 @@ soak:
 	LD_LIBRARY_PATH="$(SOFTVERBS_LIBDIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" \
 		build/twosided-rdma soak --duration $(DURATION) --provider verbs --json build/soak-verbs.json $(SOAK_FLAGS)
 
-# rdma-deps installs the libibverbs headers (libibverbs-dev) and rdma-core's example programs
-# (ibverbs-utils: ibv_devinfo, ibv_rc_pingpong) when they are missing and we are root.
+# rdma-deps installs the libibverbs headers (libibverbs-dev), rdma-core's example programs
+# (ibverbs-utils: ibv_devinfo, ibv_rc_pingpong), perftest (ib_send_lat … ib_atomic_lat) and
+# pyverbs with rdma-core's Python tests (python3-pyverbs) when they are missing and we are root.
 rdma-deps:
-	@if [ -f "$(VERBS_H)" ] && [ -x "$(PINGPONG)" ]; then exit 0; fi; \
+	@if [ -f "$(VERBS_H)" ] && [ -x "$(PINGPONG)" ] && [ -x "$(PERFTEST)" ] && [ -d "$(PYVERBS)" ]; then exit 0; fi; \
 	if [ "$$(id -u)" != 0 ]; then exit 0; fi; \
 	if ! command -v apt-get >/dev/null; then exit 0; fi; \
-	echo "rdma: installing libibverbs-dev and ibverbs-utils"; \
+	echo "rdma: installing libibverbs-dev, ibverbs-utils, perftest and python3-pyverbs"; \
 	apt-get update; \
-	DEBIAN_FRONTEND=noninteractive apt-get install -y libibverbs-dev ibverbs-utils
+	DEBIAN_FRONTEND=noninteractive apt-get install -y libibverbs-dev ibverbs-utils perftest python3-pyverbs
+
+# test-deps installs the services the unit tests start themselves: Debian's redis-server (the
+# directory's Redis backend is tested against it) when it is missing and we are root;
+# elsewhere those tests skip, saying so.
+test-deps:
+	@if command -v $(REDIS_SERVER) >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+		echo "test-deps: no $(REDIS_SERVER) and cannot install it (needs root and apt-get): the Redis directory tests skip"; exit 0; \
+	fi; \
+	echo "test-deps: installing redis-server"; \
+	apt-get update; \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server
 
 # rdma vets and tests the cgo verbs provider; without headers (and no root to install them)
 # it says so and skips only this part.

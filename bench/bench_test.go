@@ -33,6 +33,7 @@ func tinyConfig(t *testing.T, transports ...string) Config {
 		JSONPath:   filepath.Join(dir, "out.json"),
 		PlotPath:   filepath.Join(dir, "out.svg"),
 		ChildArgs:  []string{"-test.run=^$"},
+		Repeat:     1,
 	}
 }
 

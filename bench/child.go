@@ -35,7 +35,8 @@ type childSpec struct {
 	BusyPollNS int64    `json:"busy_poll_ns"`
 	Echo       bool     `json:"echo"`         // send every delivery's sequence number back to Parent[0]
 	Parent     []string `json:"parent"`       // the parent's receiving nodes
-	SendCount  int      `json:"send_count"`   // bidi: notifies to send to Parent[0] after start
+	SendCount  int64    `json:"send_count"`   // bidi: notifies to send to Parent[0] after start
+	SendNS     int64    `json:"send_ns"`      // bidi: stop sending this long after start (0: when SendCount are sent)
 	Single     bool     `json:"single"`       // one client per node (nodeOpts.single)
 	Provider   string   `json:"provider"`     // nodeOpts.provider
 	NoKA       bool     `json:"no_keepalive"` // nodeOpts.noKA
@@ -68,22 +69,29 @@ func ChildMain() {
 	if !ok {
 		return
 	}
-	os.Exit(runChild(raw, os.Stdin, os.Stdout))
+	var spec childSpec
+	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
+		_ = json.NewEncoder(os.Stdout).Encode(childReply{Err: fmt.Sprintf("bench child: spec: %v", err)})
+		os.Exit(1)
+	}
+	if err := spec.validate(); err != nil {
+		_ = json.NewEncoder(os.Stdout).Encode(childReply{Err: err.Error()})
+		os.Exit(1)
+	}
+	os.Exit(runChild(context.Background(), spec, "", newCtrlScanner(os.Stdin), os.Stdout))
 }
 
-func runChild(raw string, in io.Reader, out io.Writer) int {
-	ctx, cancel := context.WithTimeout(context.Background(), childLife)
+// runChild serves one receiving side: its nodes listen on host ("": 127.0.0.1), requests
+// come from in, replies go to out. A child process and a bench server's session run it.
+func runChild(parent context.Context, spec childSpec, host string, sc *bufio.Scanner, out io.Writer) int {
+	ctx, cancel := context.WithTimeout(parent, childLife)
 	defer cancel()
 	enc := json.NewEncoder(out)
 	fail := func(err error) int {
 		_ = enc.Encode(childReply{Err: err.Error()})
 		return 1
 	}
-	var spec childSpec
-	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
-		return fail(fmt.Errorf("bench child: spec: %w", err))
-	}
-	o := nodeOpts{busyPoll: spec.BusyPollNS, size: spec.Size, window: spec.Window, single: spec.Single, provider: spec.Provider, noKA: spec.NoKA}
+	o := nodeOpts{busyPoll: spec.BusyPollNS, size: spec.Size, window: spec.Window, single: spec.Single, provider: spec.Provider, noKA: spec.NoKA, host: host}
 	s := newSink()
 	var nodes []node
 	defer func() {
@@ -147,11 +155,10 @@ func runChild(raw string, in io.Reader, out io.Writer) int {
 		pump  *pumpResult
 		done  = make(chan struct{})
 	)
-	sc := bufio.NewScanner(in)
 	for sc.Scan() {
-		var req childRequest
-		if err := json.Unmarshal(sc.Bytes(), &req); err != nil {
-			return fail(fmt.Errorf("bench child: request: %w", err))
+		req, err := decodeRequest(sc.Bytes())
+		if err != nil {
+			return fail(err)
 		}
 		switch req.Cmd {
 		case "start":
@@ -180,7 +187,11 @@ func runChild(raw string, in io.Reader, out io.Writer) int {
 				go func() {
 					defer bg.Done()
 					defer close(done)
-					pump = runPump(ctx, workers, 1, int64(spec.SendCount), spec.Size, 0)
+					deadline := int64(0)
+					if spec.SendNS > 0 {
+						deadline = nanotime() + spec.SendNS // this process's clock only
+					}
+					pump = runPump(ctx, workers, 1, spec.SendCount, spec.Size, deadline)
 				}()
 			} else {
 				close(done)
@@ -241,9 +252,12 @@ func echoLoop(ctx context.Context, c client, s *sink, size int) {
 	}
 }
 
-// child is the parent's handle on a running child process.
+// child is the parent's handle on a running child process, or on a session of a bench
+// server (remote: its address; cmd nil; stdin the control connection).
 type child struct {
 	cmd    *exec.Cmd
+	remote string
+	conn   io.Closer // the control connection of a remote session
 	stdin  io.WriteCloser
 	lines  chan []byte
 	stderr *syncBuffer
@@ -294,7 +308,7 @@ func startChild(ctx context.Context, exe string, args []string, spec childSpec) 
 		return nil, nil, fmt.Errorf("%w: start %s: %w", errChild, exe, err)
 	}
 	go func() {
-		sc := bufio.NewScanner(stdout)
+		sc := newCtrlScanner(stdout)
 		for sc.Scan() {
 			c.lines <- bytes.Clone(sc.Bytes())
 		}
@@ -314,24 +328,39 @@ func (c *child) read(ctx context.Context, rep *childReply) error {
 	select {
 	case line, ok := <-c.lines:
 		if !ok {
+			if c.remote != "" {
+				return fmt.Errorf("%w: --client %s: the server closed the control connection", ErrServerLost, c.remote)
+			}
 			return fmt.Errorf("%w: exited: %s", errChild, c.stderr.String())
 		}
-		if err := json.Unmarshal(line, rep); err != nil {
-			return fmt.Errorf("%w: reply %q: %w", errChild, line, err)
+		r, err := decodeReply(line)
+		if err != nil {
+			return c.wrap(err)
 		}
+		*rep = r
 		if rep.Err != "" {
+			if c.remote != "" {
+				return fmt.Errorf("%w: --client %s: %s", ErrServerRun, c.remote, rep.Err)
+			}
 			return fmt.Errorf("%w: %s", errChild, rep.Err)
 		}
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("%w: no reply: %w", errChild, ctx.Err())
+		return c.wrap(fmt.Errorf("no reply: %w", ctx.Err()))
 	}
+}
+
+func (c *child) wrap(err error) error {
+	if c.remote != "" {
+		return fmt.Errorf("%w: --client %s: %w", ErrServerLost, c.remote, err)
+	}
+	return fmt.Errorf("%w: %w", errChild, err)
 }
 
 func (c *child) request(ctx context.Context, req childRequest, rep *childReply) error {
 	b, _ := json.Marshal(req)
 	if _, err := c.stdin.Write(append(b, '\n')); err != nil {
-		return fmt.Errorf("%w: %s: %w", errChild, req.Cmd, err)
+		return c.wrap(fmt.Errorf("%s: %w", req.Cmd, err))
 	}
 	return c.read(ctx, rep)
 }
@@ -341,6 +370,9 @@ func (c *child) finish(ctx context.Context) {
 	_ = c.stdin.Close()
 	select {
 	case <-c.done:
+		if c.conn != nil {
+			_ = c.conn.Close()
+		}
 	case <-ctx.Done():
 		c.kill()
 	}
@@ -348,7 +380,12 @@ func (c *child) finish(ctx context.Context) {
 
 func (c *child) kill() {
 	_ = c.stdin.Close()
-	_ = c.cmd.Process.Kill()
+	if c.cmd != nil {
+		_ = c.cmd.Process.Kill()
+	}
+	if c.conn != nil {
+		_ = c.conn.Close()
+	}
 	for range c.lines {
 	}
 	<-c.done

@@ -16,7 +16,9 @@ import (
 
 	"github.com/twosided/twosided/notify"
 	"github.com/twosided/twosided/notify/directory"
-	_ "github.com/twosided/twosided/notify/directory/etcd" // etcd connection strings (--metadata)
+	_ "github.com/twosided/twosided/notify/directory/etcd"  // etcd connection strings (--metadata)
+	_ "github.com/twosided/twosided/notify/directory/http"  // http:// metadata servers
+	_ "github.com/twosided/twosided/notify/directory/redis" // redis://
 )
 
 // The directory scenario: Senders engines, each in its own process and registered in the
@@ -34,7 +36,7 @@ const dirChildEnv = "TWOSIDED_BENCH_DIRECTORY_CHILD"
 
 // DirectoryConfig is one run of the directory scenario. Zero fields take defaults.
 type DirectoryConfig struct {
-	Metadata   string // etcd://host:port; required
+	Metadata   string // etcd://host:port, redis://host:port or http://host:port/path; required
 	ClusterID  string // default "twosided-bench"
 	Transport  string // default rdma_twosided
 	Senders    int    // default 16
@@ -57,6 +59,7 @@ type DirectoryMode struct {
 
 // DirectoryReport is the directory scenario's figures.
 type DirectoryReport struct {
+	Backend           string          `json:"backend"` // etcd, redis or http
 	Senders           int             `json:"senders"`
 	Transport         string          `json:"transport"`
 	Modes             []DirectoryMode `json:"modes"`
@@ -73,10 +76,10 @@ type dirChildSpec struct {
 
 func (c *DirectoryConfig) normalize() error {
 	if c.Metadata == "" {
-		return fmt.Errorf("%w: metadata: required (etcd://host:port)", ErrConfig)
+		return fmt.Errorf("%w: metadata: required (etcd://host:port, redis://host:port or http://host:port/path)", ErrConfig)
 	}
-	if conn, err := directory.ParseConn(c.Metadata); err != nil || conn.Backend != directory.BackendEtcd {
-		return fmt.Errorf("%w: metadata: %q: want etcd://host:port", ErrConfig, c.Metadata)
+	if conn, err := directory.ParseConn(c.Metadata); err != nil || conn.Backend == directory.BackendP2P {
+		return fmt.Errorf("%w: metadata: %q: want etcd://host:port, redis://host:port or http://host:port/path", ErrConfig, c.Metadata)
 	}
 	def := func(v *int, d, lo, hi int, field string) error {
 		if *v == 0 {
@@ -199,7 +202,8 @@ func RunDirectory(ctx context.Context, cfg DirectoryConfig, out io.Writer) (*Dir
 			return nil, err
 		}
 	}
-	rep := &DirectoryReport{Senders: cfg.Senders, Transport: cfg.Transport}
+	conn, _ := directory.ParseConn(cfg.Metadata) // normalize checked it
+	rep := &DirectoryReport{Backend: conn.Backend, Senders: cfg.Senders, Transport: cfg.Transport}
 	// Warm-up by address: channels exist before the measured passes.
 	if _, err := dirPass(ctx, senders, sink.Addr(), 32, &delivered); err != nil {
 		return nil, err
@@ -260,8 +264,8 @@ func dirPass(ctx context.Context, senders []*dirSender, peer string, count int, 
 		CallUS: callNS / float64(len(senders)) / 1e3, FirstUS: firstNS / float64(len(senders)) / 1e3}, nil
 }
 
-// resolveCosts times resolves in this process: uncached (a fresh directory per name, so
-// every resolve reads etcd, after one warm-up read that starts its watch), cached (one name,
+// resolveCosts times resolves in this process: uncached (the first resolve of each sender's
+// name reads the service, after one warm-up read that starts etcd's watch), cached (one name,
 // again and again), and a host:port through an engine without a directory.
 func resolveCosts(ctx context.Context, cfg *DirectoryConfig, senders []*dirSender, rep *DirectoryReport) error {
 	open := func() (directory.Directory, error) {
@@ -308,13 +312,13 @@ func resolveCosts(ctx context.Context, cfg *DirectoryConfig, senders []*dirSende
 }
 
 func printDirectory(out io.Writer, rep *DirectoryReport) {
-	fmt.Fprintf(out, "directory fan-in: %d sender processes registered in etcd -> 1 receiver, transport %s\n", rep.Senders, rep.Transport)
+	fmt.Fprintf(out, "directory fan-in: %d sender processes registered in %s -> 1 receiver, transport %s\n", rep.Senders, rep.Backend, rep.Transport)
 	fmt.Fprintf(out, "%-10s %10s %10s %12s %12s %14s\n", "peer", "notifies", "seconds", "notifies/s", "call µs", "first call µs")
 	for _, m := range rep.Modes {
 		fmt.Fprintf(out, "%-10s %10d %10.3f %12.0f %12.1f %14.1f\n", m.Peer, m.Notifies, m.Seconds, m.Rate, m.CallUS, m.FirstUS)
 	}
-	fmt.Fprintf(out, "resolve: cached %.0f ns, uncached (one etcd read) %.0f ns, host:port without a directory %.0f ns\n",
-		rep.ResolveCachedNS, rep.ResolveUncachedNS, rep.ResolveAddressNS)
+	fmt.Fprintf(out, "resolve: cached %.0f ns, uncached (one %s read) %.0f ns, host:port without a directory %.0f ns\n",
+		rep.ResolveCachedNS, rep.Backend, rep.ResolveUncachedNS, rep.ResolveAddressNS)
 }
 
 func closeQuietly(e *notify.Engine) {

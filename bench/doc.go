@@ -7,8 +7,11 @@
 // (floor-block: blocking reads, one kernel wake-up per message; floor-spin: non-blocking
 // reads in a spin loop), HDR histograms of the latencies, CPU and wake-up accounting, the
 // table, JSON and SVG outputs, and the harness that puts the receiving side in a second
-// process (the binary re-executes itself; control travels over the child's stdin and
-// stdout).
+// process: a child (the binary re-executes itself; control travels over the child's stdin
+// and stdout) or a bench server on another host (Server, NewServer: the same control
+// protocol on a TCP connection of its own, after a versioned hello; proto.go). Pipelined
+// runs are repeated, timed to a steady state without a count, and reported with their
+// spread; UCX's ucx_perftest can run beside them as an anchor (anchors.go).
 //
 // Status: an internal layer of twosided, kept importable for the benchmark and the tools
 // (cmd/twosided, bench, tests). Its API may change without notice; applications use
@@ -21,8 +24,10 @@
 // Latency. In one process, one-way latency is measured on one monotonic clock, from the
 // start of SendNotify to the receiver's delivery (the handler, on the receiver's reactor
 // thread). In two processes the clocks of the Go runtimes differ, so the receiver echoes
-// every notify back and one-way is half the round trip; the table says so. Call latency is
-// the duration of the SendNotify call.
+// every notify back and one-way is half the round trip; the table says so. Across hosts
+// only round trips are timed: the two hosts' clocks are never compared, and the per-hop
+// breakdown (CLOCK_MONOTONIC stamps of both processes) runs only on one host. Call latency
+// is the duration of the SendNotify call.
 //
 // The hot paths (a send, a delivery, a histogram record) allocate nothing per notify:
 // messages, names and timestamps are allocated before the measured phase.

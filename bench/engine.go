@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"net"
 
 	"github.com/twosided/twosided/notify"
 )
@@ -15,6 +16,14 @@ type nodeOpts struct {
 	single   bool   // the run has one client per node (latency, idle, connect)
 	provider string // ibv provider of rdma_twosided and the verbs floors; "": as notify picks
 	noKA     bool   // keepalive off (WithKeepalive(0)); default: the engine's
+	host     string // the IPv4 address its listeners bind; "": 127.0.0.1
+}
+
+func (o nodeOpts) listenHost() string {
+	if o.host == "" {
+		return "127.0.0.1"
+	}
+	return o.host
 }
 
 // engineNode is a notify engine: transports rdma_twosided, oob and oob-classic (an oob
@@ -32,7 +41,7 @@ func newEngineNode(transport string, o nodeOpts, s *sink) (*engineNode, error) {
 		t = notify.TransportRDMATwoSided
 	}
 	opts := []notify.Option{
-		notify.WithListenAddr("127.0.0.1:0"),
+		notify.WithListenAddr(net.JoinHostPort(o.listenHost(), "0")),
 		notify.WithTransport(t),
 		notify.WithOOBFallback(false), // measure the transport asked for, never the fallback
 		notify.WithHandler(func(n notify.Notify) { s.deliver(n.Msg) }),

@@ -41,8 +41,8 @@ type floorNode struct {
 // newFloorNode starts a floor receiver. spinClients: its clients spin on the ack too (runs
 // with one client, where both sides of the reference spin); with a window of clients they
 // block, so that spinning stays one thread per node, as the reactor's busy poll does.
-func newFloorNode(spin, spinClients, stream bool, s *sink) (*floorNode, error) {
-	lfd, addr, err := tcpListen()
+func newFloorNode(spin, spinClients, stream bool, host string, s *sink) (*floorNode, error) {
+	lfd, addr, err := tcpListen(host)
 	if err != nil {
 		return nil, err
 	}

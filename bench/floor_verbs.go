@@ -375,7 +375,7 @@ func newVerbsNode(spin bool, o nodeOpts, s *sink) (*verbsNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	lfd, addr, err := tcpListen()
+	lfd, addr, err := tcpListen(o.host)
 	if err != nil {
 		dev.close()
 		return nil, err

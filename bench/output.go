@@ -15,13 +15,16 @@ import (
 func writeTable(w io.Writer, rep *Report) {
 	s := rep.Settings
 	procs := "2 processes (the receivers run in a child process)"
+	other := "the child"
 	if s.Procs == 1 {
 		procs = "1 process"
 	}
-	short := s.Commit
-	if len(short) > 12 {
-		short = short[:12]
+	if sv := s.Server; sv != nil {
+		procs = fmt.Sprintf("2 hosts: client %s, server %s (%s/%s, %d CPUs, provider %s, commit %s)",
+			s.Client, sv.Addr, sv.GOOS, sv.GOARCH, sv.NumCPU, sv.Provider, shortCommit(sv.Commit))
+		other = "the server"
 	}
+	short := shortCommit(s.Commit)
 	fmt.Fprintf(w, "twosided bench: %s, provider %s, %s, %d CPUs, commit %s, %.1f s\n",
 		procs, s.Provider, s.GoVersion, s.NumCPU, short, rep.ElapsedS)
 	if s.BusyPollUS > 0 {
@@ -31,7 +34,17 @@ func writeTable(w io.Writer, rep *Report) {
 		fmt.Fprintf(w, "keepalive off; ")
 	}
 	fmt.Fprintf(w, "×floor: the key figure against %s (latency: p50 ratio; throughput: floor ops/s over ops/s; burst: against %s when it ran; rdma_twosided: against %s when it ran)\n", s.Floor, FloorStream, FloorVerbs)
-	fmt.Fprintf(w, "cpu µs/n: CPU time per notify, this process + the child; wake/n: reactor epoll wake-ups per notify\n")
+	fmt.Fprintf(w, "cpu µs/n: CPU time per notify, this process + %s; wake/n: reactor epoll wake-ups per notify\n", other)
+	if s.Server != nil {
+		fmt.Fprintf(w, "across hosts only round trips are timed: one-way is half a round trip, and the two hosts' clocks are never compared\n")
+	}
+	if s.Repeat > 1 {
+		fmt.Fprintf(w, "pipelined rows: the median of %d runs; spread: ± half their ops/s range, of the median", s.Repeat)
+		if s.Count == 0 {
+			fmt.Fprintf(w, "; each run sends for %.1f s", s.BurstTimeS)
+		}
+		fmt.Fprintln(w)
+	}
 	for _, sc := range Scenarios {
 		var rows []*Result
 		for _, r := range rep.Results {
@@ -64,13 +77,13 @@ func writeTable(w io.Writer, rep *Report) {
 				if c == nil {
 					c = &Summary{}
 				}
-				fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%s\t%s\t%s\t%d\t\n", r.Transport,
-					ow.P50, ow.P90, ow.P99, ow.P999, ow.Max, c.P50, c.P99, cpuCell(r), wakeCell(r), ratioCell(r), r.Errors)
+				fmt.Fprintf(tw, "%s\t%.1f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", r.Transport,
+					ow.P50, usCell(r, ow.P90), usCell(r, ow.P99), usCell(r, ow.P999), usCell(r, ow.Max), usCell(r, c.P50), usCell(r, c.P99), cpuCell(r), wakeCell(r), ratioCell(r), r.Errors)
 			}
 		case ScenarioIdle:
 			r0 := rows[0]
 			fmt.Fprintf(w, "idle: %d peers connected, no traffic, %.1f s\n", r0.Peers, r0.ElapsedS)
-			fmt.Fprintln(tw, "transport\twake-ups/s\tcpu % self\tcpu % child\terrors\t")
+			fmt.Fprintf(tw, "transport\twake-ups/s\tcpu %% self\tcpu %% %s\terrors\t\n", strings.TrimPrefix(other, "the "))
 			for _, r := range rows {
 				self, child := 0.0, 0.0
 				if r.ElapsedS > 0 {
@@ -98,14 +111,14 @@ func writeTable(w io.Writer, rep *Report) {
 				ScenarioFanout: fmt.Sprintf("fanout: one sender, %d receivers", r0.Peers),
 			}[sc]
 			fmt.Fprintf(w, "%s; %d in flight per sender; call µs\n", what, r0.Window)
-			fmt.Fprintln(tw, "transport\tsize\tnotifies\tops/s\tMB/s\tcall p50\tcall p99\tcall p99.9\tcpu µs/n\twake/n\t×floor\terrors\t")
+			fmt.Fprintln(tw, "transport\tsize\tnotifies\tops/s\tspread\tMB/s\tcall p50\tcall p99\tcall p99.9\tcpu µs/n\twake/n\t×floor\terrors\t")
 			for _, r := range rows {
 				c := r.Call
 				if c == nil {
 					c = &Summary{}
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%.2f\t%.1f\t%.1f\t%.1f\t%s\t%s\t%s\t%d\t\n", r.Transport, sizeCell(r.Size),
-					r.Notifies, r.OpsPerSec, r.MBPerSec, c.P50, c.P99, c.P999, cpuCell(r), wakeCell(r), ratioCell(r), r.Errors)
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", r.Transport, sizeCell(r.Size),
+					r.Notifies, r.OpsPerSec, spreadCell(r), r.MBPerSec, usCell(r, c.P50), usCell(r, c.P99), usCell(r, c.P999), cpuCell(r), wakeCell(r), ratioCell(r), r.Errors)
 			}
 		}
 		_ = tw.Flush()
@@ -116,9 +129,57 @@ func writeTable(w io.Writer, rep *Report) {
 		}
 		writeBreakdowns(w, rows)
 	}
+	writeAnchors(w, rep.Anchors, s.Server != nil)
 	for _, f := range rep.Failures {
 		fmt.Fprintf(w, "\nFAILED %s %s (%s): %s\n", f.Scenario, f.Transport, sizeCell(f.Size), f.Error)
 	}
+}
+
+// writeAnchors says how the anchors' rows were made, or why there are none.
+func writeAnchors(w io.Writer, as []*Anchor, remote bool) {
+	if len(as) == 0 {
+		return
+	}
+	where := "on this host's loopback"
+	if remote {
+		where = "between this host and the server (its ucx_perftest server started by the bench server)"
+	}
+	fmt.Fprintf(w, "\nanchors (%s rows): UCX's ucx_perftest over UCX's tcp transport %s, both sides busy polling; ucp_am_lat's p50 and mean are half the round trip\n", TransportUCX, where)
+	seen := map[string]bool{}
+	for _, a := range as {
+		switch {
+		case a.Skipped != "":
+			fmt.Fprintf(w, "  skipped: %s\n", a.Skipped)
+		case a.Error != "":
+			fmt.Fprintf(w, "  FAILED %s %s: %s\n", a.Test, sizeCell(a.Size), a.Error)
+		case !seen[a.Command]:
+			seen[a.Command] = true
+			fmt.Fprintf(w, "  %s\n", a.Command)
+		}
+	}
+}
+
+func shortCommit(c string) string {
+	if len(c) > 12 {
+		return c[:12]
+	}
+	return c
+}
+
+// spreadCell is a pipelined row's spread over its repeats.
+func spreadCell(r *Result) string {
+	if len(r.OpsRepeats) < 2 {
+		return "-"
+	}
+	return fmt.Sprintf("±%.0f%%", 50*r.Spread())
+}
+
+// usCell is a figure the row has: an anchor's table reports fewer.
+func usCell(r *Result, v float64) string {
+	if r.Transport == TransportUCX && v == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", v)
 }
 
 func sizeCell(n int) string {
@@ -132,7 +193,7 @@ func sizeCell(n int) string {
 }
 
 func cpuCell(r *Result) string {
-	if r.Notifies == 0 {
+	if r.Notifies == 0 || r.Transport == TransportUCX {
 		return "-"
 	}
 	if r.Procs == 1 {
@@ -142,7 +203,7 @@ func cpuCell(r *Result) string {
 }
 
 func wakeCell(r *Result) string {
-	if isFloor(r.Transport) || r.Notifies == 0 {
+	if isFloor(r.Transport) || r.Transport == TransportUCX || r.Notifies == 0 {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f", r.WakeupsPerNotify)

@@ -53,7 +53,7 @@ func writePlot(path string, rep *Report) error {
 	tp.X.Scale, tp.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{}
 	tp.Legend.Top, tp.Legend.Left = true, true
 	args = args[:0]
-	for _, t := range Transports {
+	for _, t := range append(slices.Clone(AllTransports), TransportUCX) {
 		var pts plotter.XYs
 		for _, r := range rep.Results {
 			if r.Scenario == ScenarioBurst && r.Transport == t && r.OpsPerSec > 0 {

@@ -22,8 +22,13 @@ type Result struct {
 	Connect      *Summary `json:"connect,omitempty"` // first send to a cold peer
 
 	ElapsedS  float64 `json:"elapsed_s"`
-	OpsPerSec float64 `json:"ops_per_s"`
-	MBPerSec  float64 `json:"mb_per_s"`
+	OpsPerSec float64 `json:"ops_per_s"` // with repeats: the median run's
+	// OpsRepeats is every repeat's ops/s, in run order (pipelined scenarios, Config.Repeat);
+	// OpsMin and OpsMax bound them.
+	OpsRepeats []float64 `json:"ops_per_s_repeats,omitempty"`
+	OpsMin     float64   `json:"ops_per_s_min,omitempty"`
+	OpsMax     float64   `json:"ops_per_s_max,omitempty"`
+	MBPerSec   float64   `json:"mb_per_s"`
 
 	CPUSelfUS           float64 `json:"cpu_self_us"`  // this process, measured phase
 	CPUChildUS          float64 `json:"cpu_child_us"` // the receiving process (two processes)
@@ -68,4 +73,12 @@ func (r *Result) fill(elapsedNS int64, bytes int64, cpuSelfNS, cpuChildNS int64,
 		r.CPUPerNotifyUS = (r.CPUSelfUS + r.CPUChildUS) / n
 		r.WakeupsPerNotify = float64(wakeups) / n
 	}
+}
+
+// Spread is (max − min) / median of the repeats' ops/s; 0 without repeats.
+func (r *Result) Spread() float64 {
+	if len(r.OpsRepeats) < 2 || r.OpsPerSec <= 0 {
+		return 0
+	}
+	return (r.OpsMax - r.OpsMin) / r.OpsPerSec
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"runtime"
@@ -39,6 +41,20 @@ type Config struct {
 	KeepaliveOff bool
 	RunTimeout   time.Duration // bound on one run; default 2 min
 
+	// Repeat runs each pipelined run (burst, bidi, fanin, fanout) this many times; the
+	// table shows the median's figures and the spread of ops/s. Default 3.
+	Repeat int
+	// BurstTime is how long a pipelined run sends when Count is 0 (default 1 s): its
+	// figures are then a steady state, not a warm-up's. With Count set, a run sends Count.
+	BurstTime time.Duration
+
+	// Server runs the receiving side on a bench server (host:port, `twosided bench
+	// --server`) instead of a child process; only round trips cross between the hosts.
+	Server string
+	// Anchors lists outside references run beside ours: "ucx" (ucx_perftest over UCX's
+	// tcp transport, on loopback, or between the hosts with Server).
+	Anchors []string
+
 	JSONPath string    // write every figure and the settings here
 	PlotPath string    // write an SVG of latency CDFs and throughput vs size here
 	Progress io.Writer // a progress line for runs longer than 2 s; nil: none
@@ -48,12 +64,16 @@ type Config struct {
 	// role by the environment and must call ChildMain first.
 	Executable string
 	ChildArgs  []string
+
+	host string // with Server: this host's address on the route to it
 }
 
 // DefaultSizes is the burst sweep of the default suite.
 var DefaultSizes = []int{16, 256, 4096, 65536}
 
 const (
+	timedCeiling    = 1 << 40
+	classicCeiling  = 5000
 	defaultCount    = 2000
 	defaultSize     = 64
 	burstBytesLimit = 16 << 20
@@ -132,6 +152,31 @@ func (c *Config) normalize() error {
 	if c.RunTimeout <= 0 {
 		c.RunTimeout = 2 * time.Minute
 	}
+	switch {
+	case c.Repeat == 0:
+		c.Repeat = 3
+	case c.Repeat < 0 || c.Repeat > 100:
+		bad("repeat", "%d out of range 1..100", c.Repeat)
+	}
+	switch {
+	case c.BurstTime == 0:
+		c.BurstTime = time.Second
+	case c.BurstTime < 0 || c.BurstTime > 10*time.Minute:
+		bad("burst-time", "%v out of range 0..10m", c.BurstTime)
+	}
+	if c.Server != "" {
+		if _, _, err := net.SplitHostPort(c.Server); err != nil {
+			bad("client", "%q: want host:port of a `twosided bench --server`: %v", c.Server, err)
+		}
+		if c.Procs == 1 {
+			bad("procs", "1: a run against a bench server (--client) has two processes, one per host")
+		}
+	}
+	for _, a := range c.Anchors {
+		if a != AnchorUCX {
+			bad("anchors", "%q: want %s", a, AnchorUCX)
+		}
+	}
 	if len(c.ChildArgs) == 0 {
 		c.ChildArgs = []string{"bench"}
 	}
@@ -162,7 +207,7 @@ func (c *Config) specs() []runSpec {
 			}
 			s := runSpec{Scenario: sc, Transport: t, Procs: c.Procs, Size: size, Count: c.Count,
 				Warmup: c.Warmup, Window: c.Window, Duration: c.Duration, BusyPoll: c.BusyPoll, Peers: c.Peers, Provider: c.Provider,
-				KeepaliveOff: c.KeepaliveOff}
+				KeepaliveOff: c.KeepaliveOff, Server: c.Server, Host: c.host}
 			if s.Count == 0 {
 				s.Count = defaultCount
 			}
@@ -184,6 +229,14 @@ func (c *Config) specs() []runSpec {
 					s.Peers = 1
 				}
 			}
+			if isPipelined(sc) && c.Count == 0 {
+				// Steady state: send for BurstTime; the count is only a ceiling (one TCP
+				// connection per notify for oob-classic: bounded by the ephemeral ports).
+				s.Timed, s.Duration, s.Count = true, c.BurstTime, timedCeiling
+				if t == TransportOOBClassic {
+					s.Count = classicCeiling
+				}
+			}
 			switch sc {
 			case ScenarioLatency, ScenarioBidi:
 				s.Peers = 1
@@ -196,7 +249,7 @@ func (c *Config) specs() []runSpec {
 				for _, sz := range sizes {
 					b := s
 					b.Size = sz
-					if c.Count == 0 {
+					if c.Count == 0 && !s.Timed {
 						b.Count = min(s.Count, max(64, burstBytesLimit/max(sz, minSize)))
 					}
 					out = append(out, b)
@@ -232,7 +285,12 @@ type Settings struct {
 	DurationS  float64  `json:"duration_s"`
 	BusyPollUS float64  `json:"busy_poll_us"`
 	Keepalive  bool     `json:"keepalive"`
-	Floor      string   `json:"floor"` // the floor ratios are taken against
+	Floor      string   `json:"floor"`  // the floor ratios are taken against
+	Repeat     int      `json:"repeat"` // runs of each pipelined figure
+	BurstTimeS float64  `json:"burst_time_s"`
+	// Server: the bench server of a two-host run (--client), as it described itself.
+	Server *ServerInfo `json:"server,omitempty"`
+	Client string      `json:"client,omitempty"` // this host's address on the route to it
 }
 
 // Report is the outcome of Run: the settings, every run's figures and the runs that failed.
@@ -240,6 +298,8 @@ type Report struct {
 	Settings Settings  `json:"settings"`
 	Results  []*Result `json:"results"`
 	Failures []Failure `json:"failures,omitempty"`
+	// Anchors: outside references run beside ours (--anchors ucx).
+	Anchors  []*Anchor `json:"anchors,omitempty"`
 	ElapsedS float64   `json:"elapsed_s"`
 }
 
@@ -258,7 +318,18 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, err
 	}
+	var info *ServerInfo
+	if cfg.Server != "" {
+		// Reachable, a bench server, the same protocol version: said before any run.
+		i, host, err := probeServer(ctx, cfg.Server)
+		if err != nil {
+			return nil, err
+		}
+		info, cfg.host = i, host
+		softAddrFor(netip.MustParseAddr(host)) // soft devices reachable from the server
+	}
 	rep := &Report{Settings: settingsOf(&cfg)}
+	rep.Settings.Server = info
 	specs := cfg.specs()
 	prog := newProgress(cfg.Progress, len(specs))
 	defer prog.stop()
@@ -268,17 +339,30 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 			return rep, ctx.Err()
 		}
 		prog.set(i, s)
-		rctx, cancel := context.WithTimeout(ctx, cfg.RunTimeout)
-		res, err := runOne(rctx, s, cfg.Executable, cfg.ChildArgs)
-		cancel()
-		if err != nil && res == nil {
-			rep.Failures = append(rep.Failures, Failure{Scenario: s.Scenario, Transport: s.Transport, Size: s.Size, Error: err.Error()})
-			continue
+		repeat := 1
+		if isPipelined(s.Scenario) {
+			repeat = cfg.Repeat
 		}
-		setErr(res, err)
-		rep.Results = append(rep.Results, res)
+		var reps []*Result
+		for range repeat {
+			rctx, cancel := context.WithTimeout(ctx, cfg.RunTimeout)
+			res, err := runOne(rctx, s, cfg.Executable, cfg.ChildArgs)
+			cancel()
+			if err != nil && res == nil {
+				rep.Failures = append(rep.Failures, Failure{Scenario: s.Scenario, Transport: s.Transport, Size: s.Size, Error: err.Error()})
+				break
+			}
+			setErr(res, err)
+			reps = append(reps, res)
+		}
+		if len(reps) > 0 {
+			rep.Results = append(rep.Results, mergeRepeats(reps))
+		}
 	}
 	prog.stop()
+	if slices.Contains(cfg.Anchors, AnchorUCX) {
+		rep.Anchors = runUCXAnchors(ctx, &cfg, rep)
+	}
 	rep.ElapsedS = float64(nanotime()-start) / 1e9
 	compareFloors(rep.Results, rep.Settings.Floor)
 	writeTable(out, rep)
@@ -301,7 +385,8 @@ func settingsOf(c *Config) Settings {
 		NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Provider: deviceInUse(c.Provider), Commit: commit(),
 		Started: time.Now().UTC().Format(time.RFC3339), Procs: c.Procs, Scenarios: c.Scenarios,
 		Transports: c.Transports, Count: c.Count, Sizes: c.Sizes, Peers: c.Peers, Window: c.Window,
-		Warmup: c.Warmup, DurationS: c.Duration.Seconds(), BusyPollUS: float64(c.BusyPoll) / 1e3, Keepalive: !c.KeepaliveOff, Floor: FloorBlock}
+		Warmup: c.Warmup, DurationS: c.Duration.Seconds(), BusyPollUS: float64(c.BusyPoll) / 1e3, Keepalive: !c.KeepaliveOff, Floor: FloorBlock,
+		Repeat: c.Repeat, BurstTimeS: c.BurstTime.Seconds(), Client: c.host}
 	if c.BusyPoll > 0 {
 		s.Floor = FloorSpin
 	}
@@ -410,4 +495,40 @@ func hasFloor(rs []*Result, floor string, r *Result) bool {
 		}
 	}
 	return false
+}
+
+func isPipelined(sc string) bool {
+	return sc == ScenarioBurst || sc == ScenarioBidi || sc == ScenarioFanin || sc == ScenarioFanout
+}
+
+// mergeRepeats returns the run of median ops/s, with every run's ops/s, their spread, and
+// the errors of them all.
+func mergeRepeats(reps []*Result) *Result {
+	if len(reps) == 1 {
+		return reps[0]
+	}
+	sorted := slices.Clone(reps)
+	slices.SortStableFunc(sorted, func(a, b *Result) int {
+		switch {
+		case a.OpsPerSec < b.OpsPerSec:
+			return -1
+		case a.OpsPerSec > b.OpsPerSec:
+			return 1
+		}
+		return 0
+	})
+	m := sorted[len(sorted)/2]
+	m.OpsRepeats = nil
+	var errs int64
+	first := ""
+	for _, r := range reps {
+		m.OpsRepeats = append(m.OpsRepeats, r.OpsPerSec)
+		errs += r.Errors
+		if first == "" {
+			first = r.FirstError
+		}
+	}
+	m.Errors, m.FirstError = errs, first
+	m.OpsMin, m.OpsMax = sorted[0].OpsPerSec, sorted[len(sorted)-1].OpsPerSec
+	return m
 }

@@ -32,6 +32,11 @@ type runSpec struct {
 	BusyPoll            time.Duration
 	Provider            string // ibv provider of rdma_twosided and the verbs floors; "": as notify picks
 	KeepaliveOff        bool   // engines without keepalive
+	// Server is a bench server's address: the receiving side runs there (Procs 2), and the
+	// local nodes listen on Host, this host's address on the route to it.
+	Server, Host string
+	// Timed: a pipelined run that sends until Duration ends (Count is only a ceiling).
+	Timed bool
 }
 
 // run is the state of one run: its nodes (local, and in the child), sinks and meters.
@@ -52,12 +57,13 @@ type run struct {
 	wake0     uint64
 	t0        int64
 	childWarm int64
+	childSent int64 // bidi: what the receiving side sent back
 }
 
 func newRun(ctx context.Context, spec runSpec, exe string, args []string) *run {
 	return &run{
 		ctx: ctx, spec: spec, exe: exe, args: args,
-		opts: nodeOpts{busyPoll: int64(spec.BusyPoll), size: spec.Size, window: spec.Window, provider: spec.Provider, noKA: spec.KeepaliveOff,
+		opts: nodeOpts{busyPoll: int64(spec.BusyPoll), size: spec.Size, window: spec.Window, provider: spec.Provider, noKA: spec.KeepaliveOff, host: spec.Host,
 			single: spec.Scenario == ScenarioLatency || spec.Scenario == ScenarioIdle || spec.Scenario == ScenarioConnect},
 		sSink: newSink(), rSink: newSink(),
 	}
@@ -92,7 +98,16 @@ func (r *run) setup(nSenders, nReceivers int, cs childSpec) error {
 	cs.Parent = addrs(r.senders)
 	ctx, cancel := context.WithTimeout(r.ctx, 30*time.Second)
 	defer cancel()
-	c, peers, err := startChild(ctx, r.exe, r.args, cs)
+	var (
+		c     *child
+		peers []string
+		err   error
+	)
+	if r.spec.Server != "" {
+		c, peers, err = startRemote(ctx, r.spec.Server, cs)
+	} else {
+		c, peers, err = startChild(ctx, r.exe, r.args, cs)
+	}
 	if err != nil {
 		return err
 	}
@@ -140,20 +155,36 @@ func (r *run) end(res *Result, expect, bytes int64) error {
 		err = r.rSink.wait(wctx, expect)
 		cancel()
 	}
+	var rep childReply
+	stop := func() {
+		if cerr := r.child.request(r.ctx, childRequest{Cmd: "stop", Expect: expect}, &rep); cerr != nil {
+			err = cerr
+		}
+	}
+	// bidi: the receiving side's direction ends when its sends are done; the phase lasts
+	// until then (one control round trip more, measured on this clock only).
+	stopFirst := r.child != nil && r.spec.Scenario == ScenarioBidi
+	if stopFirst {
+		stop()
+	}
 	elapsed := nanotime() - r.t0
 	cpu := cpuTime() - r.cpu0
 	wake := sumWakeups(r.local()) - r.wake0
 	res.WakeupsSelf = wake
 	var childCPU int64
 	if r.child != nil {
-		var rep childReply
-		if cerr := r.child.request(r.ctx, childRequest{Cmd: "stop", Expect: expect}, &rep); cerr != nil {
-			err = cerr
+		if !stopFirst {
+			stop()
 		}
 		childCPU = rep.CPUNS
 		wake += rep.Wakeups
 		res.WakeupsChild = rep.Wakeups
 		res.Errors += rep.Errors
+		if stopFirst {
+			r.childSent = rep.Sent
+			res.Notifies += rep.Sent
+			bytes += rep.Sent * int64(max(r.spec.Size, minSize))
+		}
 	}
 	res.fill(elapsed, bytes, int64(cpu), childCPU, wake)
 	return err
@@ -237,7 +268,7 @@ func (r *run) latency() (*Result, error) {
 		r.sSink.timed(t0, uint64(warm))
 	}
 	var st *stamps
-	if echo && s.Size >= seqLen+stampLen {
+	if echo && s.Server == "" && s.Size >= seqLen+stampLen { // CLOCK_MONOTONIC of one host
 		st = newStamps(total)
 		r.sSink.mu.Lock()
 		r.sSink.peerAt, r.sSink.echoAt = make([]atomic.Int64, total), make([]atomic.Int64, total)
@@ -361,7 +392,11 @@ func (r *run) pipelined(nSenders, nReceivers int, spread bool) (*Result, error) 
 // bidi sends Count notifies each way at once; the figures count both directions.
 func (r *run) bidi() (*Result, error) {
 	s := r.spec
-	if err := r.setup(1, 1, childSpec{SendCount: s.Count}); err != nil {
+	cs := childSpec{SendCount: int64(s.Count)}
+	if s.Timed {
+		cs.SendNS = int64(s.Duration)
+	}
+	if err := r.setup(1, 1, cs); err != nil {
 		return nil, err
 	}
 	a := r.senders[0]
@@ -403,7 +438,7 @@ func (r *run) bidi() (*Result, error) {
 	res.Notifies, res.Errors = p.sent, p.errors
 	setErr(res, p.firstErr)
 	bytes := p.bytes
-	expectBA := warmBA + int64(s.Count)
+	var expectBA int64
 	if ba != nil {
 		q := <-back
 		res.Notifies += q.sent
@@ -412,15 +447,21 @@ func (r *run) bidi() (*Result, error) {
 		p.call.Merge(q.call)
 		bytes += q.bytes
 		expectBA = warmBA + q.sent
-	} else {
-		res.Notifies += int64(s.Count) // the child's direction, checked by the wait below
-		bytes += int64(s.Count) * int64(max(s.Size, minSize))
 	}
-	wctx, cancel := context.WithTimeout(r.ctx, 30*time.Second)
-	werr := r.sSink.wait(wctx, expectBA)
-	cancel()
-	err = r.end(res, warmAB+p.sent, bytes)
-	if werr != nil {
+	var werr error
+	if ba != nil {
+		wctx, cancel := context.WithTimeout(r.ctx, 30*time.Second)
+		werr = r.sSink.wait(wctx, expectBA)
+		cancel()
+	}
+	err = r.end(res, warmAB+p.sent, bytes) // with a child: counts its direction too
+	if r.child != nil {
+		// The child's sends completed before its stop reply: its notifies are here.
+		wctx, cancel := context.WithTimeout(r.ctx, 30*time.Second)
+		werr = r.sSink.wait(wctx, warmBA+r.childSent)
+		cancel()
+	}
+	if werr != nil && err == nil {
 		err = werr
 	}
 	res.Call = p.call.Summary(1)

@@ -36,14 +36,23 @@ func setTimeouts(fd int, d time.Duration) {
 	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
 }
 
-// tcpListen opens a blocking listener on 127.0.0.1 with an ephemeral port.
-func tcpListen() (int, string, error) {
+// tcpListen opens a blocking listener on host (an IPv4 address; "": 127.0.0.1) with an
+// ephemeral port.
+func tcpListen(host string) (int, string, error) {
+	ip := [4]byte{127, 0, 0, 1}
+	if host != "" {
+		a, err := netip.ParseAddr(host)
+		if err != nil || !a.Is4() {
+			return -1, "", fmt.Errorf("bench: listen address %q: want an IPv4 address", host)
+		}
+		ip = a.As4()
+	}
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, "", fmt.Errorf("bench: socket: %w", err)
 	}
 	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: ip}); err != nil {
 		unix.Close(fd)
 		return -1, "", fmt.Errorf("bench: bind: %w", err)
 	}

@@ -52,9 +52,9 @@ type client interface {
 func newNode(transport string, o nodeOpts, s *sink) (node, error) {
 	switch transport {
 	case FloorBlock, FloorSpin:
-		return newFloorNode(transport == FloorSpin, o.single, false, s)
+		return newFloorNode(transport == FloorSpin, o.single, false, o.host, s)
 	case FloorStream:
-		return newFloorNode(false, false, true, s)
+		return newFloorNode(false, false, true, o.host, s)
 	case FloorVerbs, FloorVerbsSpin:
 		return newVerbsNode(transport == FloorVerbsSpin, o, s)
 	case TransportRDMA, TransportOOB, TransportOOBClassic:

@@ -98,9 +98,24 @@ func TestSpecsDefaultSuite(t *testing.T) {
 	// in burst.
 	require.Len(t, specs, (len(Transports)-1)*(len(Scenarios)-1+len(DefaultSizes))+len(DefaultSizes))
 	for _, s := range specs {
-		if s.Scenario == ScenarioBurst && s.Size == 65536 {
-			require.Equal(t, burstBytesLimit/65536, s.Count)
+		switch {
+		case isPipelined(s.Scenario):
+			// Without a count a pipelined run is timed: a steady state of BurstTime.
+			require.True(t, s.Timed, "%s %s", s.Scenario, s.Transport)
+			require.Equal(t, time.Second, s.Duration)
+			if s.Transport == TransportOOBClassic {
+				require.Equal(t, classicCeiling, s.Count)
+			}
+		default:
+			require.False(t, s.Timed, s.Scenario)
 		}
+	}
+	// With a count, burst sends it (at most 16 MiB per run by default is the untimed rule).
+	cfg = Config{Procs: 1, Count: 100}
+	require.NoError(t, cfg.normalize())
+	for _, s := range cfg.specs() {
+		require.False(t, s.Timed)
+		require.Equal(t, 100, s.Count)
 	}
 }
 
@@ -129,7 +144,7 @@ func TestFloorSendAllocatesNothing(t *testing.T) {
 			s := newSink()
 			t0 := make([]atomic.Int64, 4)
 			s.timed(t0, 0)
-			n, err := newFloorNode(spin, spin, false, s)
+			n, err := newFloorNode(spin, spin, false, "", s)
 			require.NoError(t, err)
 			defer n.close(context.Background())
 			c, err := n.newClient([]string{n.addr()})
@@ -163,7 +178,7 @@ func TestFloorSendAllocatesNothing(t *testing.T) {
 
 func TestPumpAllocatesNothingPerMessage(t *testing.T) {
 	s := newSink()
-	n, err := newFloorNode(false, false, false, s)
+	n, err := newFloorNode(false, false, false, "", s)
 	require.NoError(t, err)
 	defer n.close(context.Background())
 	var workers []client

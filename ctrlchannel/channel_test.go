@@ -19,7 +19,7 @@ import (
 )
 
 // waitBound bounds every wait of these tests; it detects hangs, it is no timing assertion.
-const waitBound = 30 * time.Second
+const waitBound = 2 * time.Minute
 
 // recorder is an Events that keeps what it got; its fields are guarded by mu.
 type recorder struct {

@@ -68,6 +68,11 @@ type peerMachine struct {
 	inflight    int    // sends posted on channels and not completed, all peers
 	channels    int    // channels up or being created
 	unconfirmed int    // inbound channels their peer has not used yet
+	// Those by pool and source address of their handshake (unusedBy), and by pool in all
+	// (unusedIn): each pool is capped per address and in all (roomForUnused), so what
+	// unauthenticated handshakes make the NIC hold is bounded.
+	unusedBy map[unusedKey]int
+	unusedIn [2]int
 	// Peer entries made by a peer's handshake and not yet confirmed (see peerEntry.confirmed),
 	// in all and per source address: capped, and evicted first when the table is full.
 	unconfirmedPeers int
@@ -79,7 +84,10 @@ type peerMachine struct {
 	// behind them (heldSpare: held's other buffer).
 	unknown         []string
 	held, heldSpare []*peerEntry
-	timerAt         time.Time
+	// superseded: peers whose engine went away from a name while sends were still with
+	// them; later sends to a peer of the same port wait behind those (heldBySuperseded).
+	superseded []*peerEntry
+	timerAt    time.Time
 
 	acts  []mAction
 	spare []mAction // the other buffer of ready
@@ -155,7 +163,8 @@ type nameEntry struct {
 	connecting bool    // our handshake via this name is in flight
 	queued     bool    // waiting in connectQ for a handshake slot
 	token      uint64  // the token we offered in that handshake
-	kept       bool    // that handshake went while we held state for the pair (seqs, a window)
+	kept       uint64  // that handshake went while we held state (seqs, a window) for the pair with this session (0: none)
+	lost       uint64  // the session whose pair the peer at this name refused (rebind): the next handshake kept its state
 	waiters    []reqID // sends to this name before its peer is known
 	legacyOOB  bool    // the name is a Mooncake engine without ctrl channel: seq-less OOB
 	retryAt    time.Time
@@ -173,10 +182,13 @@ type nameEntry struct {
 	// new pair: until all are answered, the name's waiters stay here (not moved to the
 	// new peer), so the new seqs are drawn in send order.
 	stragglers int
-	// rebound: the engine at the name refused the pair the name led to (rebind), and the
-	// name's next handshake has not ended: its sends hold later sends to the peers it may
-	// lead to (unknownWaits), though its handshakes failed before (that engine answered).
-	rebound bool
+	// hinted: the name's handshakes failed, and an engine answered on its port since: its
+	// next handshake goes at once, and its sends hold later ones to that port's peers
+	// (unknownWaits) until it ends, as a new name's do.
+	hinted bool
+	// unreachable: the name's last handshake failed with no engine's answer (nothing
+	// listening, a timeout): until one answers, its sends hold nothing (unknownWaits).
+	unreachable bool
 }
 
 type peerEntry struct {
@@ -212,7 +224,10 @@ type peerEntry struct {
 	// new token from a handshake, carries them at once.
 	fenceAt   time.Time
 	fenceWait time.Duration
-	forgotten bool // the peer refused our token: it no longer knows the pair (rebind)
+	// superseded: its engine went away from one of its names (supersede); holdFrom: the
+	// oldest send still with it, when known (0: find it again).
+	superseded bool
+	holdFrom   reqID
 	// confirmed: the peer proved the entry is its own: it answered our handshake, used the
 	// pair's token or channel, or we sent to it. An entry a handshake made is unconfirmed
 	// until then: those are capped per source address and evicted first (oldest first)
@@ -220,6 +235,9 @@ type peerEntry struct {
 	// peers that talk. from: the address of the handshake that made it (when known).
 	confirmed bool
 	from      netip.Addr
+	// inCh: the last channel a handshake of the peer asked for (inbound), up or being
+	// made: an unconfirmed entry is evictable only when that channel is (evictable).
+	inCh chanID
 	// maxNotify is the largest name+msg the peer delivers (its handshake's ts_max_notify;
 	// 0: not said): a larger notify is refused here, before a seq is drawn.
 	maxNotify int
@@ -255,6 +273,10 @@ type chanEntry struct {
 	inbound   bool
 	confirmed bool
 	born      time.Time
+	// from and pool: an unconfirmed inbound channel's handshake address and pool (counted
+	// in peerMachine.unusedBy).
+	from netip.Addr
+	pool unusedPool
 	// maxSize is the largest name+msg the channel carries (0: not known yet): below the
 	// peer's limit when the channel cannot fragment (a Mooncake peer, a RECV ring too
 	// small for credit flow control); a larger notify goes over OOB or is refused.
@@ -329,6 +351,7 @@ type mAction struct {
 type machineStats struct {
 	Names, Channels, Unconfirmed           int
 	UnconfirmedRefused, UnconfirmedExpired uint64
+	UnconfirmedEvicted                     uint64
 	PeersRefused, NamesRefused, ChannelsRefused, AuthRefused, Superseded, Reposted, Fallbacks, GivenUp,
 	FencesSent, FencesDropped, PairsRestarted, LegacyDelivered, OOBRefused, PeersPruned uint64
 	PeersEvicted     uint64
@@ -348,7 +371,8 @@ func newPeerMachine(local uint64, cfg machineConfig, rnd func() uint64) *peerMac
 	m := &peerMachine{
 		local: local, cfg: cfg, rand: rnd,
 		names: make(map[string]*nameEntry), peers: make(map[peerKey]*peerEntry), unconfirmedBy: make(map[netip.Addr]int),
-		chans: make(map[chanID]*chanEntry), reqs: make(map[reqID]*reqEntry),
+		unusedBy: make(map[unusedKey]int),
+		chans:    make(map[chanID]*chanEntry), reqs: make(map[reqID]*reqEntry),
 		freeReqs: reactor.FreeList[reqEntry]{Max: maxFreeReqs},
 	}
 	var key [16]byte

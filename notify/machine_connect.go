@@ -10,6 +10,8 @@ import (
 	"net/netip"
 	"slices"
 	"time"
+
+	"github.com/twosided/twosided/oob"
 )
 
 func (m *peerMachine) connectPeer(now time.Time, p *peerEntry, via string) {
@@ -51,11 +53,12 @@ func (m *peerMachine) connectPeer(now time.Time, p *peerEntry, via string) {
 // most maxConnects run at once (each holds a channel with its RECVs posted): the rest wait
 // in order for a slot, bounded by their sends' deadlines.
 func (m *peerMachine) connectName(now time.Time, ne *nameEntry, p *peerEntry) {
+	defer m.waitUnknown(ne) // its sends hold later ones to the peers it may lead to
 	if p != nil && now.Before(p.retryAt) {
 		m.failPeerWaiters(now, p, p.lastErr)
 		return
 	}
-	if ne.failures > 0 && now.Before(ne.backoffAt) {
+	if ne.failures > 0 && now.Before(ne.backoffAt) && !ne.hinted {
 		m.backingOff(now, ne, p)
 		return
 	}
@@ -71,7 +74,13 @@ func (m *peerMachine) connectName(now time.Time, ne *nameEntry, p *peerEntry) {
 	m.connects++
 	ne.connecting = true
 	act := mAction{kind: aConnect, name: ne.name}
-	ne.kept = p != nil && p.hasState()
+	ne.kept = 0
+	if p != nil && p.hasState() {
+		ne.kept = p.key.session
+	} else if p == nil {
+		ne.kept = ne.lost // the pair the engine at the name refused: ours predates this handshake
+	}
+	ne.lost = 0
 	if p != nil {
 		act.epoch = p.epoch + 1
 		act.session = p.key.session
@@ -281,8 +290,11 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 		closeCh(ErrClosed)
 		return
 	}
-	ne.connecting, ne.rebound = false, false
+	ne.connecting = false
 	m.withdraw(ne)
+	// An engine that answered it is closing (oob.ErrPeerClosed) was there: a restart, not
+	// an address nobody serves.
+	ne.hinted, ne.unreachable = false, res.err != nil && !errors.Is(res.err, oob.ErrPeerClosed)
 	if res.err != nil {
 		closeCh(res.err)
 		kind := ErrPeerUnreachable
@@ -332,6 +344,7 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 				m.failName(now, ne, err)
 				return
 			}
+			m.hintPort(now, name, p)
 			if p.tokenOut == 0 {
 				p.awaiting = now.Add(m.cfg.connectTimeout)
 				p.lastErr = sendErr(ErrAuth, name, "handshake", errors.New("the peer refused our token"), false)
@@ -366,6 +379,7 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 		m.failName(now, ne, err)
 		return
 	}
+	m.hintPort(now, name, p)
 	p.tokenOut = res.token
 	p.fenceAt = time.Time{} // a new token: refused fences may pass now
 	if res.maxNotify > 0 {
@@ -545,6 +559,9 @@ func (m *peerMachine) moveWaiters(ne *nameEntry, p *peerEntry) {
 
 // handOver makes the sends ids (those still known) wait for p, after its own waiters.
 func (m *peerMachine) handOver(ids []reqID, p *peerEntry) {
+	if len(ids) > 0 {
+		p.holdFrom = 0 // they may be older than p's (oldestOf)
+	}
 	for _, id := range ids {
 		if r := m.reqs[id]; r != nil {
 			r.peer = p
@@ -557,13 +574,17 @@ func (m *peerMachine) handOver(ids []reqID, p *peerEntry) {
 func (m *peerMachine) bind(now time.Time, ne *nameEntry, session uint64, advertised string, fresh bool) (*peerEntry, error) {
 	key := peerKey{session: session}
 	p := m.peers[key]
-	if p != nil && fresh && p.hasState() && (ne.kept || p.forgotten) {
+	if p != nil && fresh && p.hasState() && ne.kept == session {
 		// Our state predates this handshake (not a simultaneous open's), and the peer has
-		// none: it forgot the pair.
+		// none: it forgot the pair. Only state that predates the handshake says so: the
+		// peer may have made its state for us with this handshake (or the one of another
+		// name) and used it before its reply came, so state we got since is from it; and
+		// a handshake sent for another session (the engine that was at the name before)
+		// says nothing of this pair.
 		p = m.restartPair(now, p)
 	}
 	if p == nil {
-		if err := m.roomForPeer(netip.Addr{}); err != nil {
+		if _, err := m.roomForPeer(now, netip.Addr{}, true); err != nil { // we talk to it: as proven
 			return nil, sendErr(ErrLimit, ne.name, "handshake", err, false)
 		}
 		p = m.newPeer(now, key)
@@ -576,17 +597,27 @@ func (m *peerMachine) bind(now time.Time, ne *nameEntry, session uint64, adverti
 		p.adv = advertised
 	}
 	if old := ne.peer; old != nil && old != p {
-		// The name now reaches another engine (it restarted on the same address): what
-		// waited for the old one goes to the new one, with new seqs.
-		m.unalias(old, ne.name)
-		m.handOver(old.waiters, p)
-		old.waiters = nil
+		m.leave(ne, old, p)
 	}
 	ne.peer = p
 	m.confirmPeer(p) // it answered our handshake
 	m.markStragglers(ne, p)
 	m.alias(p, ne.name)
 	return p, nil
+}
+
+// leave: ne, which led to old, now reaches p, another engine (old's restarted at the same
+// address): what waited for old goes to p, with new seqs, in send order among p's; what is
+// still with old holds later sends to p (supersede).
+func (m *peerMachine) leave(ne *nameEntry, old, p *peerEntry) {
+	m.unalias(old, ne.name)
+	sorted := slices.IsSorted(p.waiters)
+	m.handOver(old.waiters, p)
+	if sorted {
+		slices.Sort(p.waiters)
+	}
+	old.waiters = nil
+	m.supersede(old)
 }
 
 // hasState reports whether the pair has moved past its start: seqs drawn, or notifies
@@ -604,6 +635,7 @@ func (p *peerEntry) hasState() bool {
 func (m *peerMachine) restartPair(now time.Time, old *peerEntry) *peerEntry {
 	m.stats.PairsRestarted++
 	m.releaseParked(old) // on the wire to the old pair, refused, sent again in the new one
+	m.supersede(old)
 	m.flushWindow(old)
 	p := m.newPeer(now, old.key) // replaces old in m.peers
 	m.uncount(old)
@@ -643,6 +675,7 @@ func (m *peerMachine) markStragglers(ne *nameEntry, p *peerEntry) {
 			ne.stragglers++
 		}
 	}
+	m.waitUnknown(ne)
 	if ne.stragglers == 0 || p == nil {
 		return
 	}
@@ -655,6 +688,7 @@ func (m *peerMachine) markStragglers(ne *nameEntry, p *peerEntry) {
 	}
 	p.waiters = slices.DeleteFunc(p.waiters, func(id reqID) bool { r := m.reqs[id]; return r == nil || r.peer == nil })
 	slices.Sort(ne.waiters)
+	m.waitUnknown(ne)
 }
 
 const maxAliases = 8

@@ -50,7 +50,7 @@ func (m *peerMachine) dropChan(ce *chanEntry, forget bool) {
 		ce.dropped = true
 		m.channels--
 		if ce.inbound && !ce.confirmed {
-			m.unconfirmed--
+			m.unusedGone(ce)
 		}
 		if p := ce.peer; p != nil && p.ch == ce.id {
 			p.ch = 0
@@ -125,15 +125,32 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 		m.stats.AuthRefused++
 		return inboundReply{refuse: refuseAuth, err: fmt.Errorf("%w: ts_proof: session %x is known here and the proof does not match", ErrAuth, hs.session)}
 	}
-	if hs.ctrl && m.cfg.channels && !proven && m.unconfirmed >= m.cfg.maxUnconfirmed {
-		// A flood of handshakes whose channels nobody uses: refuse until they expire,
-		// keeping nothing; a real peer retries (or is served over OOB meanwhile).
+	// A handshake of a session we do not know that returns the cookie of our "busy"
+	// refusal: it got our reply at the address it names, and asks again.
+	cookied := p == nil && hs.proof != 0 && hs.proof == m.cookie(hs.session, hs.name)
+	pool := poolFirst
+	if cookied {
+		pool = poolCookie
+	}
+	if hs.ctrl && m.cfg.channels && !proven && hs.session != m.local && !m.roomForUnused(now, hs.from, pool, p) {
+		// Its pool's channels that peers have not used are at their cap (of its address or
+		// in all), none past its grace: refused, keeping nothing. The cookie lets it ask
+		// again in the other pool, which a flood that never reads replies cannot fill.
 		m.stats.UnconfirmedRefused++
-		return inboundReply{refuse: refuseBusy, err: fmt.Errorf("%w: %d channels handshaken and not yet used by their peers", ErrBackpressure, m.unconfirmed)}
+		rep := inboundReply{refuse: refuseBusy, err: m.unusedBusy(hs.from, pool)}
+		if p == nil {
+			rep.token = m.cookie(hs.session, hs.name)
+		}
+		return rep
 	}
 	fresh := false // the entry is made here: our state for the pair starts at 1
 	if p == nil {
-		if err := m.roomForPeer(hs.from); err != nil {
+		if busy, err := m.roomForPeer(now, hs.from, cookied); err != nil {
+			if busy {
+				// Unconfirmed entries in their grace fill the room: ask again (with the
+				// cookie, which may take the place of one).
+				return inboundReply{refuse: refuseBusy, token: m.cookie(hs.session, hs.name), err: err}
+			}
 			return inboundReply{refuse: refuseLimit, err: err}
 		}
 		if hs.ctrl && m.cfg.channels && m.channels >= m.cfg.maxChannels {
@@ -212,18 +229,43 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 	if proven {
 		cand.inbound, cand.confirmed = true, true // its peer proved the pair: a real QP
 	} else {
-		m.addUnconfirmed(now, cand)
+		m.addUnconfirmed(now, cand, hs.from, pool)
 	}
+	p.inCh = cand.id
 	m.chans[cand.id] = cand
 	rep.ch = cand.id
 	rep.epoch = epoch
 	return rep
 }
 
-func (m *peerMachine) addUnconfirmed(now time.Time, ce *chanEntry) {
-	ce.inbound, ce.born = true, now
+func (m *peerMachine) addUnconfirmed(now time.Time, ce *chanEntry, from netip.Addr, pool unusedPool) {
+	ce.inbound, ce.born, ce.from, ce.pool = true, now, from, pool
 	m.unconfirmed++
+	m.unusedIn[pool]++
+	m.unusedBy[unusedKey{from, pool}]++
 	m.setTimer(now.Add(m.cfg.connectTimeout))
+}
+
+// unusedBusy is the error of a handshake refused busy for want of room for an unused
+// channel in pool (roomForUnused).
+func (m *peerMachine) unusedBusy(from netip.Addr, pool unusedPool) error {
+	where := ""
+	if from.IsValid() {
+		where = fmt.Sprintf(", %d of them from %s (its share: %d)", m.unusedBy[unusedKey{from, pool}], from, m.unusedShare())
+	}
+	return fmt.Errorf("%w: max_unconfirmed: %d channels handshaken and not yet used by their peers%s, none past its grace; ask again",
+		ErrBackpressure, m.unusedIn[pool], where)
+}
+
+// unusedGone takes an unconfirmed inbound channel out of the counts (it was used, or
+// dropped).
+func (m *peerMachine) unusedGone(ce *chanEntry) {
+	m.unconfirmed--
+	m.unusedIn[ce.pool]--
+	k := unusedKey{ce.from, ce.pool}
+	if m.unusedBy[k]--; m.unusedBy[k] <= 0 {
+		delete(m.unusedBy, k)
+	}
 }
 
 // confirm marks ce used by its peer.
@@ -234,7 +276,7 @@ func (m *peerMachine) confirm(ce *chanEntry) {
 	if ce.inbound && !ce.confirmed {
 		ce.confirmed = true
 		if !ce.dropped {
-			m.unconfirmed--
+			m.unusedGone(ce)
 		}
 	}
 }
@@ -250,10 +292,14 @@ func (m *peerMachine) learnName(now time.Time, p *peerEntry, name string) {
 		m.names[name] = ne
 	}
 	if ne.peer != p {
-		if ne.peer != nil {
-			m.unalias(ne.peer, name)
+		old := ne.peer
+		if old != nil {
+			m.leave(ne, old, p)
 		}
 		ne.peer = p
+		if old != nil {
+			m.markStragglers(ne, p) // its sends on their way to old are refused there
+		}
 	}
 	if ne.connecting {
 		// Our own handshake to this name is on its way with ne.token: the peer may use it
@@ -261,6 +307,7 @@ func (m *peerMachine) learnName(now time.Time, p *peerEntry, name string) {
 		m.addTokenIn(p, ne.token)
 	}
 	m.alias(p, name)
+	m.hintPort(now, name, p)
 	m.moveWaiters(ne, p) // in their order, ahead of any later send to the name
 }
 
@@ -271,19 +318,22 @@ func (m *peerMachine) inboundLegacy(now time.Time, hs inboundHS) inboundReply {
 	if !m.cfg.channels || !hs.ctrl {
 		return inboundReply{refuse: refuseNoCtrl, err: fmt.Errorf("%w: this engine has no ctrl channel", ErrNoCtrlChannel)}
 	}
-	if m.unconfirmed >= m.cfg.maxUnconfirmed {
-		m.stats.UnconfirmedRefused++
-		return inboundReply{refuse: refuseBusy, err: fmt.Errorf("%w: %d channels handshaken and not yet used by their peers", ErrBackpressure, m.unconfirmed)}
-	}
 	key := peerKey{legacy: hs.name}
 	p := m.peers[key]
+	if !m.roomForUnused(now, hs.from, poolFirst, p) {
+		m.stats.UnconfirmedRefused++
+		return inboundReply{refuse: refuseBusy, err: m.unusedBusy(hs.from, poolFirst)}
+	}
 	fresh := false
 	if p == nil {
 		if m.channels >= m.cfg.maxChannels {
 			m.stats.ChannelsRefused++
 			return inboundReply{refuse: refuseLimit, err: fmt.Errorf("%w: max_channels: %d channels open, the limit", ErrLimit, m.cfg.maxChannels)}
 		}
-		if err := m.roomForPeer(hs.from); err != nil {
+		if busy, err := m.roomForPeer(now, hs.from, false); err != nil {
+			if busy {
+				return inboundReply{refuse: refuseBusy, err: err}
+			}
 			return inboundReply{refuse: refuseLimit, err: err}
 		}
 		p = m.newPeer(now, key)
@@ -308,8 +358,9 @@ func (m *peerMachine) inboundLegacy(now time.Time, hs inboundHS) inboundReply {
 	m.nextChan++
 	m.channels++
 	ce := &chanEntry{id: m.nextChan, epoch: p.epoch, initiator: 0, peer: p, legacy: true}
-	m.addUnconfirmed(now, ce)
+	m.addUnconfirmed(now, ce, hs.from, poolFirst)
 	m.chans[ce.id] = ce
+	p.inCh = ce.id
 	return inboundReply{ch: ce.id, epoch: p.epoch, fresh: fresh}
 }
 

@@ -57,46 +57,172 @@ func (m *peerMachine) uncount(p *peerEntry) {
 	}
 }
 
-// evictable reports whether p may be forgotten to make room: unconfirmed, and holding
-// nothing (no channel, send, seq or held notify).
-func (m *peerMachine) evictable(p *peerEntry) bool {
-	return !p.confirmed && p.ch == 0 && len(p.waiters) == 0 && p.inflight == 0 && p.oldInflight == 0 &&
-		p.win.held == 0 && p.seqs.unresolved() == 0 && !m.connectingTo(p)
+// unusedPool tells apart the channels peers have not used (unconfirmed inbound channels)
+// by how their handshake came: a first one (poolFirst), or one that returned the cookie of
+// a "busy" refusal (poolCookie), which a flood that never reads replies cannot make. Each
+// pool has its own caps, so such a flood filling the first leaves the second to newcomers.
+type unusedPool uint8
+
+const (
+	poolFirst unusedPool = iota
+	poolCookie
+)
+
+// unusedKey counts unconfirmed channels per pool and source address.
+type unusedKey struct {
+	from netip.Addr
+	pool unusedPool
+}
+
+// unusedCap is how many unconfirmed channels one pool holds in all (max_unconfirmed), and
+// unusedShare how many of them the handshakes of one address: a quarter of that or of
+// max_channels, whichever is less.
+func (m *peerMachine) unusedCap() int { return m.cfg.maxUnconfirmed }
+func (m *peerMachine) unusedShare() int {
+	return max(1, min(m.cfg.maxUnconfirmed, m.cfg.maxChannels)/4)
+}
+
+// unusedGrace is how long a new unconfirmed channel cannot be taken by another first
+// handshake: half the connect timeout, the time its peer has to use it before it expires.
+// A legitimate engine uses its channel within that (its first notify follows its
+// handshake); a burst of them beyond the caps is answered busy, not churned.
+func (m *peerMachine) unusedGrace() time.Duration { return m.cfg.connectTimeout / 2 }
+
+// unused reports whether ce is an inbound channel its peer has not used (nor was it
+// dropped): a handshake naming a QPN nobody owns makes one.
+func unused(ce *chanEntry) bool {
+	return ce != nil && ce.inbound && !ce.confirmed && !ce.dropped
+}
+
+// takeable reports whether the unused channel ce may close to make room: past its grace,
+// or (strong: for a proven newcomer's peer entry) any of the first pool.
+func (m *peerMachine) takeable(now time.Time, ce *chanEntry, strong bool) bool {
+	return unused(ce) && (!now.Before(ce.born.Add(m.unusedGrace())) || (strong && ce.pool == poolFirst))
+}
+
+// evictable reports whether p may be forgotten to make room: unconfirmed, holding no send,
+// seq or held notify, and no channel but one its peer has not used that may close
+// (takeable; strong: for a proven newcomer).
+func (m *peerMachine) evictable(now time.Time, p *peerEntry, strong bool) bool {
+	if p.confirmed || len(p.waiters) != 0 || p.inflight != 0 || p.oldInflight != 0 ||
+		p.win.held != 0 || p.seqs.unresolved() != 0 || m.connectingTo(p) {
+		return false
+	}
+	for _, id := range [2]chanID{p.ch, p.inCh} {
+		if ce := m.chans[id]; id != 0 && ce != nil && !ce.dropped && ce.peer == p && !m.takeable(now, ce, strong) {
+			return false
+		}
+	}
+	return true
 }
 
 // evictOldest forgets the oldest evictable entry (made by a handshake from "from" when it
 // is valid) and reports whether there was one.
-func (m *peerMachine) evictOldest(from netip.Addr) bool {
+func (m *peerMachine) evictOldest(now time.Time, from netip.Addr, strong bool) bool {
 	var old *peerEntry
 	for _, p := range m.peers {
-		if (from.IsValid() && p.from != from) || !m.evictable(p) {
+		if (from.IsValid() && p.from != from) || !m.evictable(now, p, strong) {
 			continue
 		}
-		if old == nil || p.born.Before(old.born) {
+		if old == nil || p.born.Before(old.born) || (p.born.Equal(old.born) && p.pair < old.pair) {
 			old = p
 		}
 	}
 	if old == nil {
 		return false
 	}
-	m.forget(old.key, old)
+	m.evictPeer(old)
+	return true
+}
+
+// evictPeer forgets the evictable p; its channels (none of which its peer used) close.
+func (m *peerMachine) evictPeer(p *peerEntry) {
+	for _, id := range [2]chanID{p.ch, p.inCh} {
+		if ce := m.chans[id]; id != 0 && ce != nil && !ce.dropped && ce.peer == p {
+			m.evictChan(ce)
+		}
+	}
+	m.forget(p.key, p)
 	m.stats.PeersEvicted++
+}
+
+// evictChan closes ce, a channel its peer has not used, to make room. One being made is
+// forgotten at once (finishInbound finds it gone and refuses the handshake); one that is up
+// is drained and closed.
+func (m *peerMachine) evictChan(ce *chanEntry) {
+	m.stats.UnconfirmedEvicted++
+	if !ce.up {
+		m.dropChan(ce, true)
+		return
+	}
+	m.dropChan(ce, false)
+	m.emit(mAction{kind: aClose, ch: ce.id, err: fmt.Errorf("%w: the peer did not use the channel its handshake made within its grace, and a newer handshake needed its place", ErrPeerDead)})
+}
+
+// roomForUnused makes room for one more unused channel in pool, asked for by a handshake
+// from "from" for the entry keep (nil: a new one): an address at its share gives up its
+// oldest past its grace, and a pool at its cap the oldest past its grace of the address
+// holding most. False: none could close (refused busy, nothing kept).
+func (m *peerMachine) roomForUnused(now time.Time, from netip.Addr, pool unusedPool, keep *peerEntry) bool {
+	if from.IsValid() && m.unusedBy[unusedKey{from, pool}] >= m.unusedShare() && !m.evictUnused(now, from, pool, keep) {
+		return false
+	}
+	if m.unusedIn[pool] >= m.unusedCap() && !m.evictUnused(now, netip.Addr{}, pool, keep) {
+		return false
+	}
+	return true
+}
+
+// evictUnused closes the oldest channel of pool past its grace, from "from" when it is
+// valid, else of the address holding most, and reports whether there was one. Its entry
+// goes with it when nothing else holds that.
+func (m *peerMachine) evictUnused(now time.Time, from netip.Addr, pool unusedPool, keep *peerEntry) bool {
+	var old *chanEntry
+	for _, ce := range m.chans {
+		if ce.pool != pool || (from.IsValid() && ce.from != from) || !m.takeable(now, ce, false) {
+			continue
+		}
+		if old == nil {
+			old = ce
+			continue
+		}
+		n, o := m.unusedBy[unusedKey{ce.from, pool}], m.unusedBy[unusedKey{old.from, pool}]
+		if n > o || (n == o && ce.id < old.id) {
+			old = ce
+		}
+	}
+	if old == nil {
+		return false
+	}
+	if p := old.peer; p != nil && p != keep && m.peers[p.key] == p && m.evictable(now, p, false) {
+		m.evictPeer(p)
+	} else {
+		m.evictChan(old)
+	}
 	return true
 }
 
 // roomForPeer makes room for a new peer entry (from: the handshake's address, when it is a
-// peer's handshake): an address at its share of unconfirmed entries gives up its oldest,
-// and a full table its oldest unconfirmed one. A non-nil error refuses the entry.
-func (m *peerMachine) roomForPeer(from netip.Addr) error {
-	if from.IsValid() && m.unconfirmedBy[from] >= m.unconfirmedPerAddr() && !m.evictOldest(from) {
+// peer's handshake; strong: a proven newcomer, which may take the place of an entry whose
+// channel of the first pool is in its grace): an address at its share of unconfirmed
+// entries gives up its oldest, and a full table its oldest unconfirmed one. A non-nil
+// error refuses the entry; busy: unconfirmed channels in their grace hold the room, which
+// frees by itself (they are used, or become takeable, or expire): ask again.
+func (m *peerMachine) roomForPeer(now time.Time, from netip.Addr, strong bool) (busy bool, err error) {
+	refuse := func(why string) (bool, error) {
 		m.stats.PeersRefused++
-		return fmt.Errorf("%w: max_peers: %d unconfirmed peer entries from %s, the share of one address", ErrLimit, m.unconfirmedBy[from], from)
+		if m.unconfirmed > 0 {
+			return true, fmt.Errorf("%w: max_peers: %s, some holding channels in their grace: ask again", ErrBackpressure, why)
+		}
+		return false, fmt.Errorf("%w: max_peers: %s", ErrLimit, why)
 	}
-	if len(m.peers) >= m.cfg.maxPeers && !m.evictOldest(netip.Addr{}) {
-		m.stats.PeersRefused++
-		return fmt.Errorf("%w: max_peers: %d peers known, the limit", ErrLimit, m.cfg.maxPeers)
+	if from.IsValid() && m.unconfirmedBy[from] >= m.unconfirmedPerAddr() && !m.evictOldest(now, from, strong) {
+		return refuse(fmt.Sprintf("%d unconfirmed peer entries from %s, the share of one address", m.unconfirmedBy[from], from))
 	}
-	return nil
+	if len(m.peers) >= m.cfg.maxPeers && !m.evictOldest(now, netip.Addr{}, strong) {
+		return refuse(fmt.Sprintf("%d peers known, the limit", m.cfg.maxPeers))
+	}
+	return false, nil
 }
 
 // openRace reports whether a handshake without proof for a known session is the other half
@@ -144,15 +270,27 @@ func (m *peerMachine) peerGone(now time.Time, name string) {
 		return
 	}
 	p := ne.peer
+	m.supersede(p) // what is still with it may be sent again to the engine that takes its place
 	if ce := m.chans[p.ch]; p.ch != 0 && ce != nil {
 		// Its channel goes too (drained first: what its NIC acknowledged is delivered).
 		m.dropChan(ce, false)
 		m.emit(mAction{kind: aClose, ch: ce.id, err: fmt.Errorf("%w: %s closed", ErrPeerDead, name)})
 	}
-	if len(p.waiters) == 0 && p.inflight == 0 && p.win.held == 0 && p.seqs.unresolved() == 0 && !m.connectingTo(p) {
+	if len(p.waiters) == 0 && p.inflight == 0 && p.win.held == 0 && p.seqs.unresolved() == 0 && !m.connectingTo(p) && !m.namesHold(p) {
 		m.forget(p.key, p)
 		m.stats.PeersPruned++
 	}
+}
+
+// namesHold reports whether a name of p holds sends (waiting for its stragglers): forgetting
+// p would drop the name with them.
+func (m *peerMachine) namesHold(p *peerEntry) bool {
+	for _, n := range p.names {
+		if ne := m.names[n]; ne != nil && ne.peer == p && (len(ne.waiters) > 0 || ne.stragglers > 0) {
+			return true
+		}
+	}
+	return false
 }
 
 // forget drops a peer entry and its names. Its sequence spaces go with it: a peer that
@@ -223,6 +361,8 @@ func (m *peerMachine) closeAll(err error) {
 	}
 	clear(m.chans)
 	m.channels, m.unconfirmed, m.connects, m.connectQ = 0, 0, 0, nil
+	clear(m.unusedBy)
+	m.unusedIn = [2]int{}
 	for _, p := range m.peers {
 		p.ch, p.waiters, p.inflight = 0, nil, 0
 		p.parked, p.oobOut, p.busyAt = nil, 0, time.Time{}

@@ -168,8 +168,12 @@ func (m *peerMachine) provenByToken(now time.Time, p *peerEntry, a *oobArrival) 
 		return p, "", nil
 	}
 	if p == nil {
-		if err := m.roomForPeer(netip.Addr{}); err != nil {
+		// Proven: it may take the place of an entry whose channel is in its grace.
+		if busy, err := m.roomForPeer(now, netip.Addr{}, true); err != nil {
 			m.stats.OOBRefused++
+			if busy {
+				return nil, refuseBusy, err
+			}
 			return nil, refuseLimit, err
 		}
 		p = m.newPeer(now, peerKey{session: a.session})

@@ -56,6 +56,9 @@ func (m *peerMachine) send(now time.Time, id reqID, name, nid string, deadline t
 // enqueue queues r on its peer and posts what the peer's path allows.
 func (m *peerMachine) enqueue(now time.Time, p *peerEntry, r *reqEntry, name string) {
 	r.peer = p
+	if p.holdFrom == noneHeld {
+		p.holdFrom = r.id // the oldest with a superseded peer (oldestOf)
+	}
 	p.lastActive = now
 	m.confirmPeer(p) // a peer we send to
 	if len(p.waiters) >= m.cfg.maxPendingSends {
@@ -390,6 +393,12 @@ func (m *peerMachine) sendResult(now time.Time, id reqID, err error, maybe, loca
 	}
 	// Given up: the receiver is told, so it never waits for this seq.
 	m.stats.GivenUp++
+	if !local && errors.Is(kind, ErrPeerUnreachable) {
+		// The path to p broke: its engine may be gone from its address, and another take
+		// its place there. What is still with p may then be refused and sent again to
+		// that one: it holds later sends to peers of p's port (supersede).
+		m.supersede(p)
+	}
 	p.seqs.giveUp(r.seq)
 	m.fence(p)
 	m.complete(id, r.tries.sendErr(kind, m.peerName(p), pathName(onCh != 0), err, maybe))
@@ -426,8 +435,9 @@ func (m *peerMachine) rebind(now time.Time, p *peerEntry, r *reqEntry, stale boo
 	r.peer = nil // not one of the stragglers marked below
 	// A stale refusal leaves the current pair as it is.
 	if ne.peer == p && !stale {
-		m.releaseParked(p) // refused in turn, as the name's other sends on their way to p
-		p.forgotten = true
+		m.releaseParked(p)      // refused in turn, as the name's other sends on their way to p
+		ne.lost = p.key.session // its next handshake kept the pair's state (bind)
+		m.supersede(p)
 		m.unalias(p, r.name)
 		ne.peer = nil
 		for _, id := range p.waiters {
@@ -440,11 +450,10 @@ func (m *peerMachine) rebind(now time.Time, p *peerEntry, r *reqEntry, stale boo
 		p.tokenOut = 0
 		// The name's other sends on their way to p are refused too, in any order.
 		m.markStragglers(ne, nil)
-		ne.rebound = true
 	}
 	i, _ := slices.BinarySearch(ne.waiters, r.id) // in send order (ids grow with each send)
 	ne.waiters = slices.Insert(ne.waiters, i, r.id)
-	m.waitUnknown(ne) // later sends to another name of the engine wait for these
+	m.waitUnknown(ne)
 	if ne.stragglers > 0 {
 		return true // releaseStragglers moves them on once the last straggler is answered
 	}

@@ -191,6 +191,13 @@ func (e *simEngine) do(a mAction) {
 		}
 		to := n.engines[n.alias[a.name]]
 		n.post(func() {
+			if to == nil { // nobody at the name (an engine down for a while)
+				n.post(func() {
+					e.m.fenceResult(n.now, a.session, a.first, a.count, a.token, a.pair, errors.New("unreachable"))
+					e.perform()
+				})
+				return
+			}
 			code, err := to.m.oobArrive(n.now, oobArrival{session: e.m.local, token: a.token, to: a.session, skipFrom: a.first, skipN: a.count})
 			to.perform()
 			err = simOOBErr(code, err)
@@ -687,7 +694,11 @@ func FuzzMachineHostileInput(f *testing.F) {
 				if op&16 != 0 {
 					from = netip.AddrFrom4([4]byte{10, 0, 0, byte(y % 3)})
 				}
-				rep := b.m.inbound(n.now, inboundHS{name: fmt.Sprint("h", x%20), session: x % 12, token: y, proof: y % 3, epoch: y % 4, ctrl: op&8 != 0, from: from})
+				proof := y % 3
+				if op&32 != 0 { // the cookie of a busy refusal, returned
+					proof = b.m.cookie(x%12, fmt.Sprint("h", x%20))
+				}
+				rep := b.m.inbound(n.now, inboundHS{name: fmt.Sprint("h", x%20), session: x % 12, token: y, proof: proof, epoch: y % 4, ctrl: op&8 != 0, from: from})
 				if rep.ch != 0 {
 					b.m.inboundUp(n.now, rep.ch, nil)
 					b.links[rep.ch] = &simLink{local: b, id: rep.ch, dead: true}
@@ -710,7 +721,7 @@ func FuzzMachineHostileInput(f *testing.F) {
 				b.m.tick(n.now)
 			}
 			b.perform()
-			if len(b.m.peers) > cfg.maxPeers || len(b.m.names) > cfg.maxNames || b.m.unconfirmed > cfg.maxUnconfirmed || b.m.unconfirmed < 0 {
+			if len(b.m.peers) > cfg.maxPeers || len(b.m.names) > cfg.maxNames || b.m.unconfirmed > 2*cfg.maxUnconfirmed || b.m.unconfirmed < 0 {
 				t.Fatalf("caps broken: %d peers, %d names, %d unconfirmed", len(b.m.peers), len(b.m.names), b.m.unconfirmed)
 			}
 			unconfirmed, byAddr := 0, map[netip.Addr]int{}
@@ -725,6 +736,7 @@ func FuzzMachineHostileInput(f *testing.F) {
 			if unconfirmed != b.m.unconfirmedPeers || !maps.Equal(byAddr, b.m.unconfirmedBy) {
 				t.Fatalf("unconfirmed peers counted %d %v, there are %d %v", b.m.unconfirmedPeers, b.m.unconfirmedBy, unconfirmed, byAddr)
 			}
+			unusedCounts(t, b.m)
 		}
 		n.run()
 		seen := map[string]bool{}

@@ -107,23 +107,28 @@ func windowStatsOf(s windowStats) WindowStats {
 type LimitStats struct {
 	Names, Channels int // now: peer names known; channels up or being created
 	Unconfirmed     int // now: inbound channels their peer has not used yet
-	// inbound handshakes refused while Unconfirmed was at its cap, and unconfirmed
-	// channels closed after the connect timeout (a handshake naming a QPN nobody owns)
-	UnconfirmedRefused, UnconfirmedExpired uint64
-	PeersRefused                           uint64
-	NamesRefused                           uint64
-	ChannelsRefused                        uint64
-	AuthRefused                            uint64
-	Superseded                             uint64 // channels that lost to a newer one of the same pair
-	Reposted                               uint64 // sends reposted on a replacing channel
-	Fallbacks                              uint64 // sends retried over OOB after their channel failed or was unavailable
-	GivenUp                                uint64
-	FencesSent                             uint64
-	FencesDropped                          uint64 // fences abandoned: the peer forgot the pair, or answered none for a gap timeout
-	PairsRestarted                         uint64 // pairs started over because the peer had forgotten them (ts_fresh)
-	LegacyDelivered                        uint64 // notifies from Mooncake peers (no session), over a channel or OOB
-	OOBRefused                             uint64
-	PeersPruned                            uint64
+	// Unconfirmed channels are capped per source address and in all, twice over: those
+	// of first handshakes, and those of handshakes that returned the cookie of a "busy"
+	// refusal (see docs/design.md, unused channels). UnconfirmedRefused: handshakes
+	// answered "busy" (nothing kept; the peer asks again with the cookie);
+	// UnconfirmedEvicted: unconfirmed channels closed, past their grace, for a newer
+	// handshake; UnconfirmedExpired: those closed after the connect timeout (a handshake
+	// naming a QPN nobody owns).
+	UnconfirmedRefused, UnconfirmedExpired, UnconfirmedEvicted uint64
+	PeersRefused                                               uint64
+	NamesRefused                                               uint64
+	ChannelsRefused                                            uint64
+	AuthRefused                                                uint64
+	Superseded                                                 uint64 // channels that lost to a newer one of the same pair
+	Reposted                                                   uint64 // sends reposted on a replacing channel
+	Fallbacks                                                  uint64 // sends retried over OOB after their channel failed or was unavailable
+	GivenUp                                                    uint64
+	FencesSent                                                 uint64
+	FencesDropped                                              uint64 // fences abandoned: the peer forgot the pair, or answered none for a gap timeout
+	PairsRestarted                                             uint64 // pairs started over because the peer had forgotten them (ts_fresh)
+	LegacyDelivered                                            uint64 // notifies from Mooncake peers (no session), over a channel or OOB
+	OOBRefused                                                 uint64
+	PeersPruned                                                uint64
 	// Peer entries made by peers' handshakes that no notify, channel frame or send of ours
 	// has used yet (now), and those forgotten to make room (oldest first) when the table
 	// or one address's share (a quarter of max_peers) was full.
@@ -143,7 +148,8 @@ type LimitStats struct {
 
 func limitStatsOf(s machineStats) LimitStats {
 	return LimitStats{Names: s.Names, Channels: s.Channels, Unconfirmed: s.Unconfirmed,
-		UnconfirmedRefused: s.UnconfirmedRefused, UnconfirmedExpired: s.UnconfirmedExpired, PeersRefused: s.PeersRefused,
+		UnconfirmedRefused: s.UnconfirmedRefused, UnconfirmedExpired: s.UnconfirmedExpired,
+		UnconfirmedEvicted: s.UnconfirmedEvicted, PeersRefused: s.PeersRefused,
 		NamesRefused: s.NamesRefused, ChannelsRefused: s.ChannelsRefused, AuthRefused: s.AuthRefused,
 		Superseded: s.Superseded, Reposted: s.Reposted, Fallbacks: s.Fallbacks, GivenUp: s.GivenUp,
 		FencesSent: s.FencesSent, FencesDropped: s.FencesDropped, PairsRestarted: s.PairsRestarted, LegacyDelivered: s.LegacyDelivered, OOBRefused: s.OOBRefused,

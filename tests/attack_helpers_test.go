@@ -106,7 +106,7 @@ func rawExchangeAny(src, addr string, typ byte, body []byte) (byte, string, erro
 		return 0, "", err
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(60 * time.Second))
 	if err := writeFrame(c, typ, body); err != nil {
 		return 0, "", err
 	}

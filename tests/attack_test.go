@@ -54,8 +54,10 @@ func flood(n, workers int, job func(i int)) {
 // TestAttackBogusHandshakes (row 1): 1 100 handshakes from another address, each naming a
 // ctrl channel at a random QPN nobody has, half as Mooncake engines with random names, half
 // with random sessions. The channels they get stay within the cap of unconfirmed channels
-// (64), fds and heap within a bound; the channels expire after the connect timeout, and a
-// real new peer is served on a channel of its own.
+// of one address (16 of the first pool: the flood never returns a busy refusal's cookie),
+// fds and heap within a bound; the channels expire after the connect timeout (or are
+// evicted past their grace by a newer handshake), and a real new peer is served on a
+// channel of its own.
 func TestAttackBogusHandshakes(t *testing.T) {
 	const ghostCap, attacks = 64, 1100
 	srv := newEngine(t, rdma, notify.WithConnectTimeout(2*time.Second))
@@ -82,13 +84,18 @@ func TestAttackBogusHandshakes(t *testing.T) {
 	})
 	st := srv.Stats()
 	heap1, fd1 := heapAfterGC(), openFDs(t)
-	t.Logf("%d bogus handshakes: %d accepted with a channel, %d refused, %d failed; channels %d (up %d, unconfirmed %d), peers %d, names %d, unconfirmed refused %d; heap %+.1f MiB, fds %+d",
+	t.Logf("%d bogus handshakes: %d accepted with a channel, %d refused, %d failed; channels %d (up %d, unconfirmed %d), peers %d, names %d, unconfirmed refused %d, evicted %d; heap %+.1f MiB, fds %+d",
 		attacks, accepted.Load(), refused.Load(), failed.Load(), st.Limits.Channels, st.ChannelsUp, st.Limits.Unconfirmed, st.PeerCount,
-		st.Limits.Names, st.Limits.UnconfirmedRefused, float64(int64(heap1)-int64(heap0))/mib, fd1-fd0)
+		st.Limits.Names, st.Limits.UnconfirmedRefused, st.Limits.UnconfirmedEvicted, float64(int64(heap1)-int64(heap0))/mib, fd1-fd0)
 	require.Zero(t, failed.Load(), "every bogus handshake gets a reply")
-	// At most ghostCap at a time: on a slow machine (-race, strace) the first ones may
-	// expire (connect timeout 2 s) before the flood ends, and their places are taken again.
-	require.LessOrEqual(t, accepted.Load(), int64(ghostCap)+int64(st.Limits.UnconfirmedExpired), "bogus channels beyond the unconfirmed cap")
+	// At most an address's share at a time: on a slow machine (-race, strace) the first
+	// ones may expire (connect timeout 2 s), or pass their grace (1 s) and be evicted,
+	// before the flood ends, and their places are taken again; a channel to a QPN nobody
+	// owns may also die of its own (its RC path fails) and free its place, which no
+	// counter tells apart: one more share is allowed for those. An engine without the cap
+	// accepts all 1 100.
+	require.LessOrEqual(t, accepted.Load(), int64(ghostCap/2)+int64(st.Limits.UnconfirmedExpired+st.Limits.UnconfirmedEvicted), "bogus channels beyond the unconfirmed cap")
+	require.LessOrEqual(t, st.Limits.Unconfirmed, ghostCap/4, "bogus channels from one address")
 	require.LessOrEqual(t, st.Limits.Channels, ghostCap+1)
 	require.LessOrEqual(t, fd1-fd0, 4*ghostCap, "fds per bogus channel")
 	require.Less(t, int64(heap1)-int64(heap0), int64(64*mib), "heap kept by bogus handshakes")

@@ -488,7 +488,7 @@ func (l *moreLedger) check(t *testing.T, what string, delivered []notify.Notify)
 		}
 		last = max(last, i)
 	}
-	lost, refusedDelivered, unfinished := 0, 0, 0
+	lost, refusedDelivered, unfinished, maybe := 0, 0, 0, 0
 	for _, m := range l.order {
 		err, fin := l.res[m]
 		switch {
@@ -504,10 +504,15 @@ func (l *moreLedger) check(t *testing.T, what string, delivered []notify.Notify)
 			if count[m] > 0 {
 				refusedDelivered++
 			}
+		case count[m] > 0:
+			// Unknown outcome (a send that outlived its bound on a loaded machine), and it
+			// landed: allowed, and counted with the acknowledged ones.
+			maybe++
+			acked++
 		}
 	}
-	t.Logf("%s: %d sent, %d acknowledged, %d refused, %d acknowledged not delivered, %d duplicates, %d out of order, %d refused yet delivered",
-		what, len(l.order), acked, rejected, lost, dups, outOfOrder, refusedDelivered)
+	t.Logf("%s: %d sent, %d acknowledged (%d of them maybe-delivered that landed), %d refused, %d acknowledged not delivered, %d duplicates, %d out of order, %d refused yet delivered",
+		what, len(l.order), acked, maybe, rejected, lost, dups, outOfOrder, refusedDelivered)
 	require.Zero(t, unfinished, "%s: sends without a result", what)
 	require.Zero(t, lost, "%s: acknowledged but never delivered", what)
 	require.Zero(t, dups, "%s: delivered twice", what)

@@ -180,6 +180,7 @@ func TestNoRNRWithCredits(t *testing.T) {
 	if testing.Short() {
 		count = 20_000
 	}
+	var firstErr atomic.Value // of the last run: what stopped a sender
 	run := func(t *testing.T, count int, slow bool, opts ...notify.Option) (rnr uint64, sent int) {
 		a := newEngine(t, notify.TransportRDMATwoSided, twoSidedOn("soft0", append(opts, notify.WithRecvCount(64), notify.WithOOBFallback(false))...)...)
 		var delivered atomic.Int64
@@ -203,6 +204,7 @@ func TestNoRNRWithCredits(t *testing.T) {
 				defer wg.Done()
 				for i := 0; i < count/senders; i++ {
 					if err := a.SendNotify(ctx, b.Addr(), notify.Notify{Name: "n", Msg: msg}); err != nil {
+						firstErr.CompareAndSwap(nil, err.Error())
 						return // without credits a QP may die of RNR: that is the point
 					}
 					okCount.Add(1)
@@ -214,7 +216,7 @@ func TestNoRNRWithCredits(t *testing.T) {
 	}
 	t.Run("credits", func(t *testing.T) {
 		rnr, sent := run(t, count, false)
-		require.Equal(t, count/16*16, sent)
+		require.Equal(t, count/16*16, sent, "a sender stopped on: %v", firstErr.Load())
 		require.Zero(t, rnr, "RNR NAKs with credit flow control")
 		t.Logf("%d one-way 64 B notifies, rq depth 64: %d RNR NAKs", sent, rnr)
 	})

@@ -178,6 +178,9 @@ func (a *agent) open(slot string, inc int, addr, transport string) (*agentEngine
 		consumer: Consumer(a.spec.Seed, slot, inc), stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	opts := []notify.Option{notify.WithListenAddr(addr), notify.WithTransport(transport), notify.WithoutProcsReserve()}
+	if q := RecvQueue(a.spec.Seed, slot, inc); q > 0 {
+		opts = append(opts, notify.WithRecvQueue(q))
+	}
 	if a.spec.Provider != "" && transport == notify.TransportRDMATwoSided {
 		opts = append(opts, notify.WithProvider(a.spec.Provider))
 	}

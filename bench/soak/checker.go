@@ -386,12 +386,19 @@ func (c *Checker) prune(st *stream) {
 func (c *Checker) senderEnded(id string) {
 	for _, k := range c.bySend[id] {
 		st := c.streams[k]
+		kept := map[uint64]delivery{}
 		for s, cl := range st.calls {
 			if cl.class != "" || st.killed {
 				delete(st.calls, s)
+				continue
+			}
+			// Unresolved: its result may still come, nil for a payload already delivered
+			// (by this call, or by the one it retries).
+			if d, ok := st.delivered[cl.p]; ok {
+				kept[cl.p] = d
 			}
 		}
-		st.delivered = map[uint64]delivery{}
+		st.delivered = kept
 		st.floor = st.maxS + 1
 	}
 }

@@ -350,6 +350,28 @@ func TestCheckerResultsAfterSenderClosed(t *testing.T) {
 	require.EqualValues(t, 1, h.c.Checked)
 }
 
+func TestCheckerDeliveredBeforeResultAfterSenderClosed(t *testing.T) {
+	// Delivered before its result was read, and the sender closed in between: the result
+	// (nil) comes after the "closed" line, which compacted the stream. The delivery counts,
+	// also for a retry whose payload its original call delivered. Before, compaction forgot
+	// the deliveries and the results were judged "lost" (the short soaks of make test, under
+	// load, and twosided soak --seed 31337).
+	h := newHist()
+	h.start(1, 1)
+	h.deliver(1, 1)
+	h.start(2, 2)
+	h.deliver(2, 2)
+	h.result(2, 2, ClassMaybe)
+	h.start(3, 2) // the retry of payload 2, with its ID
+	h.c.Step(Event{K: KindClosed, Eng: snd})
+	h.result(1, 1, ClassOK)
+	h.result(3, 2, ClassOK)
+	h.c.Step(Event{K: KindClosed, Eng: rcv})
+	h.c.Finish()
+	require.Empty(t, h.c.Violations, "%+v", h.c.Details)
+	require.EqualValues(t, 2, h.c.Checked)
+}
+
 func TestCheckerDuplicateAfterCompaction(t *testing.T) {
 	h := newHist()
 	h.send(1, 1, ClassOK, true)

@@ -2,11 +2,13 @@ package soak
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -48,6 +50,11 @@ type Config struct {
 	Progress      io.Writer
 	ProgressEvery time.Duration
 	Log           io.Writer
+	// Remote: agent hosts (`twosided soak --agent-host`), one agent each (name one twice
+	// for two), beside the Procs local agents. BindIP: the IP local engines listen on
+	// (default 127.0.0.1; with remote agents, one they can reach).
+	Remote []string
+	BindIP string
 	// RecoveryBound: a restarted engine must be reached (a notify to it acknowledged)
 	// within this of its coming up (default DefaultRecoveryBound).
 	RecoveryBound time.Duration
@@ -127,8 +134,9 @@ var ErrViolation = errors.New("soak: the delivery contract was broken")
 
 type agentProc struct {
 	idx      int
-	gen      int // spawns so far
-	cmd      *exec.Cmd
+	host     string // its agent host; "": a child of this process
+	gen      int    // spawns so far
+	run      agentRun
 	in       chan []byte
 	inDone   chan struct{}
 	alive    bool // spawned and not killed or exited
@@ -191,7 +199,7 @@ type driver struct {
 // Run runs a soak and returns what it found; the error wraps ErrViolation when the contract
 // was broken.
 func Run(ctx context.Context, cfg Config) (Result, error) {
-	if cfg.Procs < 1 || len(cfg.Transports) == 0 || cfg.Command == nil {
+	if cfg.Procs < 0 || cfg.Procs+len(cfg.Remote) < 1 || len(cfg.Transports) == 0 || cfg.Command == nil {
 		return Result{}, errors.New("soak: needs procs, transports and a command")
 	}
 	if cfg.Mix.MaxSize <= 0 {
@@ -204,7 +212,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		cfg: cfg, c: NewChecker(), addrs: map[string]string{}, incs: map[string]int{}, live: map[string]string{},
 		tr: map[string]string{}, streams: map[streamKey]*driverStream{}, msgs: make(chan agentMsg, 4096),
 		faults: map[string]int{}, restarts: map[string]time.Time{}, reach: map[reachPair]time.Time{},
-		res: make([]resTrack, cfg.Procs),
+		res: make([]resTrack, cfg.Procs+len(cfg.Remote)),
 	}
 	if d.cfg.RecoveryBound <= 0 {
 		d.cfg.RecoveryBound = DefaultRecoveryBound
@@ -218,21 +226,48 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	for _, k := range cfg.Faults {
 		d.faults[k] = 0
 	}
-	for i := range cfg.Procs {
+	// Ports are drawn at random, not from the seed: a replay must not collide with a run
+	// beside it.
+	bind := cmp.Or(cfg.BindIP, "127.0.0.1")
+	for _, h := range cfg.Remote {
+		if loopback(bind) && !loopback(h) {
+			return Result{}, fmt.Errorf("%w: the agent host %s cannot reach engines on %s: set --bind to an IP of this host it reaches", ErrRemote, h, bind)
+		}
+	}
+	addrs, err := freeAddrsOn(bind, cfg.Procs*len(cfg.Transports), seededNow())
+	if err != nil {
+		return Result{}, err
+	}
+	// One request per agent host for all its agents' ports, so that none is given twice.
+	perHost := map[string]int{}
+	for _, h := range cfg.Remote {
+		perHost[h]++
+	}
+	hostAddrs := map[string][]string{}
+	for h, k := range perHost {
+		if hostAddrs[h], err = hostPorts(h, k*len(cfg.Transports)); err != nil {
+			return Result{}, err
+		}
+	}
+	for i := range cfg.Procs + len(cfg.Remote) {
 		ap := &agentProc{idx: i, stderr: &tailBuffer{max: 16 << 10}}
+		var mine []string
+		if i < cfg.Procs {
+			mine = addrs[i*len(cfg.Transports):]
+		} else {
+			ap.host = cfg.Remote[i-cfg.Procs]
+			mine = hostAddrs[ap.host]
+			hostAddrs[ap.host] = mine[len(cfg.Transports):]
+		}
 		for j, tr := range cfg.Transports {
 			slot := SlotName(i, j)
-			addr, err := freeAddr()
-			if err != nil {
-				return Result{}, err
-			}
-			d.addrs[slot], d.tr[slot] = addr, tr
+			d.addrs[slot], d.tr[slot] = mine[j], tr
 			ap.slots = append(ap.slots, slot)
 		}
 		d.agents = append(d.agents, ap)
 	}
 	start := time.Now()
-	err := d.run(ctx)
+	err = d.run(ctx)
 	d.c.Finish()
 	res := d.result(time.Since(start))
 	if err == nil && d.c.Total() > 0 {
@@ -244,13 +279,40 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	return res, err
 }
 
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("soak: a free port: %w", err)
+// freeAddrs picks n distinct free loopback addresses for the engines. The ports come from
+// below the kernel's ephemeral range (32768 and up on Linux by default), so that no
+// connection's local port takes one between the pick and an agent's (re)start, and each is
+// held until all are picked, so that no two are the same.
+func freeAddrs(n int, r *rand.Rand) ([]string, error) { return freeAddrsOn("127.0.0.1", n, r) }
+
+// seededNow is a generator seeded from the clock and the process: ports are not the
+// schedule's, and two runs side by side must not draw the same.
+func seededNow() *rand.Rand {
+	return rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
+}
+
+// freeAddrsOn is freeAddrs on the IP ip.
+func freeAddrsOn(ip string, n int, r *rand.Rand) ([]string, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+	}()
+	for tries := 0; len(ls) < n; tries++ {
+		if tries == 1000 {
+			return nil, fmt.Errorf("soak: %d free ports on %s in 20000–32767: found %d", n, ip, len(ls))
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(20000+r.IntN(12768))))
+		if err == nil {
+			ls = append(ls, l)
+		}
 	}
-	addr := l.Addr().String()
-	return addr, l.Close()
+	addrs := make([]string, n)
+	for i, l := range ls {
+		addrs[i] = l.Addr().String()
+	}
+	return addrs, nil
 }
 
 func (d *driver) step(ev Event) {
@@ -281,7 +343,7 @@ func (d *driver) run(ctx context.Context) (err error) {
 	sample := time.NewTicker(d.cfg.SampleEvery)
 	defer sample.Stop()
 	start := time.Now()
-	fg := NewFaultGen(d.cfg.Seed, d.cfg.Faults, d.cfg.Procs, len(d.cfg.Transports), int(d.cfg.FaultEvery/time.Millisecond))
+	fg := NewFaultGen(d.cfg.Seed, d.cfg.Faults, len(d.agents), len(d.cfg.Transports), int(d.cfg.FaultEvery/time.Millisecond))
 	d.nextFault(fg)
 	ended := false
 	for d.running {
@@ -316,11 +378,11 @@ func (d *driver) run(ctx context.Context) (err error) {
 func (d *driver) wind(start time.Time) error {
 	d.later = nil
 	for _, ap := range d.agents {
-		if ctl := d.ctlPath(ap); ctl != "" { // the device faults under way end
-			_ = os.WriteFile(ctl, []byte("port=up\n"), 0o600)
+		if ap.alive && d.deviceFaults() { // the device faults under way end
+			_ = ap.run.Device("port=up")
 		}
 		if ap.stopped && ap.alive {
-			_ = ap.cmd.Process.Signal(syscall.SIGCONT)
+			_ = ap.run.Signal(syscall.SIGCONT)
 			ap.stopped = false
 		}
 	}
@@ -437,9 +499,14 @@ type reachPair struct{ from, to string }
 // every live engine, and one of every live engine to it, must be acknowledged.
 func (d *driver) awaitReach(slot string) {
 	now := time.Now()
-	for other := range d.live {
-		if other != slot {
+	for other, id := range d.live {
+		if other == slot {
+			continue
+		}
+		if !Receiver(d.cfg.Seed, d.live[slot]) {
 			d.reach[reachPair{slot, other}] = now
+		}
+		if !Receiver(d.cfg.Seed, id) {
 			d.reach[reachPair{other, slot}] = now
 		}
 	}
@@ -528,33 +595,50 @@ func (d *driver) spawn(ap *agentProc) error {
 		d.step(Event{K: KindBegin, Slot: slot, Inc: d.incs[slot]})
 	}
 	raw, _ := json.Marshal(spec)
-	cmd := d.cfg.Command([]string{"--spec", string(raw)})
-	if ctl := d.ctlPath(ap); ctl != "" {
-		if err := os.WriteFile(ctl, []byte("port=up\n"), 0o600); err != nil {
-			return fmt.Errorf("soak: %w", err)
-		}
-		if cmd.Env == nil {
-			cmd.Env = os.Environ()
-		}
-		cmd.Env = append(cmd.Env, "SOFTVERBS_CTL="+ctl)
-	}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return err
-	}
 	ap.stderr.reset()
-	cmd.Stderr = ap.stderr
+	var stderr io.Writer = ap.stderr
 	if d.cfg.Log != nil {
-		cmd.Stderr = io.MultiWriter(ap.stderr, d.cfg.Log)
+		stderr = io.MultiWriter(ap.stderr, d.cfg.Log)
 	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("soak: start agent %d: %w", ap.idx, err)
+	var (
+		run    agentRun
+		stdin  io.WriteCloser
+		stdout io.Reader
+		err    error
+	)
+	if ap.host != "" {
+		run, stdin, stdout, err = spawnRemote(ap.host, raw, stderr)
+		if err != nil {
+			return err
+		}
+		if d.deviceFaults() {
+			_ = run.Device("port=up")
+		}
+	} else {
+		cmd := d.cfg.Command([]string{"--spec", string(raw)})
+		lr := &localRun{cmd: cmd, ctl: d.ctlPath(ap)}
+		if lr.ctl != "" {
+			if err := os.WriteFile(lr.ctl, []byte("port=up\n"), 0o600); err != nil {
+				return fmt.Errorf("soak: %w", err)
+			}
+			if cmd.Env == nil {
+				cmd.Env = os.Environ()
+			}
+			cmd.Env = append(cmd.Env, "SOFTVERBS_CTL="+lr.ctl)
+		}
+		if stdin, err = cmd.StdinPipe(); err != nil {
+			return err
+		}
+		if stdout, err = cmd.StdoutPipe(); err != nil {
+			return err
+		}
+		cmd.Stderr = stderr
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("soak: start agent %d: %w", ap.idx, err)
+		}
+		run = lr
 	}
-	ap.cmd, ap.alive, ap.stopped, ap.bye, ap.inClosed = cmd, true, false, false, false
+	ap.run, ap.alive, ap.stopped, ap.bye, ap.inClosed = run, true, false, false, false
 	d.res[ap.idx] = resTrack{gen: ap.gen, spawned: time.Now()}
 	ap.in, ap.inDone, ap.exited = make(chan []byte, 1<<14), make(chan struct{}), make(chan struct{})
 	go func(in chan []byte, done chan struct{}) { // writes never block the driver
@@ -582,7 +666,7 @@ func (d *driver) spawn(ap *agentProc) error {
 			ev, err := Decode(sc.Bytes())
 			d.msgs <- agentMsg{agent: idx, gen: gen, ev: ev, err: err}
 		}
-		err := cmd.Wait()
+		err := run.Wait()
 		close(exited)
 		d.msgs <- agentMsg{agent: idx, gen: gen, eof: true, err: err}
 	}()
@@ -597,9 +681,14 @@ func (d *driver) closeIn(ap *agentProc) {
 	}
 }
 
-// ctlPath is ap's softverbs control file, "" without device faults.
+// deviceFaults says whether the run injects softverbs' device faults.
+func (d *driver) deviceFaults() bool {
+	return d.cfg.Provider == "verbs" && slices.Contains(d.cfg.Faults, FaultDevice)
+}
+
+// ctlPath is local agent ap's softverbs control file, "" without device faults.
 func (d *driver) ctlPath(ap *agentProc) string {
-	if d.cfg.DeviceCtlDir == "" || d.cfg.Provider != "verbs" || !slices.Contains(d.cfg.Faults, FaultDevice) {
+	if d.cfg.DeviceCtlDir == "" || !d.deviceFaults() {
 		return ""
 	}
 	return filepath.Join(d.cfg.DeviceCtlDir, fmt.Sprintf("agent%d.ctl", ap.idx))
@@ -679,7 +768,7 @@ func (d *driver) handle(m agentMsg) {
 		if d.running {
 			d.awaitReach(ev.Slot)
 		}
-		if !d.running {
+		if !d.running || Receiver(d.cfg.Seed, ev.Eng) {
 			return
 		}
 		for slot := range d.addrs {
@@ -726,7 +815,7 @@ func (d *driver) dispatch(st *driverStream) {
 	ev.Eng, ev.Slot = st.from, st.to
 	_, port, _ := net.SplitHostPort(d.addrs[st.to])
 	ev.Names = []string{d.addrs[st.to], net.JoinHostPort("localhost", port)}
-	if d.cfg.Mix.OneName {
+	if d.cfg.Mix.OneName || !loopback(d.addrs[st.to]) {
 		ev.Names = ev.Names[:1]
 	}
 	st.busy = true
@@ -793,6 +882,21 @@ func (d *driver) inject(f Fault) {
 		if ap.stopped {
 			return
 		}
+		if f.Variant == KillPaused {
+			note(fmt.Sprintf("agent %d's consumers pause %d ms, then it is killed -9, down %d ms", ap.idx, f.US/1000, f.MS))
+			for _, slot := range ap.slots {
+				d.send(ap, Event{K: CmdPause, Slot: slot, MS: f.US/1000 + 1000})
+			}
+			gen := ap.gen
+			d.at(time.Now().Add(time.Duration(f.US)*time.Microsecond), func() {
+				if ap.gen == gen && ap.alive && !ap.stopped {
+					d.step(Event{K: KindFault, Err: fmt.Sprintf("kill -9 agent %d, paused", ap.idx)})
+					ap.downMS = f.MS
+					d.kill(ap, true)
+				}
+			})
+			return
+		}
 		note(fmt.Sprintf("kill -9 agent %d, down %d ms", ap.idx, f.MS))
 		ap.downMS = f.MS
 		d.kill(ap, true)
@@ -801,12 +905,12 @@ func (d *driver) inject(f Fault) {
 			return
 		}
 		note(fmt.Sprintf("SIGSTOP agent %d for %d ms", ap.idx, f.MS))
-		_ = ap.cmd.Process.Signal(syscall.SIGSTOP)
+		_ = ap.run.Signal(syscall.SIGSTOP)
 		ap.stopped = true
 		gen := ap.gen
 		d.at(time.Now().Add(time.Duration(f.MS)*time.Millisecond), func() {
 			if ap.gen == gen && ap.alive && ap.stopped {
-				_ = ap.cmd.Process.Signal(syscall.SIGCONT)
+				_ = ap.run.Signal(syscall.SIGCONT)
 				ap.stopped = false
 			}
 		})
@@ -825,18 +929,17 @@ func (d *driver) inject(f Fault) {
 		}
 		d.send(ap, Event{K: CmdReopen, Slot: f.Slot, Inc: d.incs[f.Slot]})
 	case FaultDevice:
-		ctl := d.ctlPath(ap)
-		if ctl == "" {
+		if !d.deviceFaults() || (ap.host == "" && d.ctlPath(ap) == "") {
 			return
 		}
 		note(fmt.Sprintf("agent %d's device: %s for %d ms", ap.idx, f.Device, f.MS))
-		if err := os.WriteFile(ctl, []byte(f.Device+"\n"), 0o600); err != nil {
+		if err := ap.run.Device(f.Device); err != nil {
 			d.logf("device fault: %v", err)
 		}
 		gen := ap.gen
 		d.at(time.Now().Add(time.Duration(f.MS)*time.Millisecond), func() {
-			if ap.gen == gen {
-				_ = os.WriteFile(ctl, []byte(f.End+"\n"), 0o600)
+			if ap.gen == gen && ap.alive {
+				_ = ap.run.Device(f.End)
 			}
 		})
 	case FaultCut:
@@ -881,7 +984,7 @@ func (d *driver) kill(ap *agentProc, restart bool) {
 	if !ap.alive {
 		return
 	}
-	_ = ap.cmd.Process.Signal(syscall.SIGKILL)
+	_ = ap.run.Signal(syscall.SIGKILL)
 	ap.alive = false
 	for _, slot := range ap.slots {
 		d.step(Event{K: KindKill, Slot: slot, Inc: d.incs[slot]})
@@ -920,7 +1023,7 @@ func (d *driver) progress(el time.Duration) {
 
 func (d *driver) result(el time.Duration) Result {
 	r := Result{
-		Seed: d.cfg.Seed, Duration: el.Seconds(), Procs: d.cfg.Procs, Transports: d.cfg.Transports, Provider: d.cfg.Provider,
+		Seed: d.cfg.Seed, Duration: el.Seconds(), Procs: len(d.agents), Transports: d.cfg.Transports, Provider: d.cfg.Provider,
 		Ops: d.ops, Calls: d.c.Calls, Acked: d.c.Acked, Maybe: d.c.Maybe, Failed: d.c.Failed, Delivered: d.c.Delivered,
 		NotifiesChecked: d.c.Checked, Faults: d.faults, Violations: d.c.Violations, Allowances: d.c.Allowances, Details: d.c.Details,
 	}

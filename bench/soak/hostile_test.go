@@ -113,3 +113,23 @@ func TestHostileNothingForgedDelivered(t *testing.T) {
 		}
 	}
 }
+
+// TestFreeAddrs: distinct, bindable, below the ephemeral range.
+func TestFreeAddrs(t *testing.T) {
+	addrs, err := freeAddrs(40, rand.New(rand.NewPCG(7, 7)))
+	require.NoError(t, err)
+	seen := map[string]bool{}
+	for _, a := range addrs {
+		require.False(t, seen[a], "%s picked twice", a)
+		seen[a] = true
+		_, p, err := net.SplitHostPort(a)
+		require.NoError(t, err)
+		n, err := strconv.Atoi(p)
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, n, 20000)
+		require.Less(t, n, 32768)
+		l, err := net.Listen("tcp", a)
+		require.NoError(t, err, "a picked port is free again once picked")
+		l.Close()
+	}
+}

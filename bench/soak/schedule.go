@@ -39,6 +39,9 @@ const (
 // AllFaults are the local faults, all on by default.
 var AllFaults = []string{FaultKill, FaultStop, FaultReopen, FaultPause, FaultSlow, FaultDevice, FaultCut, FaultHostile}
 
+// KillPaused: a kill whose agent's consumers pause first (Fault.US microseconds before).
+const KillPaused = "paused"
+
 // Hostile variants.
 const (
 	HostileFlood   = "flood"
@@ -93,6 +96,20 @@ func Consumer(seed uint64, slot string, inc int) string {
 	return [...]string{ConsumeRecv, ConsumeHandler, ConsumePoll}[seeded(seed, "consumer", EngineID(slot, inc)).IntN(3)]
 }
 
+// Receiver draws whether engine incarnation id only receives: one in five sends nothing,
+// as many receivers in a cluster do, so that a peer learns of its restart from nothing
+// but the path (no handshake of its own comes to tell).
+func Receiver(seed uint64, id string) bool {
+	return seeded(seed, "receiver", id).IntN(5) == 0
+}
+
+// RecvQueue draws incarnation inc of slot's receive queue bound (WithRecvQueue): the
+// default (0) or a short one that a paused consumer fills within a second, so that
+// backpressure (credits stopped, OOB answered busy) is part of the mix.
+func RecvQueue(seed uint64, slot string, inc int) int {
+	return [...]int{0, 0, 256, 32}[seeded(seed, "recvqueue", EngineID(slot, inc)).IntN(4)]
+}
+
 // Fault is one injection: Kind on Agent (kill, stop) or on engine Slot (reopen, pause,
 // slow), lasting MS milliseconds (stop, pause; the time down for kill) or US microseconds
 // per notify (slow); the next one comes AfterMS later.
@@ -137,6 +154,11 @@ func (g *FaultGen) Next() (f Fault, ok bool) {
 	switch f.Kind {
 	case FaultKill:
 		f.MS = g.r.IntN(1500)
+		if g.r.IntN(3) == 0 {
+			// Killed while it applies backpressure: its consumers pause first, long enough
+			// for short queues to fill and credits to stop.
+			f.Variant, f.US = KillPaused, 1000*(500+g.r.IntN(1500))
+		}
 	case FaultStop:
 		f.MS = 100 + g.r.IntN(2000)
 	case FaultPause:

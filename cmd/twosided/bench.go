@@ -5,9 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -19,9 +21,12 @@ func init() {
 		Name: "bench",
 		Summary: "Benchmark notify transports (rdma_twosided, oob, oob-classic) against TCP floors\n" +
 			"(floor-block, floor-spin); rdma_twosided on the soft provider, or on a libibverbs device\n" +
-			"(--provider verbs, -tags rdma). With no flags: the default suite, two processes, ~30 s.",
+			"(--provider verbs, -tags rdma). With no flags: the default suite, two processes, a few minutes.\n" +
+			"Between two hosts: bench --server on one, bench --client HOST:18515 on the other (round trips only).",
 		Usage: "[--scenario list] [--transport list] [--procs 1|2] [-n count] [-s sizes] [--peers k]\n" +
-			"       [-D duration] [--busy-poll 50us] [--window w] [--provider soft|verbs] [--keepalive-off] [--json file] [--plot file.svg]",
+			"       [-D duration] [--busy-poll 50us] [--window w] [--provider soft|verbs] [--keepalive-off] [--json file] [--plot file.svg]\n" +
+			"       [--repeat 3] [--burst-time 1s] [--anchors ucx] [--client host:port]\n" +
+			"   or: bench --server [host:port]   (the receiving side for --client on another host; default port 18515)",
 		Run: runBench,
 	})
 }
@@ -83,11 +88,56 @@ func (l *list) Set(v string) error {
 	return nil
 }
 
+// serverFlag is --server: alone it listens on every address at the default port; with a
+// value (--server host:port, --server=host:port, a host or :port) there.
+type serverFlag struct {
+	set  bool
+	addr string
+}
+
+func (f *serverFlag) String() string { return f.addr }
+
+func (f *serverFlag) IsBoolFlag() bool { return true }
+
+func (f *serverFlag) Set(v string) error {
+	f.set = true
+	switch v {
+	case "true", "":
+		f.addr = fmt.Sprintf(":%d", bench.DefaultServerPort)
+		return nil
+	case "false":
+		f.set = false
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(v); err != nil {
+		v = net.JoinHostPort(v, strconv.Itoa(bench.DefaultServerPort)) // a host alone
+	}
+	f.addr = v
+	return nil
+}
+
+// joinServerAddr turns "--server host:port" into "--server=host:port": --server is also
+// a flag on its own, which the flag package would end at.
+func joinServerAddr(args []string) []string {
+	out := make([]string, 0, len(args))
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if (a == "--server" || a == "-server") && i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") {
+			out = append(out, a+"="+args[i+1])
+			i++
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
 func runBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	bench.ChildMain() // a two-process run re-executes "twosided bench" as its receiving side
 	var cfg bench.Config
-	var scenarios, transports list
+	var scenarios, transports, anchors list
 	var sizes sizeList
+	var server serverFlag
 	fs.Var(&scenarios, "scenario", "scenarios, comma list: "+strings.Join(bench.Scenarios, ", ")+" (default all)")
 	fs.Var(&transports, "transport", "transports, comma list: "+strings.Join(bench.AllTransports, ", ")+" (default all but the verbs floors)")
 	fs.IntVar(&cfg.Procs, "procs", 2, "1: sender and receiver in one process (one clock); 2: the receivers in a child process")
@@ -106,10 +156,18 @@ func runBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 	fs.DurationVar(&cfg.RunTimeout, "timeout", 0, "bound on one run (default 2m)")
 	fs.StringVar(&cfg.JSONPath, "json", "", "write every figure and the run's settings to this file")
 	fs.StringVar(&cfg.PlotPath, "plot", "", "write latency CDFs and throughput vs size to this SVG file")
-	if err := parseFlags(fs, args); err != nil {
+	fs.IntVar(&cfg.Repeat, "repeat", 3, "runs of each pipelined figure (burst, bidi, fanin, fanout); the table shows the median and the spread")
+	fs.DurationVar(&cfg.BurstTime, "burst-time", time.Second, "how long each pipelined run sends when -n is not given (a steady state)")
+	fs.Var(&anchors, "anchors", "outside references beside ours: ucx (ucx_perftest ucp_am_lat and ucp_am_bw over UCX_TLS=tcp, on loopback or, with --client, between the hosts; skipped when not installed)")
+	fs.StringVar(&cfg.Server, "client", "", "run against a bench server on another host (host:port of `twosided bench --server`): the receivers run there, only round trips are timed")
+	fs.Var(&server, "server", "serve the receiving side to --client runs from other hosts, on [host:port] (default :18515), until interrupted")
+	if err := parseFlags(fs, joinServerAddr(args)); err != nil {
 		return err
 	}
-	cfg.Scenarios, cfg.Transports, cfg.Sizes = scenarios, transports, sizes
+	if server.set {
+		return serveBench(ctx, fs, server.addr, stdout)
+	}
+	cfg.Scenarios, cfg.Transports, cfg.Sizes, cfg.Anchors = scenarios, transports, sizes, anchors
 	cfg.ChildArgs = []string{"bench"}
 	if w := fs.Output(); isTerminalWriter(w) {
 		cfg.Progress = w // a status line while the suite runs (bench shows it after 2 s)
@@ -122,6 +180,34 @@ func runBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 		return fmt.Errorf("%d of %d runs failed", len(rep.Failures), len(rep.Failures)+len(rep.Results))
 	}
 	return nil
+}
+
+// serveBench runs a bench server until ctx ends (Ctrl-C).
+func serveBench(ctx context.Context, fs *flag.FlagSet, addr string, stdout io.Writer) error {
+	var other []string
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name != "server" {
+			other = append(other, "--"+f.Name)
+		}
+	})
+	if len(other) > 0 {
+		return usageError(fs, fmt.Sprintf("--server takes no run flags (%s): the client chooses the runs", strings.Join(other, ", ")))
+	}
+	srv, err := bench.NewServer(addr)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "twosided bench server: listening on %s (protocol %s v%d); on the other host: twosided bench --client THIS_HOST:%s; Ctrl-C stops it\n",
+		srv.Addr(), bench.ProtoName, bench.ProtoVersion, listenPort(srv.Addr()))
+	return srv.Serve(ctx, stdout)
+}
+
+func listenPort(addr string) string {
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	return p
 }
 
 func isTerminal(f *os.File) bool {

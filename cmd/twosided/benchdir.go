@@ -13,9 +13,10 @@ import (
 func init() {
 	register(&command{
 		Name: "bench-directory",
-		Summary: "Fan-in from sender processes registered in etcd to one receiver, by server name and by\n" +
-			"host:port, and the resolve cost (cached, uncached). Needs an etcd: --metadata etcd://host:2379.",
-		Usage: "--metadata etcd://host:2379 [--senders 16] [-n count] [-s size] [--transport t] [--cluster-id id] [--json file]",
+		Summary: "Fan-in from sender processes registered in a metadata service to one receiver, by server\n" +
+			"name and by host:port, and the resolve cost (cached, uncached). Needs etcd, Redis or an HTTP\n" +
+			"metadata server: --metadata etcd://host:2379, redis://host:6379 or http://host:8080/metadata.",
+		Usage: "--metadata etcd://h:2379|redis://h:6379|http://h:8080/metadata [--senders 16] [-n count] [-s size] [--transport t] [--cluster-id id] [--json file]",
 		Run:   runBenchDirectory,
 	})
 }
@@ -23,7 +24,7 @@ func init() {
 func runBenchDirectory(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	bench.ChildMain() // the senders re-execute "twosided bench-directory"
 	var cfg bench.DirectoryConfig
-	fs.StringVar(&cfg.Metadata, "metadata", os.Getenv("MC_METADATA_SERVER"), "etcd to register in (default MC_METADATA_SERVER)")
+	fs.StringVar(&cfg.Metadata, "metadata", os.Getenv("MC_METADATA_SERVER"), "metadata service to register in: etcd://, redis:// or http:// (default MC_METADATA_SERVER)")
 	fs.StringVar(&cfg.ClusterID, "cluster-id", "", "keys under mooncake/<id>/rpc_meta/ (default twosided-bench)")
 	fs.StringVar(&cfg.Transport, "transport", "", "oob or rdma_twosided (default rdma_twosided)")
 	fs.IntVar(&cfg.Senders, "senders", 0, "sender processes (default 16)")

@@ -1,11 +1,16 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/twosided/twosided/notify"
-	_ "github.com/twosided/twosided/notify/directory/etcd" // --metadata etcd://…, MC_METADATA_SERVER
+	_ "github.com/twosided/twosided/notify/directory/etcd"  // --metadata etcd://…, MC_METADATA_SERVER
+	_ "github.com/twosided/twosided/notify/directory/http"  // --metadata http://host:port/path
+	_ "github.com/twosided/twosided/notify/directory/redis" // --metadata redis://host:port
 )
 
 // dirFlags are the directory settings: --metadata for serve and send, --name (the server
@@ -19,14 +24,14 @@ type dirFlags struct {
 }
 
 func (f *dirFlags) define(fs *flag.FlagSet) {
-	fs.StringVar(&f.metadata, "metadata", "", "metadata service: P2PHANDSHAKE or etcd://host:2379[,host:2379] (default MC_METADATA_SERVER, else none: peers are host:port)")
+	fs.StringVar(&f.metadata, "metadata", "", "metadata service: P2PHANDSHAKE, etcd://host:2379[,host:2379], redis://host:6379 (MC_REDIS_* variables) or http://host:8080/metadata (default MC_METADATA_SERVER, else none: peers are host:port)")
 	fs.StringVar(&f.clusterID, "cluster-id", "", "keys under mooncake/<id>/rpc_meta/ (default MC_METADATA_CLUSTER_ID)")
 }
 
 // defineName adds serve's --name and --lease-ttl.
 func (f *dirFlags) defineName(fs *flag.FlagSet) {
 	fs.StringVar(&f.name, "name", "", "server name to register in the metadata service (peers then send to it by name)")
-	fs.DurationVar(&f.ttl, "lease-ttl", 0, "lease TTL of the registration, whole seconds (default 10s): a killed server's entry goes within it")
+	fs.DurationVar(&f.ttl, "lease-ttl", 0, "TTL of the registration, whole seconds (default 10s): a killed server's entry goes within it (etcd, redis, twosided metadata-server)")
 }
 
 func (f *dirFlags) options() []notify.Option {
@@ -45,3 +50,12 @@ func (f *dirFlags) options() []notify.Option {
 	}
 	return opts
 }
+
+// quietRedisLog drops go-redis's own log lines: during an outage its pool prints one per
+// failed dial on stderr, while the directory says once that Redis is unreachable and
+// again when it is back (the engine's log).
+type quietRedisLog struct{}
+
+func (quietRedisLog) Printf(context.Context, string, ...any) {}
+
+func init() { goredis.SetLogger(quietRedisLog{}) }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/twosided/twosided/ibv"
 	"github.com/twosided/twosided/notify"
+	"github.com/twosided/twosided/notify/directory"
 	"github.com/twosided/twosided/oob"
 	"github.com/twosided/twosided/reactor/limits"
 )
@@ -24,7 +25,7 @@ func init() {
 	register(&command{
 		Name:    "doctor",
 		Summary: "Check the RDMA path: devices, ports, GIDs, a loopback RC SEND/RECV, a notify echo over rdma_twosided, a remote engine (--peer); hints and one verdict line.",
-		Usage:   "[--peer host:port [--listen host:port]] [--provider name] [--device name] [--timeout d] [--allow-soft] [--json]",
+		Usage:   "[--peer host:port|server-name [--metadata conn] [--listen host:port]] [--provider name] [--device name] [--timeout d] [--allow-soft] [--json]",
 		Run:     runDoctor,
 	})
 }
@@ -53,7 +54,9 @@ first, so its failure stays the verdict). 1: the path does not work; 2: a bad co
 
 func runDoctor(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	var o doctorOptions
-	fs.StringVar(&o.peer, "peer", "", "also check a remote engine at this OOB address (host:port of twosided serve --transport rdma_twosided)")
+	fs.StringVar(&o.peer, "peer", "", "also check a remote engine at this OOB address (host:port of twosided serve --transport rdma_twosided), or of this server name with --metadata")
+	var df dirFlags
+	df.define(fs)
 	fs.StringVar(&o.provider, "provider", "", "check only this provider's devices: soft or verbs (default every provider)")
 	fs.StringVar(&o.device, "device", "", "check only the device of this name (default every device)")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "bound of each step (opening a device, the loopback, the echo, the peer check)")
@@ -69,8 +72,28 @@ func runDoctor(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.W
 		return usageError(fs, fmt.Sprintf("--timeout %v: must be positive", o.timeout))
 	}
 	if o.peer != "" {
-		if _, _, err := net.SplitHostPort(o.peer); err != nil {
-			return usageError(fs, fmt.Sprintf("--peer %q: %v", o.peer, err))
+		_, _, aerr := net.SplitHostPort(o.peer)
+		meta := df.metadata
+		if meta == "" {
+			meta = os.Getenv("MC_METADATA_SERVER")
+		}
+		cid := df.clusterID
+		if cid == "" {
+			cid = os.Getenv("MC_METADATA_CLUSTER_ID")
+		}
+		switch {
+		case aerr != nil && meta == "":
+			return usageError(fs, fmt.Sprintf("--peer %q: not host:port (%v); a server name needs --metadata or MC_METADATA_SERVER", o.peer, aerr))
+		case meta != "" && meta != directory.P2PHandshake:
+			addr, err := resolvePeerName(ctx, meta, cid, o.peer, o.timeout)
+			switch {
+			case err == nil:
+				o.peerName, o.peer = o.peer, addr
+			case aerr == nil && errors.Is(err, notify.ErrPeerUnknown):
+				// a host:port that is no server name is an address, as for the engine
+			default:
+				return fmt.Errorf("doctor: --peer %s: %w", o.peer, err)
+			}
 		}
 	}
 	rep := doctor(ctx, o, ibv.Providers())
@@ -94,6 +117,7 @@ var errDoctorFailed = errors.New("the RDMA path does not work (see the verdict)"
 
 type doctorOptions struct {
 	peer, provider, device, listen string
+	peerName                       string // --peer's server name; peer is then its address
 	timeout                        time.Duration
 	allowSoft                      bool
 }
@@ -697,6 +721,40 @@ func sentPath(before, after notify.Stats) string {
 	return "unknown"
 }
 
+// peerLabel names the peer in messages: its server name and address, or its address.
+func (o doctorOptions) peerLabel() string {
+	if o.peerName != "" {
+		return o.peerName + " (" + o.peer + ")"
+	}
+	return o.peer
+}
+
+// resolvePeerName looks a server name up in the metadata service meta, within timeout.
+// The error wraps notify.ErrConfig (a bad connection string), notify.ErrPeerUnknown (not
+// registered, or a value that does not decode) or directory.ErrUnavailable, and names the
+// service and the key.
+func resolvePeerName(ctx context.Context, meta, clusterID, name string, timeout time.Duration) (string, error) {
+	d, err := directory.Open(meta, directory.Config{ClusterID: clusterID})
+	if err != nil {
+		return "", fmt.Errorf("%w: metadata: %v", notify.ErrConfig, err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		_ = d.Close(cctx)
+	}()
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	addr, err := d.Resolve(rctx, name)
+	switch {
+	case err == nil:
+		return addr, nil
+	case errors.Is(err, directory.ErrNotFound), errors.Is(err, directory.ErrBadValue), errors.Is(err, directory.ErrBadName):
+		return "", fmt.Errorf("%w: %s: %w", notify.ErrPeerUnknown, name, err)
+	}
+	return "", fmt.Errorf("resolving %s: %w", name, err)
+}
+
 // peerResult is what the peer check found.
 type peerResult struct {
 	path   string
@@ -714,7 +772,7 @@ func peerCheck(ctx context.Context, o doctorOptions, dev doctorDevice, h *hints)
 	_, port, _ := net.SplitHostPort(o.peer)
 	if err != nil {
 		st.Error = err.Error()
-		st.Detail = fmt.Sprintf("one notify from an engine on %s to %s failed: %v%s", dev.Name, o.peer, err, r.detail)
+		st.Detail = fmt.Sprintf("one notify from an engine on %s to %s failed: %v%s", dev.Name, o.peerLabel(), err, r.detail)
 		if errors.Is(err, oob.ErrNotSent) || errors.Is(err, notify.ErrPeerUnreachable) || errors.Is(err, oob.ErrPeerUnreachable) ||
 			errors.Is(err, notify.ErrTimeout) || errors.Is(err, errStepTimeout) {
 			st.Summary = fmt.Sprintf("its OOB port %s is unreachable (%s)", port, lastCause(err))
@@ -727,7 +785,7 @@ func peerCheck(ctx context.Context, o doctorOptions, dev doctorDevice, h *hints)
 		return st
 	}
 	st.Path = r.path
-	st.Detail = fmt.Sprintf("one notify from an engine on %s to %s over %s%s", dev.Name, o.peer, pathName(r.path), r.detail)
+	st.Detail = fmt.Sprintf("one notify from an engine on %s to %s over %s%s", dev.Name, o.peerLabel(), pathName(r.path), r.detail)
 	if r.path != "channel" {
 		h.add("%s: the notify went over OOB, not RDMA: the peer must run rdma_twosided (MC_USE_RDMA_TWOSIDED=1 or --transport rdma_twosided); if it does, the QPs could not connect: set the same MC_GID_INDEX type (RoCE v2) and MC_MTU on both sides, and MC_IB_TC/MC_IB_SL to the class the fabric carries", o.peer)
 		return st

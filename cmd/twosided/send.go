@@ -14,7 +14,7 @@ func init() {
 	register(&command{
 		Name:    "send",
 		Summary: "Send notifies to a peer and report each result and its latency.",
-		Usage:   "--peer host:port|server-name [--metadata etcd://host:2379] [-n count] [--notify-name name] [--msg text | -s size] [--transport oob|rdma_twosided]",
+		Usage:   "--peer host:port|server-name [--metadata etcd://h:2379|redis://h:6379|http://h:8080/metadata] [-n count] [--notify-name name] [--msg text | -s size] [--transport oob|rdma_twosided]",
 		Run:     runSend,
 	})
 }
@@ -69,6 +69,14 @@ func runSend(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wri
 		return err
 	}
 	defer closeEngine(e)
+	// A server name's address, for the errors: a dead address fails the handshake at once,
+	// and the error then names both.
+	target := *peer
+	rctx, rcancel := context.WithTimeout(ctx, *timeout)
+	if addr, err := e.Resolve(rctx, *peer); err == nil && addr != *peer {
+		target = fmt.Sprintf("%s (%s)", *peer, addr)
+	}
+	rcancel()
 	var failed int
 	var total time.Duration
 	prog := newProgress(stdout, fs.Output(), *count, "send", !*quiet)
@@ -83,7 +91,7 @@ func runSend(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wri
 		total += d
 		if err != nil {
 			failed++
-			fmt.Fprintf(stdout, "notify %d/%d to %s: error after %v: %v\n", i+1, *count, *peer, d.Round(time.Microsecond), err)
+			fmt.Fprintf(stdout, "notify %d/%d to %s: error after %v: %v\n", i+1, *count, target, d.Round(time.Microsecond), err)
 			if ctx.Err() != nil {
 				break
 			}

@@ -17,7 +17,7 @@ func init() {
 	register(&command{
 		Name:    "serve",
 		Summary: "Run a notify engine, show its address and print the notifies it receives (or count them).",
-		Usage:   "[--listen host:port] [--name N --metadata etcd://host:2379] [--transport oob|rdma_twosided] [--count-only] [--expect n] [--duration d] [--full] [--metrics host:port] [--stats interval]",
+		Usage:   "[--listen host:port] [--name N --metadata etcd://h:2379|redis://h:6379|http://h:8080/metadata] [--transport oob|rdma_twosided] [--count-only] [--expect n] [--duration d] [--full] [--metrics host:port] [--stats interval]",
 		Run:     runServe,
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -25,9 +26,10 @@ func init() {
 		Summary: "check the delivery contract end to end under faults: agent processes of this binary\n" +
 			"send to each other with a seeded mix of calls while they are killed, stopped and\n" +
 			"reopened; every acknowledged notify must arrive once, in order. Exit 1 on a violation.",
-		Usage: "[--duration 1m] [--seed n] [--faults all|none|kill,stop,reopen,pause,slow,device,cut,hostile] [--procs 3]\n" +
+		Usage: "[--duration 1m] [--seed n] [--remote ip:port,... --bind ip] [--faults all|none|kill,stop,reopen,pause,slow,device,cut,hostile] [--procs 3]\n" +
 			"       [--provider soft|verbs] [--transports rdma_twosided,oob] [--json file] [--plant lose|dup|reorder|leak]\n" +
-			"       [--recovery-bound 20s]",
+			"       [--recovery-bound 20s]\n" +
+			"       twosided soak --agent-host --listen ip:port    (on each other host of a run)",
 		Run: runSoak,
 	})
 }
@@ -35,6 +37,10 @@ func init() {
 func runSoak(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	var (
 		agent      = fs.Bool("agent", false, "run as an agent of a soak (the parent starts these)")
+		agentHost  = fs.Bool("agent-host", false, "serve a soak run from another host: start its agents here on its word (with --listen)")
+		listen     = fs.String("listen", "", "with --agent-host: the ip:port to serve on; its IP is where this host's engines listen")
+		remote     = fs.String("remote", "", "agent hosts (ip:port of `twosided soak --agent-host`), comma list, one agent each, beside --procs local ones")
+		bind       = fs.String("bind", "127.0.0.1", "the IP local engines listen on (with --remote: one the agent hosts reach)")
 		spec       = fs.String("spec", "", "an agent's engines, as JSON (with --agent)")
 		duration   = fs.Duration("duration", time.Minute, "how long to run")
 		seed       = fs.Uint64("seed", 0, "the schedule's seed (0: a random one, printed)")
@@ -55,6 +61,13 @@ func runSoak(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wri
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	if *agentHost {
+		host, _, err := net.SplitHostPort(*listen)
+		if ip := net.ParseIP(host); err != nil || ip == nil || ip.IsUnspecified() {
+			return usageError(fs, fmt.Sprintf("--listen: want ip:port with the IP peers reach this host's engines at, got %q", *listen))
+		}
+		return runAgentHost(ctx, *listen)
+	}
 	if *agent {
 		sp, err := soak.ParseAgentSpec(*spec)
 		if err != nil {
@@ -67,8 +80,8 @@ func runSoak(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wri
 		return usageError(fs, err.Error())
 	}
 	switch {
-	case *procs < 1 || *procs > 64:
-		return usageError(fs, "--procs: want 1..64")
+	case *procs < 0 || *procs > 64:
+		return usageError(fs, "--procs: want 0..64")
 	case *duration <= 0:
 		return usageError(fs, "--duration: want more than 0")
 	case *maxSize < 0 || *maxSize > 1<<20-128:
@@ -97,7 +110,23 @@ func runSoak(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wri
 	if err != nil {
 		return err
 	}
+	var hosts []string
+	if *remote != "" {
+		for _, h := range strings.Split(*remote, ",") {
+			if _, _, err := net.SplitHostPort(h); err != nil {
+				return usageError(fs, fmt.Sprintf("--remote: %q is not ip:port", h))
+			}
+			hosts = append(hosts, h)
+		}
+	}
+	if *procs+len(hosts) < 1 {
+		return usageError(fs, "--procs 0 needs --remote")
+	}
+	if net.ParseIP(*bind) == nil {
+		return usageError(fs, fmt.Sprintf("--bind: %q is not an IP", *bind))
+	}
 	cfg := soak.Config{
+		Remote: hosts, BindIP: *bind,
 		Duration: *duration, Seed: *seed, Faults: kinds, Procs: *procs, Transports: trs, Provider: *provider,
 		Plant: *plant, FaultEvery: *every, RecoveryBound: *bound, Mix: soak.Mix{MaxSize: *maxSize, MaxWindow: *window, OneName: *oneName},
 		Command: func(args []string) *exec.Cmd {
@@ -136,6 +165,24 @@ func runSoak(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wri
 		return fmt.Errorf("%w; seed %s", err, strconv.FormatUint(*seed, 10))
 	}
 	return err
+}
+
+// runAgentHost serves remote agents on listen until ctx ends (the process is stopped).
+func runAgentHost(ctx context.Context, listen string) error {
+	host, _, _ := net.SplitHostPort(listen)
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "soak agent host on %s: run `twosided soak --remote %s --bind <this side's IP>` on the parent host\n", l.Addr(), l.Addr())
+	h := &soak.AgentHost{Advertise: host, Log: os.Stderr, Command: func(args []string) *exec.Cmd {
+		return exec.Command(exe, append([]string{"soak", "--agent"}, args...)...)
+	}}
+	return h.Serve(ctx, l)
 }
 
 // checkProvider says why provider cannot run the rdma_twosided engines, before agents start.

@@ -17,8 +17,12 @@ func TestSoakFlags(t *testing.T) {
 		want string
 	}{
 		{[]string{"soak", "--faults", "kill,flood"}, "unknown fault flood"},
-		{[]string{"soak", "--plant", "burn"}, "--plant: want lose, dup or reorder"},
-		{[]string{"soak", "--procs", "0"}, "--procs: want 1..64"},
+		{[]string{"soak", "--plant", "burn"}, "--plant: want lose, dup, reorder or leak"},
+		{[]string{"soak", "--procs", "0"}, "--procs 0 needs --remote"},
+		{[]string{"soak", "--procs", "65"}, "--procs: want 0..64"},
+		{[]string{"soak", "--remote", "nohost"}, `--remote: "nohost" is not ip:port`},
+		{[]string{"soak", "--bind", "x"}, `--bind: "x" is not an IP`},
+		{[]string{"soak", "--agent-host", "--listen", "0.0.0.0:7411"}, "--listen: want ip:port with the IP peers reach"},
 		{[]string{"soak", "--transports", "tcp"}, `--transports: "tcp" is not rdma_twosided or oob`},
 		{[]string{"soak", "--max-size", "2000000"}, "--max-size: want 0..1048448"},
 		{[]string{"soak", "--agent", "--spec", "{}"}, "--spec: no engines"},

@@ -305,7 +305,7 @@ func testProtErr(t *testing.T, f Fixture) {
 
 // testStateMachine: RESET→INIT→RTR→RTS with required attributes checked, no state skipped,
 // a RECV posted in INIT kept, →ERR flushing it and →RESET from anywhere. Posting in a
-// state that cannot send is left out: providers differ there (testPostStateChecked).
+// state that cannot send is testPostStateChecked's.
 func testStateMachine(t *testing.T, f Fixture) {
 	a := newSide(t, f, f.DevA, defaults())
 	b := newSide(t, f, f.DevB, defaults())
@@ -368,8 +368,9 @@ func testStateMachine(t *testing.T, f Fixture) {
 	require.Equal(t, ibv.QPSInit, qp.State())
 }
 
-// testPostStateChecked (ibv/soft): posting is refused with EINVAL in a state that cannot
-// take the WR: RECV in RESET, SEND in RESET, INIT and RTR.
+// testPostStateChecked: posting is refused with EINVAL in a state that cannot take the WR:
+// RECV in RESET, SEND in RESET, INIT and RTR (the IB spec's immediate errors; ibv/soft,
+// softverbs, and mlx5 since rdma-core 40).
 func testPostStateChecked(t *testing.T, f Fixture) {
 	a := newSide(t, f, f.DevA, defaults())
 	b := newSide(t, f, f.DevB, defaults())

@@ -633,3 +633,9 @@ SV_EXPORT enum ibv_rate mbps_to_ibv_rate(int mbps)
 			return sv_rates[i].rate;
 	return IBV_RATE_MAX;
 }
+
+/* Default versions of the calls that also have an IBVERBS_1.0 entry point (compat.c). */
+SV_V11(ibv_free_device_list);
+SV_V11(ibv_get_device_guid);
+SV_V11(ibv_get_device_list);
+SV_V11(ibv_get_device_name);

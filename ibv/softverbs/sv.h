@@ -18,6 +18,9 @@
 #undef ibv_get_device_list
 
 #define SV_EXPORT __attribute__((visibility("default")))
+/* SV_V11 makes name@@IBVERBS_1.1 the default version of a call that also has an IBVERBS_1.0
+ * entry point (compat.c); put it in the file that defines the call. */
+#define SV_V11(name) __asm__(".symver " #name ", " #name "@@@IBVERBS_1.1")
 
 enum {
 	SV_GID_TBL_LEN = 16,
@@ -31,6 +34,8 @@ enum {
 	SV_ACK_EVERY = 32,         /* a responder ACKs every 32nd PSN inside a message */
 	SV_PKEY_TBL_LEN_ETH = 1,
 	SV_PKEY_TBL_LEN_IB = 128,
+	SV_VENDOR_ID = 0x5356,     /* "SV": no IEEE OUI, a made-up vendor as software devices use */
+	SV_VENDOR_PART_ID = 1,
 };
 
 struct sv_config {

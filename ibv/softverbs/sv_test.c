@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <arpa/inet.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <infiniband/verbs.h>
@@ -466,8 +467,8 @@ static void test_bad_args(void)
 	qa.cap.max_inline_data = 1 << 20;
 	CHECK(!ibv_create_qp(s.pd, &qa) && errno == EINVAL, "inline too big");
 	qa.cap.max_inline_data = 0;
-	qa.qp_type = IBV_QPT_UD;
-	CHECK(!ibv_create_qp(s.pd, &qa) && errno == EOPNOTSUPP, "UD");
+	qa.qp_type = IBV_QPT_XRC_SEND;
+	CHECK(!ibv_create_qp(s.pd, &qa) && errno == EOPNOTSUPP, "XRC");
 	qa.qp_type = IBV_QPT_RC;
 	qa.send_cq = NULL;
 	CHECK(!ibv_create_qp(s.pd, &qa) && errno == EINVAL, "no send cq");
@@ -496,12 +497,21 @@ static void test_bad_args(void)
 	__be16 pkey;
 	CHECK(ibv_query_pkey(s.ctx, 1, 0, &pkey) == 0 && pkey == 0xffff, "pkey 0");
 	CHECK(ibv_query_pkey(s.ctx, 1, 5, &pkey) != 0, "pkey 5");
+	/* The attributes of a generic device (rdma-core's tests check them). */
+	struct ibv_device_attr_ex dx;
+	CHECK(ibv_query_device_ex(s.ctx, NULL, &dx) == 0, "query_device_ex");
+	CHECK(dx.orig_attr.vendor_id != 0 && dx.orig_attr.vendor_part_id != 0, "vendor_id %#x",
+	      dx.orig_attr.vendor_id);
+	CHECK(dx.phys_port_cnt_ex == 1 && dx.orig_attr.phys_port_cnt == 1, "phys_port_cnt_ex %u",
+	      dx.phys_port_cnt_ex);
+	CHECK(dx.orig_attr.atomic_cap == IBV_ATOMIC_HCA && dx.orig_attr.max_qp_rd_atom > 0, "atomic_cap");
 	CHECK(ibv_fork_init() == 0, "fork init");
 	CHECK(!strcmp(ibv_wc_status_str(IBV_WC_WR_FLUSH_ERR), "Work Request Flushed Error"), "wc status str");
 	CHECK(!strcmp(ibv_wc_status_str(999), "unknown"), "wc status str unknown");
 	CHECK(!strcmp(ibv_event_type_str(IBV_EVENT_PORT_ERR), "port error"), "event str");
 
-	/* Post errors name the bad WR. */
+	/* Post errors name the bad WR (at RTS: before it, every SEND is EINVAL). */
+	REQUIRE(connect_qp(s.qp, s.ctx, s.qp->qp_num, defaults()) == 0, "RTS (to itself)");
 	struct ibv_sge sg[8];
 	for (int i = 0; i < 8; i++)
 		sg[i] = (struct ibv_sge){(uintptr_t)s.buf, 8, s.mr->lkey};
@@ -510,8 +520,13 @@ static void test_bad_args(void)
 	struct ibv_send_wr *bad = NULL;
 	CHECK(ibv_post_send(s.qp, &w1, &bad) == EINVAL && bad == &w2, "num_sge > max_send_sge");
 	w2.num_sge = 1;
-	w2.opcode = IBV_WR_RDMA_WRITE;
-	CHECK(ibv_post_send(s.qp, &w2, &bad) == EINVAL && bad == &w2, "RDMA WRITE unsupported");
+	w2.opcode = IBV_WR_BIND_MW;
+	CHECK(ibv_post_send(s.qp, &w2, &bad) == EINVAL && bad == &w2, "BIND_MW unsupported");
+	w2.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD; /* one SGE of 8 bytes */
+	CHECK(ibv_post_send(s.qp, &w2, &bad) == 0, "atomic with one 8-byte SGE");
+	w2.num_sge = 0;
+	CHECK(ibv_post_send(s.qp, &w2, &bad) == EINVAL && bad == &w2, "atomic without an SGE");
+	w2.num_sge = 1;
 	w2.opcode = IBV_WR_SEND;
 	w2.send_flags = IBV_SEND_INLINE; /* max_inline_data is 0 */
 	CHECK(ibv_post_send(s.qp, &w2, &bad) == EINVAL && bad == &w2, "inline above max_inline_data");
@@ -904,12 +919,14 @@ static void test_dead_peer(void)
 	close(down[1]);
 }
 
-/* WRs posted before RTS (mlx5 takes them; softverbs queues them): RECVs posted in RESET and
- * INIT are used, SENDs posted in RESET, INIT and RTR leave at RTS, cut at the path MTU that
- * RTR set (4096 here). */
+/* Posting and the QP state, as the IB spec's immediate errors and mlx5 (rdma-core 40 on):
+ * a RECV in RESET and a SEND before RTS are EINVAL (naming the WR); RECVs posted in INIT and
+ * RTR are used once the QP receives; SENDs leave from RTS at the path MTU RTR set (4096 here);
+ * back in RESET, both are refused again, and a QP that went to ERR without reaching RTS
+ * refuses SENDs. */
 static void test_post_before_rts(void)
 {
-	cur_test = "post before RTS";
+	cur_test = "post and QP state";
 	struct qopts o = defaults();
 	struct side a, b;
 	REQUIRE(!new_side(&a, o) && !new_side(&b, o), "sides");
@@ -917,24 +934,29 @@ static void test_post_before_rts(void)
 	REQUIRE(!ibv_modify_qp(a.qp, &at, IBV_QP_STATE) && !ibv_modify_qp(b.qp, &at, IBV_QP_STATE), "RESET");
 	for (int i = 0; i < 12000; i++)
 		a.buf[i] = (uint8_t)(i * 13);
-	CHECK(post_recv(&b, b.qp, 100, 0, 20000) == 0, "recv in RESET");
-	CHECK(post_send(&a, a.qp, 1, 0, 9000, IBV_SEND_SIGNALED) == 0, "send in RESET");
+	CHECK(post_recv(&b, b.qp, 100, 0, 20000) == EINVAL, "recv in RESET");
+	CHECK(post_send(&a, a.qp, 1, 0, 9000, IBV_SEND_SIGNALED) == EINVAL, "send in RESET");
 	REQUIRE(!to_init(a.qp) && !to_init(b.qp), "INIT");
+	CHECK(post_recv(&b, b.qp, 100, 0, 20000) == 0, "recv in INIT");
 	CHECK(post_recv(&b, b.qp, 101, 20000, 20000) == 0, "recv in INIT");
-	CHECK(post_recv(&b, b.qp, 102, 40000, 20000) == 0, "recv in INIT");
-	CHECK(post_send(&a, a.qp, 2, 9000, 3000, IBV_SEND_SIGNALED) == 0, "send in INIT");
+	CHECK(post_send(&a, a.qp, 2, 9000, 3000, IBV_SEND_SIGNALED) == EINVAL, "send in INIT");
 	struct ibv_qp_attr r;
 	rtr_attr(&r, b.qp->qp_num, 3, o);
 	r.path_mtu = IBV_MTU_4096;
 	ibv_query_gid(b.ctx, 1, 3, &r.ah_attr.grh.dgid);
 	REQUIRE(ibv_modify_qp(a.qp, &r, RTR_MASK) == 0, "a RTR");
-	CHECK(post_send(&a, a.qp, 3, 0, 1, IBV_SEND_SIGNALED) == 0, "send in RTR");
+	CHECK(post_send(&a, a.qp, 3, 0, 1, IBV_SEND_SIGNALED) == EINVAL, "send in RTR");
 	r.dest_qp_num = a.qp->qp_num;
 	REQUIRE(ibv_modify_qp(b.qp, &r, RTR_MASK) == 0, "b RTR");
+	CHECK(post_recv(&b, b.qp, 102, 40000, 20000) == 0, "recv in RTR");
 	struct ibv_wc wc[3];
-	CHECK(cq_empty_for(b.rcq, 50), "nothing before RTS");
+	CHECK(cq_empty_for(b.rcq, 20), "nothing before RTS");
 	rts_attr(&at, o);
 	REQUIRE(ibv_modify_qp(a.qp, &at, RTS_MASK) == 0, "a RTS");
+	CHECK(post_send(&a, a.qp, 1, 0, 9000, IBV_SEND_SIGNALED) == 0 &&
+		      post_send(&a, a.qp, 2, 9000, 3000, IBV_SEND_SIGNALED) == 0 &&
+		      post_send(&a, a.qp, 3, 0, 1, IBV_SEND_SIGNALED) == 0,
+	      "sends in RTS");
 	CHECK(wait_wcs(b.rcq, wc, 3, 20) == 3, "3 RECVs");
 	const int len[3] = {9000, 3000, 1};
 	const int off[3] = {0, 9000, 0};
@@ -947,6 +969,23 @@ static void test_post_before_rts(void)
 	CHECK(wait_wcs(a.scq, wc, 3, 20) == 3 && wc[0].wr_id == 1 && wc[2].wr_id == 3 &&
 		      wc[2].status == IBV_WC_SUCCESS,
 	      "3 sends");
+	/* ERR after RTS: posts are flushed; back in RESET and in ERR from INIT, refused */
+	at.qp_state = IBV_QPS_ERR;
+	REQUIRE(!ibv_modify_qp(a.qp, &at, IBV_QP_STATE), "a ERR");
+	CHECK(post_send(&a, a.qp, 4, 0, 1, IBV_SEND_SIGNALED) == 0 && wait_wcs(a.scq, wc, 1, 20) == 1 &&
+		      wc[0].status == IBV_WC_WR_FLUSH_ERR,
+	      "send in ERR after RTS: flushed");
+	at.qp_state = IBV_QPS_RESET;
+	REQUIRE(!ibv_modify_qp(a.qp, &at, IBV_QP_STATE), "a RESET");
+	CHECK(post_recv(&a, a.qp, 5, 0, 16) == EINVAL && post_send(&a, a.qp, 6, 0, 1, 0) == EINVAL,
+	      "both refused after RESET");
+	REQUIRE(!to_init(a.qp), "INIT again");
+	at.qp_state = IBV_QPS_ERR;
+	REQUIRE(!ibv_modify_qp(a.qp, &at, IBV_QP_STATE), "a ERR from INIT");
+	CHECK(post_send(&a, a.qp, 7, 0, 1, 0) == EINVAL, "send in ERR never having reached RTS");
+	CHECK(post_recv(&a, a.qp, 8, 0, 16) == 0 && wait_wcs(a.rcq, wc, 1, 20) == 1 &&
+		      wc[0].status == IBV_WC_WR_FLUSH_ERR,
+	      "recv in ERR after INIT: flushed");
 	free_side(&a);
 	free_side(&b);
 }
@@ -1202,6 +1241,711 @@ static void run_tests(const struct sv_case *t, size_t n)
 	}
 }
 
+/* A shared receive queue: two QPs take RECVs from it in order, the limit event fires once,
+ * a QP in ERR leaves the SRQ's RECVs to the other (QP_LAST_WQE_REACHED), busy rules. */
+static void test_srq(void)
+{
+	cur_test = "srq";
+	struct qopts o = defaults();
+	struct side a, b;
+	REQUIRE(!new_side(&a, o) && !new_side(&b, o), "sides");
+	struct ibv_srq_init_attr si = {.attr = {.max_wr = 16, .max_sge = 2}};
+	struct ibv_srq *srq = ibv_create_srq(b.pd, &si);
+	REQUIRE(srq && si.attr.max_wr >= 16, "create_srq");
+	struct ibv_qp *bq[2], *aq[2];
+	for (int i = 0; i < 2; i++) {
+		struct ibv_qp_init_attr qa = {.send_cq = b.scq, .recv_cq = b.rcq, .srq = srq, .qp_type = IBV_QPT_RC,
+					      .cap = {.max_send_wr = 16, .max_send_sge = 1, .max_recv_wr = 16,
+						      .max_recv_sge = 1}};
+		bq[i] = ibv_create_qp(b.pd, &qa);
+		aq[i] = new_qp(&a, o);
+		REQUIRE(bq[i] && aq[i] && qa.cap.max_recv_wr == 0, "QPs");
+		REQUIRE(!to_init(bq[i]) && !to_init(aq[i]), "INIT");
+		REQUIRE(!connect_qp(aq[i], a.ctx, bq[i]->qp_num, o) && !connect_qp(bq[i], b.ctx, aq[i]->qp_num, o),
+			"connect");
+	}
+	CHECK(post_recv(&b, bq[0], 99, 0, 64) == EINVAL, "post_recv on an SRQ QP");
+	CHECK(ibv_destroy_srq(srq) == EBUSY, "SRQ with QPs");
+	for (int i = 0; i < 8; i++) {
+		struct ibv_sge sg = {(uintptr_t)b.buf + RECV_BASE + i * 64, 64, b.mr->lkey};
+		struct ibv_recv_wr wr = {.wr_id = (uint64_t)i, .sg_list = &sg, .num_sge = 1}, *bad;
+		CHECK(ibv_post_srq_recv(srq, &wr, &bad) == 0, "post_srq_recv %d", i);
+	}
+	struct ibv_srq_attr sa = {.srq_limit = 5};
+	CHECK(ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT) == 0, "arm limit 5");
+	sa.max_wr = 64;
+	CHECK(ibv_modify_srq(srq, &sa, IBV_SRQ_MAX_WR) == EINVAL, "no resize");
+	struct ibv_wc wc[2];
+	for (int k = 0; k < 2; k++) {
+		for (int j = 0; j < 2; j++)
+			CHECK(post_send(&a, aq[k], 10 * k + j, 0, 32, IBV_SEND_SIGNALED) == 0, "send");
+		CHECK(wait_wcs(b.rcq, wc, 2, 30) == 2, "2 RECVs");
+		for (int j = 0; j < 2; j++)
+			CHECK(wc[j].status == IBV_WC_SUCCESS && wc[j].wr_id == (uint64_t)(2 * k + j) &&
+				      wc[j].qp_num == bq[k]->qp_num && wc[j].byte_len == 32,
+			      "QP %d RECV %d: wr_id %llu", k, j, (unsigned long long)wc[j].wr_id);
+		CHECK(wait_wcs(a.scq, wc, 2, 30) == 2, "2 SENDs");
+	}
+	struct ibv_async_event ev;
+	CHECK(next_async(b.ctx, IBV_EVENT_SRQ_LIMIT_REACHED, &ev, 10) == 0 && ev.element.srq == srq, "limit event");
+	ibv_ack_async_event(&ev);
+	CHECK(ibv_query_srq(srq, &sa) == 0 && sa.srq_limit == 0 && sa.max_wr >= 16, "limit disarmed");
+	struct ibv_qp_attr at = {.qp_state = IBV_QPS_ERR};
+	CHECK(ibv_modify_qp(bq[0], &at, IBV_QP_STATE) == 0, "QP 0 to ERR");
+	CHECK(next_async(b.ctx, IBV_EVENT_QP_LAST_WQE_REACHED, &ev, 10) == 0 && ev.element.qp == bq[0],
+	      "LAST_WQE_REACHED");
+	ibv_ack_async_event(&ev);
+	CHECK(cq_empty_for(b.rcq, 20), "the SRQ's RECVs are not flushed");
+	CHECK(post_send(&a, aq[1], 30, 0, 16, IBV_SEND_SIGNALED) == 0, "send");
+	CHECK(wait_wcs(b.rcq, wc, 1, 30) == 1 && wc[0].wr_id == 4 && wc[0].qp_num == bq[1]->qp_num,
+	      "the other QP takes the next RECV");
+	CHECK(wait_wcs(a.scq, wc, 1, 30) == 1, "send done");
+	for (int i = 0; i < 2; i++)
+		CHECK(!ibv_destroy_qp(bq[i]) && !ibv_destroy_qp(aq[i]), "destroy QPs");
+	CHECK(ibv_destroy_srq(srq) == 0, "destroy SRQ");
+	free_side(&a);
+	free_side(&b);
+}
+
+/* ---- RDMA WRITE, READ, atomics ---- */
+
+enum { RBUF = 256 * 1024 };
+
+static int set_access(struct ibv_qp *qp, int flags)
+{
+	struct ibv_qp_attr a = {.qp_access_flags = (unsigned)flags};
+	return ibv_modify_qp(qp, &a, IBV_QP_ACCESS_FLAGS);
+}
+
+static const int REMOTE_ALL = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+			      IBV_ACCESS_REMOTE_ATOMIC;
+
+static int post_rdma(struct ibv_qp *qp, enum ibv_wr_opcode op, uint64_t id, struct ibv_sge *sg, int nsge,
+		     uint64_t raddr, uint32_t rkey, uint32_t imm)
+{
+	struct ibv_send_wr wr = {.wr_id = id, .sg_list = sg, .num_sge = nsge, .opcode = op,
+				 .send_flags = IBV_SEND_SIGNALED, .imm_data = imm}, *bad;
+	wr.wr.rdma.remote_addr = raddr;
+	wr.wr.rdma.rkey = rkey;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+static int post_atomic(struct ibv_qp *qp, enum ibv_wr_opcode op, uint64_t id, struct ibv_sge *sg, uint64_t raddr,
+		       uint32_t rkey, uint64_t cmp_add, uint64_t swap)
+{
+	struct ibv_send_wr wr = {.wr_id = id, .sg_list = sg, .num_sge = 1, .opcode = op,
+				 .send_flags = IBV_SEND_SIGNALED}, *bad;
+	wr.wr.atomic.remote_addr = raddr;
+	wr.wr.atomic.rkey = rkey;
+	wr.wr.atomic.compare_add = cmp_add;
+	wr.wr.atomic.swap = swap;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+static int one_wc(struct ibv_cq *cq, struct ibv_wc *wc)
+{
+	return wait_wcs(cq, wc, 1, 30) == 1;
+}
+
+static void test_rdma(void)
+{
+	cur_test = "rdma";
+	struct qopts o = defaults();
+	struct side a, b;
+	REQUIRE(!pair(&a, &b, o, o), "pair");
+	REQUIRE(!set_access(a.qp, REMOTE_ALL) && !set_access(b.qp, REMOTE_ALL), "access flags at RTS");
+	uint8_t *rbuf = calloc(1, RBUF);
+	struct ibv_mr *rmr = ibv_reg_mr(b.pd, rbuf, RBUF, REMOTE_ALL);
+	REQUIRE(rbuf && rmr, "remote MR");
+	uint64_t rva = (uintptr_t)rbuf;
+	struct ibv_wc wc;
+
+	/* WRITE: 100000 bytes, 98 packets at MTU 1024, no RECV used. */
+	for (int i = 0; i < 100000; i++)
+		a.buf[i] = (uint8_t)(i * 7 + 1);
+	struct ibv_sge sg = {(uintptr_t)a.buf, 100000, a.mr->lkey};
+	CHECK(post_rdma(a.qp, IBV_WR_RDMA_WRITE, 1, &sg, 1, rva + 1000, rmr->rkey, 0) == 0, "post WRITE");
+	CHECK(one_wc(a.scq, &wc) && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_WRITE &&
+		      wc.wr_id == 1 && wc.byte_len == 100000,
+	      "WRITE completes: %s op %d", ibv_wc_status_str(wc.status), wc.opcode);
+	CHECK(!memcmp(rbuf + 1000, a.buf, 100000), "WRITE placed");
+	CHECK(cq_empty_for(b.rcq, 20), "a WRITE takes no RECV");
+
+	/* WRITE with immediate: RNR until a RECV is posted, then RECV_RDMA_WITH_IMM. */
+	memset(a.buf + 200000, 0x5c, 5000);
+	sg = (struct ibv_sge){(uintptr_t)a.buf + 200000, 5000, a.mr->lkey};
+	CHECK(post_rdma(a.qp, IBV_WR_RDMA_WRITE_WITH_IMM, 2, &sg, 1, rva + 120000, rmr->rkey, htonl(0xabcd)) == 0,
+	      "post WRITE_WITH_IMM");
+	CHECK(cq_empty_for(a.scq, 50), "no RECV: not complete (RNR)");
+	CHECK(post_recv(&b, b.qp, 77, 0, 0) == 0, "recv");
+	CHECK(one_wc(b.rcq, &wc) && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM &&
+		      wc.wr_id == 77 && wc.byte_len == 5000 && (wc.wc_flags & IBV_WC_WITH_IMM) &&
+		      wc.imm_data == htonl(0xabcd),
+	      "RECV_RDMA_WITH_IMM: op %d len %u", wc.opcode, wc.byte_len);
+	CHECK(one_wc(a.scq, &wc) && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_WRITE && wc.wr_id == 2,
+	      "WRITE_WITH_IMM completes");
+	CHECK(rbuf[120000] == 0x5c && rbuf[124999] == 0x5c && rbuf[125000] == 0, "WRITE_WITH_IMM placed");
+
+	/* READ: 70000 bytes into two SGEs. */
+	struct ibv_sge two[2] = {{(uintptr_t)a.buf + 300000, 30000, a.mr->lkey},
+				 {(uintptr_t)a.buf + 400000, 40000, a.mr->lkey}};
+	CHECK(post_rdma(a.qp, IBV_WR_RDMA_READ, 3, two, 2, rva + 1000, rmr->rkey, 0) == 0, "post READ");
+	CHECK(one_wc(a.scq, &wc) && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_READ && wc.wr_id == 3 &&
+		      wc.byte_len == 70000,
+	      "READ completes: %s", ibv_wc_status_str(wc.status));
+	CHECK(!memcmp(a.buf + 300000, rbuf + 1000, 30000) && !memcmp(a.buf + 400000, rbuf + 31000, 40000),
+	      "READ placed");
+
+	/* A chain of WRITEs, READs and SENDs completes in order. */
+	CHECK(post_recv(&b, b.qp, 88, 0, 64) == 0, "recv");
+	for (int i = 0; i < 8; i++) {
+		struct ibv_sge s1 = {(uintptr_t)a.buf + 600000 + i * 3000, 3000, a.mr->lkey};
+		if (i == 7)
+			CHECK(post_send(&a, a.qp, 100 + i, 0, 16, IBV_SEND_SIGNALED) == 0, "send");
+		else
+			CHECK(post_rdma(a.qp, i % 2 ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE, 100 + i, &s1, 1,
+					rva + 150000 + i * 3000, rmr->rkey, 0) == 0,
+			      "post %d", i);
+	}
+	struct ibv_wc ws[8];
+	CHECK(wait_wcs(a.scq, ws, 8, 30) == 8, "8 WCs");
+	for (int i = 0; i < 8; i++)
+		CHECK(ws[i].status == IBV_WC_SUCCESS && ws[i].wr_id == (uint64_t)(100 + i) &&
+			      ws[i].opcode == (i == 7 ? IBV_WC_SEND : i % 2 ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE),
+		      "chain %d: %s op %d", i, ibv_wc_status_str(ws[i].status), ws[i].opcode);
+	CHECK(one_wc(b.rcq, &wc) && wc.wr_id == 88, "the SEND after them");
+
+	/* Atomics on a remote u64, host order; the original value comes back. */
+	uint64_t *rv = (uint64_t *)(rbuf + 8), *lv = (uint64_t *)(a.buf + 500000);
+	*rv = 5;
+	struct ibv_sge s8 = {(uintptr_t)lv, 8, a.mr->lkey};
+	CHECK(post_atomic(a.qp, IBV_WR_ATOMIC_FETCH_AND_ADD, 4, &s8, rva + 8, rmr->rkey, 3, 0) == 0, "post FETCH_ADD");
+	CHECK(one_wc(a.scq, &wc) && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_FETCH_ADD && wc.byte_len == 8,
+	      "FETCH_ADD completes");
+	CHECK(*lv == 5 && *rv == 8, "FETCH_ADD: got %llu, now %llu", (unsigned long long)*lv, (unsigned long long)*rv);
+	CHECK(post_atomic(a.qp, IBV_WR_ATOMIC_CMP_AND_SWP, 5, &s8, rva + 8, rmr->rkey, 8, 100) == 0, "post CMP_SWP");
+	CHECK(one_wc(a.scq, &wc) && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_COMP_SWAP, "CMP_SWP completes");
+	CHECK(*lv == 8 && *rv == 100, "CMP_SWP swapped");
+	CHECK(post_atomic(a.qp, IBV_WR_ATOMIC_CMP_AND_SWP, 6, &s8, rva + 8, rmr->rkey, 7, 1) == 0, "post CMP_SWP");
+	CHECK(one_wc(a.scq, &wc) && wc.status == IBV_WC_SUCCESS, "CMP_SWP completes");
+	CHECK(*lv == 100 && *rv == 100, "CMP_SWP compare failed: unchanged");
+
+	/* Zero-length WRITE and READ: the rkey is not checked. */
+	CHECK(post_rdma(a.qp, IBV_WR_RDMA_WRITE, 7, NULL, 0, 0, 0xdead, 0) == 0 &&
+		      post_rdma(a.qp, IBV_WR_RDMA_READ, 8, NULL, 0, 0, 0xdead, 0) == 0,
+	      "post zero-length");
+	CHECK(wait_wcs(a.scq, ws, 2, 30) == 2 && ws[0].status == IBV_WC_SUCCESS && ws[1].status == IBV_WC_SUCCESS,
+	      "zero-length complete");
+	CHECK(qp_state(a.qp) == IBV_QPS_RTS && qp_state(b.qp) == IBV_QPS_RTS, "both still RTS");
+	ibv_dereg_mr(rmr);
+	free(rbuf);
+	free_side(&a);
+	free_side(&b);
+}
+
+/* Each remote error: the requester's WC, the WR after it flushed, the responder's QP in ERR
+ * (with QP_ACCESS_ERR for access errors). */
+static void test_rdma_errors(void)
+{
+	cur_test = "rdma errors";
+	enum { BAD_RKEY, PAST_END, MR_NO_WRITE, QP_NO_READ, MISALIGNED, LOCAL_NO_WRITE, NCASE };
+	static const char *const names[NCASE] = {"bad rkey", "READ past the MR", "MR without REMOTE_WRITE",
+						 "QP without REMOTE_READ", "misaligned atomic",
+						 "READ into an MR without LOCAL_WRITE"};
+	for (int k = 0; k < NCASE; k++) {
+		struct qopts o = defaults();
+		struct side a, b;
+		REQUIRE(!pair(&a, &b, o, o), "pair");
+		REQUIRE(!set_access(b.qp, k == QP_NO_READ ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE : REMOTE_ALL),
+			"access");
+		uint8_t *rbuf = calloc(1, 65536);
+		struct ibv_mr *rmr = ibv_reg_mr(b.pd, rbuf, 65536,
+						k == MR_NO_WRITE ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ : REMOTE_ALL);
+		struct ibv_mr *ro = ibv_reg_mr(a.pd, a.buf + 800000, 4096, 0);
+		REQUIRE(rbuf && rmr && ro, "MRs");
+		uint64_t rva = (uintptr_t)rbuf;
+		struct ibv_sge sg = {(uintptr_t)a.buf, 2000, a.mr->lkey};
+		struct ibv_sge s8 = {(uintptr_t)a.buf, 8, a.mr->lkey};
+		struct ibv_sge sro = {(uintptr_t)a.buf + 800000, 2000, ro->lkey};
+		int rc = -1;
+		enum ibv_wc_status want = IBV_WC_REM_ACCESS_ERR;
+		switch (k) {
+		case BAD_RKEY:
+			rc = post_rdma(a.qp, IBV_WR_RDMA_WRITE, 1, &sg, 1, rva, rmr->rkey + 1, 0);
+			break;
+		case PAST_END:
+			rc = post_rdma(a.qp, IBV_WR_RDMA_READ, 1, &sg, 1, rva + 65536 - 1000, rmr->rkey, 0);
+			break;
+		case MR_NO_WRITE:
+			rc = post_rdma(a.qp, IBV_WR_RDMA_WRITE, 1, &sg, 1, rva, rmr->rkey, 0);
+			break;
+		case QP_NO_READ:
+			rc = post_rdma(a.qp, IBV_WR_RDMA_READ, 1, &sg, 1, rva, rmr->rkey, 0);
+			break;
+		case MISALIGNED:
+			rc = post_atomic(a.qp, IBV_WR_ATOMIC_FETCH_AND_ADD, 1, &s8, rva + 4, rmr->rkey, 1, 0);
+			want = IBV_WC_REM_INV_REQ_ERR;
+			break;
+		case LOCAL_NO_WRITE:
+			rc = post_rdma(a.qp, IBV_WR_RDMA_READ, 1, &sro, 1, rva, rmr->rkey, 0);
+			want = IBV_WC_LOC_PROT_ERR;
+			break;
+		}
+		CHECK(rc == 0, "%s: post", names[k]);
+		CHECK(post_send(&a, a.qp, 2, 0, 16, IBV_SEND_SIGNALED) == 0, "%s: post the next", names[k]);
+		struct ibv_wc ws[2];
+		CHECK(wait_wcs(a.scq, ws, 2, 30) == 2, "%s: two WCs", names[k]);
+		CHECK(ws[0].wr_id == 1 && ws[0].status == want, "%s: %s, want %s", names[k], ibv_wc_status_str(ws[0].status),
+		      ibv_wc_status_str(want));
+		CHECK(ws[1].wr_id == 2 && ws[1].status == IBV_WC_WR_FLUSH_ERR, "%s: next flushed", names[k]);
+		CHECK(qp_state(a.qp) == IBV_QPS_ERR, "%s: requester ERR", names[k]);
+		if (k != LOCAL_NO_WRITE) {
+			double end = now_s() + 10;
+			while (qp_state(b.qp) != IBV_QPS_ERR && now_s() < end)
+				sleep_ms(1);
+			CHECK(qp_state(b.qp) == IBV_QPS_ERR, "%s: responder ERR", names[k]);
+			struct ibv_async_event ev;
+			if (want == IBV_WC_REM_ACCESS_ERR) {
+				CHECK(next_async(b.ctx, IBV_EVENT_QP_ACCESS_ERR, &ev, 10) == 0 && ev.element.qp == b.qp,
+				      "%s: QP_ACCESS_ERR on the responder", names[k]);
+				ibv_ack_async_event(&ev);
+			}
+		} else {
+			CHECK(qp_state(b.qp) == IBV_QPS_RTS, "%s: responder untouched", names[k]);
+		}
+		ibv_dereg_mr(ro);
+		ibv_dereg_mr(rmr);
+		free(rbuf);
+		free_side(&a);
+		free_side(&b);
+	}
+}
+
+/* 10 % loss: WRITEs and READs arrive whole, atomics are executed once each (a duplicate
+ * request gets the saved response). */
+static void test_rdma_loss(void)
+{
+	cur_test = "rdma loss";
+	struct qopts o = defaults();
+	o.send_wr = 128;
+	struct side a, b;
+	REQUIRE(!pair(&a, &b, o, o), "pair");
+	REQUIRE(!set_access(b.qp, REMOTE_ALL), "access");
+	uint8_t *rbuf = calloc(1, RBUF);
+	struct ibv_mr *rmr = ibv_reg_mr(b.pd, rbuf, RBUF, REMOTE_ALL);
+	REQUIRE(rbuf && rmr, "remote MR");
+	uint64_t rva = (uintptr_t)rbuf;
+	set_ctl("drop_pct=10\n");
+	sleep_ms(300);
+	const int n = 10, sz = 20000, na = 10;
+	for (int i = 0; i < n * sz; i++)
+		a.buf[i] = (uint8_t)(i * 11 + 3);
+	for (int i = 0; i < n; i++) {
+		struct ibv_sge s = {(uintptr_t)a.buf + i * sz, sz, a.mr->lkey};
+		CHECK(post_rdma(a.qp, IBV_WR_RDMA_WRITE, i, &s, 1, rva + i * sz, rmr->rkey, 0) == 0, "write");
+	}
+	for (int i = 0; i < n; i++) {
+		struct ibv_sge s = {(uintptr_t)a.buf + 300000 + i * sz, sz, a.mr->lkey};
+		CHECK(post_rdma(a.qp, IBV_WR_RDMA_READ, n + i, &s, 1, rva + i * sz, rmr->rkey, 0) == 0, "read");
+	}
+	uint64_t *ctr = (uint64_t *)(rbuf + RBUF - 8);
+	for (int i = 0; i < na; i++) {
+		struct ibv_sge s = {(uintptr_t)a.buf + 600000 + i * 8, 8, a.mr->lkey};
+		CHECK(post_atomic(a.qp, IBV_WR_ATOMIC_FETCH_AND_ADD, 2 * n + i, &s, rva + RBUF - 8, rmr->rkey, 1, 0) == 0,
+		      "fetch_add");
+	}
+	struct ibv_wc ws[2 * 10 + 10];
+	int got = wait_wcs(a.scq, ws, 2 * n + na, 120);
+	CHECK(got == 2 * n + na, "got %d of %d", got, 2 * n + na);
+	for (int i = 0; i < got; i++)
+		CHECK(ws[i].status == IBV_WC_SUCCESS && ws[i].wr_id == (uint64_t)i, "wc %d: %s", i,
+		      ibv_wc_status_str(ws[i].status));
+	set_ctl("");
+	sleep_ms(300);
+	CHECK(!memcmp(rbuf, a.buf, n * sz), "WRITEs placed");
+	CHECK(!memcmp(a.buf + 300000, a.buf, n * sz), "READs placed");
+	CHECK(*ctr == (uint64_t)na, "each FETCH_ADD once: %llu", (unsigned long long)*ctr);
+	for (int i = 0; i < na; i++)
+		CHECK(((uint64_t *)(a.buf + 600000))[i] == (uint64_t)i, "FETCH_ADD %d saw %d", i, i);
+
+	/* READs longer than the window (196 packets): a requester resuming one after a lost
+	 * response asks for ranges that run past what it asked before */
+	set_ctl("drop_pct=10\n");
+	sleep_ms(300);
+	for (int i = 0; i < 3; i++) {
+		memset(a.buf + 700000, 0, 200000);
+		struct ibv_sge s = {(uintptr_t)a.buf + 700000, 200000, a.mr->lkey};
+		CHECK(post_rdma(a.qp, IBV_WR_RDMA_READ, 100 + i, &s, 1, rva, rmr->rkey, 0) == 0, "long read");
+		CHECK(wait_wcs(a.scq, ws, 1, 60) == 1 && ws[0].status == IBV_WC_SUCCESS && ws[0].wr_id == (uint64_t)(100 + i),
+		      "long READ %d completes: %s", i, ibv_wc_status_str(ws[0].status));
+		CHECK(!memcmp(a.buf + 700000, rbuf, 200000), "long READ %d placed", i);
+	}
+	set_ctl("");
+	sleep_ms(300);
+	ibv_dereg_mr(rmr);
+	free(rbuf);
+	free_side(&a);
+	free_side(&b);
+}
+
+/* Across processes: the responder's memory is in a child; WRITE, READ back, FETCH_ADD, and
+ * the child checks its memory. */
+static void test_rdma_process(void)
+{
+	cur_test = "rdma across processes";
+	int up[2], down[2];
+	REQUIRE(!pipe(up) && !pipe(down), "pipes");
+	pid_t pid = fork();
+	REQUIRE(pid >= 0, "fork");
+	if (pid == 0) {
+		struct side b;
+		uint32_t peer = 0;
+		if (new_side(&b, defaults()))
+			_exit(3);
+		uint8_t *rbuf = calloc(1, 65536);
+		struct ibv_mr *rmr = ibv_reg_mr(b.pd, rbuf, 65536, REMOTE_ALL);
+		if (!rbuf || !rmr)
+			_exit(4);
+		uint64_t info[3] = {b.qp->qp_num, rmr->rkey, (uintptr_t)rbuf};
+		if (write(up[1], info, sizeof(info)) != sizeof(info) || read(down[0], &peer, 4) != 4)
+			_exit(5);
+		if (connect_qp(b.qp, b.ctx, peer, defaults()) || set_access(b.qp, REMOTE_ALL))
+			_exit(6);
+		if (write(up[1], &peer, 4) != 4 || read(down[0], &peer, 4) != 4)
+			_exit(7);
+		for (int i = 0; i < 50000; i++)
+			if (rbuf[i] != (uint8_t)(i * 3 + 1))
+				_exit(8);
+		if (*(uint64_t *)(rbuf + 65528) != 42)
+			_exit(9);
+		_exit(0);
+	}
+	struct side a;
+	uint64_t info[3];
+	uint32_t peer;
+	REQUIRE(!new_side(&a, defaults()), "side");
+	REQUIRE(read(up[0], info, sizeof(info)) == sizeof(info), "child info");
+	uint32_t mine = a.qp->qp_num;
+	REQUIRE(write(down[1], &mine, 4) == 4, "send qpn");
+	REQUIRE(read(up[0], &peer, 4) == 4, "child ready");
+	REQUIRE(connect_qp(a.qp, a.ctx, (uint32_t)info[0], defaults()) == 0, "connect");
+	for (int i = 0; i < 50000; i++)
+		a.buf[i] = (uint8_t)(i * 3 + 1);
+	struct ibv_sge s = {(uintptr_t)a.buf, 50000, a.mr->lkey};
+	struct ibv_sge r = {(uintptr_t)a.buf + 100000, 50000, a.mr->lkey};
+	struct ibv_sge s8 = {(uintptr_t)a.buf + 200000, 8, a.mr->lkey};
+	CHECK(post_rdma(a.qp, IBV_WR_RDMA_WRITE, 1, &s, 1, info[2], (uint32_t)info[1], 0) == 0, "write");
+	CHECK(post_rdma(a.qp, IBV_WR_RDMA_READ, 2, &r, 1, info[2], (uint32_t)info[1], 0) == 0, "read");
+	CHECK(post_atomic(a.qp, IBV_WR_ATOMIC_FETCH_AND_ADD, 3, &s8, info[2] + 65528, (uint32_t)info[1], 42, 0) == 0,
+	      "fetch_add");
+	struct ibv_wc ws[3];
+	CHECK(wait_wcs(a.scq, ws, 3, 30) == 3, "3 WCs");
+	for (int i = 0; i < 3; i++)
+		CHECK(ws[i].status == IBV_WC_SUCCESS && ws[i].wr_id == (uint64_t)(i + 1), "wc %d: %s", i,
+		      ibv_wc_status_str(ws[i].status));
+	CHECK(!memcmp(a.buf + 100000, a.buf, 50000), "READ back what was written");
+	CHECK(*(uint64_t *)(a.buf + 200000) == 0, "FETCH_ADD original 0");
+	CHECK(write(down[1], &mine, 4) == 4, "tell the child");
+	int st = 0;
+	waitpid(pid, &st, 0);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child saw its memory (status %d)", st);
+	free_side(&a);
+	close(up[0]);
+	close(up[1]);
+	close(down[0]);
+	close(down[1]);
+}
+
+/* UC: the IB spec's UC attribute masks, SEND and WRITE (with immediate) delivered, no RDMA READ
+ * or atomics; a message without a RECV is dropped with no error on either side; under loss,
+ * every SEND completes at the requester and what arrives is whole and in order. */
+static int connect_uc(struct ibv_qp *qp, struct ibv_context *ctx, uint32_t dqpn, struct qopts o)
+{
+	struct ibv_qp_attr a;
+	rtr_attr(&a, dqpn, 3, o);
+	if (ibv_query_gid(ctx, 1, 3, &a.ah_attr.grh.dgid))
+		return -1;
+	const int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+	if (ibv_modify_qp(qp, &a, rtr | IBV_QP_MIN_RNR_TIMER) != EINVAL) /* an RC-only attribute */
+		return -2;
+	int rc = ibv_modify_qp(qp, &a, rtr);
+	if (rc)
+		return rc;
+	rts_attr(&a, o);
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT) != EINVAL)
+		return -3;
+	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
+}
+
+static void test_uc(void)
+{
+	cur_test = "uc";
+	struct qopts o = defaults();
+	o.send_wr = 128;
+	o.recv_wr = 128;
+	struct side a, b;
+	REQUIRE(!new_side(&a, o) && !new_side(&b, o), "sides");
+	struct ibv_qp *aq, *bq;
+	struct ibv_qp_init_attr qa = {.send_cq = a.scq, .recv_cq = a.rcq, .qp_type = IBV_QPT_UC,
+				      .cap = {.max_send_wr = 128, .max_recv_wr = 128, .max_send_sge = 2,
+					      .max_recv_sge = 2}};
+	aq = ibv_create_qp(a.pd, &qa);
+	qa.send_cq = b.scq;
+	qa.recv_cq = b.rcq;
+	bq = ibv_create_qp(b.pd, &qa);
+	REQUIRE(aq && bq && aq->qp_type == IBV_QPT_UC, "UC QPs");
+	REQUIRE(!to_init(aq) && !to_init(bq), "INIT");
+	struct ibv_qp_attr at = {.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE};
+	REQUIRE(!ibv_modify_qp(bq, &at, IBV_QP_ACCESS_FLAGS), "REMOTE_WRITE");
+	int rc1 = connect_uc(aq, a.ctx, bq->qp_num, o), rc2 = connect_uc(bq, b.ctx, aq->qp_num, o);
+	REQUIRE(rc1 == 0 && rc2 == 0, "UC masks and connect (%d, %d)", rc1, rc2);
+	uint8_t *rbuf = calloc(1, 65536);
+	struct ibv_mr *rmr = ibv_reg_mr(b.pd, rbuf, 65536, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	REQUIRE(rbuf && rmr, "MR");
+	struct ibv_wc wc[64];
+
+	/* a SEND without a RECV is dropped; the next one, with a RECV, arrives */
+	uint64_t rx0 = counter(0, "rx_packets");
+	CHECK(post_send(&a, aq, 1, 0, 100, IBV_SEND_SIGNALED) == 0, "send without RECV");
+	CHECK(wait_wcs(a.scq, wc, 1, 30) == 1 && wc[0].status == IBV_WC_SUCCESS, "completes at the requester");
+	/* the responder has handled it once its device counted it (both under its context's lock) */
+	double until = now_s() + 30;
+	while (counter(0, "rx_packets") == rx0 && now_s() < until)
+		sleep_ms(1);
+	for (int i = 0; i < 5000; i++)
+		a.buf[i] = (uint8_t)(i * 5);
+	CHECK(post_recv(&b, bq, 10, 0, 8192) == 0, "recv");
+	CHECK(post_send(&a, aq, 2, 0, 5000, IBV_SEND_SIGNALED) == 0, "send");
+	CHECK(wait_wcs(b.rcq, wc, 1, 30) == 1 && wc[0].status == IBV_WC_SUCCESS && wc[0].wr_id == 10 &&
+		      wc[0].byte_len == 5000 && !memcmp(b.buf + RECV_BASE, a.buf, 5000),
+	      "delivered whole: %s id %llu len %u", ibv_wc_status_str(wc[0].status), (unsigned long long)wc[0].wr_id, wc[0].byte_len);
+	CHECK(wait_wcs(a.scq, wc, 1, 30) == 1 && wc[0].wr_id == 2, "send done");
+
+	/* WRITE and WRITE with immediate; READ and atomics refused */
+	struct ibv_sge sg = {(uintptr_t)a.buf, 5000, a.mr->lkey};
+	CHECK(post_rdma(aq, IBV_WR_RDMA_WRITE, 3, &sg, 1, (uintptr_t)rbuf, rmr->rkey, 0) == 0, "write");
+	CHECK(post_recv(&b, bq, 11, 0, 0) == 0, "recv");
+	CHECK(post_rdma(aq, IBV_WR_RDMA_WRITE_WITH_IMM, 4, &sg, 1, (uintptr_t)rbuf + 10000, rmr->rkey, 7) == 0,
+	      "write imm");
+	CHECK(wait_wcs(b.rcq, wc, 1, 30) == 1 && wc[0].opcode == IBV_WC_RECV_RDMA_WITH_IMM && wc[0].imm_data == 7 &&
+		      wc[0].byte_len == 5000,
+	      "WRITE_WITH_IMM arrives");
+	CHECK(!memcmp(rbuf, a.buf, 5000) && !memcmp(rbuf + 10000, a.buf, 5000), "both WRITEs placed");
+	CHECK(wait_wcs(a.scq, wc, 2, 30) == 2 && wc[0].opcode == IBV_WC_RDMA_WRITE, "writes done");
+	CHECK(post_rdma(aq, IBV_WR_RDMA_READ, 5, &sg, 1, (uintptr_t)rbuf, rmr->rkey, 0) == EINVAL, "no READ on UC");
+
+	/* loss: every SEND completes; what arrives is whole and in order */
+	set_ctl("drop_pct=20\n");
+	sleep_ms(300);
+	const int n = 40, sz = 3000;
+	for (int i = 0; i < n + 1; i++)
+		CHECK(post_recv(&b, bq, 100 + i, (i % 20) * 3000, sz) == 0, "recv");
+	for (int i = 0; i < n * sz; i++)
+		a.buf[i] = (uint8_t)(i / sz);
+	for (int i = 0; i < n; i++)
+		CHECK(post_send(&a, aq, 100 + i, i * sz, sz, IBV_SEND_SIGNALED) == 0, "send");
+	CHECK(wait_wcs(a.scq, wc, n, 30) == n, "all %d complete at the requester", n);
+	set_ctl("");
+	sleep_ms(300);
+	/* a last SEND, sent after the others and unlossy: once it is in, all that will come is */
+	memset(a.buf + n * sz, 0xee, 16);
+	CHECK(post_send(&a, aq, 999, n * sz, 16, IBV_SEND_SIGNALED) == 0, "marker");
+	int got = 0, seen_marker = 0;
+	uint64_t prev = 0;
+	double end = now_s() + 30;
+	while (!seen_marker && now_s() < end) {
+		int k = ibv_poll_cq(b.rcq, 1, wc);
+		if (k <= 0) {
+			sleep_ms(1);
+			continue;
+		}
+		CHECK(wc[0].status == IBV_WC_SUCCESS, "no error: %s", ibv_wc_status_str(wc[0].status));
+		if (wc[0].byte_len == 16) {
+			seen_marker = 1;
+			break;
+		}
+		CHECK(wc[0].byte_len == (uint32_t)sz && wc[0].wr_id > prev, "whole, in order");
+		prev = wc[0].wr_id;
+		got++;
+	}
+	CHECK(seen_marker && got <= n, "marker after %d of %d", got, n);
+	ibv_dereg_mr(rmr);
+	free(rbuf);
+	CHECK(!ibv_destroy_qp(aq) && !ibv_destroy_qp(bq), "destroy");
+	free_side(&a);
+	free_side(&b);
+}
+
+/* UD: the UD attribute masks, address handles, the GRH before the payload, Q_Key checks (a
+ * wrong one dropped, the high bit meaning the QP's own), one-MTU messages, and a reply to the
+ * sender through ibv_create_ah_from_wc. */
+static struct ibv_qp *ud_qp(struct side *s, uint32_t qkey)
+{
+	struct ibv_qp_init_attr qa = {.send_cq = s->scq, .recv_cq = s->rcq, .qp_type = IBV_QPT_UD,
+				      .cap = {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1,
+					      .max_recv_sge = 1}};
+	struct ibv_qp *qp = ibv_create_qp(s->pd, &qa);
+	if (!qp)
+		return NULL;
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1, .qkey = qkey};
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT) != EINVAL) /* QKEY needed */
+		return NULL;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY))
+		return NULL;
+	a.qp_state = IBV_QPS_RTR;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE))
+		return NULL;
+	a.qp_state = IBV_QPS_RTS;
+	a.sq_psn = 1;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN))
+		return NULL;
+	return qp;
+}
+
+static int post_ud(struct side *s, struct ibv_qp *qp, struct ibv_ah *ah, uint32_t qpn, uint32_t qkey, uint64_t id,
+		   int off, int len, enum ibv_wr_opcode op)
+{
+	struct ibv_sge sg = {(uintptr_t)s->buf + off, (uint32_t)len, s->mr->lkey};
+	struct ibv_send_wr wr = {.wr_id = id, .sg_list = &sg, .num_sge = 1, .opcode = op,
+				 .send_flags = IBV_SEND_SIGNALED, .imm_data = 77}, *bad;
+	wr.wr.ud.ah = ah;
+	wr.wr.ud.remote_qpn = qpn;
+	wr.wr.ud.remote_qkey = qkey;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+static void test_ud(void)
+{
+	cur_test = "ud";
+	struct qopts o = defaults();
+	struct side a, b;
+	REQUIRE(!new_side(&a, o) && !new_side(&b, o), "sides");
+	const uint32_t qk = 0x11111111;
+	struct ibv_qp *aq = ud_qp(&a, qk), *bq = ud_qp(&b, qk);
+	REQUIRE(aq && bq, "UD QPs and masks");
+	struct ibv_ah_attr ah_attr = {.is_global = 1, .port_num = 1, .grh = {.sgid_index = 3, .hop_limit = 1}};
+	REQUIRE(!ibv_query_gid(a.ctx, 1, 3, &ah_attr.grh.dgid), "gid");
+	struct ibv_ah *ah = ibv_create_ah(a.pd, &ah_attr);
+	REQUIRE(ah, "create_ah: %s", strerror(errno));
+	struct ibv_ah_attr bad_attr = ah_attr;
+	bad_attr.is_global = 0;
+	errno = 0;
+	CHECK(ibv_create_ah(a.pd, &bad_attr) == NULL && errno == EINVAL, "a RoCE AH needs a GRH");
+	struct ibv_wc wc[2];
+
+	/* a wrong Q_Key is dropped */
+	CHECK(post_recv(&b, bq, 1, 0, 2048) == 0, "recv");
+	uint64_t rx0 = counter(0, "rx_packets");
+	CHECK(post_ud(&a, aq, ah, bq->qp_num, qk + 1, 10, 0, 100, IBV_WR_SEND) == 0, "send, wrong qkey");
+	CHECK(wait_wcs(a.scq, wc, 1, 30) == 1 && wc[0].status == IBV_WC_SUCCESS, "it completes at the sender");
+	double until = now_s() + 30;
+	while (counter(0, "rx_packets") == rx0 && now_s() < until)
+		sleep_ms(1);
+	CHECK(cq_empty_for(b.rcq, 10), "dropped");
+
+	/* the high bit: the sender QP's own Q_Key; the RECV holds the GRH, then the payload */
+	for (int i = 0; i < 1000; i++)
+		a.buf[i] = (uint8_t)(i + 9);
+	CHECK(post_ud(&a, aq, ah, bq->qp_num, 0x80000000u, 11, 0, 1000, IBV_WR_SEND_WITH_IMM) == 0, "send");
+	CHECK(wait_wcs(b.rcq, wc, 1, 30) == 1 && wc[0].status == IBV_WC_SUCCESS && wc[0].wr_id == 1 &&
+		      wc[0].byte_len == 1040 && (wc[0].wc_flags & IBV_WC_GRH) && (wc[0].wc_flags & IBV_WC_WITH_IMM) &&
+		      wc[0].imm_data == 77 && wc[0].src_qp == aq->qp_num,
+	      "received: %s len %u flags %#x", ibv_wc_status_str(wc[0].status), wc[0].byte_len, wc[0].wc_flags);
+	struct ibv_grh *grh = (struct ibv_grh *)(b.buf + RECV_BASE);
+	CHECK(!memcmp(b.buf + RECV_BASE + 40, a.buf, 1000), "payload after the GRH");
+	CHECK(!memcmp(grh->sgid.raw, ah_attr.grh.dgid.raw, 16) && grh->next_hdr == 0x1b, "GRH");
+	CHECK(wait_wcs(a.scq, wc, 1, 30) == 1 && wc[0].wr_id == 11, "send done");
+
+	/* a reply through the AH made from the WC */
+	struct ibv_wc rwc = {.wc_flags = IBV_WC_GRH, .src_qp = aq->qp_num};
+	struct ibv_ah *back = ibv_create_ah_from_wc(b.pd, &rwc, grh, 1);
+	CHECK(back != NULL, "create_ah_from_wc: %s", strerror(errno));
+	CHECK(post_recv(&a, aq, 2, 0, 2048) == 0, "recv");
+	CHECK(back && post_ud(&b, bq, back, rwc.src_qp, qk, 12, 0, 16, IBV_WR_SEND) == 0, "reply");
+	CHECK(wait_wcs(a.rcq, wc, 1, 30) == 1 && wc[0].wr_id == 2 && wc[0].src_qp == bq->qp_num, "reply received");
+	CHECK(wait_wcs(b.scq, wc, 1, 30) == 1, "reply done");
+
+	/* refused at post: above the MTU (1024), RDMA on UD, no AH */
+	CHECK(post_ud(&a, aq, ah, bq->qp_num, qk, 13, 0, 1025, IBV_WR_SEND) == EINVAL, "above the MTU");
+	CHECK(post_ud(&a, aq, ah, bq->qp_num, qk, 13, 0, 16, IBV_WR_RDMA_WRITE) == EINVAL, "WRITE on UD");
+	CHECK(post_ud(&a, aq, NULL, bq->qp_num, qk, 13, 0, 16, IBV_WR_SEND) == EINVAL, "no AH");
+	if (back)
+		CHECK(ibv_destroy_ah(back) == 0, "destroy ah");
+	CHECK(ibv_destroy_ah(ah) == 0, "destroy ah");
+	CHECK(!ibv_destroy_qp(aq) && !ibv_destroy_qp(bq), "destroy");
+	free_side(&a);
+	free_side(&b);
+}
+
+/* ibv_create_qp_ex and the ibv_wr_* API: a chain of a SEND with inline data, a WRITE with
+ * immediate and a FETCH_ADD built and posted by ibv_wr_complete; a builder softverbs does not
+ * offer fails the chain with EINVAL; unsupported send ops are EOPNOTSUPP at create. */
+static void test_qp_ex(void)
+{
+	cur_test = "qp_ex";
+	struct qopts o = defaults();
+	struct side a, b;
+	REQUIRE(!new_side(&a, o) && !new_side(&b, o), "sides");
+	struct ibv_qp_init_attr_ex xa = {.send_cq = a.scq, .recv_cq = a.rcq, .qp_type = IBV_QPT_RC,
+					 .cap = {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 2,
+						 .max_recv_sge = 2, .max_inline_data = 64},
+					 .comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+					 .pd = a.pd,
+					 .send_ops_flags = IBV_QP_EX_WITH_BIND_MW};
+	errno = 0;
+	CHECK(!ibv_create_qp_ex(a.ctx, &xa) && errno == EOPNOTSUPP, "BIND_MW send op refused");
+	xa.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+	struct ibv_qp *qp = ibv_create_qp_ex(a.ctx, &xa);
+	REQUIRE(qp, "create_qp_ex: %s", strerror(errno));
+	struct ibv_qp_ex *x = ibv_qp_to_qp_ex(qp);
+	REQUIRE(x && ibv_qp_to_qp_ex(a.qp) == NULL, "qp_to_qp_ex");
+	REQUIRE(!to_init(qp) && !connect_qp(qp, a.ctx, b.qp->qp_num, o) && !connect_qp(b.qp, b.ctx, qp->qp_num, o),
+		"connect");
+	REQUIRE(!set_access(b.qp, REMOTE_ALL), "access");
+	uint8_t *rbuf = calloc(1, 4096);
+	struct ibv_mr *rmr = ibv_reg_mr(b.pd, rbuf, 4096, REMOTE_ALL);
+	REQUIRE(rbuf && rmr, "MR");
+	CHECK(post_recv(&b, b.qp, 1, 0, 256) == 0 && post_recv(&b, b.qp, 2, 256, 256) == 0, "recvs");
+	memset(a.buf, 0x3c, 100);
+	char msg[] = "inline hello";
+	ibv_wr_start(x);
+	x->wr_id = 10;
+	x->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	ibv_wr_send(x);
+	ibv_wr_set_inline_data(x, msg, sizeof(msg));
+	x->wr_id = 11;
+	x->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write_imm(x, rmr->rkey, (uintptr_t)rbuf + 100, htonl(5));
+	ibv_wr_set_sge(x, a.mr->lkey, (uintptr_t)a.buf, 100);
+	x->wr_id = 12;
+	ibv_wr_atomic_fetch_add(x, rmr->rkey, (uintptr_t)rbuf + 1024, 9);
+	ibv_wr_set_sge(x, a.mr->lkey, (uintptr_t)a.buf + 2048, 8);
+	CHECK(ibv_wr_complete(x) == 0, "wr_complete");
+	struct ibv_wc wc[3];
+	CHECK(wait_wcs(a.scq, wc, 3, 30) == 3, "3 WCs");
+	for (int i = 0; i < 3; i++)
+		CHECK(wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == (uint64_t)(10 + i), "wc %d: %s", i,
+		      ibv_wc_status_str(wc[i].status));
+	CHECK(wc[0].opcode == IBV_WC_SEND && wc[1].opcode == IBV_WC_RDMA_WRITE && wc[2].opcode == IBV_WC_FETCH_ADD,
+	      "opcodes");
+	CHECK(wait_wcs(b.rcq, wc, 2, 30) == 2 && wc[0].byte_len == sizeof(msg) &&
+		      !memcmp(b.buf + RECV_BASE, msg, sizeof(msg)) && wc[1].opcode == IBV_WC_RECV_RDMA_WITH_IMM &&
+		      wc[1].imm_data == htonl(5),
+	      "SEND and WRITE_WITH_IMM received");
+	CHECK(rbuf[100] == 0x3c && rbuf[199] == 0x3c && *(uint64_t *)(rbuf + 1024) == 9, "WRITE and FETCH_ADD placed");
+	ibv_wr_start(x);
+	ibv_wr_send(x);
+	ibv_wr_set_sge(x, a.mr->lkey, (uintptr_t)a.buf, 8);
+	ibv_wr_local_inv(x, 1);
+	CHECK(ibv_wr_complete(x) == EINVAL, "a builder softverbs does not offer fails the chain");
+	CHECK(cq_empty_for(a.scq, 10), "nothing of it posted");
+	ibv_dereg_mr(rmr);
+	free(rbuf);
+	CHECK(!ibv_destroy_qp(qp), "destroy");
+	free_side(&a);
+	free_side(&b);
+}
+
 /* run_devices runs the tests of several devices in a child of this program: the device list
  * is read once per process, from the environment. */
 static void run_devices(const char *self)
@@ -1246,9 +1990,12 @@ int main(int argc, char **argv)
 	static const struct sv_case base[] = {
 		{"one device", test_one_device},
 		{"modify rules", test_modify_rules}, {"bad arguments", test_bad_args},
-		{"delivery", test_delivery}, {"post before RTS", test_post_before_rts}, {"rnr", test_rnr}, {"flush", test_flush},
+		{"delivery", test_delivery}, {"post and QP state", test_post_before_rts}, {"rnr", test_rnr}, {"flush", test_flush},
 		{"overrun", test_overrun}, {"channel", test_channel}, {"dead peer", test_dead_peer},
 		{"loss", test_loss}, {"faults", test_faults},
+		{"rdma", test_rdma}, {"rdma errors", test_rdma_errors}, {"rdma loss", test_rdma_loss},
+		{"rdma across processes", test_rdma_process}, {"srq", test_srq},
+		{"uc", test_uc}, {"ud", test_ud}, {"qp_ex", test_qp_ex},
 	};
 	static const struct sv_case several[] = {
 		{"device list", test_device_list}, {"two devices", test_device_traffic},

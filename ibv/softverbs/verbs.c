@@ -60,18 +60,47 @@ struct sv_mr {
 	struct ibv_mr mr;
 	struct sv_pd *pd;
 	int access;
+	uint64_t iova; /* the address remote peers use for mr.addr */
 	struct sv_mr *next;
 };
 
 struct sv_swqe {
 	uint64_t wr_id;
-	int signaled, solicited, imm_valid;
+	enum ibv_wr_opcode op;
+	int signaled, solicited, imm_valid, fence;
 	uint32_t imm;
-	uint8_t *data;
-	uint32_t len;
+	uint8_t *data;          /* SEND, WRITE: the data, copied at post time */
+	uint32_t len;           /* message length (READ: of the local SGEs; atomics: 8) */
+	uint64_t rva;           /* WRITE, READ, atomics: remote address and key */
+	uint32_t rkey;
+	uint64_t swap, cmp;     /* atomics: swap or add, compare */
+	struct ibv_sge *sge;    /* READ, atomics: where the response lands */
+	int nsge;
+	struct sockaddr_in udest; /* UD: where it goes, its Q_Key and GRH GIDs */
+	uint32_t qkey;
+	int grh;
+	uint8_t sgid[16], dgid[16];
 	enum ibv_wc_status pre; /* an error found at post time, reported in order */
 	uint32_t first_psn, npkts;
+	uint32_t rd_got;        /* READ, atomics: response packets placed */
 };
+
+/* sv_is_rd: a READ or an atomic, completed by its responses rather than by an ACK. */
+static inline int sv_is_rd(const struct sv_swqe *w)
+{
+	return w->op == IBV_WR_RDMA_READ || w->op == IBV_WR_ATOMIC_CMP_AND_SWP ||
+	       w->op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+
+static void sv_swqe_free(struct sv_swqe *w)
+{
+	free(w->data);
+	w->data = NULL;
+	free(w->sge);
+	w->sge = NULL;
+}
+
+enum { SV_ACACHE = 16 }; /* atomic responses kept for duplicate requests (max_dest_rd_atomic) */
 
 struct sv_rwqe {
 	uint64_t wr_id;
@@ -79,8 +108,44 @@ struct sv_rwqe {
 	struct ibv_sge *sge;
 };
 
+/* An address handle: where a UD message goes (its destination QPN is the WR's). */
+struct sv_ah {
+	struct ibv_ah ah;
+	struct sockaddr_in dest;
+	int grh;
+	union ibv_gid sgid, dgid;
+};
+
+/* A shared receive queue: its QPs take RECVs from it in order, each at the first packet of a
+ * message (the slot is free again then). */
+struct sv_srq {
+	struct ibv_srq srq;
+	struct sv_ctx *ctx;
+	struct sv_pd *pd;
+	struct sv_rwqe *q;
+	struct ibv_sge *sge;
+	uint32_t cap, max_sge, head, tail;
+	uint32_t limit;       /* armed when non-zero: SRQ_LIMIT_REACHED below it */
+	int nqp;
+	uint32_t ev_reported; /* async events handed out (atomic) */
+};
+
+/* A WR the ibv_wr_* API is building (ibv_wr_start .. ibv_wr_complete). */
+struct sv_pwr {
+	struct ibv_send_wr wr;
+	struct ibv_sge sge[SV_MAX_SGE];
+	uint8_t *inl; /* inline data, copied at once */
+};
+
 struct sv_qp {
-	struct ibv_qp qp;
+	union {
+		struct ibv_qp qp;
+		struct ibv_qp_ex qpx; /* its first member is the ibv_qp */
+	};
+	int has_qpx;            /* created by ibv_create_qp_ex with send ops */
+	int rq_open, sq_open;   /* posting allowed: RECVs from INIT on, SENDs from RTS on (to RESET) */
+	struct sv_pwr *pw;      /* the WRs being built */
+	int npw, cappw, pw_err;
 	struct sv_ctx *ctx;
 	struct sv_cq *scq, *rcq;
 	struct sv_pd *pd;
@@ -103,11 +168,27 @@ struct sv_qp {
 	uint32_t rq_cap, rq_tail, rq_head, rq_released;
 	uint32_t epsn, msg_off;
 	int in_msg, nak_sent;
+	int msg_write, msg_imm;   /* the message in progress is an RDMA WRITE (with immediate) */
+	uint8_t *wr_ptr;          /* WRITE: where it lands, and its length */
+	uint32_t wr_len;
+	struct {
+		uint32_t psn;
+		int valid;
+		uint64_t orig;
+	} acache[SV_ACACHE];
+	int acache_next;
+
+	struct sv_srq *srq;      /* RECVs from this SRQ instead of rq */
+	struct sv_rwqe srq_cur;  /* the SRQ RECV the message in progress uses */
+	struct ibv_sge *srq_cur_sge;
+	int srq_have;
 
 	int overrun;
 	uint32_t ev_reported; /* async events handed out (atomic) */
 	struct sv_qp *next;
 };
+
+static void sv_pw_clear(struct sv_qp *q);
 
 struct sv_async {
 	enum ibv_event_type type;
@@ -247,6 +328,11 @@ SV_EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_
 				event->element.cq = a.elem;
 				__atomic_add_fetch(&((struct sv_cq *)a.elem)->async_reported, 1, __ATOMIC_SEQ_CST);
 				break;
+			case IBV_EVENT_SRQ_ERR:
+			case IBV_EVENT_SRQ_LIMIT_REACHED:
+				event->element.srq = a.elem;
+				__atomic_add_fetch(&((struct sv_srq *)a.elem)->ev_reported, 1, __ATOMIC_SEQ_CST);
+				break;
 			case IBV_EVENT_QP_FATAL:
 			case IBV_EVENT_QP_REQ_ERR:
 			case IBV_EVENT_QP_ACCESS_ERR:
@@ -286,6 +372,17 @@ SV_EXPORT void ibv_ack_async_event(struct ibv_async_event *event)
 		pthread_mutex_unlock(&cq->mutex);
 		return;
 	}
+	case IBV_EVENT_SRQ_ERR:
+	case IBV_EVENT_SRQ_LIMIT_REACHED: {
+		struct ibv_srq *srq = event->element.srq;
+		if (!srq)
+			return;
+		pthread_mutex_lock(&srq->mutex);
+		++srq->events_completed;
+		pthread_cond_broadcast(&srq->cond);
+		pthread_mutex_unlock(&srq->mutex);
+		return;
+	}
 	case IBV_EVENT_QP_FATAL:
 	case IBV_EVENT_QP_REQ_ERR:
 	case IBV_EVENT_QP_ACCESS_ERR:
@@ -318,9 +415,9 @@ static void sv_fill_device_attr(const struct sv_dev *d, struct ibv_device_attr *
 	a->sys_image_guid = a->node_guid;
 	a->max_mr_size = ~0ULL;
 	a->page_size_cap = ~4095ULL;
-	a->vendor_id = 0;
-	a->vendor_part_id = 0;
-	a->hw_ver = 0;
+	a->vendor_id = SV_VENDOR_ID;
+	a->vendor_part_id = SV_VENDOR_PART_ID;
+	a->hw_ver = 1;
 	a->max_qp = SV_NQPN;
 	a->max_qp_wr = SV_MAX_QP_WR;
 	a->device_cap_flags = IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_RC_RNR_NAK_GEN |
@@ -336,11 +433,13 @@ static void sv_fill_device_attr(const struct sv_dev *d, struct ibv_device_attr *
 	a->max_ee_rd_atom = 0;
 	a->max_res_rd_atom = SV_MAX_RD_ATOM * SV_NQPN;
 	a->max_qp_init_rd_atom = SV_MAX_RD_ATOM;
-	a->atomic_cap = IBV_ATOMIC_NONE;
+	a->atomic_cap = IBV_ATOMIC_HCA;
 	a->max_mw = 0;
 	a->max_mcast_grp = 0;
-	a->max_ah = 0;
-	a->max_srq = 0;
+	a->max_ah = 1 << 20;
+	a->max_srq = 1 << 16;
+	a->max_srq_wr = SV_MAX_QP_WR;
+	a->max_srq_sge = SV_MAX_SGE;
 	a->max_pkeys = sv_cfg.ib ? SV_PKEY_TBL_LEN_IB : SV_PKEY_TBL_LEN_ETH;
 	a->local_ca_ack_delay = 16;
 	a->phys_port_cnt = 1;
@@ -366,6 +465,10 @@ static int sv_query_device_ex(struct ibv_context *context, const struct ibv_quer
 		return EINVAL;
 	memset(&a, 0, sizeof(a));
 	sv_fill_device_attr(sv_ctx(context)->dev, &a.orig_attr);
+	/* The extended attributes of a generic device: one port, the same capability flags, no
+	 * ODP, timestamps, TSO, RSS, tag matching, packet pacing, device memory or PCI atomics. */
+	a.device_cap_flags_ex = a.orig_attr.device_cap_flags;
+	a.phys_port_cnt_ex = 1;
 	memset(attr, 0, attr_size);
 	memcpy(attr, &a, attr_size < sizeof(a) ? attr_size : sizeof(a));
 	return 0;
@@ -622,7 +725,7 @@ static int sv_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
 	while (n < num_entries && cq->count) {
 		struct sv_cqe *e = &cq->ring[cq->head];
 		wc[n++] = e->wc;
-		if (e->qp)
+		if (e->qp && e->is_send != 2) /* 2: an SRQ RECV, whose slot was freed when taken */
 			__atomic_store_n(e->is_send ? &e->qp->sq_released : &e->qp->rq_released, e->release,
 					 __ATOMIC_RELEASE);
 		cq->head = (cq->head + 1) % cq->cap;
@@ -954,7 +1057,7 @@ static struct ibv_mr *sv_reg(struct ibv_pd *ibpd, void *addr, size_t length, uin
 	m->mr.rkey = key;
 	m->pd = (struct sv_pd *)ibpd;
 	m->access = access;
-	(void)iova;
+	m->iova = iova;
 	m->next = c->mrs[key % SV_MR_BUCKETS];
 	c->mrs[key % SV_MR_BUCKETS] = m;
 	m->pd->refs++;
@@ -1029,6 +1132,21 @@ static int sv_mr_check(struct sv_ctx *c, struct sv_pd *pd, uint32_t lkey, uint64
 	return 0;
 }
 
+/* sv_mr_remote finds the MR of [va, va+len) (its iova space) under rkey in pd, with the access
+ * needed, and gives the local address of va; NULL when the key, the PD, the rights or the
+ * bounds fail (a remote access error). */
+static uint8_t *sv_mr_remote(struct sv_ctx *c, struct sv_pd *pd, uint32_t rkey, uint64_t va, uint64_t len,
+			     int need)
+{
+	struct sv_mr *m = sv_mr_find(c, rkey);
+	if (!m || m->pd != pd || (m->access & need) != need)
+		return NULL;
+	uint64_t lo = m->iova, hi = lo + m->mr.length;
+	if (va < lo || va > hi || len > hi - va)
+		return NULL;
+	return (uint8_t *)m->mr.addr + (va - lo);
+}
+
 /* ---- QP engine ---- */
 
 static int64_t sv_ack_timeout_ns(uint8_t t)
@@ -1062,10 +1180,19 @@ static void sv_arm(struct sv_qp *q, int64_t now)
 		sv_wake(q->ctx, q->ack_deadline);
 }
 
+static void sv_send_pkt_to(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload,
+			   const struct sockaddr_in *dest);
+
 static void sv_send_pkt(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload)
 {
+	sv_send_pkt_to(q, h, payload, &q->dest);
+}
+
+static void sv_send_pkt_to(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload,
+			   const struct sockaddr_in *dest)
+{
 	struct sv_ctx *c = q->ctx;
-	uint8_t buf[SV_HDR_LEN + SV_MAX_PAYLOAD];
+	uint8_t buf[SV_MAX_HDR + SV_MAX_PAYLOAD];
 	if (!sv_port_active(c)) {
 		sv_count(c->dev, SV_CNT_TX_DROPPED);
 		return;
@@ -1076,13 +1203,12 @@ static void sv_send_pkt(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *
 		return;
 	}
 	sv_count(c->dev, SV_CNT_TX_PACKETS);
-	sv_encode(h, buf);
+	size_t hl = sv_encode(h, buf);
 	if (h->len)
-		memcpy(buf + SV_HDR_LEN, payload, h->len);
+		memcpy(buf + hl, payload, h->len);
 	/* Non-blocking: a full socket buffer loses the packet, as a congested link would; the
 	 * retransmit timer recovers it. */
-	if (sendto(q->fd, buf, SV_HDR_LEN + h->len, MSG_DONTWAIT, (struct sockaddr *)&q->dest,
-		   sizeof(q->dest)) < 0) {
+	if (sendto(q->fd, buf, hl + h->len, MSG_DONTWAIT, (const struct sockaddr *)dest, sizeof(*dest)) < 0) {
 		/* lost */
 	}
 }
@@ -1099,30 +1225,108 @@ static void sv_complete_send(struct sv_qp *q, uint32_t idx, enum ibv_wc_status s
 	struct sv_swqe *w = &q->sq[idx % q->sq_cap];
 	if (st == IBV_WC_SUCCESS && !w->signaled)
 		return;
-	struct ibv_wc wc = {.wr_id = w->wr_id, .status = st,
-			    .opcode = IBV_WC_SEND,
+	enum ibv_wc_opcode op = IBV_WC_SEND;
+	switch (w->op) {
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		op = IBV_WC_RDMA_WRITE;
+		break;
+	case IBV_WR_RDMA_READ:
+		op = IBV_WC_RDMA_READ;
+		break;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+		op = IBV_WC_COMP_SWAP;
+		break;
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		op = IBV_WC_FETCH_ADD;
+		break;
+	default:
+		break;
+	}
+	struct ibv_wc wc = {.wr_id = w->wr_id, .status = st, .opcode = op,
 			    .byte_len = w->len, .qp_num = q->qp.qp_num};
 	if (sv_cq_push(q->scq, &wc, q, 1, idx + 1, 0))
+		q->overrun = 1;
+}
+
+static void sv_complete_rwqe(struct sv_qp *q, const struct sv_rwqe *w, int srq, uint32_t release,
+			     enum ibv_wc_status st, uint32_t len, const struct sv_hdr *h)
+{
+	struct ibv_wc wc = {.wr_id = w->wr_id, .status = st, .opcode = IBV_WC_RECV, .byte_len = len,
+			    .qp_num = q->qp.qp_num};
+	int sol = 0;
+	if (h) {
+		wc.src_qp = h->sqpn;
+		if (h->op == SV_OP_SEND_LAST_IMM || h->op == SV_OP_SEND_ONLY_IMM ||
+		    h->op == SV_OP_WRITE_LAST_IMM || h->op == SV_OP_WRITE_ONLY_IMM) {
+			wc.wc_flags |= IBV_WC_WITH_IMM;
+			wc.imm_data = h->imm;
+		}
+		if (h->op == SV_OP_WRITE_LAST_IMM || h->op == SV_OP_WRITE_ONLY_IMM)
+			wc.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
+		if (h->op == SV_OP_UD_SEND_IMM) {
+			wc.wc_flags |= IBV_WC_WITH_IMM;
+			wc.imm_data = h->imm;
+		}
+		if ((h->op == SV_OP_UD_SEND || h->op == SV_OP_UD_SEND_IMM) && (h->flags & SV_FLAG_GRH))
+			wc.wc_flags |= IBV_WC_GRH;
+		sol = h->flags & SV_FLAG_SOLICITED;
+	}
+	if (sv_cq_push(q->rcq, &wc, q, srq ? 2 : 0, release, sol))
 		q->overrun = 1;
 }
 
 static void sv_complete_recv(struct sv_qp *q, uint32_t idx, enum ibv_wc_status st, uint32_t len,
 			     const struct sv_hdr *h)
 {
-	struct sv_rwqe *w = &q->rq[idx % q->rq_cap];
-	struct ibv_wc wc = {.wr_id = w->wr_id, .status = st, .opcode = IBV_WC_RECV, .byte_len = len,
-			    .qp_num = q->qp.qp_num};
-	int sol = 0;
-	if (h) {
-		wc.src_qp = h->sqpn;
-		if (h->op == SV_OP_SEND_LAST_IMM || h->op == SV_OP_SEND_ONLY_IMM) {
-			wc.wc_flags |= IBV_WC_WITH_IMM;
-			wc.imm_data = h->imm;
-		}
-		sol = h->flags & SV_FLAG_SOLICITED;
+	sv_complete_rwqe(q, &q->rq[idx % q->rq_cap], 0, idx + 1, st, len, h);
+}
+
+/* The receive queue of a QP, its own or its SRQ's (context lock held). */
+
+static int sv_rq_empty(struct sv_qp *q)
+{
+	if (q->srq)
+		return !q->srq_have && q->srq->head == q->srq->tail;
+	return q->rq_head == q->rq_tail;
+}
+
+/* sv_rq_take makes the head RECV the message's (an SRQ's: taken from it, which may fire the
+ * SRQ limit event). */
+static void sv_rq_take(struct sv_qp *q)
+{
+	struct sv_srq *r = q->srq;
+	if (!r || q->srq_have)
+		return;
+	struct sv_rwqe *w = &r->q[r->head % r->cap];
+	q->srq_cur.wr_id = w->wr_id;
+	q->srq_cur.nsge = w->nsge;
+	if (w->nsge)
+		memcpy(q->srq_cur_sge, w->sge, (size_t)w->nsge * sizeof(*w->sge));
+	q->srq_have = 1;
+	r->head++;
+	if (r->limit && r->tail - r->head < r->limit) {
+		r->limit = 0;
+		sv_async_push(q->ctx, IBV_EVENT_SRQ_LIMIT_REACHED, r, 0);
 	}
-	if (sv_cq_push(q->rcq, &wc, q, 0, idx + 1, sol))
-		q->overrun = 1;
+}
+
+static struct sv_rwqe *sv_rq_cur(struct sv_qp *q)
+{
+	return q->srq ? &q->srq_cur : &q->rq[q->rq_head % q->rq_cap];
+}
+
+/* sv_rq_done completes the message's RECV. */
+static void sv_rq_done(struct sv_qp *q, enum ibv_wc_status st, uint32_t len, const struct sv_hdr *h)
+{
+	if (q->srq) {
+		if (q->srq_have)
+			sv_complete_rwqe(q, &q->srq_cur, 1, 0, st, len, h);
+		q->srq_have = 0;
+		return;
+	}
+	sv_complete_recv(q, q->rq_head, st, len, h);
+	q->rq_head++;
 }
 
 /* sv_qp_error moves q to ERR and flushes both queues. */
@@ -1136,12 +1340,16 @@ static void sv_qp_error(struct sv_qp *q)
 		struct sv_swqe *w = &q->sq[i % q->sq_cap];
 		w->signaled = 1; /* error completions are always reported */
 		sv_complete_send(q, i, IBV_WC_WR_FLUSH_ERR);
-		free(w->data);
-		w->data = NULL;
+		sv_swqe_free(w);
 	}
 	q->sq_done = q->sq_send = q->sq_tail;
 	q->sq_pkt = 0;
 	q->ack_deadline = q->resume_at = 0;
+	if (q->srq) {
+		/* only the RECV it took is the QP's; the SRQ's others stay for its other QPs */
+		sv_rq_done(q, IBV_WC_WR_FLUSH_ERR, 0, NULL);
+		sv_async_push(q->ctx, IBV_EVENT_QP_LAST_WQE_REACHED, q, 0);
+	}
 	for (uint32_t i = q->rq_head; i != q->rq_tail; i++)
 		sv_complete_recv(q, i, IBV_WC_WR_FLUSH_ERR, 0, NULL);
 	q->rq_head = q->rq_tail;
@@ -1159,8 +1367,7 @@ static void sv_fail(struct sv_qp *q, enum ibv_wc_status st)
 		struct sv_swqe *w = &q->sq[q->sq_done % q->sq_cap];
 		w->signaled = 1;
 		sv_complete_send(q, q->sq_done, st);
-		free(w->data);
-		w->data = NULL;
+		sv_swqe_free(w);
 		q->sq_done++;
 		if (q->sq_send - q->sq_done > q->sq_tail - q->sq_done) {
 			q->sq_send = q->sq_done;
@@ -1175,6 +1382,19 @@ static int sv_inflight(struct sv_qp *q)
 	return q->sq_done != q->sq_send || q->sq_pkt;
 }
 
+/* sv_rd_outstanding counts the READs and atomics whose requests left and whose responses
+ * have not all come back (the initiator depth max_rd_atomic bounds it). */
+static uint32_t sv_rd_outstanding(struct sv_qp *q)
+{
+	uint32_t n = 0, end = q->sq_send + (q->sq_pkt ? 1 : 0);
+	for (uint32_t i = q->sq_done; i != end; i++)
+		if (sv_is_rd(&q->sq[i % q->sq_cap]))
+			n++;
+	return n;
+}
+
+enum { SV_READ_SEG = 32 }; /* response packets asked for by one READ request packet */
+
 static void sv_pump(struct sv_qp *q, int64_t now)
 {
 	if (q->state != IBV_QPS_RTS || q->resume_at)
@@ -1187,21 +1407,105 @@ static void sv_pump(struct sv_qp *q, int64_t now)
 			sv_fail(q, w->pre);
 			return;
 		}
-		if (sv_psn_diff(q->next_psn, q->acked_psn) > SV_WINDOW)
+		if (q->qp.qp_type == IBV_QPT_UD) {
+			/* UD: one packet to the WR's address, done once sent */
+			struct sv_hdr u = {.op = w->imm_valid ? SV_OP_UD_SEND_IMM : SV_OP_UD_SEND,
+					   .dqpn = ntohs(w->udest.sin_port), .sqpn = q->qp.qp_num, .psn = q->next_psn,
+					   .imm = w->imm_valid ? w->imm : 0, .len = (uint16_t)w->len, .qkey = w->qkey};
+			if (w->solicited)
+				u.flags |= SV_FLAG_SOLICITED;
+			if (w->grh)
+				u.flags |= SV_FLAG_GRH;
+			memcpy(u.sgid, w->sgid, 16);
+			memcpy(u.dgid, w->dgid, 16);
+			sv_send_pkt_to(q, &u, w->data, &w->udest);
+			q->next_psn = (q->next_psn + 1) & SV_PSN_MASK;
+			q->acked_psn = (q->next_psn - 1) & SV_PSN_MASK;
+			q->sq_send++;
+			sv_complete_send(q, q->sq_done, IBV_WC_SUCCESS);
+			sv_swqe_free(w);
+			q->sq_done++;
+			continue;
+		}
+		int uc = q->qp.qp_type == IBV_QPT_UC;
+		if (!uc && sv_psn_diff(q->next_psn, q->acked_psn) > SV_WINDOW)
 			return;
+		int rd = sv_is_rd(w);
 		if (q->sq_pkt == 0) {
+			/* A fenced WR waits for the READs and atomics before it; a READ or atomic
+			 * waits while max_rd_atomic of them are outstanding. */
+			if (w->fence || rd) {
+				uint32_t out = sv_rd_outstanding(q);
+				uint32_t depth = q->attr.max_rd_atomic ? q->attr.max_rd_atomic : 1;
+				if ((w->fence && out) || (rd && out >= depth))
+					return;
+			}
 			/* PSNs and packets are assigned as the message leaves, at the path MTU of
-			 * the connection (WRs may be posted before RTR set it). */
+			 * the connection (WRs may be posted before RTR set it); a READ takes one
+			 * PSN per response packet. */
 			w->first_psn = q->next_psn;
 			w->npkts = w->len ? (w->len + q->mtu_bytes - 1) / q->mtu_bytes : 1;
+			if (w->op == IBV_WR_ATOMIC_CMP_AND_SWP || w->op == IBV_WR_ATOMIC_FETCH_AND_ADD)
+				w->npkts = 1;
+			w->rd_got = 0;
 		}
+		struct sv_hdr h = {.dqpn = q->attr.dest_qp_num, .sqpn = q->qp.qp_num, .psn = q->next_psn};
+		if (rd) {
+			uint32_t m = 1;
+			if (w->op == IBV_WR_RDMA_READ) {
+				/* ask for up to SV_READ_SEG response packets at a time, so that the
+				 * window bounds the responses in flight as it bounds SENDs */
+				m = w->npkts - q->sq_pkt;
+				if (m > SV_READ_SEG)
+					m = SV_READ_SEG;
+				uint64_t off = (uint64_t)q->sq_pkt * q->mtu_bytes;
+				uint64_t n = (uint64_t)m * q->mtu_bytes;
+				h.op = SV_OP_READ_REQ;
+				h.aux = (uint8_t)q->attr.path_mtu;
+				h.va = w->rva + off;
+				h.rkey = w->rkey;
+				h.dlen = (uint32_t)(w->len - off < n ? w->len - off : n);
+			} else {
+				h.op = w->op == IBV_WR_ATOMIC_CMP_AND_SWP ? SV_OP_CMP_SWP : SV_OP_FETCH_ADD;
+				h.va = w->rva;
+				h.rkey = w->rkey;
+				h.data0 = w->swap;
+				h.data1 = w->op == IBV_WR_ATOMIC_CMP_AND_SWP ? w->cmp : 0;
+			}
+			sv_send_pkt(q, &h, NULL);
+			q->next_psn = (q->next_psn + m) & SV_PSN_MASK;
+			if (!q->ack_deadline)
+				sv_arm(q, now);
+			q->sq_pkt += m;
+			if (q->sq_pkt == w->npkts) {
+				q->sq_send++;
+				q->sq_pkt = 0;
+			}
+			continue;
+		}
+		int write = w->op == IBV_WR_RDMA_WRITE || w->op == IBV_WR_RDMA_WRITE_WITH_IMM;
 		uint32_t off = q->sq_pkt * q->mtu_bytes;
 		uint32_t left = w->len - off;
 		uint32_t n = left < q->mtu_bytes ? left : q->mtu_bytes;
 		int first = q->sq_pkt == 0, last = q->sq_pkt + 1 == w->npkts;
-		struct sv_hdr h = {.dqpn = q->attr.dest_qp_num, .sqpn = q->qp.qp_num, .psn = q->next_psn,
-				   .len = (uint16_t)n};
-		if (first && last)
+		h.len = (uint16_t)n;
+		if (write) {
+			if (first && last)
+				h.op = w->imm_valid ? SV_OP_WRITE_ONLY_IMM : SV_OP_WRITE_ONLY;
+			else if (first)
+				h.op = SV_OP_WRITE_FIRST;
+			else if (last)
+				h.op = w->imm_valid ? SV_OP_WRITE_LAST_IMM : SV_OP_WRITE_LAST;
+			else
+				h.op = SV_OP_WRITE_MIDDLE;
+			if (first) {
+				h.va = w->rva;
+				h.rkey = w->rkey;
+				h.dlen = w->len;
+			}
+			if (!last && w->imm_valid)
+				h.flags = SV_FLAG_IMM;
+		} else if (first && last)
 			h.op = w->imm_valid ? SV_OP_SEND_ONLY_IMM : SV_OP_SEND_ONLY;
 		else if (first)
 			h.op = SV_OP_SEND_FIRST;
@@ -1212,11 +1516,25 @@ static void sv_pump(struct sv_qp *q, int64_t now)
 		if (last) {
 			if (w->imm_valid)
 				h.imm = w->imm;
-			if (w->solicited)
+			if (w->solicited && (!write || w->imm_valid))
 				h.flags = SV_FLAG_SOLICITED;
 		}
 		sv_send_pkt(q, &h, w->data ? w->data + off : NULL);
 		q->next_psn = (q->next_psn + 1) & SV_PSN_MASK;
+		if (uc) {
+			/* UC: done once sent; nothing is acknowledged or sent again */
+			q->acked_psn = (q->next_psn - 1) & SV_PSN_MASK;
+			if (last) {
+				q->sq_send++;
+				q->sq_pkt = 0;
+				sv_complete_send(q, q->sq_done, IBV_WC_SUCCESS);
+				sv_swqe_free(w);
+				q->sq_done++;
+			} else {
+				q->sq_pkt++;
+			}
+			continue;
+		}
 		if (!q->ack_deadline)
 			sv_arm(q, now);
 		if (last) {
@@ -1228,13 +1546,16 @@ static void sv_pump(struct sv_qp *q, int64_t now)
 	}
 }
 
+/* sv_rewind goes back to the oldest unacknowledged WQE; a READ resumes after the response
+ * packets already placed. */
 static void sv_rewind(struct sv_qp *q)
 {
 	if (!sv_inflight(q))
 		return;
-	q->next_psn = q->sq[q->sq_done % q->sq_cap].first_psn;
+	struct sv_swqe *w = &q->sq[q->sq_done % q->sq_cap];
 	q->sq_send = q->sq_done;
-	q->sq_pkt = 0;
+	q->sq_pkt = sv_is_rd(w) ? w->rd_got : 0;
+	q->next_psn = (w->first_psn + q->sq_pkt) & SV_PSN_MASK;
 }
 
 /* sv_ack applies a cumulative ACK of psn a; 1 when it acknowledged something new. */
@@ -1242,6 +1563,22 @@ static int sv_ack(struct sv_qp *q, uint32_t a, int64_t now)
 {
 	if (sv_psn_diff(a, q->acked_psn) <= 0 || sv_psn_diff(a, q->next_psn) >= 0)
 		return 0; /* duplicate, or for a PSN never sent */
+	/* Only its responses complete a READ or an atomic: an ACK (a responder's answer to a
+	 * duplicate) covers no more than the response packets placed. */
+	uint32_t end = q->sq_send + (q->sq_pkt ? 1 : 0);
+	for (uint32_t i = q->sq_done; i != end; i++) {
+		struct sv_swqe *w = &q->sq[i % q->sq_cap];
+		if (sv_is_rd(w) && w->rd_got < w->npkts) {
+			uint32_t lim = (w->first_psn + w->rd_got - 1) & SV_PSN_MASK;
+			if (sv_psn_diff(a, lim) > 0)
+				a = lim;
+			break;
+		}
+		if (sv_psn_diff(a, (w->first_psn + w->npkts - 1) & SV_PSN_MASK) < 0)
+			break;
+	}
+	if (sv_psn_diff(a, q->acked_psn) <= 0)
+		return 0;
 	q->acked_psn = a;
 	q->retries = 0;
 	q->rnr_retries = 0;
@@ -1251,8 +1588,7 @@ static int sv_ack(struct sv_qp *q, uint32_t a, int64_t now)
 		if (sv_psn_diff(a, last) < 0)
 			break;
 		sv_complete_send(q, q->sq_done, IBV_WC_SUCCESS);
-		free(w->data);
-		w->data = NULL;
+		sv_swqe_free(w);
 		q->sq_done++;
 	}
 	q->ack_deadline = 0;
@@ -1291,24 +1627,27 @@ static void sv_on_nak(struct sv_qp *q, const struct sv_hdr *h, int64_t now)
 	case SV_NAK_INV_REQ:
 		sv_fail(q, IBV_WC_REM_INV_REQ_ERR);
 		return;
+	case SV_NAK_REM_ACCESS:
+		sv_fail(q, IBV_WC_REM_ACCESS_ERR);
+		return;
 	default:
 		sv_fail(q, IBV_WC_REM_OP_ERR);
 		return;
 	}
 }
 
-/* sv_scatter places len bytes at message offset off into the RECV w. */
-static enum ibv_wc_status sv_scatter(struct sv_qp *q, struct sv_rwqe *w, uint32_t off, const uint8_t *p,
-				     uint32_t len)
+/* sv_scatter places len bytes at message offset off into the SGE list sge[0..nsge). */
+static enum ibv_wc_status sv_scatter(struct sv_qp *q, const struct ibv_sge *sge, int nsge, uint32_t off,
+				     const uint8_t *p, uint32_t len)
 {
 	uint64_t total = 0;
-	for (int i = 0; i < w->nsge; i++)
-		total += w->sge[i].length;
+	for (int i = 0; i < nsge; i++)
+		total += sge[i].length;
 	if ((uint64_t)off + len > total)
 		return IBV_WC_LOC_LEN_ERR;
 	uint64_t pos = 0;
-	for (int i = 0; i < w->nsge && len; i++) {
-		struct ibv_sge *s = &w->sge[i];
+	for (int i = 0; i < nsge && len; i++) {
+		const struct ibv_sge *s = &sge[i];
 		if (pos + s->length <= off) {
 			pos += s->length;
 			continue;
@@ -1326,14 +1665,173 @@ static enum ibv_wc_status sv_scatter(struct sv_qp *q, struct sv_rwqe *w, uint32_
 	return IBV_WC_SUCCESS;
 }
 
-static void sv_on_send(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload)
+/* sv_resp_error ends a request the responder cannot execute: the NAK, the responder QP to
+ * ERR (an access error raises IBV_EVENT_QP_ACCESS_ERR, as on a NIC). */
+static void sv_resp_error(struct sv_qp *q, uint8_t synd, uint32_t psn)
+{
+	sv_send_ctl(q, SV_OP_NAK, synd, 0, psn);
+	if (synd == SV_NAK_REM_ACCESS && q->state != IBV_QPS_ERR)
+		sv_async_push(q->ctx, IBV_EVENT_QP_ACCESS_ERR, q, 0);
+	sv_qp_error(q);
+}
+
+/* sv_qp_allows: the responder QP's qp_access_flags allow a remote access of kind need. */
+static int sv_qp_allows(struct sv_qp *q, int need)
+{
+	return (q->attr.qp_access_flags & (unsigned)need) == (unsigned)need;
+}
+
+/* sv_do_read sends the responses to a READ request at psn; 0, or -1 for an access error. */
+static int sv_do_read(struct sv_qp *q, const struct sv_hdr *h, uint32_t *npkts)
+{
+	uint32_t mtu = 128u << h->aux;
+	uint32_t m = h->dlen ? (h->dlen + mtu - 1) / mtu : 1;
+	const uint8_t *src = NULL;
+	if (h->dlen) {
+		if (!sv_qp_allows(q, IBV_ACCESS_REMOTE_READ))
+			return -1;
+		src = sv_mr_remote(q->ctx, q->pd, h->rkey, h->va, h->dlen, IBV_ACCESS_REMOTE_READ);
+		if (!src)
+			return -1;
+	}
+	for (uint32_t i = 0; i < m; i++) {
+		uint32_t off = i * mtu;
+		uint32_t n = h->dlen - off < mtu ? h->dlen - off : mtu;
+		struct sv_hdr r = {.op = SV_OP_READ_RESP, .dqpn = q->attr.dest_qp_num, .sqpn = q->qp.qp_num,
+				   .psn = (h->psn + i) & SV_PSN_MASK, .len = (uint16_t)(h->dlen ? n : 0)};
+		sv_send_pkt(q, &r, src ? src + off : NULL);
+	}
+	*npkts = m;
+	return 0;
+}
+
+static void sv_atomic_reply(struct sv_qp *q, uint32_t psn, uint64_t orig)
+{
+	struct sv_hdr r = {.op = SV_OP_ATOMIC_ACK, .dqpn = q->attr.dest_qp_num, .sqpn = q->qp.qp_num,
+			   .psn = psn, .data0 = orig};
+	sv_send_pkt(q, &r, NULL);
+}
+
+/* sv_uc_request is a UC responder: no ACK, NAK or RNR. A packet lost (a PSN gap) drops the
+ * message in progress, whose RECV serves the next one; a message without a RECV, or whose
+ * WRITE fails its checks, is dropped; the packets of a message not started are dropped. */
+static void sv_uc_request(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload)
+{
+	int write = h->op >= SV_OP_WRITE_FIRST && h->op <= SV_OP_WRITE_ONLY_IMM;
+	if (!sv_op_is_send(h->op) && !write)
+		return; /* no READs or atomics on UC */
+	int first = h->op == SV_OP_SEND_FIRST || h->op == SV_OP_SEND_ONLY || h->op == SV_OP_SEND_ONLY_IMM ||
+		    h->op == SV_OP_WRITE_FIRST || h->op == SV_OP_WRITE_ONLY || h->op == SV_OP_WRITE_ONLY_IMM;
+	int last = h->op != SV_OP_SEND_FIRST && h->op != SV_OP_SEND_MIDDLE && h->op != SV_OP_WRITE_FIRST &&
+		   h->op != SV_OP_WRITE_MIDDLE;
+	if (h->psn != q->epsn || first)
+		q->in_msg = 0;
+	q->epsn = (h->psn + 1) & SV_PSN_MASK;
+	if (!first && (!q->in_msg || write != q->msg_write))
+		return;
+	if (first) {
+		int imm = !write || (h->flags & SV_FLAG_IMM) || h->op == SV_OP_WRITE_ONLY_IMM;
+		if (write) {
+			uint8_t *dst = NULL;
+			if (h->dlen > SV_MAX_MSG)
+				return;
+			if (h->dlen) {
+				if (sv_qp_allows(q, IBV_ACCESS_REMOTE_WRITE))
+					dst = sv_mr_remote(q->ctx, q->pd, h->rkey, h->va, h->dlen,
+							   IBV_ACCESS_REMOTE_WRITE);
+				if (!dst)
+					return;
+			}
+			q->wr_ptr = dst;
+			q->wr_len = h->dlen;
+		}
+		if (imm && sv_rq_empty(q))
+			return;
+		if (imm)
+			sv_rq_take(q);
+		q->in_msg = 1;
+		q->msg_write = write;
+		q->msg_imm = write && imm;
+		q->msg_off = 0;
+	}
+	if (write) {
+		if ((uint64_t)q->msg_off + h->len > q->wr_len || (last && q->msg_off + h->len != q->wr_len)) {
+			q->in_msg = 0;
+			return;
+		}
+		if (h->len)
+			memcpy(q->wr_ptr + q->msg_off, payload, h->len);
+	} else {
+		struct sv_rwqe *w = sv_rq_cur(q);
+		enum ibv_wc_status st = sv_scatter(q, w->sge, w->nsge, q->msg_off, payload, h->len);
+		if (st != IBV_WC_SUCCESS) {
+			sv_rq_done(q, st, q->msg_off, h);
+			q->in_msg = 0;
+			sv_qp_error(q);
+			return;
+		}
+	}
+	q->msg_off += h->len;
+	if (last) {
+		if (!write || q->msg_imm)
+			sv_rq_done(q, IBV_WC_SUCCESS, q->msg_off, h);
+		q->in_msg = 0;
+	}
+}
+
+/* sv_ud_recv is a UD receiver: a message whose Q_Key is not the QP's, or that finds no RECV,
+ * is dropped; the RECV gets the 40-byte GRH (IB layout: version 6, next header 0x1b, hop limit
+ * 64, the payload length, source and destination GIDs), then the payload. */
+static void sv_ud_recv(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload)
 {
 	if (q->state != IBV_QPS_RTR && q->state != IBV_QPS_RTS && q->state != IBV_QPS_SQD)
 		return;
+	if (h->qkey != q->attr.qkey || sv_rq_empty(q))
+		return;
+	sv_rq_take(q);
+	struct sv_rwqe *w = sv_rq_cur(q);
+	uint8_t grh[40] = {0x60, 0, 0, 0};
+	uint16_t plen = htons((uint16_t)(h->len + (h->op == SV_OP_UD_SEND_IMM ? 4 : 0) + 8 + 12));
+	memcpy(grh + 4, &plen, 2);
+	grh[6] = 0x1b;
+	grh[7] = 64;
+	memcpy(grh + 8, h->sgid, 16);
+	memcpy(grh + 24, h->dgid, 16);
+	enum ibv_wc_status st = sv_scatter(q, w->sge, w->nsge, 0, grh, 40);
+	if (st == IBV_WC_SUCCESS)
+		st = sv_scatter(q, w->sge, w->nsge, 40, payload, h->len);
+	sv_rq_done(q, st, 40 + h->len, h);
+	if (st != IBV_WC_SUCCESS)
+		sv_qp_error(q);
+}
+
+/* sv_on_request is the responder: SEND, RDMA WRITE, READ and atomic request packets. */
+static void sv_on_request(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload)
+{
+	if (q->state != IBV_QPS_RTR && q->state != IBV_QPS_RTS && q->state != IBV_QPS_SQD)
+		return;
+	if (q->qp.qp_type == IBV_QPT_UC) {
+		sv_uc_request(q, h, payload);
+		return;
+	}
 	int32_t d = sv_psn_diff(h->psn, q->epsn);
 	if (d < 0) {
 		sv_count(q->ctx->dev, SV_CNT_DUPLICATE);
-		sv_send_ctl(q, SV_OP_ACK, 0, 0, q->epsn - 1);
+		if (h->op == SV_OP_READ_REQ) {
+			/* a READ is executed again (it changes nothing); a requester that resumes a
+			 * READ after its last placed response asks for a range that may run past
+			 * what it asked before: the PSNs past it are taken now */
+			uint32_t m;
+			if (!sv_do_read(q, h, &m) && sv_psn_diff((h->psn + m) & SV_PSN_MASK, q->epsn) > 0)
+				q->epsn = (h->psn + m) & SV_PSN_MASK;
+		} else if (h->op == SV_OP_CMP_SWP || h->op == SV_OP_FETCH_ADD) {
+			/* an atomic is not: its saved response is sent again */
+			for (int i = 0; i < SV_ACACHE; i++)
+				if (q->acache[i].valid && q->acache[i].psn == h->psn)
+					sv_atomic_reply(q, h->psn, q->acache[i].orig);
+		} else {
+			sv_send_ctl(q, SV_OP_ACK, 0, 0, q->epsn - 1);
+		}
 		return;
 	}
 	if (d > 0) {
@@ -1344,50 +1842,164 @@ static void sv_on_send(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *p
 		}
 		return;
 	}
-	int first = h->op == SV_OP_SEND_FIRST || h->op == SV_OP_SEND_ONLY || h->op == SV_OP_SEND_ONLY_IMM;
-	int last = h->op != SV_OP_SEND_FIRST && h->op != SV_OP_SEND_MIDDLE;
-	if (first != !q->in_msg) {
-		/* a new message inside one, or a continuation of none */
-		if (q->in_msg) {
-			sv_complete_recv(q, q->rq_head, IBV_WC_REM_INV_REQ_ERR, q->msg_off, h);
-			q->rq_head++;
+	int write = h->op >= SV_OP_WRITE_FIRST && h->op <= SV_OP_WRITE_ONLY_IMM;
+	int single = h->op == SV_OP_READ_REQ || h->op == SV_OP_CMP_SWP || h->op == SV_OP_FETCH_ADD;
+	int first = single || h->op == SV_OP_SEND_FIRST || h->op == SV_OP_SEND_ONLY ||
+		    h->op == SV_OP_SEND_ONLY_IMM || h->op == SV_OP_WRITE_FIRST || h->op == SV_OP_WRITE_ONLY ||
+		    h->op == SV_OP_WRITE_ONLY_IMM;
+	int last = single || (h->op != SV_OP_SEND_FIRST && h->op != SV_OP_SEND_MIDDLE &&
+			      h->op != SV_OP_WRITE_FIRST && h->op != SV_OP_WRITE_MIDDLE);
+	if (first != !q->in_msg || (q->in_msg && write != q->msg_write)) {
+		/* a new message inside one, or a continuation of none or of another kind */
+		if (q->in_msg && (!q->msg_write || q->msg_imm))
+			sv_rq_done(q, IBV_WC_REM_INV_REQ_ERR, q->msg_off, h);
+		q->in_msg = 0;
+		sv_resp_error(q, SV_NAK_INV_REQ, h->psn);
+		return;
+	}
+	if (single) {
+		q->nak_sent = 0;
+		if (h->op == SV_OP_READ_REQ) {
+			uint32_t m;
+			if (h->dlen > SV_MAX_MSG) {
+				sv_resp_error(q, SV_NAK_INV_REQ, h->psn);
+				return;
+			}
+			if (sv_do_read(q, h, &m)) {
+				sv_resp_error(q, SV_NAK_REM_ACCESS, h->psn);
+				return;
+			}
+			q->epsn = (q->epsn + m) & SV_PSN_MASK;
+			return;
 		}
-		sv_send_ctl(q, SV_OP_NAK, SV_NAK_INV_REQ, 0, h->psn);
-		sv_qp_error(q);
+		if (h->va & 7) {
+			sv_resp_error(q, SV_NAK_INV_REQ, h->psn);
+			return;
+		}
+		uint64_t *p = NULL;
+		if (sv_qp_allows(q, IBV_ACCESS_REMOTE_ATOMIC))
+			p = (uint64_t *)sv_mr_remote(q->ctx, q->pd, h->rkey, h->va, 8, IBV_ACCESS_REMOTE_ATOMIC);
+		if (!p) {
+			sv_resp_error(q, SV_NAK_REM_ACCESS, h->psn);
+			return;
+		}
+		uint64_t orig;
+		if (h->op == SV_OP_CMP_SWP) {
+			orig = h->data1;
+			__atomic_compare_exchange_n(p, &orig, h->data0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+		} else {
+			orig = __atomic_fetch_add(p, h->data0, __ATOMIC_SEQ_CST);
+		}
+		q->acache[q->acache_next].psn = h->psn;
+		q->acache[q->acache_next].orig = orig;
+		q->acache[q->acache_next].valid = 1;
+		q->acache_next = (q->acache_next + 1) % SV_ACACHE;
+		q->epsn = (q->epsn + 1) & SV_PSN_MASK;
+		sv_atomic_reply(q, h->psn, orig);
 		return;
 	}
 	if (first) {
-		if (q->rq_head == q->rq_tail) {
+		int imm = !write || (h->flags & SV_FLAG_IMM) || h->op == SV_OP_WRITE_ONLY_IMM;
+		if (write) {
+			uint8_t *dst = NULL;
+			if (h->dlen > SV_MAX_MSG) {
+				sv_resp_error(q, SV_NAK_INV_REQ, h->psn);
+				return;
+			}
+			if (h->dlen) {
+				if (sv_qp_allows(q, IBV_ACCESS_REMOTE_WRITE))
+					dst = sv_mr_remote(q->ctx, q->pd, h->rkey, h->va, h->dlen,
+							   IBV_ACCESS_REMOTE_WRITE);
+				if (!dst) {
+					sv_resp_error(q, SV_NAK_REM_ACCESS, h->psn);
+					return;
+				}
+			}
+			q->wr_ptr = dst;
+			q->wr_len = h->dlen;
+		}
+		if (imm && sv_rq_empty(q)) {
+			/* a SEND, or a WRITE with immediate, needs a RECV */
 			q->nak_sent = 1;
 			sv_count(q->ctx->dev, SV_CNT_RNR_NAK_SENT);
 			sv_send_ctl(q, SV_OP_NAK, SV_NAK_RNR, q->attr.min_rnr_timer, h->psn);
 			return;
 		}
+		if (imm)
+			sv_rq_take(q);
 		q->in_msg = 1;
+		q->msg_write = write;
+		q->msg_imm = write && imm;
 		q->msg_off = 0;
 	}
 	q->nak_sent = 0;
-	struct sv_rwqe *w = &q->rq[q->rq_head % q->rq_cap];
-	enum ibv_wc_status st = sv_scatter(q, w, q->msg_off, payload, h->len);
-	if (st != IBV_WC_SUCCESS) {
-		sv_complete_recv(q, q->rq_head, st, q->msg_off, h);
-		q->rq_head++;
-		q->in_msg = 0;
-		sv_send_ctl(q, SV_OP_NAK, st == IBV_WC_LOC_LEN_ERR ? SV_NAK_INV_REQ : SV_NAK_REM_OP, 0, h->psn);
-		sv_qp_error(q);
-		return;
+	if (write) {
+		if ((uint64_t)q->msg_off + h->len > q->wr_len || (last && q->msg_off + h->len != q->wr_len)) {
+			/* more or less data than the WRITE announced */
+			if (q->msg_imm)
+				sv_rq_done(q, IBV_WC_REM_INV_REQ_ERR, q->msg_off, h);
+			q->in_msg = 0;
+			sv_resp_error(q, SV_NAK_INV_REQ, h->psn);
+			return;
+		}
+		if (h->len)
+			memcpy(q->wr_ptr + q->msg_off, payload, h->len);
+	} else {
+		struct sv_rwqe *w = sv_rq_cur(q);
+		enum ibv_wc_status st = sv_scatter(q, w->sge, w->nsge, q->msg_off, payload, h->len);
+		if (st != IBV_WC_SUCCESS) {
+			sv_rq_done(q, st, q->msg_off, h);
+			q->in_msg = 0;
+			sv_send_ctl(q, SV_OP_NAK, st == IBV_WC_LOC_LEN_ERR ? SV_NAK_INV_REQ : SV_NAK_REM_OP, 0, h->psn);
+			sv_qp_error(q);
+			return;
+		}
 	}
 	q->msg_off += h->len;
 	q->epsn = (q->epsn + 1) & SV_PSN_MASK;
 	if (last) {
-		sv_complete_recv(q, q->rq_head, IBV_WC_SUCCESS, q->msg_off, h);
-		q->rq_head++;
+		if (!write || q->msg_imm)
+			sv_rq_done(q, IBV_WC_SUCCESS, q->msg_off, h);
 		q->in_msg = 0;
 		sv_send_ctl(q, SV_OP_ACK, 0, 0, h->psn);
 	} else if ((h->psn & (SV_ACK_EVERY - 1)) == SV_ACK_EVERY - 1) {
 		/* inside a long message, ACK now and then so that the requester's window moves */
 		sv_send_ctl(q, SV_OP_ACK, 0, 0, h->psn);
 	}
+}
+
+/* sv_on_response is the requester's side of READ responses and atomic ACKs: in order, for
+ * the oldest outstanding WQE, each one also acknowledging what precedes it. */
+static void sv_on_response(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload, int64_t now)
+{
+	if (!sv_inflight(q) || sv_psn_diff(h->psn, q->next_psn) >= 0)
+		return;
+	sv_ack(q, (h->psn - 1) & SV_PSN_MASK, now);
+	if (!sv_inflight(q))
+		return;
+	struct sv_swqe *w = &q->sq[q->sq_done % q->sq_cap];
+	uint32_t asked = q->sq_done == q->sq_send ? q->sq_pkt : w->npkts;
+	if (!sv_is_rd(w) || (h->op == SV_OP_ATOMIC_ACK) != (w->op != IBV_WR_RDMA_READ) ||
+	    h->psn != ((w->first_psn + w->rd_got) & SV_PSN_MASK) || w->rd_got >= asked)
+		return; /* a duplicate, or one after a lost response: the timer recovers */
+	enum ibv_wc_status st;
+	if (h->op == SV_OP_ATOMIC_ACK) {
+		uint64_t v = h->data0;
+		st = sv_scatter(q, w->sge, w->nsge, 0, (const uint8_t *)&v, 8);
+	} else {
+		uint32_t off = w->rd_got * q->mtu_bytes;
+		uint32_t want = w->len - off < q->mtu_bytes ? w->len - off : q->mtu_bytes;
+		if (h->len != want)
+			return;
+		st = sv_scatter(q, w->sge, w->nsge, off, payload, h->len);
+	}
+	if (st != IBV_WC_SUCCESS) {
+		sv_fail(q, st); /* the local buffer's MR went away since the post */
+		return;
+	}
+	w->rd_got++;
+	if (sv_ack(q, h->psn, now))
+		sv_pump(q, now);
 }
 
 static void sv_check_overrun(struct sv_qp *q)
@@ -1412,14 +2024,23 @@ static void sv_on_packet(struct sv_qp *q, const uint8_t *buf, size_t n, int64_t 
 		return;
 	}
 	sv_count(q->ctx->dev, SV_CNT_RX_PACKETS);
-	if (sv_op_is_send(h.op)) {
-		sv_on_send(q, &h, buf + SV_HDR_LEN);
-	} else if (q->state == IBV_QPS_RTS || q->state == IBV_QPS_SQD) {
+	const uint8_t *payload = buf + SV_HDR_LEN + sv_ext_len(h.op);
+	int ud = q->qp.qp_type == IBV_QPT_UD;
+	if (h.op == SV_OP_UD_SEND || h.op == SV_OP_UD_SEND_IMM) {
+		if (ud)
+			sv_ud_recv(q, &h, payload);
+	} else if (ud) {
+		/* a connected QP's packet: not for a UD QP */
+	} else if (sv_op_is_request(h.op)) {
+		sv_on_request(q, &h, payload);
+	} else if ((q->state == IBV_QPS_RTS || q->state == IBV_QPS_SQD) && q->qp.qp_type == IBV_QPT_RC) {
 		if (h.op == SV_OP_ACK) {
 			if (sv_ack(q, h.psn, now))
 				sv_pump(q, now);
-		} else {
+		} else if (h.op == SV_OP_NAK) {
 			sv_on_nak(q, &h, now);
+		} else {
+			sv_on_response(q, &h, payload, now);
 		}
 	}
 	sv_check_overrun(q);
@@ -1494,7 +2115,7 @@ static void sv_faults_apply(struct sv_ctx *c)
  * leave it readable, or the thread would sleep through a new deadline). */
 static void sv_rx(struct sv_ctx *c, const struct epoll_event *evs, int n, int thread)
 {
-	static __thread uint8_t buf[SV_HDR_LEN + SV_MAX_PAYLOAD + 1];
+	static __thread uint8_t buf[SV_MAX_HDR + SV_MAX_PAYLOAD + 1];
 	int64_t now = sv_now_ns();
 	for (int i = 0; i < n; i++) {
 		uint32_t id = evs[i].data.u32;
@@ -1567,7 +2188,18 @@ static int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
 	int rc = 0;
 	pthread_mutex_lock(&c->lk);
 	for (; wr; wr = wr->next) {
-		if (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM) {
+		enum ibv_wr_opcode op = wr->opcode;
+		if (!q->sq_open) {
+			rc = EINVAL; /* before RTS: the IB spec's immediate error, as mlx5 */
+			break;
+		}
+		int rd = op == IBV_WR_RDMA_READ || op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+		int atomic = op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+		if ((op != IBV_WR_SEND && op != IBV_WR_SEND_WITH_IMM && op != IBV_WR_RDMA_WRITE &&
+		     op != IBV_WR_RDMA_WRITE_WITH_IMM && !rd) ||
+		    (rd && ibqp->qp_type == IBV_QPT_UC) ||
+		    (ibqp->qp_type == IBV_QPT_UD && op != IBV_WR_SEND && op != IBV_WR_SEND_WITH_IMM) ||
+		    (ibqp->qp_type == IBV_QPT_UD && !wr->wr.ud.ah)) {
 			rc = EINVAL;
 			break;
 		}
@@ -1578,8 +2210,18 @@ static int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
 		uint64_t total = 0;
 		for (int i = 0; i < wr->num_sge; i++)
 			total += wr->sg_list[i].length;
-		int inl = wr->send_flags & IBV_SEND_INLINE;
+		/* an atomic returns 8 bytes into one SGE */
+		if (atomic && (wr->num_sge != 1 || total != 8)) {
+			rc = EINVAL;
+			break;
+		}
+		int inl = !rd && (wr->send_flags & IBV_SEND_INLINE);
 		if (inl && total > q->cap.max_inline_data) {
+			rc = EINVAL;
+			break;
+		}
+		/* a UD message is one packet: at most the port's MTU */
+		if (ibqp->qp_type == IBV_QPT_UD && total > (128u << sv_cfg.active_mtu)) {
 			rc = EINVAL;
 			break;
 		}
@@ -1588,25 +2230,56 @@ static int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
 			break;
 		}
 		struct sv_swqe *w = &q->sq[q->sq_tail % q->sq_cap];
-		free(w->data);
+		sv_swqe_free(w);
 		memset(w, 0, sizeof(*w));
 		w->wr_id = wr->wr_id;
+		w->op = op;
 		w->signaled = q->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
 		w->solicited = !!(wr->send_flags & IBV_SEND_SOLICITED);
-		w->imm_valid = wr->opcode == IBV_WR_SEND_WITH_IMM;
+		w->fence = !!(wr->send_flags & IBV_SEND_FENCE);
+		w->imm_valid = op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE_WITH_IMM;
 		w->imm = w->imm_valid ? wr->imm_data : 0;
+		if (atomic) {
+			w->rva = wr->wr.atomic.remote_addr;
+			w->rkey = wr->wr.atomic.rkey;
+			w->swap = op == IBV_WR_ATOMIC_CMP_AND_SWP ? wr->wr.atomic.swap : wr->wr.atomic.compare_add;
+			w->cmp = op == IBV_WR_ATOMIC_CMP_AND_SWP ? wr->wr.atomic.compare_add : 0;
+		} else if (op != IBV_WR_SEND && op != IBV_WR_SEND_WITH_IMM) {
+			w->rva = wr->wr.rdma.remote_addr;
+			w->rkey = wr->wr.rdma.rkey;
+		}
+		if (ibqp->qp_type == IBV_QPT_UD) {
+			const struct sv_ah *ah = (const struct sv_ah *)wr->wr.ud.ah;
+			w->udest = ah->dest;
+			w->udest.sin_port = htons((uint16_t)wr->wr.ud.remote_qpn);
+			/* a Q_Key with the high bit set means the QP's own */
+			w->qkey = (wr->wr.ud.remote_qkey & 0x80000000u) ? q->attr.qkey : wr->wr.ud.remote_qkey;
+			w->grh = ah->grh;
+			memcpy(w->sgid, ah->sgid.raw, 16);
+			memcpy(w->dgid, ah->dgid.raw, 16);
+		}
 		if (total > SV_MAX_MSG) {
 			w->pre = IBV_WC_LOC_LEN_ERR;
 		} else {
+			/* a READ or an atomic writes into its SGEs: they need LOCAL_WRITE */
+			int need = rd ? IBV_ACCESS_LOCAL_WRITE : 0;
 			for (int i = 0; !inl && i < wr->num_sge; i++) {
 				struct ibv_sge *s = &wr->sg_list[i];
-				if (s->length && sv_mr_check(c, q->pd, s->lkey, s->addr, s->length, 0)) {
+				if (s->length && sv_mr_check(c, q->pd, s->lkey, s->addr, s->length, need)) {
 					w->pre = IBV_WC_LOC_PROT_ERR;
 					break;
 				}
 			}
 		}
-		if (!w->pre && total) {
+		if (!w->pre && rd && wr->num_sge) {
+			w->sge = malloc((size_t)wr->num_sge * sizeof(*w->sge));
+			if (!w->sge) {
+				rc = ENOMEM;
+				break;
+			}
+			memcpy(w->sge, wr->sg_list, (size_t)wr->num_sge * sizeof(*w->sge));
+			w->nsge = wr->num_sge;
+		} else if (!w->pre && total) {
 			w->data = malloc(total);
 			if (!w->data) {
 				rc = ENOMEM;
@@ -1624,8 +2297,7 @@ static int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
 			/* Posted in ERR: flushed at once. */
 			w->signaled = 1;
 			sv_complete_send(q, idx, IBV_WC_WR_FLUSH_ERR);
-			free(w->data);
-			w->data = NULL;
+			sv_swqe_free(w);
 			q->sq_done = q->sq_send = q->sq_tail;
 		}
 	}
@@ -1653,7 +2325,8 @@ static int sv_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_
 	int rc = 0;
 	pthread_mutex_lock(&c->lk);
 	for (; wr; wr = wr->next) {
-		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > q->cap.max_recv_sge || (wr->num_sge && !wr->sg_list)) {
+		if (!q->rq_open || q->srq || wr->num_sge < 0 || (uint32_t)wr->num_sge > q->cap.max_recv_sge ||
+		    (wr->num_sge && !wr->sg_list)) {
 			rc = EINVAL;
 			break;
 		}
@@ -1689,11 +2362,17 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *ibpd, struct ibv_qp_init_a
 		errno = EINVAL;
 		return NULL;
 	}
-	if (a->qp_type != IBV_QPT_RC || a->srq) {
+	if (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UC && a->qp_type != IBV_QPT_UD) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
+	if (a->srq && a->srq->context != ibpd->context) {
+		errno = EINVAL;
+		return NULL;
+	}
 	struct ibv_qp_cap cap = a->cap;
+	if (a->srq)
+		cap.max_recv_wr = cap.max_recv_sge = 0; /* its RECVs are the SRQ's */
 	if (cap.max_send_wr > SV_MAX_QP_WR || cap.max_recv_wr > SV_MAX_QP_WR || cap.max_send_sge > SV_MAX_SGE ||
 	    cap.max_recv_sge > SV_MAX_SGE || cap.max_inline_data > SV_MAX_INLINE) {
 		errno = EINVAL;
@@ -1716,8 +2395,13 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *ibpd, struct ibv_qp_init_a
 	q->sq = calloc(q->sq_cap, sizeof(*q->sq));
 	q->rq = calloc(q->rq_cap, sizeof(*q->rq));
 	q->rq_sge = calloc((size_t)q->rq_cap * (cap.max_recv_sge ? cap.max_recv_sge : 1), sizeof(*q->rq_sge));
+	if (a->srq) {
+		q->srq = (struct sv_srq *)a->srq;
+		q->srq_cur_sge = calloc(q->srq->max_sge ? q->srq->max_sge : 1, sizeof(*q->srq_cur_sge));
+		q->srq_cur.sge = q->srq_cur_sge;
+	}
 	q->fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (!q->sq || !q->rq || !q->rq_sge || q->fd < 0)
+	if (!q->sq || !q->rq || !q->rq_sge || (q->srq && !q->srq_cur_sge) || q->fd < 0)
 		goto fail;
 	for (uint32_t i = 0; i < q->rq_cap; i++)
 		q->rq[i].sge = q->rq_sge + (size_t)i * (cap.max_recv_sge ? cap.max_recv_sge : 1);
@@ -1748,14 +2432,14 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *ibpd, struct ibv_qp_init_a
 	q->qp.pd = ibpd;
 	q->qp.send_cq = a->send_cq;
 	q->qp.recv_cq = a->recv_cq;
-	q->qp.srq = NULL;
+	q->qp.srq = a->srq;
 	q->qp.handle = qpn;
 	q->qp.qp_num = qpn;
 	q->qp.state = IBV_QPS_RESET;
-	q->qp.qp_type = IBV_QPT_RC;
+	q->qp.qp_type = a->qp_type;
 	pthread_mutex_init(&q->qp.mutex, NULL);
 	pthread_cond_init(&q->qp.cond, NULL);
-	q->mtu_bytes = 1024;
+	q->mtu_bytes = a->qp_type == IBV_QPT_UD ? 128u << sv_cfg.active_mtu : 1024;
 	pthread_mutex_lock(&c->lk);
 	if (c->qps[qpn]) {
 		pthread_mutex_unlock(&c->lk);
@@ -1772,6 +2456,8 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *ibpd, struct ibv_qp_init_a
 	q->scq->nqp++;
 	q->rcq->nqp++;
 	q->pd->refs++;
+	if (q->srq)
+		q->srq->nqp++;
 	pthread_mutex_unlock(&c->lk);
 	a->cap = cap;
 	return &q->qp;
@@ -1782,6 +2468,7 @@ fail:;
 	free(q->sq);
 	free(q->rq);
 	free(q->rq_sge);
+	free(q->srq_cur_sge);
 	free(q);
 	errno = e;
 	return NULL;
@@ -1811,16 +2498,21 @@ SV_EXPORT int ibv_destroy_qp(struct ibv_qp *ibqp)
 	q->scq->nqp--;
 	q->rcq->nqp--;
 	q->pd->refs--;
+	if (q->srq)
+		q->srq->nqp--;
 	pthread_mutex_unlock(&c->lk);
 	pthread_mutex_lock(&ibqp->mutex);
 	while (ibqp->events_completed != __atomic_load_n(&q->ev_reported, __ATOMIC_SEQ_CST))
 		pthread_cond_wait(&ibqp->cond, &ibqp->mutex);
 	pthread_mutex_unlock(&ibqp->mutex);
 	for (uint32_t i = 0; i < q->sq_cap; i++)
-		free(q->sq[i].data);
+		sv_swqe_free(&q->sq[i]);
 	free(q->sq);
 	free(q->rq);
 	free(q->rq_sge);
+	free(q->srq_cur_sge);
+	sv_pw_clear(q);
+	free(q->pw);
 	free(q);
 	return 0;
 }
@@ -1886,6 +2578,32 @@ static struct sv_trans sv_rule(enum ibv_qp_state cur, enum ibv_qp_state next)
 	return t;
 }
 
+/* The IB spec's UD attribute rules. */
+static struct sv_trans sv_rule_ud(enum ibv_qp_state cur, enum ibv_qp_state next)
+{
+	struct sv_trans t = {0, 0, 0};
+	if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) {
+		t.valid = 1;
+		return t;
+	}
+	const int P = IBV_QP_PKEY_INDEX, Q = IBV_QP_QKEY, C = IBV_QP_CUR_STATE;
+	if (cur == IBV_QPS_RESET && next == IBV_QPS_INIT)
+		t = (struct sv_trans){1, P | IBV_QP_PORT | Q, 0};
+	else if (cur == IBV_QPS_INIT && next == IBV_QPS_INIT)
+		t = (struct sv_trans){1, 0, P | IBV_QP_PORT | Q};
+	else if (cur == IBV_QPS_INIT && next == IBV_QPS_RTR)
+		t = (struct sv_trans){1, 0, P | Q};
+	else if (cur == IBV_QPS_RTR && next == IBV_QPS_RTS)
+		t = (struct sv_trans){1, IBV_QP_SQ_PSN, C | Q};
+	else if ((cur == IBV_QPS_RTS || cur == IBV_QPS_SQD) && next == IBV_QPS_RTS)
+		t = (struct sv_trans){1, 0, C | Q};
+	else if (cur == IBV_QPS_RTS && next == IBV_QPS_SQD)
+		t = (struct sv_trans){1, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY};
+	else if (cur == IBV_QPS_SQD && next == IBV_QPS_SQD)
+		t = (struct sv_trans){1, 0, P | Q};
+	return t;
+}
+
 /* sv_resolve checks an address vector as the kernel's address resolution would and gives the
  * UDP destination of dest_qpn. */
 static int sv_resolve(const struct sv_dev *d, const struct ibv_ah_attr *ah, uint32_t dest_qpn,
@@ -1942,6 +2660,16 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 	if ((unsigned)next > IBV_QPS_ERR || next == IBV_QPS_SQE)
 		goto out;
 	struct sv_trans t = sv_rule(cur, next);
+	if (ibqp->qp_type == IBV_QPT_UD)
+		t = sv_rule_ud(cur, next);
+	if (ibqp->qp_type == IBV_QPT_UC) {
+		/* UC has no ACKs, retries, RNR or RDMA reads: the IB spec's UC table is the RC one
+		 * without their attributes */
+		const int rc_only = IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER | IBV_QP_TIMEOUT |
+				    IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+		t.req &= ~rc_only;
+		t.opt &= ~rc_only;
+	}
 	if (!t.valid || (mask & t.req) != t.req || (mask & ~(t.req | t.opt | IBV_QP_STATE)))
 		goto out;
 	if ((mask & IBV_QP_PORT) && attr->port_num != 1)
@@ -2039,6 +2767,10 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 	if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY)
 		s->en_sqd_async_notify = attr->en_sqd_async_notify;
 	q->mtu_bytes = s->path_mtu >= IBV_MTU_256 && s->path_mtu <= IBV_MTU_4096 ? 128u << s->path_mtu : 1024;
+	if (ibqp->qp_type == IBV_QPT_UD)
+		q->mtu_bytes = 128u << sv_cfg.active_mtu;
+	if (mask & IBV_QP_QKEY)
+		s->qkey = attr->qkey;
 
 	int64_t now = sv_now_ns();
 	switch (next) {
@@ -2054,8 +2786,7 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 			sv_cq_clean(q->rcq, q);
 		pthread_mutex_lock(&c->lk);
 		for (uint32_t i = 0; i < q->sq_cap; i++) {
-			free(q->sq[i].data);
-			q->sq[i].data = NULL;
+			sv_swqe_free(&q->sq[i]);
 		}
 		q->sq_tail = q->sq_done = q->sq_send = q->sq_pkt = 0;
 		__atomic_store_n(&q->sq_released, 0, __ATOMIC_RELEASE);
@@ -2065,6 +2796,9 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 		q->in_msg = q->nak_sent = 0;
 		q->retries = q->rnr_retries = 0;
 		q->overrun = 0;
+		q->srq_have = 0;
+		q->rq_open = q->sq_open = 0;
+		memset(q->acache, 0, sizeof(q->acache));
 		memset(&q->attr, 0, sizeof(q->attr));
 		break;
 	case IBV_QPS_ERR:
@@ -2078,6 +2812,7 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 		q->state = next;
 		break;
 	case IBV_QPS_RTS:
+		q->sq_open = 1;
 		if (cur == IBV_QPS_RTR) {
 			q->next_psn = s->sq_psn;
 			q->acked_psn = (s->sq_psn - 1) & SV_PSN_MASK;
@@ -2090,6 +2825,8 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 		q->state = next;
 		break;
 	}
+	if (next == IBV_QPS_INIT)
+		q->rq_open = 1;
 	sv_check_overrun(q);
 	ibqp->state = q->state;
 	rc = 0;
@@ -2117,8 +2854,9 @@ SV_EXPORT int ibv_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int ma
 	init_attr->qp_context = ibqp->qp_context;
 	init_attr->send_cq = ibqp->send_cq;
 	init_attr->recv_cq = ibqp->recv_cq;
+	init_attr->srq = ibqp->srq;
 	init_attr->cap = q->cap;
-	init_attr->qp_type = IBV_QPT_RC;
+	init_attr->qp_type = ibqp->qp_type;
 	init_attr->sq_sig_all = q->sq_sig_all;
 	pthread_mutex_unlock(&q->ctx->lk);
 	return 0;
@@ -2126,8 +2864,283 @@ SV_EXPORT int ibv_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int ma
 
 SV_EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
 {
-	(void)qp;
-	return NULL; /* no extended QPs: ibv_create_qp_ex is not offered */
+	struct sv_qp *q = (struct sv_qp *)qp;
+	return q && q->has_qpx ? &q->qpx : NULL;
+}
+
+/* ---- the ibv_wr_* API: WRs are built in the QP and posted by ibv_wr_complete through
+ * ibv_post_send, with its checks; what it cannot build is EINVAL from ibv_wr_complete ---- */
+
+static void sv_pw_clear(struct sv_qp *q)
+{
+	for (int i = 0; i < q->npw; i++) {
+		free(q->pw[i].inl);
+		q->pw[i].inl = NULL;
+	}
+	q->npw = 0;
+	q->pw_err = 0;
+}
+
+static struct sv_pwr *sv_pw_new(struct ibv_qp_ex *x, enum ibv_wr_opcode op)
+{
+	struct sv_qp *q = (struct sv_qp *)x;
+	if (q->npw == q->cappw) {
+		int n = q->cappw ? q->cappw * 2 : 4;
+		struct sv_pwr *p = realloc(q->pw, (size_t)n * sizeof(*p));
+		if (!p) {
+			q->pw_err = ENOMEM;
+			return NULL;
+		}
+		q->pw = p;
+		q->cappw = n;
+	}
+	struct sv_pwr *w = &q->pw[q->npw++];
+	memset(&w->wr, 0, sizeof(w->wr));
+	w->inl = NULL;
+	w->wr.wr_id = x->wr_id;
+	w->wr.send_flags = x->wr_flags;
+	w->wr.opcode = op;
+	return w;
+}
+
+static struct sv_pwr *sv_pw_last(struct ibv_qp_ex *x)
+{
+	struct sv_qp *q = (struct sv_qp *)x;
+	if (!q->npw) {
+		q->pw_err = EINVAL; /* a setter before any WR */
+		return NULL;
+	}
+	return &q->pw[q->npw - 1];
+}
+
+static void sv_wr_send(struct ibv_qp_ex *x)
+{
+	sv_pw_new(x, IBV_WR_SEND);
+}
+
+static void sv_wr_send_imm(struct ibv_qp_ex *x, __be32 imm)
+{
+	struct sv_pwr *w = sv_pw_new(x, IBV_WR_SEND_WITH_IMM);
+	if (w)
+		w->wr.imm_data = imm;
+}
+
+static void sv_wr_rdma(struct ibv_qp_ex *x, enum ibv_wr_opcode op, uint32_t rkey, uint64_t addr, __be32 imm)
+{
+	struct sv_pwr *w = sv_pw_new(x, op);
+	if (!w)
+		return;
+	w->wr.wr.rdma.rkey = rkey;
+	w->wr.wr.rdma.remote_addr = addr;
+	w->wr.imm_data = imm;
+}
+
+static void sv_wr_rdma_write(struct ibv_qp_ex *x, uint32_t rkey, uint64_t addr)
+{
+	sv_wr_rdma(x, IBV_WR_RDMA_WRITE, rkey, addr, 0);
+}
+
+static void sv_wr_rdma_write_imm(struct ibv_qp_ex *x, uint32_t rkey, uint64_t addr, __be32 imm)
+{
+	sv_wr_rdma(x, IBV_WR_RDMA_WRITE_WITH_IMM, rkey, addr, imm);
+}
+
+static void sv_wr_rdma_read(struct ibv_qp_ex *x, uint32_t rkey, uint64_t addr)
+{
+	sv_wr_rdma(x, IBV_WR_RDMA_READ, rkey, addr, 0);
+}
+
+static void sv_wr_atomic(struct ibv_qp_ex *x, enum ibv_wr_opcode op, uint32_t rkey, uint64_t addr, uint64_t cmp_add,
+			 uint64_t swap)
+{
+	struct sv_pwr *w = sv_pw_new(x, op);
+	if (!w)
+		return;
+	w->wr.wr.atomic.rkey = rkey;
+	w->wr.wr.atomic.remote_addr = addr;
+	w->wr.wr.atomic.compare_add = cmp_add;
+	w->wr.wr.atomic.swap = swap;
+}
+
+static void sv_wr_cmp_swp(struct ibv_qp_ex *x, uint32_t rkey, uint64_t addr, uint64_t compare, uint64_t swap)
+{
+	sv_wr_atomic(x, IBV_WR_ATOMIC_CMP_AND_SWP, rkey, addr, compare, swap);
+}
+
+static void sv_wr_fetch_add(struct ibv_qp_ex *x, uint32_t rkey, uint64_t addr, uint64_t add)
+{
+	sv_wr_atomic(x, IBV_WR_ATOMIC_FETCH_AND_ADD, rkey, addr, add, 0);
+}
+
+static void sv_wr_set_ud_addr(struct ibv_qp_ex *x, struct ibv_ah *ah, uint32_t qpn, uint32_t qkey)
+{
+	struct sv_pwr *w = sv_pw_last(x);
+	if (!w)
+		return;
+	w->wr.wr.ud.ah = ah;
+	w->wr.wr.ud.remote_qpn = qpn;
+	w->wr.wr.ud.remote_qkey = qkey;
+}
+
+static void sv_wr_set_sge_list(struct ibv_qp_ex *x, size_t n, const struct ibv_sge *sg)
+{
+	struct sv_pwr *w = sv_pw_last(x);
+	if (!w)
+		return;
+	if (n > SV_MAX_SGE) {
+		((struct sv_qp *)x)->pw_err = EINVAL;
+		return;
+	}
+	if (n)
+		memcpy(w->sge, sg, n * sizeof(*sg));
+	w->wr.num_sge = (int)n;
+}
+
+static void sv_wr_set_sge(struct ibv_qp_ex *x, uint32_t lkey, uint64_t addr, uint32_t length)
+{
+	struct ibv_sge sg = {addr, length, lkey};
+	sv_wr_set_sge_list(x, 1, &sg);
+}
+
+static void sv_wr_set_inline_data_list(struct ibv_qp_ex *x, size_t n, const struct ibv_data_buf *bufs)
+{
+	struct sv_pwr *w = sv_pw_last(x);
+	if (!w)
+		return;
+	size_t total = 0;
+	for (size_t i = 0; i < n; i++)
+		total += bufs[i].length;
+	free(w->inl);
+	w->inl = malloc(total ? total : 1);
+	if (!w->inl) {
+		((struct sv_qp *)x)->pw_err = ENOMEM;
+		return;
+	}
+	size_t off = 0;
+	for (size_t i = 0; i < n; i++) {
+		memcpy(w->inl + off, bufs[i].addr, bufs[i].length);
+		off += bufs[i].length;
+	}
+	w->sge[0] = (struct ibv_sge){(uintptr_t)w->inl, (uint32_t)total, 0};
+	w->wr.num_sge = 1;
+	w->wr.send_flags |= IBV_SEND_INLINE;
+}
+
+static void sv_wr_set_inline_data(struct ibv_qp_ex *x, void *addr, size_t length)
+{
+	struct ibv_data_buf b = {addr, length};
+	sv_wr_set_inline_data_list(x, 1, &b);
+}
+
+/* What softverbs does not offer: the WR list fails at ibv_wr_complete. */
+static void sv_wr_refuse(struct ibv_qp_ex *x)
+{
+	((struct sv_qp *)x)->pw_err = EINVAL;
+}
+
+static void sv_wr_bind_mw(struct ibv_qp_ex *x, struct ibv_mw *mw, uint32_t rkey, const struct ibv_mw_bind_info *b)
+{
+	(void)mw, (void)rkey, (void)b;
+	sv_wr_refuse(x);
+}
+
+static void sv_wr_rkey_op(struct ibv_qp_ex *x, uint32_t rkey)
+{
+	(void)rkey;
+	sv_wr_refuse(x);
+}
+
+static void sv_wr_send_tso(struct ibv_qp_ex *x, void *hdr, uint16_t hdr_sz, uint16_t mss)
+{
+	(void)hdr, (void)hdr_sz, (void)mss;
+	sv_wr_refuse(x);
+}
+
+static void sv_wr_atomic_write(struct ibv_qp_ex *x, uint32_t rkey, uint64_t addr, const void *v)
+{
+	(void)rkey, (void)addr, (void)v;
+	sv_wr_refuse(x);
+}
+
+static void sv_wr_start(struct ibv_qp_ex *x)
+{
+	sv_pw_clear((struct sv_qp *)x);
+}
+
+static int sv_wr_complete(struct ibv_qp_ex *x)
+{
+	struct sv_qp *q = (struct sv_qp *)x;
+	int rc = q->pw_err;
+	if (!rc && q->npw) {
+		for (int i = 0; i < q->npw; i++) {
+			q->pw[i].wr.sg_list = q->pw[i].sge;
+			q->pw[i].wr.next = i + 1 < q->npw ? &q->pw[i + 1].wr : NULL;
+		}
+		struct ibv_send_wr *bad;
+		rc = sv_post_send(&q->qp, &q->pw[0].wr, &bad);
+	}
+	sv_pw_clear(q);
+	return rc;
+}
+
+static void sv_wr_abort(struct ibv_qp_ex *x)
+{
+	sv_pw_clear((struct sv_qp *)x);
+}
+
+static const uint64_t sv_send_ops = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+				    IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
+				    IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+
+/* sv_create_qp_ex is ibv_create_qp_ex: a PD, send ops among sv_send_ops (the others, XRC,
+ * create flags, TSO, RSS: EOPNOTSUPP). */
+static struct ibv_qp *sv_create_qp_ex(struct ibv_context *context, struct ibv_qp_init_attr_ex *a)
+{
+	if (!context || !a || !(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || a->pd->context != context) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if ((a->comp_mask & ~(uint32_t)(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
+					IBV_QP_INIT_ATTR_CREATE_FLAGS)) ||
+	    ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags) ||
+	    ((a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (a->send_ops_flags & ~sv_send_ops))) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	struct ibv_qp_init_attr ia = {.qp_context = a->qp_context, .send_cq = a->send_cq, .recv_cq = a->recv_cq,
+				      .srq = a->srq, .cap = a->cap, .qp_type = a->qp_type,
+				      .sq_sig_all = a->sq_sig_all};
+	struct ibv_qp *qp = ibv_create_qp(a->pd, &ia);
+	if (!qp)
+		return NULL;
+	a->cap = ia.cap;
+	if (a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
+		struct sv_qp *q = (struct sv_qp *)qp;
+		struct ibv_qp_ex *x = &q->qpx;
+		q->has_qpx = 1;
+		x->wr_atomic_cmp_swp = sv_wr_cmp_swp;
+		x->wr_atomic_fetch_add = sv_wr_fetch_add;
+		x->wr_bind_mw = sv_wr_bind_mw;
+		x->wr_local_inv = sv_wr_rkey_op;
+		x->wr_rdma_read = sv_wr_rdma_read;
+		x->wr_rdma_write = sv_wr_rdma_write;
+		x->wr_rdma_write_imm = sv_wr_rdma_write_imm;
+		x->wr_send = sv_wr_send;
+		x->wr_send_imm = sv_wr_send_imm;
+		x->wr_send_inv = sv_wr_rkey_op;
+		x->wr_send_tso = sv_wr_send_tso;
+		x->wr_set_ud_addr = sv_wr_set_ud_addr;
+		x->wr_set_xrc_srqn = sv_wr_rkey_op;
+		x->wr_set_inline_data = sv_wr_set_inline_data;
+		x->wr_set_inline_data_list = sv_wr_set_inline_data_list;
+		x->wr_set_sge = sv_wr_set_sge;
+		x->wr_set_sge_list = sv_wr_set_sge_list;
+		x->wr_start = sv_wr_start;
+		x->wr_complete = sv_wr_complete;
+		x->wr_abort = sv_wr_abort;
+		x->wr_atomic_write = sv_wr_atomic_write;
+	}
+	return qp;
 }
 
 SV_EXPORT int ibv_query_qp_data_in_order(struct ibv_qp *qp, enum ibv_wr_opcode op, uint32_t flags)
@@ -2150,58 +3163,239 @@ SV_EXPORT int ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece)
 
 /* ---- what softverbs does not offer ---- */
 
-SV_EXPORT struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
+/* ---- shared receive queues ---- */
+
+SV_EXPORT struct ibv_srq *ibv_create_srq(struct ibv_pd *ibpd, struct ibv_srq_init_attr *attr)
 {
-	(void)pd, (void)attr;
-	errno = EOPNOTSUPP;
-	return NULL;
+	if (!ibpd || !attr || !attr->attr.max_wr || attr->attr.max_wr > SV_MAX_QP_WR ||
+	    attr->attr.max_sge > SV_MAX_SGE) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct sv_ctx *c = sv_ctx(ibpd->context);
+	if (sv_dead(c)) {
+		errno = EIO;
+		return NULL;
+	}
+	struct sv_srq *r = calloc(1, sizeof(*r));
+	if (!r) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	r->cap = sv_pow2(attr->attr.max_wr);
+	r->max_sge = attr->attr.max_sge ? attr->attr.max_sge : 1;
+	r->q = calloc(r->cap, sizeof(*r->q));
+	r->sge = calloc((size_t)r->cap * r->max_sge, sizeof(*r->sge));
+	if (!r->q || !r->sge) {
+		free(r->q);
+		free(r->sge);
+		free(r);
+		errno = ENOMEM;
+		return NULL;
+	}
+	for (uint32_t i = 0; i < r->cap; i++)
+		r->q[i].sge = r->sge + (size_t)i * r->max_sge;
+	r->ctx = c;
+	r->pd = (struct sv_pd *)ibpd;
+	r->srq.context = ibpd->context;
+	r->srq.srq_context = attr->srq_context;
+	r->srq.pd = ibpd;
+	r->srq.handle = 0;
+	pthread_mutex_init(&r->srq.mutex, NULL);
+	pthread_cond_init(&r->srq.cond, NULL);
+	pthread_mutex_lock(&c->lk);
+	r->pd->refs++;
+	pthread_mutex_unlock(&c->lk);
+	attr->attr.max_wr = r->cap;
+	attr->attr.max_sge = r->max_sge;
+	return &r->srq;
 }
 
+/* ibv_modify_srq arms the limit (IBV_SRQ_LIMIT); resizing (IBV_SRQ_MAX_WR) is not offered
+ * (IBV_DEVICE_SRQ_RESIZE is not set), EINVAL as on such a device. */
 SV_EXPORT int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr, int mask)
 {
-	(void)srq, (void)attr, (void)mask;
-	return EOPNOTSUPP;
+	if (!srq || !attr || (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) || (mask & IBV_SRQ_MAX_WR))
+		return EINVAL;
+	struct sv_srq *r = (struct sv_srq *)srq;
+	if (!(mask & IBV_SRQ_LIMIT))
+		return 0;
+	if (attr->srq_limit > r->cap)
+		return EINVAL;
+	pthread_mutex_lock(&r->ctx->lk);
+	r->limit = attr->srq_limit;
+	pthread_mutex_unlock(&r->ctx->lk);
+	return 0;
 }
 
 SV_EXPORT int ibv_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr)
 {
-	(void)srq, (void)attr;
-	return EOPNOTSUPP;
+	if (!srq || !attr)
+		return EINVAL;
+	struct sv_srq *r = (struct sv_srq *)srq;
+	pthread_mutex_lock(&r->ctx->lk);
+	attr->max_wr = r->cap;
+	attr->max_sge = r->max_sge;
+	attr->srq_limit = r->limit;
+	pthread_mutex_unlock(&r->ctx->lk);
+	return 0;
 }
 
 SV_EXPORT int ibv_destroy_srq(struct ibv_srq *srq)
 {
-	(void)srq;
-	return EOPNOTSUPP;
+	if (!srq)
+		return EINVAL;
+	struct sv_srq *r = (struct sv_srq *)srq;
+	struct sv_ctx *c = r->ctx;
+	pthread_mutex_lock(&c->lk);
+	if (r->nqp) {
+		pthread_mutex_unlock(&c->lk);
+		errno = EBUSY;
+		return EBUSY;
+	}
+	sv_async_drop(c, r);
+	r->pd->refs--;
+	pthread_mutex_unlock(&c->lk);
+	pthread_mutex_lock(&srq->mutex);
+	while (srq->events_completed != __atomic_load_n(&r->ev_reported, __ATOMIC_SEQ_CST))
+		pthread_cond_wait(&srq->cond, &srq->mutex);
+	pthread_mutex_unlock(&srq->mutex);
+	free(r->q);
+	free(r->sge);
+	free(r);
+	return 0;
 }
+
+static int sv_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
+{
+	if (!srq || !wr) {
+		if (bad_wr)
+			*bad_wr = wr;
+		return EINVAL;
+	}
+	struct sv_srq *r = (struct sv_srq *)srq;
+	int rc = 0;
+	pthread_mutex_lock(&r->ctx->lk);
+	for (; wr; wr = wr->next) {
+		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > r->max_sge || (wr->num_sge && !wr->sg_list)) {
+			rc = EINVAL;
+			break;
+		}
+		if (r->tail - r->head >= r->cap) {
+			rc = ENOMEM;
+			break;
+		}
+		struct sv_rwqe *w = &r->q[r->tail % r->cap];
+		w->wr_id = wr->wr_id;
+		w->nsge = wr->num_sge;
+		if (wr->num_sge)
+			memcpy(w->sge, wr->sg_list, (size_t)wr->num_sge * sizeof(*w->sge));
+		r->tail++;
+	}
+	pthread_mutex_unlock(&r->ctx->lk);
+	if (rc) {
+		if (bad_wr)
+			*bad_wr = wr;
+		errno = rc;
+	}
+	return rc;
+}
+
+/* ---- address handles ---- */
 
 SV_EXPORT struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
 {
-	(void)pd, (void)attr;
-	errno = EOPNOTSUPP;
-	return NULL;
+	if (!pd || !attr) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct sv_ctx *c = sv_ctx(pd->context);
+	if (sv_dead(c)) {
+		errno = EIO;
+		return NULL;
+	}
+	struct sockaddr_in dest;
+	int rc = sv_resolve(c->dev, attr, 1, &dest); /* the QPN is each WR's */
+	if (rc) {
+		errno = rc;
+		return NULL;
+	}
+	struct sv_ah *ah = calloc(1, sizeof(*ah));
+	if (!ah) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	ah->ah.context = pd->context;
+	ah->ah.pd = pd;
+	ah->dest = dest;
+	ah->grh = attr->is_global;
+	if (attr->is_global) {
+		ah->dgid = attr->grh.dgid;
+		struct sv_gid g;
+		if (!sv_gid_at(c->dev, attr->grh.sgid_index, &g))
+			ah->sgid = g.gid;
+	}
+	return &ah->ah;
 }
 
 SV_EXPORT int ibv_destroy_ah(struct ibv_ah *ah)
 {
-	(void)ah;
-	return EOPNOTSUPP;
+	if (!ah)
+		return EINVAL;
+	free(ah);
+	return 0;
 }
 
+/* ibv_init_ah_from_wc gives the address vector back to the sender of a UD message: the GRH's
+ * source GID as the DGID, the local GID entry that matches its destination GID as the SGID
+ * (ENOENT when none does); without a GRH (InfiniBand mode), the WC's source LID. */
 SV_EXPORT int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num, struct ibv_wc *wc,
 				  struct ibv_grh *grh, struct ibv_ah_attr *ah_attr)
 {
-	(void)context, (void)port_num, (void)wc, (void)grh, (void)ah_attr;
-	errno = EOPNOTSUPP;
-	return -1;
+	if (!context || !wc || !ah_attr || port_num != 1) {
+		errno = EINVAL;
+		return -1;
+	}
+	memset(ah_attr, 0, sizeof(*ah_attr));
+	ah_attr->dlid = wc->slid;
+	ah_attr->sl = wc->sl;
+	ah_attr->src_path_bits = wc->dlid_path_bits;
+	ah_attr->port_num = port_num;
+	if (!(wc->wc_flags & IBV_WC_GRH))
+		return 0;
+	if (!grh) {
+		errno = EINVAL;
+		return -1;
+	}
+	const struct sv_dev *d = sv_ctx(context)->dev;
+	struct sv_gid g;
+	int idx = -1;
+	for (unsigned i = 0; i < SV_GID_TBL_LEN && idx < 0; i++)
+		if (!sv_gid_at(d, i, &g) && !memcmp(g.gid.raw, grh->dgid.raw, 16))
+			idx = (int)i;
+	if (idx < 0) {
+		errno = ENOENT;
+		return -1;
+	}
+	ah_attr->is_global = 1;
+	ah_attr->grh.dgid = grh->sgid;
+	ah_attr->grh.sgid_index = (uint8_t)idx;
+	ah_attr->grh.hop_limit = 0xff;
+	ah_attr->grh.traffic_class = (uint8_t)((be32toh(grh->version_tclass_flow) >> 20) & 0xff);
+	return 0;
 }
 
 SV_EXPORT struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc, struct ibv_grh *grh,
 					       uint8_t port_num)
 {
-	(void)pd, (void)wc, (void)grh, (void)port_num;
-	errno = EOPNOTSUPP;
-	return NULL;
+	struct ibv_ah_attr a;
+	if (!pd) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if (ibv_init_ah_from_wc(pd->context, port_num, wc, grh, &a))
+		return NULL;
+	return ibv_create_ah(pd, &a);
 }
 
 SV_EXPORT int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
@@ -2275,7 +3469,9 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	}
 	struct ibv_context *ctx = &c->vctx.context;
 	ctx->device = device;
-	ctx->cmd_fd = -1;
+	/* A device's command fd, as programs dup and pass it (ibv_import_device): /dev/null
+	 * stands for softverbs' (there is no kernel device); -1 if it cannot be opened. */
+	ctx->cmd_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
 	ctx->async_fd = afd;
 	ctx->num_comp_vectors = 1;
 	pthread_mutex_init(&ctx->mutex, NULL);
@@ -2284,9 +3480,11 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	ctx->ops.req_notify_cq = sv_req_notify_cq;
 	ctx->ops.post_send = sv_post_send;
 	ctx->ops.post_recv = sv_post_recv;
+	ctx->ops.post_srq_recv = sv_post_srq_recv;
 	c->vctx.sz = sizeof(struct verbs_context);
 	c->vctx.query_port = sv_query_port;
 	c->vctx.query_device_ex = sv_query_device_ex;
+	c->vctx.create_qp_ex = sv_create_qp_ex;
 	if (pthread_create(&c->thr, NULL, sv_thread, c)) {
 		close(c->epfd);
 		close(c->wakefd);
@@ -2317,8 +3515,41 @@ SV_EXPORT int ibv_close_device(struct ibv_context *context)
 	close(c->epfd);
 	close(c->wakefd);
 	close(context->async_fd);
+	if (context->cmd_fd >= 0)
+		close(context->cmd_fd);
 	free(c->qps);
 	free(c->aq);
 	free(c);
 	return 0;
 }
+
+/* Default versions of the calls that also have an IBVERBS_1.0 entry point (compat.c). */
+SV_V11(ibv_ack_async_event);
+SV_V11(ibv_ack_cq_events);
+SV_V11(ibv_alloc_pd);
+SV_V11(ibv_attach_mcast);
+SV_V11(ibv_close_device);
+SV_V11(ibv_create_ah);
+SV_V11(ibv_create_cq);
+SV_V11(ibv_create_qp);
+SV_V11(ibv_create_srq);
+SV_V11(ibv_dealloc_pd);
+SV_V11(ibv_dereg_mr);
+SV_V11(ibv_destroy_ah);
+SV_V11(ibv_destroy_cq);
+SV_V11(ibv_destroy_qp);
+SV_V11(ibv_destroy_srq);
+SV_V11(ibv_detach_mcast);
+SV_V11(ibv_get_async_event);
+SV_V11(ibv_get_cq_event);
+SV_V11(ibv_modify_qp);
+SV_V11(ibv_modify_srq);
+SV_V11(ibv_open_device);
+SV_V11(ibv_query_device);
+SV_V11(ibv_query_gid);
+SV_V11(ibv_query_pkey);
+SV_V11(ibv_query_port);
+SV_V11(ibv_query_qp);
+SV_V11(ibv_query_srq);
+SV_V11(ibv_reg_mr);
+SV_V11(ibv_resize_cq);

@@ -28,11 +28,46 @@ static uint32_t get32(const uint8_t *b)
 	return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
 }
 
+static void put64(uint8_t *b, uint64_t v)
+{
+	put32(b, (uint32_t)v);
+	put32(b + 4, (uint32_t)(v >> 32));
+}
+
+static uint64_t get64(const uint8_t *b)
+{
+	return (uint64_t)get32(b) | (uint64_t)get32(b + 4) << 32;
+}
+
+size_t sv_ext_len(uint8_t op)
+{
+	switch (op) {
+	case SV_OP_WRITE_FIRST:
+	case SV_OP_WRITE_ONLY:
+	case SV_OP_WRITE_ONLY_IMM:
+	case SV_OP_READ_REQ:
+		return SV_RETH_LEN;
+	case SV_OP_CMP_SWP:
+	case SV_OP_FETCH_ADD:
+		return SV_ATOMETH_LEN;
+	case SV_OP_ATOMIC_ACK:
+		return SV_AACK_LEN;
+	case SV_OP_UD_SEND:
+	case SV_OP_UD_SEND_IMM:
+		return SV_DETH_LEN;
+	default:
+		return 0;
+	}
+}
+
 /* Layout (little-endian):
  *  0 u16 magic   2 u8 version   3 u8 opcode
  *  4 u32 dest QPN   8 u32 source QPN   12 u32 PSN   16 u32 immediate
- * 20 u16 payload length   22 u8 flags   23 u8 NAK syndrome (high 3 bits) | aux (low 5 bits) */
-void sv_encode(const struct sv_hdr *h, uint8_t *b)
+ * 20 u16 payload length   22 u8 flags   23 u8 NAK syndrome (high 3 bits) | aux (low 5 bits)
+ * then by opcode: RETH (24 u64 va, 32 u32 rkey, 36 u32 length), AtomicETH (24 u64 va,
+ * 32 u32 rkey, 36 u64 swap/add, 44 u64 compare), AtomicAckETH (24 u64 original) or DETH
+ * (24 u32 Q_Key, 28 source GID, 44 destination GID). */
+size_t sv_encode(const struct sv_hdr *h, uint8_t *b)
 {
 	put16(b, SV_MAGIC);
 	b[2] = SV_VERSION;
@@ -44,6 +79,25 @@ void sv_encode(const struct sv_hdr *h, uint8_t *b)
 	put16(b + 20, h->len);
 	b[22] = h->flags;
 	b[23] = (uint8_t)(h->synd << 5 | (h->aux & 31));
+	size_t ext = sv_ext_len(h->op);
+	uint8_t *e = b + SV_HDR_LEN;
+	if (ext == SV_RETH_LEN) {
+		put64(e, h->va);
+		put32(e + 8, h->rkey);
+		put32(e + 12, h->dlen);
+	} else if (ext == SV_ATOMETH_LEN) {
+		put64(e, h->va);
+		put32(e + 8, h->rkey);
+		put64(e + 12, h->data0);
+		put64(e + 20, h->data1);
+	} else if (ext == SV_AACK_LEN) {
+		put64(e, h->data0);
+	} else if (ext == SV_DETH_LEN) {
+		put32(e, h->qkey);
+		memcpy(e + 4, h->sgid, 16);
+		memcpy(e + 20, h->dgid, 16);
+	}
+	return SV_HDR_LEN + ext;
 }
 
 int sv_decode(const uint8_t *b, size_t n, struct sv_hdr *h)
@@ -66,12 +120,32 @@ int sv_decode(const uint8_t *b, size_t n, struct sv_hdr *h)
 	x.aux = b[23] & 31;
 	if (x.dqpn > SV_PSN_MASK || x.sqpn > SV_PSN_MASK || x.psn > SV_PSN_MASK)
 		return -1;
-	if (x.len > SV_MAX_PAYLOAD || (size_t)x.len != n - SV_HDR_LEN)
+	size_t ext = sv_ext_len(x.op);
+	if (x.len > SV_MAX_PAYLOAD || n - SV_HDR_LEN < ext || (size_t)x.len != n - SV_HDR_LEN - ext)
+		return -1;
+	const uint8_t *e = b + SV_HDR_LEN;
+	if (ext == SV_RETH_LEN) {
+		x.va = get64(e);
+		x.rkey = get32(e + 8);
+		x.dlen = get32(e + 12);
+	} else if (ext == SV_ATOMETH_LEN) {
+		x.va = get64(e);
+		x.rkey = get32(e + 8);
+		x.data0 = get64(e + 12);
+		x.data1 = get64(e + 20);
+	} else if (ext == SV_AACK_LEN) {
+		x.data0 = get64(e);
+	} else if (ext == SV_DETH_LEN) {
+		x.qkey = get32(e);
+		memcpy(x.sgid, e + 4, 16);
+		memcpy(x.dgid, e + 20, 16);
+	}
+	if (x.op != SV_OP_NAK && x.op != SV_OP_READ_REQ && (x.synd || x.aux))
 		return -1;
 	switch (x.op) {
 	case SV_OP_SEND_FIRST:
 	case SV_OP_SEND_MIDDLE:
-		if (x.len == 0 || x.imm != 0)
+		if (x.len == 0)
 			return -1;
 		/* fallthrough */
 	case SV_OP_SEND_LAST:
@@ -81,17 +155,58 @@ int sv_decode(const uint8_t *b, size_t n, struct sv_hdr *h)
 		/* fallthrough */
 	case SV_OP_SEND_LAST_IMM:
 	case SV_OP_SEND_ONLY_IMM:
-		if (x.flags & ~SV_FLAG_SOLICITED || x.synd || x.aux)
+		if (x.flags & ~SV_FLAG_SOLICITED)
+			return -1;
+		break;
+	case SV_OP_WRITE_FIRST:
+	case SV_OP_WRITE_MIDDLE:
+		if (x.len == 0 || x.imm || (x.flags & ~SV_FLAG_IMM))
+			return -1;
+		if (x.op == SV_OP_WRITE_FIRST && x.dlen <= x.len)
+			return -1; /* a FIRST is followed by more */
+		break;
+	case SV_OP_WRITE_LAST:
+	case SV_OP_WRITE_ONLY:
+		if (x.imm || x.flags)
+			return -1;
+		/* fallthrough */
+	case SV_OP_WRITE_LAST_IMM:
+	case SV_OP_WRITE_ONLY_IMM:
+		if (x.flags & ~SV_FLAG_SOLICITED)
+			return -1;
+		if (sv_ext_len(x.op) && x.dlen != x.len)
+			return -1; /* an ONLY carries the whole message */
+		break;
+	case SV_OP_READ_REQ:
+		if (x.len || x.imm || x.flags || x.synd || x.aux < 1 || x.aux > 5)
+			return -1;
+		break;
+	case SV_OP_CMP_SWP:
+	case SV_OP_FETCH_ADD:
+		if (x.len || x.imm || x.flags || (x.op == SV_OP_FETCH_ADD && x.data1))
+			return -1;
+		break;
+	case SV_OP_READ_RESP:
+	case SV_OP_ATOMIC_ACK:
+		if (x.imm || x.flags || (x.op == SV_OP_ATOMIC_ACK && x.len))
+			return -1;
+		break;
+	case SV_OP_UD_SEND:
+		if (x.imm)
+			return -1;
+		/* fallthrough */
+	case SV_OP_UD_SEND_IMM:
+		if (x.flags & ~(SV_FLAG_SOLICITED | SV_FLAG_GRH))
 			return -1;
 		break;
 	case SV_OP_ACK:
-		if (x.flags || x.synd || x.aux || x.imm || x.len)
+		if (x.flags || x.imm || x.len)
 			return -1;
 		break;
 	case SV_OP_NAK:
 		if (x.flags || x.imm || x.len)
 			return -1;
-		if (x.synd < SV_NAK_RNR || x.synd > SV_NAK_REM_OP)
+		if (x.synd < SV_NAK_RNR || x.synd > SV_NAK_REM_ACCESS)
 			return -1;
 		if (x.synd != SV_NAK_RNR && x.aux)
 			return -1;

@@ -32,13 +32,19 @@ type Config struct {
 	// ClusterID is Mooncake's MC_METADATA_CLUSTER_ID: keys live under
 	// mooncake/<ClusterID>/rpc_meta/.
 	ClusterID string
-	// TTL of the lease a registration is kept under (default 10 s, 1 s..1 h, whole
-	// seconds): the entry of a process that dies without Close disappears within it.
+	// TTL of a registration (default 10 s, 1 s..1 h, whole seconds): etcd's lease, Redis's
+	// key TTL, the TTL header sent to an HTTP server (which only twosided metadata-server
+	// honours); the entry of a process that dies without Close disappears within it.
 	TTL time.Duration
-	// Timeout bounds each request to etcd made without a shorter deadline (default 5 s).
+	// Timeout bounds each request to the service made without a shorter deadline
+	// (default 5 s).
 	Timeout time.Duration
 	// MaxCache bounds the names the cache holds (default 65536).
 	MaxCache int
+	// Poll is how often the redis and http backends read again the cached names that were
+	// used since their last read (default 1 s, 10 ms..1 h); etcd's watch needs none. A
+	// peer that restarts on a new address is seen within about it.
+	Poll time.Duration
 	// Logger (default: nothing is logged).
 	Logger *zerolog.Logger
 }
@@ -48,6 +54,7 @@ const (
 	DefaultTTL      = 10 * time.Second
 	DefaultTimeout  = 5 * time.Second
 	DefaultMaxCache = 1 << 16
+	DefaultPoll     = time.Second
 )
 
 // WithDefaults returns c with every zero field set to its default, or ErrBadConn naming a
@@ -67,6 +74,9 @@ func (c *Config) fill() error {
 	if c.MaxCache == 0 {
 		c.MaxCache = DefaultMaxCache
 	}
+	if c.Poll == 0 {
+		c.Poll = DefaultPoll
+	}
 	if c.Logger == nil {
 		nop := zerolog.Nop()
 		c.Logger = &nop
@@ -78,15 +88,17 @@ func (c *Config) fill() error {
 		return fmt.Errorf("%w: timeout: %v out of range 1ms..10m", ErrBadConn, c.Timeout)
 	case c.MaxCache < 1 || c.MaxCache > 1<<24:
 		return fmt.Errorf("%w: max_cache: %d out of range 1..%d", ErrBadConn, c.MaxCache, 1<<24)
+	case c.Poll < 10*time.Millisecond || c.Poll > time.Hour:
+		return fmt.Errorf("%w: poll: %v out of range 10ms..1h", ErrBadConn, c.Poll)
 	}
 	return nil
 }
 
 // Open returns the directory a metadata connection string names (see ParseConn). P2P is
-// built in; etcd needs its backend linked in (import _
-// "github.com/twosided/twosided/notify/directory/etcd"), else Open fails with ErrBadConn
-// saying so. An etcd directory does not wait for etcd: it connects in the background, and
-// its calls report ErrUnavailable until it can.
+// built in; etcd, redis and http need their backend linked in (import _
+// "github.com/twosided/twosided/notify/directory/etcd", …/redis, …/http), else Open fails
+// with ErrBadConn saying so. A directory does not wait for its service: it connects in the
+// background, and its calls report ErrUnavailable until it can.
 func Open(conn string, cfg Config) (Directory, error) {
 	c, err := ParseConn(conn)
 	if err != nil {
@@ -124,7 +136,8 @@ var backends struct {
 	m map[string]Opener
 }
 
-// RegisterBackend makes Open serve connection strings of backend name (BackendEtcd) with
+// RegisterBackend makes Open serve connection strings of backend name (BackendEtcd,
+// BackendRedis, BackendHTTP) with
 // open. A backend package calls it from its init; registering a name twice panics.
 func RegisterBackend(name string, open Opener) {
 	backends.Lock()

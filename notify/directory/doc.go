@@ -11,7 +11,7 @@
 // package reads and writes that same layout, so a Mooncake node resolves a twosided engine
 // by its server name and a twosided engine resolves Mooncake nodes.
 //
-// Two backends, chosen by the metadata connection string Mooncake uses (ParseConn):
+// Four backends, chosen by the metadata connection string Mooncake uses (ParseConn):
 //   - P2P ("P2PHANDSHAKE"): a name is host:port; nothing runs, nothing is registered.
 //     Built in.
 //   - etcd ("etcd://h1:2379,h2:2379", or a bare "h1:2379" as Mooncake reads it): names live
@@ -21,19 +21,29 @@
 //     cache is kept current by one watch on the rpc_meta prefix, so a peer that restarts on a
 //     new address is seen there as soon as the watch delivers its put, and cached names keep
 //     resolving while etcd is down.
+//   - redis ("redis://host:port", "rediss://" for TLS; MC_REDIS_USERNAME, MC_REDIS_PASSWORD,
+//     MC_REDIS_DB_INDEX): plain GET/SET/DEL of the same keys. A registration is SET with the
+//     TTL and refreshed, so the entry of a crashed process expires within it.
+//   - http ("http://host:port/path", "https://"): a Mooncake HTTP metadata server
+//     (GET/PUT/DELETE path?key=). The protocol has no TTL: a registration is put again while
+//     the engine lives and deleted on Close; `twosided metadata-server` (package
+//     metaserver) honours the TTL header the backend sends.
 //
-// The etcd backend is package notify/directory/etcd, which a program links in with a
-// registration import, as database/sql drivers are:
+// The redis and http backends have no watch: their cache is kept current by polling the
+// names in use every Config.Poll (docs/directory.md).
+//
+// Each backend is a package of its own (notify/directory/etcd, /redis, /http), which a
+// program links in with a registration import, as database/sql drivers are:
 //
 //	import _ "github.com/twosided/twosided/notify/directory/etcd"
 //
-// Neither this package nor notify imports it, so a program that never names peers through
-// etcd does not link the etcd client, gRPC and zap. Without the import, Open and CheckConn
-// fail with ErrBadConn naming it (and notify.New with notify.ErrConfig). A backend
-// registers itself with RegisterBackend.
+// Neither this package nor notify imports them, so a program that never names peers through
+// a service does not link its client. Without the import, Open and CheckConn fail with
+// ErrBadConn naming it (and notify.New with notify.ErrConfig). A backend registers itself
+// with RegisterBackend.
 //
-// The etcd backend owns its etcd client and the goroutines that keep the watch and the leases.
+// A backend owns its client and the goroutines that keep the cache and the registrations.
 // It knows nothing of engines, channels or the reactor: Cached never waits, Resolve waits
-// on etcd only within its context, and no call is made on a reactor thread by this package.
-// Every map fed by etcd (the cache) is bounded.
+// on the service only within its context, and no call is made on a reactor thread by this
+// package. Every map fed by a service (the cache) is bounded.
 package directory

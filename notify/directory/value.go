@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"unicode"
@@ -13,7 +14,8 @@ import (
 
 // Errors; test with errors.Is.
 var (
-	// ErrNotFound: no entry for the name (etcd), or the name is not host:port (P2P).
+	// ErrNotFound: no entry for the name (etcd, redis, http), or the name is not host:port
+	// (P2P).
 	ErrNotFound = errors.New("directory: name not registered")
 	// ErrNotCached: Cached found nothing for the name; Resolve would ask the directory.
 	ErrNotCached = errors.New("directory: name not cached")
@@ -191,20 +193,33 @@ func Prefix(clusterID string) string {
 
 // Backends.
 const (
-	BackendP2P  = "p2p"
-	BackendEtcd = "etcd"
+	BackendP2P   = "p2p"
+	BackendEtcd  = "etcd"
+	BackendRedis = "redis" // redis:// and rediss:// (TLS)
+	BackendHTTP  = "http"  // http:// and https://
 )
 
 // Conn is a parsed metadata connection string.
 type Conn struct {
-	Backend   string   // BackendP2P or BackendEtcd
-	Endpoints []string // etcd: host:port of each member
+	Backend   string   // BackendP2P, BackendEtcd, BackendRedis or BackendHTTP
+	Endpoints []string // etcd: host:port of each member; redis: the server's host:port
+	// TLS: the scheme was rediss:// or https://.
+	TLS bool
+	// URL: http: the connection string as given (scheme://host[:port][/path]); a key is
+	// read at URL?key=<key percent-encoded>, as Mooncake's HTTP plugin does.
+	URL string
 }
+
+// DefaultRedisPort is the port of a redis:// string without one.
+const DefaultRedisPort = "6379"
 
 // ParseConn reads a metadata connection string as Mooncake does: "P2PHANDSHAKE"; or
 // "proto://rest" where proto is the backend; or no "://" at all, which Mooncake reads as
 // etcd. etcd endpoints are separated by ',' or ';' (Mooncake's etcd wrapper accepts both).
-// Mooncake's redis and http backends are not supported here.
+// redis://host[:port] (rediss:// for TLS) names one Redis server; its credentials and
+// database are not in the string (MC_REDIS_USERNAME, MC_REDIS_PASSWORD, MC_REDIS_DB_INDEX,
+// read by the redis backend). http://host[:port][/path] (or https://) is a metadata server
+// spoken to as Mooncake's HTTP plugin does; it takes no query or fragment.
 func ParseConn(s string) (Conn, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
@@ -217,22 +232,42 @@ func ParseConn(s string) (Conn, error) {
 	if i := strings.Index(s, "://"); i >= 0 {
 		proto, rest = s[:i], s[i+3:]
 	}
-	if proto != BackendEtcd {
-		return Conn{}, fmt.Errorf("%w: %q: backend %q is not supported (use %s or etcd://host:port[,host:port...])",
-			ErrBadConn, s, proto, P2PHandshake)
+	switch proto {
+	case BackendEtcd:
+		return parseEtcd(s, rest)
+	case "redis", "rediss":
+		return parseRedis(s, rest, proto == "rediss")
+	case "http", "https":
+		return parseHTTP(s, proto == "https")
 	}
+	return Conn{}, fmt.Errorf("%w: %q: backend %q is not supported (use %s, etcd://host:port[,host:port...], redis://host:port or http://host:port/path)",
+		ErrBadConn, s, proto, P2PHandshake)
+}
+
+// checkEndpoint checks host:port with a port in 1..65535.
+func checkEndpoint(s, what, ep string) error {
+	host, port, err := net.SplitHostPort(ep)
+	if err != nil || host == "" {
+		return fmt.Errorf("%w: %q: %s %q is not host:port", ErrBadConn, s, what, ep)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > maxPort {
+		return fmt.Errorf("%w: %q: %s %q: port out of range 1..%d", ErrBadConn, s, what, ep, maxPort)
+	}
+	if err := checkHost(strings.Trim(host, "[]")); err != nil {
+		return fmt.Errorf("%w: %q: %s %q: host %v", ErrBadConn, s, what, ep, err)
+	}
+	return nil
+}
+
+func parseEtcd(s, rest string) (Conn, error) {
 	var eps []string
 	for _, ep := range strings.FieldsFunc(rest, func(r rune) bool { return r == ',' || r == ';' }) {
 		ep = strings.TrimSpace(ep)
 		if ep == "" {
 			continue
 		}
-		host, port, err := net.SplitHostPort(ep)
-		if err != nil || host == "" {
-			return Conn{}, fmt.Errorf("%w: %q: endpoint %q is not host:port", ErrBadConn, s, ep)
-		}
-		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > maxPort {
-			return Conn{}, fmt.Errorf("%w: %q: endpoint %q: port out of range 1..%d", ErrBadConn, s, ep, maxPort)
+		if err := checkEndpoint(s, "endpoint", ep); err != nil {
+			return Conn{}, err
 		}
 		eps = append(eps, ep)
 	}
@@ -240,4 +275,48 @@ func ParseConn(s string) (Conn, error) {
 		return Conn{}, fmt.Errorf("%w: %q: no etcd endpoint", ErrBadConn, s)
 	}
 	return Conn{Backend: BackendEtcd, Endpoints: eps}, nil
+}
+
+// parseRedis reads host[:port] as Mooncake's parseHostNameWithPort does (one server, the
+// port 6379 if none); a trailing '/' is allowed, anything else after the address is not
+// (Mooncake would dial it as part of the host).
+func parseRedis(s, rest string, tls bool) (Conn, error) {
+	ep := strings.TrimSuffix(rest, "/")
+	if ep == "" || strings.ContainsAny(ep, "/?#@,; ") {
+		return Conn{}, fmt.Errorf("%w: %q: want redis://host[:port] (credentials in MC_REDIS_USERNAME/MC_REDIS_PASSWORD, the database in MC_REDIS_DB_INDEX)", ErrBadConn, s)
+	}
+	if _, _, err := net.SplitHostPort(ep); err != nil {
+		ep = net.JoinHostPort(strings.Trim(ep, "[]"), DefaultRedisPort)
+	}
+	if err := checkEndpoint(s, "address", ep); err != nil {
+		return Conn{}, err
+	}
+	return Conn{Backend: BackendRedis, Endpoints: []string{ep}, TLS: tls}, nil
+}
+
+func parseHTTP(s string, tls bool) (Conn, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return Conn{}, fmt.Errorf("%w: %q: %v", ErrBadConn, s, err)
+	}
+	switch {
+	case u.Host == "":
+		return Conn{}, fmt.Errorf("%w: %q: no host", ErrBadConn, s)
+	case u.User != nil:
+		return Conn{}, fmt.Errorf("%w: %q: user information is not supported", ErrBadConn, s)
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		return Conn{}, fmt.Errorf("%w: %q: a query or fragment is not allowed (keys are sent as ?key=)", ErrBadConn, s)
+	}
+	ep := u.Host
+	if u.Port() == "" {
+		port := "80"
+		if tls {
+			port = "443"
+		}
+		ep = net.JoinHostPort(u.Hostname(), port)
+	}
+	if err := checkEndpoint(s, "address", ep); err != nil {
+		return Conn{}, err
+	}
+	return Conn{Backend: BackendHTTP, Endpoints: []string{ep}, TLS: tls, URL: s}, nil
 }

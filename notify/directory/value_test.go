@@ -3,6 +3,7 @@ package directory
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"testing"
 
@@ -108,13 +109,22 @@ func TestParseConn(t *testing.T) {
 		{"etcd://h1:2379,h2:2379", Conn{Backend: BackendEtcd, Endpoints: []string{"h1:2379", "h2:2379"}}},
 		{"etcd://h1:2379;h2:2379;", Conn{Backend: BackendEtcd, Endpoints: []string{"h1:2379", "h2:2379"}}},
 		{"127.0.0.1:2379", Conn{Backend: BackendEtcd, Endpoints: []string{"127.0.0.1:2379"}}}, // Mooncake's default backend
+		{"redis://h:6379", Conn{Backend: BackendRedis, Endpoints: []string{"h:6379"}}},
+		{"redis://10.0.0.1", Conn{Backend: BackendRedis, Endpoints: []string{"10.0.0.1:6379"}}},
+		{"rediss://h:6380/", Conn{Backend: BackendRedis, Endpoints: []string{"h:6380"}, TLS: true}},
+		{"redis://[::1]:7000", Conn{Backend: BackendRedis, Endpoints: []string{"[::1]:7000"}}},
+		{"http://h:8080/metadata", Conn{Backend: BackendHTTP, Endpoints: []string{"h:8080"}, URL: "http://h:8080/metadata"}},
+		{"http://h", Conn{Backend: BackendHTTP, Endpoints: []string{"h:80"}, URL: "http://h"}},
+		{"https://h/m", Conn{Backend: BackendHTTP, Endpoints: []string{"h:443"}, TLS: true, URL: "https://h/m"}},
 	}
 	for _, tc := range good {
 		c, err := ParseConn(tc.in)
 		require.NoError(t, err, tc.in)
 		require.Equal(t, tc.want, c, tc.in)
 	}
-	for _, in := range []string{"", "redis://h:6379", "http://h:8080/metadata", "etcd://", "etcd://h1", "etcd://h1:0", "etcd://:2379", "p2phandshake"} {
+	for _, in := range []string{"", "etcd://", "etcd://h1", "etcd://h1:0", "etcd://:2379", "p2phandshake",
+		"redis://", "redis://u:p@h:6379", "redis://h:6379/0", "redis://h:99999", "redis://h:6379?x=1", "redis://h1,h2",
+		"http://", "http://h:8080/m?x=1", "http://u@h/m", "http://h:0/m", "http://h/m#f", "ftp://h:21", "mongodb://h"} {
 		_, err := ParseConn(in)
 		require.ErrorIs(t, err, ErrBadConn, in)
 	}
@@ -142,15 +152,16 @@ func TestP2P(t *testing.T) {
 	require.NoError(t, d.Close(context.Background()))
 }
 
-// Without its backend linked in (this test binary does not import notify/directory/etcd),
-// an etcd connection string parses but does not open, and the error names the import.
+// Without its backend linked in (this test binary imports no backend), a connection string
+// parses but does not open, and the error names the import.
 func TestBackendNotLinked(t *testing.T) {
-	for _, conn := range []string{"etcd://127.0.0.1:2379", "127.0.0.1:2379"} {
+	for conn, pkg := range map[string]string{"etcd://127.0.0.1:2379": "etcd", "127.0.0.1:2379": "etcd",
+		"redis://127.0.0.1:6379": "redis", "rediss://h": "redis", "http://h:8080/metadata": "http", "https://h/m": "http"} {
 		_, err := ParseConn(conn)
 		require.NoError(t, err)
 		for _, err := range []error{CheckConn(conn), func() error { _, err := Open(conn, Config{}); return err }()} {
 			require.ErrorIs(t, err, ErrBadConn)
-			require.ErrorContains(t, err, `import _ "github.com/twosided/twosided/notify/directory/etcd"`)
+			require.ErrorContains(t, err, `import _ "github.com/twosided/twosided/notify/directory/`+pkg+`"`)
 		}
 	}
 	require.NoError(t, CheckConn(P2PHandshake))
@@ -175,4 +186,39 @@ func TestRegisterBackend(t *testing.T) {
 	require.Equal(t, 1, opened)
 	require.Panics(t, func() { RegisterBackend(name, func(Conn, Config) (Directory, error) { return nil, nil }) })
 	require.Panics(t, func() { RegisterBackend("nil-opener", nil) })
+}
+
+// FuzzParseConn: any string parses or fails with ErrBadConn, never panics, and what parses
+// names a backend with its endpoints.
+func FuzzParseConn(f *testing.F) {
+	for _, s := range []string{"P2PHANDSHAKE", "etcd://h1:2379,h2:2379", "h:2379", "redis://h:6379", "rediss://h",
+		"http://h:8080/metadata", "https://[::1]:1/x", "http://h/m?key=", "redis://[::1]"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		c, err := ParseConn(s)
+		if err != nil {
+			if !errors.Is(err, ErrBadConn) {
+				t.Fatalf("%q: %v does not wrap ErrBadConn", s, err)
+			}
+			return
+		}
+		switch c.Backend {
+		case BackendP2P:
+		case BackendEtcd, BackendRedis, BackendHTTP:
+			if len(c.Endpoints) == 0 {
+				t.Fatalf("%q: no endpoint", s)
+			}
+			for _, ep := range c.Endpoints {
+				if _, _, err := net.SplitHostPort(ep); err != nil {
+					t.Fatalf("%q: endpoint %q: %v", s, ep, err)
+				}
+			}
+			if c.Backend == BackendHTTP && c.URL == "" {
+				t.Fatalf("%q: no URL", s)
+			}
+		default:
+			t.Fatalf("%q: backend %q", s, c.Backend)
+		}
+	})
 }

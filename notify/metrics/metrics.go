@@ -46,6 +46,7 @@ type Collector struct {
 	refusals, pruned, givenUp, heldOOB, oobBusy                 *prometheus.Desc
 	busyAnswers, busyProbes                                     *prometheus.Desc
 	devEvents, devChansFailed, devPortDown                      *prometheus.Desc
+	unconfirmed, unconfirmedClosed, peersEvicted                *prometheus.Desc
 
 	mu      sync.Mutex
 	labeled map[string]struct{} // peers with series, at most peerCap
@@ -89,6 +90,9 @@ func New(e *notify.Engine, opts ...Option) *Collector {
 	c.oobConns = d("oob_connections", "OOB connections open.", "side")
 	c.refusals = d("refusals_total", "Peers, names, channels or OOB notifies refused: a limit reached or a failed proof.", "reason")
 	c.pruned = d("peers_pruned_total", "Idle peers whose state the engine dropped.")
+	c.unconfirmed = d("unconfirmed_channels", "Ctrl channels (QPs) made for peers' handshakes that their peer has not used yet: at most 128, 32 per source address.")
+	c.unconfirmedClosed = d("unconfirmed_channels_closed_total", "Unconfirmed ctrl channels closed: evicted, past their grace, for a newer handshake past a cap; expired, after the connect timeout.", "reason")
+	c.peersEvicted = d("peers_evicted_total", "Unconfirmed peer entries (made by handshakes nobody used) forgotten to make room, with the channels they held.")
 	c.givenUp = d("seq_gaps_given_up_total", "Sequence numbers given up: a sender's fence or a gap timeout.")
 	c.heldOOB = d("oob_notifies_held", "OOB notifies held while the receive queue is full.")
 	c.oobBusy = d("oob_busy_replies_total", "OOB notifies answered busy: the receive queue was full.")
@@ -116,7 +120,7 @@ var dropReasons = []string{"bad_magic", "decode", "unknown_type", "stale_epoch",
 var deviceEvents = []string{"port_err", "port_active", "device_fatal", "gid_change", "other", "reopened", "reopen_failed"}
 
 // refusalReasons are the reasons of twosided_refusals_total.
-var refusalReasons = []string{"peer_limit", "name_limit", "channel_limit", "auth", "oob"}
+var refusalReasons = []string{"peer_limit", "name_limit", "channel_limit", "auth", "oob", "unconfirmed_busy"}
 
 // Describe sends every Desc the Collector may send.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
@@ -128,6 +132,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.oobHandshakes, c.oobAuthFailed, c.oobConns, c.sendLat, c.deliverLat,
 		c.refusals, c.pruned, c.givenUp, c.heldOOB, c.oobBusy, c.busyAnswers, c.busyProbes,
 		c.devEvents, c.devChansFailed, c.devPortDown,
+		c.unconfirmed, c.unconfirmedClosed, c.peersEvicted,
 	} {
 		ch <- d
 	}
@@ -161,10 +166,14 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.framesDropped, v, dropReasons[i])
 	}
 	l := &s.Limits
-	for i, v := range []uint64{l.PeersRefused, l.NamesRefused, l.ChannelsRefused, l.AuthRefused, l.OOBRefused} {
+	for i, v := range []uint64{l.PeersRefused, l.NamesRefused, l.ChannelsRefused, l.AuthRefused, l.OOBRefused, l.UnconfirmedRefused} {
 		counter(c.refusals, v, refusalReasons[i])
 	}
 	counter(c.pruned, l.PeersPruned)
+	gauge(c.unconfirmed, float64(l.Unconfirmed))
+	counter(c.unconfirmedClosed, l.UnconfirmedEvicted, "evicted")
+	counter(c.unconfirmedClosed, l.UnconfirmedExpired, "expired")
+	counter(c.peersEvicted, l.PeersEvicted)
 	counter(c.givenUp, l.GivenUp)
 	gauge(c.heldOOB, float64(s.HeldOOB))
 	counter(c.oobBusy, s.OOBBusy)

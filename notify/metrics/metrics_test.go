@@ -145,6 +145,13 @@ func TestScrapeAfterWorkload(t *testing.T) {
 	require.Equal(t, 1.0, sb["twosided_channels_up"])
 	require.Equal(t, 0.0, sb["twosided_notifies_sent_total"])
 	require.Equal(t, 0.0, sb["twosided_send_to_ack_seconds_count"])
+	// a's channel was used at once: nothing unconfirmed, nothing evicted.
+	for _, s := range []string{"twosided_unconfirmed_channels", `twosided_unconfirmed_channels_closed_total{reason="evicted"}`,
+		`twosided_unconfirmed_channels_closed_total{reason="expired"}`, "twosided_peers_evicted_total"} {
+		v, ok := sb[s]
+		require.True(t, ok, "%s exported", s)
+		require.Zero(t, v, s)
+	}
 	for _, r := range dropReasons {
 		require.Equal(t, 0.0, sb[`twosided_frames_dropped_total{reason="`+r+`"}`], r)
 	}

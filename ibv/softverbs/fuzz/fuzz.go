@@ -19,10 +19,18 @@ type Header struct {
 	Op, Flags, Synd, Aux uint8
 	DQPN, SQPN, PSN, Imm uint32
 	Len                  uint16
+	VA                   uint64 // RETH, AtomicETH
+	RKey, DLen           uint32 // RETH (RKey: AtomicETH too)
+	Data0, Data1         uint64 // AtomicETH swap/add and compare; AtomicAckETH original
+	QKey                 uint32 // DETH
+	SGID, DGID           [16]byte
 }
 
 // HdrLen is the size of the fixed header.
 const HdrLen = C.SV_HDR_LEN
+
+// ExtLen is the length of op's extended header, after the fixed one.
+func ExtLen(op uint8) int { return int(C.sv_ext_len(C.uint8_t(op))) }
 
 // Decode runs sv_decode on b; ok is false when the decoder rejects it.
 func Decode(b []byte) (h Header, ok bool) {
@@ -36,17 +44,29 @@ func Decode(b []byte) (h Header, ok bool) {
 	if C.sv_decode((*C.uint8_t)(p), C.size_t(len(b)), &ch) != 0 {
 		return Header{}, false
 	}
-	return Header{uint8(ch.op), uint8(ch.flags), uint8(ch.synd), uint8(ch.aux),
-		uint32(ch.dqpn), uint32(ch.sqpn), uint32(ch.psn), uint32(ch.imm), uint16(ch.len)}, true
+	h = Header{uint8(ch.op), uint8(ch.flags), uint8(ch.synd), uint8(ch.aux),
+		uint32(ch.dqpn), uint32(ch.sqpn), uint32(ch.psn), uint32(ch.imm), uint16(ch.len),
+		uint64(ch.va), uint32(ch.rkey), uint32(ch.dlen), uint64(ch.data0), uint64(ch.data1), uint32(ch.qkey),
+		[16]byte{}, [16]byte{}}
+	for i := range h.SGID {
+		h.SGID[i] = byte(ch.sgid[i])
+		h.DGID[i] = byte(ch.dgid[i])
+	}
+	return h, true
 }
 
 // Encode runs sv_encode on h and appends payload.
 func Encode(h Header, payload []byte) []byte {
 	ch := C.struct_sv_hdr{op: C.uint8_t(h.Op), flags: C.uint8_t(h.Flags), synd: C.uint8_t(h.Synd),
 		aux: C.uint8_t(h.Aux), dqpn: C.uint32_t(h.DQPN), sqpn: C.uint32_t(h.SQPN), psn: C.uint32_t(h.PSN),
-		imm: C.uint32_t(h.Imm), len: C.uint16_t(h.Len)}
-	p := C.malloc(C.SV_HDR_LEN)
+		imm: C.uint32_t(h.Imm), len: C.uint16_t(h.Len), va: C.uint64_t(h.VA), rkey: C.uint32_t(h.RKey),
+		dlen: C.uint32_t(h.DLen), data0: C.uint64_t(h.Data0), data1: C.uint64_t(h.Data1), qkey: C.uint32_t(h.QKey)}
+	for i := range h.SGID {
+		ch.sgid[i] = C.uint8_t(h.SGID[i])
+		ch.dgid[i] = C.uint8_t(h.DGID[i])
+	}
+	p := C.malloc(C.SV_MAX_HDR)
 	defer C.free(p)
-	C.sv_encode(&ch, (*C.uint8_t)(p))
-	return append(C.GoBytes(p, C.SV_HDR_LEN), payload...)
+	n := C.sv_encode(&ch, (*C.uint8_t)(p))
+	return append(C.GoBytes(p, C.int(n)), payload...)
 }

@@ -360,7 +360,10 @@ func TestLeaseExpiresAfterKill9(t *testing.T) {
 
 func TestThousandNames(t *testing.T) {
 	srv := sharedEtcd(t)
-	ctx := ctxT(t)
+	// 1 000 registrations and resolutions, each a round trip to an etcd under -race: a
+	// hang guard that a loaded machine does not reach (30 s did not).
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
 	w := open(t, srv, directory.Config{TTL: 10 * time.Second})
 	r := open(t, srv, directory.Config{})
 	const n = 1000
