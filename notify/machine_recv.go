@@ -144,14 +144,26 @@ func (m *peerMachine) oobArrive(now time.Time, a oobArrival) (string, error) {
 // it, nobody else has seen it, and it sends before its reply reached us). The latter opens
 // only a session we do not know yet or the one its name already leads to, so the engine at
 // that name cannot speak for another peer's session. It returns p, or the entry it made;
-// a non-empty code refuses the notify (max_peers).
+// a non-empty code refuses the notify (max_peers), or asks for it again (busy): the token
+// is that of our handshake to a name that may be another of p's names (its port), whose
+// reply is not here yet. Both engines opened at once, each reaching the other by a name
+// the other does not know as its own yet: the reply, on its way, tells whether the name
+// is p's (the token becomes the pair's) or not (refused then). Refused now, the sender
+// would take the pair for forgotten and start it over, and its sends under this name
+// would go after later ones under another (docs/design.md, the delivery contract).
 func (m *peerMachine) provenByToken(now time.Time, p *peerEntry, a *oobArrival) (*peerEntry, string, error) {
 	if a.token == 0 {
 		return p, "", nil
 	}
 	cookie := p == nil && a.token == m.cookie(a.session, a.from)
 	name, offered := m.offered[a.token]
-	offered = offered && (p == nil || p.adv == name || slices.Contains(p.names, name))
+	if offered && p != nil && p.adv != name && !slices.Contains(p.names, name) {
+		if ne := m.names[name]; ne != nil && ne.connecting && ne.token == a.token && ne.peer == nil && mayLeadTo(name, p) {
+			m.stats.OOBRefused++
+			return p, refuseBusy, fmt.Errorf("%w: ts_token: the handshake that issued it (to %s) has no reply yet", ErrBackpressure, name)
+		}
+		offered = false
+	}
 	if !cookie && !offered {
 		return p, "", nil
 	}
