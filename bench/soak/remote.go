@@ -84,8 +84,15 @@ func (r *remoteRun) line(s string) error {
 	return err
 }
 
-func (r *remoteRun) Signal(s syscall.Signal) error { return r.line("!sig " + strconv.Itoa(int(s))) }
-func (r *remoteRun) Device(line string) error      { return r.line("!ctl " + line) }
+func (r *remoteRun) Signal(s syscall.Signal) error {
+	if s == syscall.SIGKILL {
+		// The host answers with the exit; a host gone silent must not hold the parent's
+		// reader for ever.
+		_ = r.c.SetReadDeadline(time.Now().Add(hostDialTO))
+	}
+	return r.line("!sig " + strconv.Itoa(int(s)))
+}
+func (r *remoteRun) Device(line string) error { return r.line("!ctl " + line) }
 func (r *remoteRun) Wait() error {
 	<-r.done
 	return r.err
