@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -569,6 +570,51 @@ func TestMachineIdempotentRetry(t *testing.T) {
 	require.NoError(t, a.results[a.nextReq])
 	require.Len(t, b.got, 1)
 	require.Equal(t, uint64(1), b.m.peers[peerKey{session: 10}].win.stats.DuplicateIDs)
+}
+
+// TestMachineFenceOverHeldOOB: the receiver side of a sender whose OOB tries end before
+// their answers (a 5 ms deadline towards a slow receiver): the copies come and are held
+// behind a gap, and the sender, which gave their seqs up, fences a range that holds them.
+// Every notify the receiver answers accepted must be delivered: the seqs a window ahead
+// of the held ones too (the fence once marked their slots given up, and they were
+// answered as duplicates, never delivered: TestContractRetrySameIDHeldCopies, tests/).
+func TestMachineFenceOverHeldOOB(t *testing.T) {
+	n := newSimNet(t, 5)
+	cfg := simCfg()
+	cfg.channels, cfg.window = false, 8
+	a := n.add("a", 10, cfg)
+	b := n.add("b", 20, cfg)
+	a.send("b", "1", "w-1")                // the pair, and seq 1
+	n.runWith(n.now.Add(time.Second), nil) // not so long that the entries are pruned
+	require.Len(t, b.got, 1)
+	tok := a.m.peers[peerKey{session: 20}].tokenOut
+	require.NotZero(t, tok)
+	arrive := func(seq uint64, id string) {
+		t.Helper()
+		msg := fmt.Sprintf("%s#%d", id, seq)
+		code, err := b.m.oobArrive(n.now, oobArrival{session: 10, token: tok, to: 20, seq: seq, nid: id, from: "a", n: Notify{Msg: []byte(msg), ID: id}})
+		b.perform()
+		require.Empty(t, code, "seq %d: %v", seq, err)
+		win := b.m.peers[peerKey{session: 10}].win
+		held := seq >= win.next && win.slot(seq).state == slotHeld && win.slot(seq).id == id
+		require.True(t, held || slices.ContainsFunc(b.got, func(g Notify) bool { return g.ID == id }),
+			"seq %d (id %s) answered accepted: neither delivered nor held", seq, id)
+	}
+	// Seqs 3 and 5 come (held: 2 is missing); their tries ended at the sender, which gives
+	// 2 to 5 up and fences them.
+	arrive(3, "w-3")
+	arrive(5, "w-5")
+	code, err := b.m.oobArrive(n.now, oobArrival{session: 10, token: tok, to: 20, skipFrom: 2, skipN: 4})
+	b.perform()
+	require.Empty(t, code, "%v", err)
+	// The retries, and later notifies, a window on.
+	for seq := uint64(6); seq <= 5+uint64(cfg.window); seq++ {
+		arrive(seq, "w-"+strconv.FormatUint(seq, 10))
+	}
+	win := b.m.peers[peerKey{session: 10}].win
+	require.Zero(t, win.held)
+	require.Len(t, b.got, 3+cfg.window, "delivered: %v", b.got)
+	require.Zero(t, win.stats.Duplicates)
 }
 
 // TestMachineLimits: names, peers and channels are capped; a refused or unreachable peer

@@ -163,7 +163,10 @@ func (w *recvWindow) arrive(now time.Time, seq uint64, id string, n Notify, deli
 
 // skip marks [first, first+count) as given up by the sender. Seqs already delivered or
 // held are unaffected; the part beyond the window is clamped (the sender cannot have
-// unresolved seqs there).
+// unresolved seqs there). A held seq in the range is delivered when next reaches it (the
+// sender gave it up, yet its copy came: its try ended on the way), and the release that
+// delivers it may move next past more of the range: those seqs are behind next and have no
+// slot (their ring slots are the seqs a window ahead), so they are passed over.
 func (w *recvWindow) skip(now time.Time, first, count uint64, deliver func(Notify)) {
 	if count == 0 {
 		return
@@ -175,6 +178,9 @@ func (w *recvWindow) skip(now time.Time, first, count uint64, deliver func(Notif
 	first = max(first, w.next)
 	end = min(end, w.next+w.size)
 	for seq := first; seq < end; seq++ {
+		if seq < w.next {
+			continue // released (delivered or given up) by this skip's release
+		}
 		if seq == w.next {
 			w.stats.Skipped++
 			w.next++

@@ -136,6 +136,34 @@ func TestWindowHeldCopiesOfOneID(t *testing.T) {
 	require.Equal(t, uint64(3), w.stats.DuplicateIDs)
 }
 
+// TestWindowSkipOverHeld: a fence whose range holds a seq that is held here (the sender
+// gave up a try whose copy came anyway: its deadline passed on the way) releases it, and
+// marks no slot of the seqs the release moved past. Before, the fence went on over the
+// seqs below next as if they were ahead, and marked their ring slots given up: those slots
+// are the seqs a window ahead, which, when they came, were answered as duplicates
+// (acknowledged) and never delivered.
+func TestWindowSkipOverHeld(t *testing.T) {
+	const size = 8
+	w := newRecvWindow(size, 16)
+	var got []string
+	t0 := time.Time{}
+	require.Equal(t, arrDelivered, w.arrive(t0, 1, "a", nm(1), collect(&got)))
+	require.Equal(t, arrHeld, w.arrive(t0, 3, "c", nm(3), collect(&got)))
+	require.Equal(t, arrHeld, w.arrive(t0, 5, "e", nm(5), collect(&got)))
+	// The sender gave up 2 to 5 (3 and 5 were sent, their tries ended before the answers).
+	w.skip(t0, 2, 4, collect(&got))
+	require.Equal(t, []string{"1", "3", "5"}, got)
+	require.Equal(t, uint64(6), w.next)
+	require.Zero(t, w.held, "the fence marked slots behind next")
+	// The seqs a window ahead of 3 and 5 are delivered when they come.
+	for seq := uint64(6); seq <= 5+size; seq++ {
+		require.Equal(t, arrDelivered, w.arrive(t0, seq, "", nm(seq), collect(&got)), "seq %d", seq)
+	}
+	require.Len(t, got, 3+size)
+	require.Zero(t, w.stats.Duplicates)
+	require.Zero(t, w.held)
+}
+
 // TestWindowRandomOrder: any permutation of arrivals, with duplicates, delivers each seq
 // once and in order; skipped seqs are never delivered.
 func TestWindowRandomOrder(t *testing.T) {
@@ -182,6 +210,80 @@ func TestWindowRandomOrder(t *testing.T) {
 			}
 		}
 		require.Equal(t, want, got, "seed %d", seed)
+	}
+}
+
+// TestWindowRandomFences: a sender gives up runs of seqs, some of which it sent (their
+// tries ended on the way: the copies come before or after the fence, or never), over a
+// small window many times round. No arrival is answered as a duplicate unless its seq was
+// delivered or given up here already; each seq is delivered at most once, in order; what
+// was not given up, and what came before its fence, is delivered.
+func TestWindowRandomFences(t *testing.T) {
+	for seed := uint64(0); seed < 300; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 11))
+		const size, n = 8, 400
+		w := newRecvWindow(size, 0)
+		var got []uint64
+		delivered := map[uint64]bool{}
+		deliver := func(x Notify) {
+			var v uint64
+			fmt.Sscan(string(x.Msg), &v)
+			require.False(t, delivered[v], "seed %d: seq %d delivered twice", seed, v)
+			require.True(t, len(got) == 0 || v > got[len(got)-1], "seed %d: seq %d after %v", seed, v, got)
+			delivered[v] = true
+			got = append(got, v)
+		}
+		arrived := map[uint64]bool{} // a copy came before its fence (or with none)
+		fencedHere := map[uint64]bool{}
+		givenUp := map[uint64]bool{}
+		var inFlight []uint64 // copies on their way
+		var fences []seqRange // given up, fence on its way
+		next := uint64(1)
+		for next <= n || len(inFlight) > 0 || len(fences) > 0 {
+			switch r := rng.IntN(4); {
+			case r == 0 && next <= n && next < w.next+size:
+				seq := next
+				next++
+				sent := rng.IntN(3) > 0
+				if sent {
+					inFlight = append(inFlight, seq)
+				}
+				if !sent || rng.IntN(3) == 0 { // never sent, or its try ended: given up
+					givenUp[seq] = true
+					if k := len(fences); k > 0 && fences[k-1].first+fences[k-1].count == seq && rng.IntN(4) > 0 {
+						fences[k-1].count++
+					} else {
+						fences = append(fences, seqRange{seq, 1})
+					}
+				}
+			case r == 1 && len(inFlight) > 0:
+				i := rng.IntN(len(inFlight))
+				seq := inFlight[i]
+				inFlight = append(inFlight[:i], inFlight[i+1:]...)
+				before := delivered[seq] || fencedHere[seq] || arrived[seq]
+				res := w.arrive(time.Time{}, seq, "", nm(seq), deliver)
+				require.NotEqual(t, arrRefused, res, "seed %d: seq %d", seed, seq)
+				if res == arrDuplicate {
+					require.True(t, before, "seed %d: seq %d answered as a duplicate, yet never delivered nor given up here", seed, seq)
+					continue
+				}
+				arrived[seq] = true
+			case r == 2 && len(fences) > 0:
+				i := rng.IntN(len(fences))
+				f := fences[i]
+				fences = append(fences[:i], fences[i+1:]...)
+				w.skip(time.Time{}, f.first, f.count, deliver)
+				for q := f.first; q < f.first+f.count; q++ {
+					fencedHere[q] = true
+				}
+			}
+		}
+		require.Zero(t, w.held, "seed %d", seed)
+		for seq := uint64(1); seq <= n; seq++ {
+			if !givenUp[seq] || arrived[seq] {
+				require.True(t, delivered[seq], "seed %d: seq %d (given up %v, came %v) never delivered", seed, seq, givenUp[seq], arrived[seq])
+			}
+		}
 	}
 }
 
