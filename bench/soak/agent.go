@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -98,6 +99,7 @@ type agentEngine struct {
 	stop      chan struct{}
 	done      chan struct{} // the consumer goroutine ended
 	closeOnce sync.Once
+	retired   bool // its workers were ended; under agent.mu
 }
 
 // RunAgent runs an agent until its stdin closes or a stop command: it answers on out.
@@ -146,8 +148,14 @@ func RunAgent(ctx context.Context, spec AgentSpec, in io.Reader, out io.Writer) 
 			}
 			a.log("cut: %d OOB connections shut down", n)
 		case CmdSample:
-			if ev.Op == sampleFinal && a.spec.Plant == PlantLeak {
-				a.leak(ctx)
+			if ev.Op == sampleFinal {
+				if a.spec.Plant == PlantLeak {
+					a.leak(ctx)
+				}
+				// What the process holds, not what the collector has yet to give back:
+				// the run's largest windows of 1 MiB notifies leave a heap it returns
+				// to the system only minutes later.
+				debug.FreeOSMemory()
 			}
 			a.out.put(Event{K: KindRes, Res: a.sample()})
 		case CmdStop:
@@ -412,6 +420,7 @@ func (a *agent) reopen(slot string, inc int) {
 	go func() {
 		defer a.wg.Done()
 		ae.close()
+		a.retireWorkers(ae.id)
 		nae, err := a.open(slot, inc, ae.addr, ae.transport)
 		if err != nil {
 			a.log("%v", err)
@@ -421,6 +430,28 @@ func (a *agent) reopen(slot string, inc int) {
 		a.engines[slot] = nae
 		a.mu.Unlock()
 	}()
+}
+
+// retireWorkers ends the stream workers of a closed engine: no operation reaches them
+// again (op sends an old incarnation's operations nowhere), and a run that reopens engines
+// often would otherwise keep a goroutine per stream of every incarnation it closed.
+func (a *agent) retireWorkers(eng string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if ae := a.engines[slotOf(eng)]; ae != nil && ae.id == eng {
+		ae.retired = true
+	}
+	for k, ch := range a.workers {
+		if k.from == eng {
+			close(ch)
+			delete(a.workers, k)
+		}
+	}
+}
+
+func slotOf(eng string) string {
+	slot, _, _ := ParseEngineID(eng)
+	return slot
 }
 
 // stopAll waits for the operations and reopens under way, then closes every engine at once.
@@ -453,7 +484,7 @@ func (a *agent) op(ev Event) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ae := a.engines[slot]
-	if ae == nil || ae.id != ev.Eng {
+	if ae == nil || ae.id != ev.Eng || ae.retired {
 		// The engine was reopened meanwhile: nothing was called.
 		a.out.put(Event{K: KindOpDone, Eng: ev.Eng, Slot: ev.Slot, Op: ev.Op})
 		return

@@ -68,6 +68,10 @@ type Violation struct {
 	// faults, begins, kills and closes of the run, each "step N: ...".
 	History  []string `json:"history,omitempty"`
 	Schedule []string `json:"schedule,omitempty"`
+	// First: the stream's first events, when it had more than History keeps (a new
+	// engine's first contact); ScheduleAtFirst: the schedule as it stood at its first.
+	First           []string `json:"first,omitempty"`
+	ScheduleAtFirst []string `json:"schedule_at_first,omitempty"`
 }
 
 // Checker judges a soak's history. Feed it every event with Step in the order the parent
@@ -107,6 +111,9 @@ type stream struct {
 	maxS      uint64
 	killed    bool // the sender was killed
 	hist      ring
+	first     []string // its first historyLen events
+	schedAt   []string // the schedule at its first event
+	noted     int      // events noted
 }
 
 type call struct {
@@ -185,12 +192,23 @@ func (c *Checker) violate(kind string, k streamKey, detail string) {
 	v := Violation{Kind: kind, Step: c.step, Stream: k.from + " -> " + k.slot, Detail: detail, Schedule: c.sched.lines()}
 	if st := c.streams[k]; st != nil {
 		v.History = st.hist.lines()
+		if st.noted > historyLen {
+			v.First, v.ScheduleAtFirst = st.first, st.schedAt
+		}
 	}
 	c.Details = append(c.Details, v)
 }
 
 func (c *Checker) note(st *stream, format string, args ...any) {
-	st.hist.add(fmt.Sprintf("step %d: ", c.step) + fmt.Sprintf(format, args...))
+	line := fmt.Sprintf("step %d: ", c.step) + fmt.Sprintf(format, args...)
+	st.hist.add(line)
+	if st.noted == 0 {
+		st.schedAt = c.sched.lines()
+	}
+	if st.noted < historyLen {
+		st.first = append(st.first, line)
+	}
+	st.noted++
 }
 
 // Step feeds one event.

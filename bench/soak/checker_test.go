@@ -102,6 +102,29 @@ func TestCheckerLost(t *testing.T) {
 	require.Contains(t, c.Details[0].Detail, "call 2 (payload 2)")
 }
 
+// TestCheckerLostShowsFirstEvents: a call lost early in a long stream is reported with the
+// stream's first events (where it went wrong) beside its last ones.
+func TestCheckerLostShowsFirstEvents(t *testing.T) {
+	h := newHist()
+	h.send(1, 1, ClassOK, false)
+	for s := uint64(2); s < 2+historyLen; s++ {
+		h.send(s, s, ClassOK, true)
+	}
+	c := h.finish()
+	only(t, c, VLost)
+	v := c.Details[0]
+	require.Len(t, v.First, historyLen)
+	require.Contains(t, v.First[0], "op 1 dispatched")
+	require.Contains(t, v.First[1], "start s=1 p=1")
+	require.NotContains(t, v.History[0], "s=1 p=1", "the last events no longer hold the call")
+	require.Equal(t, []string{"step 1: begin a0e0.1", "step 2: begin a1e0.1"}, v.ScheduleAtFirst)
+
+	short := newHist()
+	short.send(1, 1, ClassOK, false)
+	c = short.finish()
+	require.Empty(t, c.Details[0].First, "a stream its history holds whole has no separate first events")
+}
+
 func TestCheckerLostAfterCleanClose(t *testing.T) {
 	// A receiver closed cleanly (drained) is no crash: what it acknowledged must arrive.
 	h := newHist()

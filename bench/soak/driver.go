@@ -170,7 +170,12 @@ type timed struct {
 	fn func()
 }
 
+// TraceEnv names a file to which the parent writes every event it judges, with its step:
+// the whole history of a violation, for its study.
+const TraceEnv = "TWOSIDED_SOAK_TRACE"
+
 type driver struct {
+	trace    io.Writer // every judged event (TraceEnv), or nil
 	cfg      Config
 	c        *Checker
 	agents   []*agentProc
@@ -266,6 +271,15 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 		d.agents = append(d.agents, ap)
 	}
+	if path := os.Getenv(TraceEnv); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return Result{}, fmt.Errorf("%s: %w", TraceEnv, err)
+		}
+		bw := bufio.NewWriterSize(f, 1<<20)
+		d.trace = bw
+		defer func() { _ = bw.Flush(); _ = f.Close() }()
+	}
 	start := time.Now()
 	err = d.run(ctx)
 	d.c.Finish()
@@ -317,6 +331,9 @@ func freeAddrsOn(ip string, n int, r *rand.Rand) ([]string, error) {
 
 func (d *driver) step(ev Event) {
 	d.c.Step(ev)
+	if d.trace != nil {
+		fmt.Fprintf(d.trace, "%d %+v\n", d.c.step, ev)
+	}
 }
 
 func (d *driver) run(ctx context.Context) (err error) {
@@ -1073,6 +1090,16 @@ func (r Result) Report(w io.Writer, replay string) {
 		fmt.Fprintf(w, "  the stream's history:\n")
 		for _, s := range v.History {
 			fmt.Fprintf(w, "    %s\n", s)
+		}
+		if len(v.First) > 0 {
+			fmt.Fprintf(w, "  the schedule at the stream's first event:\n")
+			for _, s := range v.ScheduleAtFirst {
+				fmt.Fprintf(w, "    %s\n", s)
+			}
+			fmt.Fprintf(w, "  the stream's first events:\n")
+			for _, s := range v.First {
+				fmt.Fprintf(w, "    %s\n", s)
+			}
 		}
 	}
 	if r.Verdict == "FAIL" && replay != "" {
