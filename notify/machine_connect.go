@@ -218,6 +218,13 @@ func (m *peerMachine) backingOff(now time.Time, ne *nameEntry, p *peerEntry) {
 	m.setTimer(ne.backoffAt) // tick starts the next handshake for what waits
 }
 
+// connectionLost reports whether err is an OOB request's connection that was made and then
+// lost before the answer: somebody served the address (oob.ErrNotSent marks a connection
+// never made: refused, timed out, unroutable, unresolved).
+func connectionLost(err error) bool {
+	return errors.Is(err, oob.ErrPeerUnreachable) && !errors.Is(err, oob.ErrNotSent)
+}
+
 // handshakeOK ends ne's backoff.
 func (m *peerMachine) handshakeOK(ne *nameEntry) {
 	ne.failures, ne.backoffAt, ne.backoffErr = 0, time.Time{}, nil
@@ -293,8 +300,11 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 	ne.connecting = false
 	m.withdraw(ne)
 	// An engine that answered it is closing (oob.ErrPeerClosed) was there: a restart, not
-	// an address nobody serves.
-	ne.hinted, ne.unreachable = false, res.err != nil && !errors.Is(res.err, oob.ErrPeerClosed)
+	// an address nobody serves. So was one whose connection was made and then lost before
+	// the answer (closed or reset: a cut, an engine dying): its next handshake tells, and
+	// until it ends the name's waiting sends hold later sends to the peers of its port, as
+	// another name may already reach the same engine.
+	ne.hinted, ne.unreachable = false, res.err != nil && !errors.Is(res.err, oob.ErrPeerClosed) && !connectionLost(res.err)
 	if res.err != nil {
 		closeCh(res.err)
 		kind := ErrPeerUnreachable

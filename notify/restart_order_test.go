@@ -307,3 +307,56 @@ func TestMachineClosingPeerNameHolds(t *testing.T) {
 	}
 	require.Equal(t, []reqID{2, 3}, sent)
 }
+
+// TestMachineLostConnectionNameHolds: a handshake via one name of a peer that another name
+// already reaches fails on a connection made and then lost before the answer (cut, reset):
+// someone was there, so the name's next sends, waiting for its next handshake, hold the
+// later sends to that peer by the other name (in the engine, the soak's `cut` fault
+// delivered them out of order: the name counted as an address nobody serves).
+func TestMachineLostConnectionNameHolds(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		hold bool
+	}{
+		{"connection lost", fmt.Errorf("%w: localhost:b: connection closed by peer", oob.ErrPeerUnreachable), true},
+		{"connection reset", fmt.Errorf("%w: localhost:b: read: %w", oob.ErrPeerUnreachable, errors.New("connection reset by peer")), true},
+		{"nobody listening", fmt.Errorf("%w: %w: localhost:b: connect: connection refused", oob.ErrPeerUnreachable, oob.ErrNotSent), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			now := time.Unix(1000, 0)
+			cfg := simCfg()
+			cfg.channels = false
+			m, kinds := directMachine(cfg)
+			const y, z = "localhost:b", "127.0.0.1:b"
+			m.send(now, 1, z, "", now.Add(time.Hour), 0)
+			require.Len(t, kinds(aConnect), 1)
+			m.connected(now, z, 0, hsResult{session: 21, token: 9, peerName: "b", fresh: true})
+			require.Len(t, kinds(aOOB), 1)
+			m.sendResult(now, 1, nil, false, false)
+			kinds(aComplete)
+
+			m.send(now, 2, y, "", now.Add(time.Hour), 0)
+			require.Len(t, kinds(aConnect), 1)
+			m.connected(now, y, 0, hsResult{err: &kindError{kind: ErrPeerUnreachable, cause: tc.err}})
+			require.Len(t, kinds(aComplete), 1, "the send whose handshake failed fails")
+
+			m.send(now, 3, y, "", now.Add(time.Hour), 0) // waits for y's next handshake (backoff)
+			m.send(now, 4, z, "", now.Add(time.Hour), 0)
+			early := kinds(aOOB)
+			if !tc.hold {
+				require.Len(t, early, 1, "a name nobody serves holds nothing")
+				return
+			}
+			require.Empty(t, early, "send 4 waits for send 3, older, on a name of the same port")
+			m.tick(now.Add(time.Second))
+			require.Len(t, kinds(aConnect), 1)
+			m.connected(now.Add(time.Second), y, 0, hsResult{session: 21, token: 9, peerName: "b"})
+			var sent []reqID
+			for _, a := range kinds(aOOB) {
+				sent = append(sent, a.req)
+			}
+			require.Equal(t, []reqID{3, 4}, sent)
+		})
+	}
+}
