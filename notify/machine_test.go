@@ -617,6 +617,35 @@ func TestMachineFenceOverHeldOOB(t *testing.T) {
 	require.Zero(t, win.stats.Duplicates)
 }
 
+// TestMachineFenceOverHeldChannel is TestMachineFenceOverHeldOOB on a ctrl channel: the
+// window is the pair's, whatever path its seqs and fences take.
+func TestMachineFenceOverHeldChannel(t *testing.T) {
+	n := newSimNet(t, 6)
+	cfg := simCfg()
+	cfg.window = 8
+	a := n.add("a", 10, cfg)
+	b := n.add("b", 20, cfg)
+	a.send("b", "1", "w-1")
+	n.runWith(n.now.Add(time.Second), nil)
+	require.Len(t, b.got, 1)
+	p := b.m.peers[peerKey{session: 10}]
+	require.NotZero(t, p.ch, "no channel")
+	arrive := func(seq uint64) {
+		b.m.chanArrival(n.now, p.ch, seq, "", Notify{Msg: []byte(strconv.FormatUint(seq, 10))})
+		b.perform()
+	}
+	arrive(3)
+	arrive(5)
+	b.m.chanFence(n.now, p.ch, 2, 4)
+	b.perform()
+	for seq := uint64(6); seq <= 5+uint64(cfg.window); seq++ {
+		arrive(seq)
+	}
+	require.Zero(t, p.win.held)
+	require.Len(t, b.got, 3+cfg.window, "delivered: %v", b.got)
+	require.Zero(t, p.win.stats.Duplicates)
+}
+
 // TestMachineLimits: names, peers and channels are capped; a refused or unreachable peer
 // leaves nothing behind.
 func TestMachineLimits(t *testing.T) {
