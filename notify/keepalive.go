@@ -241,20 +241,35 @@ func (e *Engine) dry(id chanID, ch *ctrlchannel.Channel) bool {
 	return cs.InFlight == 0 && cs.CreditAvail <= 1
 }
 
+// literalName is one of p's names that is a literal address (its first such name, else
+// the name it advertised when that is one), or "" when it has none: a peer sent to as
+// "localhost:P" and "127.0.0.1:P" is probed at the latter, whatever name came first.
+func literalName(p *peerEntry) string {
+	for _, n := range p.names {
+		if _, err := netip.ParseAddrPort(n); err == nil {
+			return n
+		}
+	}
+	if _, err := netip.ParseAddrPort(p.adv); err == nil {
+		return p.adv
+	}
+	return ""
+}
+
 // probePeer sends the OOB probe of a channel without credit (starveState.probeDue) and
 // closes the channel when its answer shows the peer dead (probeFinding). The probe is a
 // notify with neither seq nor fence: the peer delivers nothing, answers at once even while
 // its receive queue is full, and refuses it (ErrAuth) when it is not the engine the pair
-// was made with. Only a twosided peer named by a literal address is probed; others keep
-// the no-credit rule alone. Loop-only.
+// was made with. Only a twosided peer with a literal address among its names is probed;
+// others keep the no-credit rule alone. Loop-only.
 func (e *Engine) probePeer(id chanID, st *starveState, timeout time.Duration) {
 	ce := e.m.chans[id]
 	if ce == nil || ce.peer == nil || ce.peer.ch != id || ce.peer.key.session == 0 || ce.peer.tokenOut == 0 {
 		return
 	}
 	p := ce.peer
-	name := e.m.peerName(p)
-	if _, err := netip.ParseAddrPort(name); err != nil {
+	name := literalName(p)
+	if name == "" {
 		return // a host name would block the loop to resolve
 	}
 	req := &oob.NotifyRequest{From: e.name, Session: e.session, Token: p.tokenOut, To: p.key.session}

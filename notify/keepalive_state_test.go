@@ -210,3 +210,23 @@ func TestProbeFinding(t *testing.T) {
 		})
 	}
 }
+
+// TestLiteralName: the probe goes to a literal address of the peer, whichever of its names
+// came first; a peer known only by host names is not probed (resolving would block the
+// loop).
+func TestLiteralName(t *testing.T) {
+	for _, tc := range []struct {
+		names []string
+		adv   string
+		want  string
+	}{
+		{[]string{"localhost:7", "127.0.0.1:7"}, "", "127.0.0.1:7"},
+		{[]string{"127.0.0.1:7", "localhost:7"}, "", "127.0.0.1:7"},
+		{[]string{"[::1]:7"}, "", "[::1]:7"},
+		{[]string{"node1:7"}, "10.0.0.1:7", "10.0.0.1:7"},
+		{[]string{"node1:7"}, "node1:7", ""},
+		{nil, "", ""},
+	} {
+		require.Equal(t, tc.want, literalName(&peerEntry{names: tc.names, adv: tc.adv}), "names %v, advertised %q", tc.names, tc.adv)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,9 +22,21 @@ import (
 // defaults): the stalled sends end, each delivered to the restarted engine or failed as the
 // contract says, and the next notify reaches the restarted receiver. The time from the kill
 // to that notify's acknowledgement is logged.
+//
+// The sender names the receiver by its address, or by a host name ("localhost:P"): the
+// probe goes to a literal address of the peer whatever name it was sent to by.
 func TestKillStalledReceiverAndRestart(t *testing.T) {
+	t.Run("address", func(t *testing.T) { killStalledReceiverAndRestart(t, false) })
+	t.Run("host name", func(t *testing.T) { killStalledReceiverAndRestart(t, true) })
+}
+
+func killStalledReceiverAndRestart(t *testing.T, hostName bool) {
 	const tr = notify.TransportRDMATwoSided
 	addr := freeAddr(t)
+	to := addr
+	if hostName {
+		to = "localhost" + addr[strings.LastIndex(addr, ":"):]
+	}
 	first := startPeerProc(t, tr, peerAddrEnv+"="+addr, peerModeEnv+"=hold", peerQueueEnv+"=1")
 	a := newEngine(t, tr) // the defaults: keepalive every 5 s, OOB fallback on
 	ctx := ctxFor(t, 90*time.Second)
@@ -36,7 +49,7 @@ func TestKillStalledReceiverAndRestart(t *testing.T) {
 	posted := 0
 	stalled := func() bool {
 		for _, p := range a.Stats().Peers {
-			if p.Peer == addr && p.Channel != nil {
+			if (p.Peer == addr || p.Peer == to) && p.Channel != nil { // named as it advertised itself
 				c := p.Channel
 				// Only the credit kept for credit frames is left, and sends still wait.
 				return p.State == "up" && c.CreditAvail <= 1 && c.InFlight == 0 && done.Load() < int64(posted)
@@ -46,12 +59,12 @@ func TestKillStalledReceiverAndRestart(t *testing.T) {
 	}
 	require.True(t, waitUntil(30*time.Second, func() bool {
 		for posted-int(done.Load()) < window && posted < cap(results) {
-			require.NoError(t, a.SendNotifyAsync(addr, notify.Notify{Name: "stall", Msg: []byte(fmt.Sprint("stall", posted))},
+			require.NoError(t, a.SendNotifyAsync(to, notify.Notify{Name: "stall", Msg: []byte(fmt.Sprint("stall", posted))},
 				func(err error) { lastEnd.Store(time.Now().UnixNano()); done.Add(1); results <- err }))
 			posted++
 		}
 		return stalled()
-	}), "the sends did not stall on credit")
+	}), "the sends did not stall on credit: %+v", a.Stats().Peers)
 	t.Logf("%d sends stalled on credit, %d posted", posted-int(done.Load()), posted)
 
 	first.kill()
@@ -67,7 +80,7 @@ func TestKillStalledReceiverAndRestart(t *testing.T) {
 		require.NoError(t, ctx.Err(), "no notify reached the restarted receiver")
 		msg := fmt.Sprint("next", i)
 		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := a.SendNotify(sctx, addr, notify.Notify{Name: "next", Msg: []byte(msg)})
+		err := a.SendNotify(sctx, to, notify.Notify{Name: "next", Msg: []byte(msg)})
 		cancel()
 		if err == nil {
 			next = msg
