@@ -230,12 +230,17 @@ func (a *agent) asyncOut(k streamKey) *atomic.Int32 {
 	return n
 }
 
-// stallPoll: how often a stall watch reads its engines' stats.
-const stallPoll = 25 * time.Millisecond
+// stallPoll: how often a stall watch reads its engines' stats; stallHold: how long a
+// channel must stay dry, at every poll, to be a stall (credit that was only on its way
+// ends a dryness within a round trip; a full queue's does not end while it is full).
+const (
+	stallPoll = 25 * time.Millisecond
+	stallHold = 300 * time.Millisecond
+)
 
 // watchStall looks, for up to d, for an engine of this agent whose async sends to slot
-// (listening on addr) wait for credit on a channel with nothing in flight, and says
-// KindStalled once for the first it finds.
+// (listening on addr) wait for credit on a channel with nothing in flight for stallHold,
+// and says KindStalled once for the first it finds.
 func (a *agent) watchStall(slot, addr string, d time.Duration) {
 	names := []string{addr}
 	if _, port, err := net.SplitHostPort(addr); err == nil && loopback(addr) {
@@ -245,6 +250,7 @@ func (a *agent) watchStall(slot, addr string, d time.Duration) {
 	go func() {
 		defer a.wg.Done()
 		end := time.Now().Add(d)
+		since := map[string]time.Time{} // by engine: dry since, at every poll since
 		t := time.NewTicker(stallPoll)
 		defer t.Stop()
 		for time.Now().Before(end) {
@@ -262,8 +268,16 @@ func (a *agent) watchStall(slot, addr string, d time.Duration) {
 			}
 			a.mu.Unlock()
 			for _, ae := range engines {
-				if what, ok := stalledOn(ae.e.Stats(), names); ok {
-					a.out.put(Event{K: KindStalled, Eng: ae.id, Slot: slot, Err: what})
+				what, ok := stalledOn(ae.e.Stats(), names)
+				if !ok {
+					delete(since, ae.id)
+					continue
+				}
+				if _, ok := since[ae.id]; !ok {
+					since[ae.id] = time.Now()
+				}
+				if el := time.Since(since[ae.id]); el >= stallHold {
+					a.out.put(Event{K: KindStalled, Eng: ae.id, Slot: slot, Err: fmt.Sprintf("%s, for %v", what, el.Round(time.Millisecond))})
 					return
 				}
 			}

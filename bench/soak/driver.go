@@ -139,6 +139,10 @@ type Result struct {
 	Reach        RecoveryStats `json:"reach_ms"`
 	StalledReach RecoveryStats `json:"stalled_reach_ms"`
 	StalledKills int           `json:"stalled_kills"`
+	// StalledSlow: stalled pairs judged slow_recovery; StalledGone: stalled pairs whose
+	// sender or restarted receiver was killed or closed before an ack.
+	StalledSlow int `json:"stalled_slow"`
+	StalledGone int `json:"stalled_gone"`
 	// Resources: each agent's baseline and final sample (those that lived past the warm-up).
 	Resources []AgentRes  `json:"resources,omitempty"`
 	Details   []Violation `json:"violation_details,omitempty"`
@@ -218,6 +222,8 @@ type driver struct {
 	stallKills   map[string][]string
 	stallReach   map[reachPair]bool
 	stalledKills int
+	stalledSlow  int // stalled pairs judged slow
+	stalledGone  int // stalled pairs whose sender or receiver went before an ack
 	reachTimes   []time.Duration
 	stallTimes   []time.Duration
 	res          []resTrack // by agent
@@ -553,6 +559,9 @@ func (d *driver) awaitReach(slot string) {
 func (d *driver) forgetReach(slot string) {
 	for p := range d.reach {
 		if p.from == slot || p.to == slot {
+			if d.stallReach[p] {
+				d.stalledGone++
+			}
 			delete(d.reach, p)
 			delete(d.stallReach, p)
 		}
@@ -582,6 +591,9 @@ func (d *driver) reachBound(p reachPair) (time.Duration, string) {
 // new engine came up, and forgets it.
 func (d *driver) slowRecovery(p reachPair, el time.Duration) {
 	bound, why := d.reachBound(p)
+	if d.stallReach[p] {
+		d.stalledSlow++
+	}
 	d.step(Event{K: KindSlowRecovery, Eng: d.live[p.from], Slot: p.to,
 		Err: fmt.Sprintf("no notify of %s to %s%s was acknowledged in the %v since one of them came up (bound %v)",
 			d.live[p.from], d.live[p.to], why, el.Round(time.Millisecond), bound)})
@@ -1158,6 +1170,7 @@ func (d *driver) result(el time.Duration) Result {
 		r.Recovery = RecoveryStats{Count: n, Min: ms(rs[0]), Median: ms(rs[n/2]), Max: ms(rs[n-1])}
 	}
 	r.Reach, r.StalledReach, r.StalledKills = msStats(d.reachTimes), msStats(d.stallTimes), d.stalledKills
+	r.StalledSlow, r.StalledGone = d.stalledSlow, d.stalledGone
 	for i, t := range d.res {
 		if t.base != nil && t.final != nil {
 			r.Resources = append(r.Resources, AgentRes{Agent: i, Base: t.base, Final: t.final})
@@ -1202,9 +1215,9 @@ func (r Result) Report(w io.Writer, replay string) {
 	if r.Reach.Count > 0 {
 		fmt.Fprintf(w, "  pairs with a new engine, first ack after it came up: %d, min %.0f ms, median %.0f ms, max %.0f ms\n", r.Reach.Count, r.Reach.Min, r.Reach.Median, r.Reach.Max)
 	}
-	fmt.Fprintf(w, "  kills while a sender waited for credit: %d", r.StalledKills)
+	fmt.Fprintf(w, "  kills while a sender waited for credit: %d (that sender and the restarted engine: %d slow, %d gone before an ack)", r.StalledKills, r.StalledSlow, r.StalledGone)
 	if r.StalledReach.Count > 0 {
-		fmt.Fprintf(w, "; that sender's first ack by the restarted engine: %d, min %.0f ms, median %.0f ms, max %.0f ms", r.StalledReach.Count, r.StalledReach.Min, r.StalledReach.Median, r.StalledReach.Max)
+		fmt.Fprintf(w, "; first acks: %d, min %.0f ms, median %.0f ms, max %.0f ms", r.StalledReach.Count, r.StalledReach.Min, r.StalledReach.Median, r.StalledReach.Max)
 	}
 	fmt.Fprintln(w)
 	for i, v := range r.Details {
