@@ -963,6 +963,12 @@ func (d *driver) inject(f Fault) {
 	if !ap.alive || !d.ready(ap) {
 		return // down, starting or reopening: the fault is skipped
 	}
+	if (f.Kind == FaultKill || f.Kind == FaultStop || f.Kind == FaultReopen) && d.stallHeld(ap.idx) {
+		// A stalled pair waits for its ack: its sender and receiver live until it is judged,
+		// or a kill would end the wait unjudged (kills come every few seconds, the stall
+		// it looks for lasts 15 s and more).
+		return
+	}
 	note := func(what string) {
 		d.faults[f.Kind]++
 		d.step(Event{K: KindFault, Err: what})
@@ -1085,6 +1091,28 @@ func (d *driver) inject(f Fault) {
 			}
 		})
 	}
+}
+
+// stallHeld says whether agent i is the sender or the receiver of a stalled kill's pair
+// still waiting for its new engine or its first ack.
+func (d *driver) stallHeld(i int) bool {
+	of := func(slot string) int { a, _, _ := ParseSlot(slot); return a }
+	for victim, snds := range d.stallKills {
+		if of(victim) == i {
+			return true
+		}
+		for _, snd := range snds {
+			if slot, _, _ := ParseEngineID(snd); of(slot) == i {
+				return true
+			}
+		}
+	}
+	for p := range d.stallReach {
+		if of(p.from) == i || of(p.to) == i {
+			return true
+		}
+	}
+	return false
 }
 
 // stalled: an agent says a sender's async sends to ev.Slot wait for credit. If that slot's

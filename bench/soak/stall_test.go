@@ -92,6 +92,10 @@ func TestDriverKillsAtStall(t *testing.T) {
 	require.Equal(t, 1, d.stalledKills)
 	d.stalled(Event{K: KindStalled, Eng: "a0e0.1", Slot: "a1e0", Err: "again"})
 	require.Len(t, runs[1].sigs, 1, "killed once")
+	// Until the pair is judged, its sender is neither killed nor stopped.
+	d.inject(Fault{Kind: FaultKill, Agent: 0, Slot: "a0e0"})
+	d.inject(Fault{Kind: FaultStop, Agent: 0, Slot: "a0e0", MS: 100})
+	require.Empty(t, runs[0].sigs)
 
 	// The restart: incarnation 2 comes up.
 	victim.gen, victim.alive, victim.in = 2, true, make(chan []byte, 1024)
@@ -110,6 +114,7 @@ func TestDriverKillsAtStall(t *testing.T) {
 	require.Contains(t, d.c.Details[0].Detail, "waited for credit")
 	require.NotContains(t, d.reach, stalledPair)
 	require.Contains(t, d.reach, back, "judged by RecoveryBound, not yet past")
+	require.False(t, d.stallHeld(0), "judged: its sender may be killed again")
 
 	// An ack of the other pair ends its wait and is counted in the reach figures.
 	d.handle(agentMsg{agent: 1, gen: 2, ev: Event{K: KindStart, Eng: "a1e0.2", Slot: "a0e0", S: 1, P: 1}})
