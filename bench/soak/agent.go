@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -77,7 +79,8 @@ type agent struct {
 	mu      sync.Mutex
 	engines map[string]*agentEngine // by slot
 	workers map[streamKey]chan Event
-	wg      sync.WaitGroup // workers, reopens
+	async   map[streamKey]*atomic.Int32 // SendNotifyAsync calls of a stream without a result yet
+	wg      sync.WaitGroup              // workers, reopens, stall watches
 	calls   callWatch
 
 	foreign atomic.Uint64 // hostile plain notifies taken
@@ -106,7 +109,8 @@ type agentEngine struct {
 func RunAgent(ctx context.Context, spec AgentSpec, in io.Reader, out io.Writer) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	a := &agent{spec: spec, out: newOutQueue(out), ctx: ctx, engines: map[string]*agentEngine{}, workers: map[streamKey]chan Event{}}
+	a := &agent{spec: spec, out: newOutQueue(out), ctx: ctx, engines: map[string]*agentEngine{}, workers: map[streamKey]chan Event{},
+		async: map[streamKey]*atomic.Int32{}}
 	go a.out.run()
 	defer a.out.close()
 	watchDone := make(chan struct{})
@@ -147,6 +151,8 @@ func RunAgent(ctx context.Context, spec AgentSpec, in io.Reader, out io.Writer) 
 				a.log("cut: %v", err)
 			}
 			a.log("cut: %d OOB connections shut down", n)
+		case CmdWatchStall:
+			a.watchStall(ev.Slot, ev.Addr, time.Duration(ev.MS)*time.Millisecond)
 		case CmdSample:
 			if ev.Op == sampleFinal {
 				if a.spec.Plant == PlantLeak {
@@ -218,6 +224,93 @@ func (a *agent) open(slot string, inc int, addr, transport string) (*agentEngine
 	go ae.consume()
 	a.out.put(Event{K: KindUp, Eng: ae.id, Slot: slot, Addr: ae.e.Addr()})
 	return ae, nil
+}
+
+// asyncOut is the count of stream k's SendNotifyAsync calls without a result.
+func (a *agent) asyncOut(k streamKey) *atomic.Int32 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := a.async[k]
+	if n == nil {
+		n = new(atomic.Int32)
+		a.async[k] = n
+	}
+	return n
+}
+
+// stallPoll: how often a stall watch reads its engines' stats; stallHold: how long a
+// channel must stay dry, at every poll, to be a stall (credit that was only on its way
+// ends a dryness within a round trip; a full queue's does not end while it is full).
+const (
+	stallPoll = 25 * time.Millisecond
+	stallHold = 300 * time.Millisecond
+)
+
+// watchStall looks, for up to d, for an engine of this agent whose async sends to slot
+// (listening on addr) wait for credit on a channel with nothing in flight for stallHold,
+// and says KindStalled once for the first it finds.
+func (a *agent) watchStall(slot, addr string, d time.Duration) {
+	names := []string{addr}
+	if _, port, err := net.SplitHostPort(addr); err == nil && loopback(addr) {
+		names = append(names, net.JoinHostPort("localhost", port))
+	}
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		end := time.Now().Add(d)
+		since := map[string]time.Time{} // by engine: dry since, at every poll since
+		t := time.NewTicker(stallPoll)
+		defer t.Stop()
+		for time.Now().Before(end) {
+			select {
+			case <-a.ctx.Done():
+				return
+			case <-t.C:
+			}
+			a.mu.Lock()
+			var engines []*agentEngine
+			for _, ae := range a.engines {
+				if n := a.async[streamKey{ae.id, slot}]; n != nil && n.Load() > 0 {
+					engines = append(engines, ae)
+				}
+			}
+			a.mu.Unlock()
+			for _, ae := range engines {
+				what, ok := stalledOn(ae.e.Stats(), names)
+				if !ok {
+					delete(since, ae.id)
+					continue
+				}
+				if _, ok := since[ae.id]; !ok {
+					since[ae.id] = time.Now()
+				}
+				if el := time.Since(since[ae.id]); el >= stallHold {
+					a.out.put(Event{K: KindStalled, Eng: ae.id, Slot: slot, Err: fmt.Sprintf("%s, for %v", what, el.Round(time.Millisecond))})
+					return
+				}
+			}
+		}
+	}()
+}
+
+// stalledOn reports whether st shows a channel to the engine at one of names stalled on
+// credit: up, no credit but the one kept for credit frames, nothing in flight, sends
+// waiting. Such a channel puts nothing on the wire, so no completion can fail: a peer
+// killed now is found only by what needs no credit. what says what the channel showed.
+func stalledOn(st notify.Stats, names []string) (what string, ok bool) {
+	for _, p := range st.Peers {
+		c := p.Channel
+		if c == nil || p.State != "up" {
+			continue
+		}
+		if !slices.Contains(names, p.Peer) && !slices.ContainsFunc(p.Names, func(n string) bool { return slices.Contains(names, n) }) {
+			continue
+		}
+		if c.CreditAvail <= 1 && c.InFlight == 0 && c.Pending > 0 {
+			return fmt.Sprintf("peer %s: credit %d, %d in flight, %d waiting", p.Peer, c.CreditAvail, c.InFlight, c.Pending), true
+		}
+	}
+	return "", false
 }
 
 // leak is the leak plant: three times the goroutines there are, and some, waiting for the
@@ -599,6 +692,8 @@ func (w *worker) window(op Event, sds []Send) {
 		}
 	}
 	c := w.a.calls.add(w.ae.id, w.to, fmt.Sprintf("a window of %d SendNotifyAsync from call %d", len(sds), w.s+1), asyncBound)
+	out := w.a.asyncOut(streamKey{w.ae.id, w.to})
+	out.Add(int32(len(sds)))
 	for i, sd := range sds {
 		w.s++
 		s := w.s
@@ -610,11 +705,13 @@ func (w *worker) window(op Event, sds []Send) {
 				return // a second result: reported, the checker counts it
 			}
 			maybe[i].Store(errors.Is(err, notify.ErrMaybeDelivered))
+			out.Add(-1)
 			finish()
 		})
 		if err != nil {
 			w.a.out.put(w.result(s, sd, err))
 			firsts[i].Store(true)
+			out.Add(-1)
 			finish()
 		}
 	}

@@ -55,7 +55,8 @@ const (
 	keepCalls   = 8192 // resolved calls kept per stream behind the newest
 	historyLen  = 48   // events kept per stream for a report
 	scheduleLen = 64   // parent actions kept for a report
-	maxDetails  = 20   // violations reported in full
+	maxDetails  = 20   // violations reported in full (and the first of each kind past them)
+	numKinds    = 16   // at least the number of violation kinds: past maxDetails, one detail of each
 )
 
 // Violation is one breach of the contract, with what led to it.
@@ -186,7 +187,9 @@ func (c *Checker) inc(slot string, inc int) *incarnation {
 
 func (c *Checker) violate(kind string, k streamKey, detail string) {
 	c.Violations[kind]++
-	if len(c.Details) >= maxDetails {
+	// The first maxDetails in full, and past them the first of each other kind, so that a
+	// flood of one kind hides no other.
+	if len(c.Details) >= maxDetails && (c.Violations[kind] > 1 || len(c.Details) >= maxDetails+numKinds) {
 		return
 	}
 	v := Violation{Kind: kind, Step: c.step, Stream: k.from + " -> " + k.slot, Detail: detail, Schedule: c.sched.lines()}

@@ -413,4 +413,11 @@ func TestCheckerDetailsBounded(t *testing.T) {
 	require.Equal(t, 3*maxDetails, c.Violations[VLost])
 	require.Len(t, c.Details, maxDetails)
 	require.Equal(t, 3*maxDetails, c.Total())
+
+	// Past the bound, the first violation of another kind is still given in full, once.
+	c.Step(Event{K: KindSlowRecovery, Eng: "a0e0.1", Slot: "a1e0", Err: "late"})
+	c.Step(Event{K: KindSlowRecovery, Eng: "a0e0.1", Slot: "a1e0", Err: "late again"})
+	require.Len(t, c.Details, maxDetails+1)
+	require.Equal(t, VSlowRecovery, c.Details[maxDetails].Kind)
+	require.Equal(t, "late", c.Details[maxDetails].Detail)
 }

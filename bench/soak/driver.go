@@ -58,6 +58,11 @@ type Config struct {
 	// RecoveryBound: a restarted engine must be reached (a notify to it acknowledged)
 	// within this of its coming up (default DefaultRecoveryBound).
 	RecoveryBound time.Duration
+	// StallBound: the recovery bound of a pair whose sender's async sends waited for credit
+	// when its receiver was killed (a kill of the paused variant waits for that): the
+	// restarted receiver must have a notify of that sender acknowledged within this of its
+	// coming up (default DefaultStallBound).
+	StallBound time.Duration
 	// SampleEvery: how often the agents say what they hold; ResWarmup: how long after
 	// its start an agent's first sample becomes its baseline (defaults 10 s and 10 s).
 	SampleEvery, ResWarmup time.Duration
@@ -67,6 +72,19 @@ type Config struct {
 // about 5 s) plus what the run's other faults may add meanwhile (a consumer paused up to
 // 3.1 s, a process stopped up to 2.1 s, a slow consumer), with room for a loaded machine.
 const DefaultRecoveryBound = 20 * time.Second
+
+// DefaultStallBound: a receiver killed while a sender's sends wait for its credit is
+// restarted at once on its address, and nothing but the dead-peer bound (a dead receiver
+// found within about 5 s, a half keepalive interval after its death plus the answer of its
+// address) stands between its restart and that sender's next notify; the bound adds what
+// other faults may add meanwhile (the sender stopped up to 2.1 s) and room for a loaded
+// machine. The keepalive's no-credit rule alone (15 s of starvation, 20-27 s in all on the
+// verbs provider) is past it.
+const DefaultStallBound = 12 * time.Second
+
+// stallWaitMS: how long past its pause a kill of the paused variant waits for a sender
+// stalled on its credit before it kills anyway.
+const stallWaitMS = 3000
 
 // Leak bounds: once the run's operations have ended, an agent holding more than
 // leakFactor × its baseline + leakSlack goroutines or fds, or leakFactor × its RSS +
@@ -115,6 +133,16 @@ type Result struct {
 	// Recovery: from a killed process's restart to the first notify a peer got acknowledged
 	// by one of its engines, in milliseconds.
 	Recovery RecoveryStats `json:"recovery_ms"`
+	// Reach: for every pair with a new engine, from its coming up to the pair's first
+	// acknowledged notify, in milliseconds; StalledReach: of those, the pairs whose sender's
+	// sends waited for credit when the receiver was killed (StalledKills such kills).
+	Reach        RecoveryStats `json:"reach_ms"`
+	StalledReach RecoveryStats `json:"stalled_reach_ms"`
+	StalledKills int           `json:"stalled_kills"`
+	// StalledSlow: stalled pairs judged slow_recovery; StalledGone: stalled pairs whose
+	// sender or restarted receiver was killed or closed before an ack.
+	StalledSlow int `json:"stalled_slow"`
+	StalledGone int `json:"stalled_gone"`
 	// Resources: each agent's baseline and final sample (those that lived past the warm-up).
 	Resources []AgentRes  `json:"resources,omitempty"`
 	Details   []Violation `json:"violation_details,omitempty"`
@@ -192,13 +220,24 @@ type driver struct {
 	recovery []time.Duration
 	restarts map[string]time.Time    // slot -> restart awaiting its first ack
 	reach    map[reachPair]time.Time // pairs with a new engine awaiting an ack, since it came up
-	res      []resTrack              // by agent
-	final    bool                    // the final samples are asked for
-	readers  sync.WaitGroup
-	plantSet bool
-	ctx      context.Context
-	hostile  HostileStats
-	attacks  sync.WaitGroup // hostile bursts under way
+	// The paused kill's stall: agents whose kill waits for a sender stalled on their credit
+	// (by agent, the incarnation), the stalled senders of each killed slot until its new
+	// engine comes up, and the pairs judged by StallBound.
+	stallWatch   map[int]int
+	stallKills   map[string][]string
+	stallReach   map[reachPair]bool
+	stalledKills int
+	stalledSlow  int // stalled pairs judged slow
+	stalledGone  int // stalled pairs whose sender or receiver went before an ack
+	reachTimes   []time.Duration
+	stallTimes   []time.Duration
+	res          []resTrack // by agent
+	final        bool       // the final samples are asked for
+	readers      sync.WaitGroup
+	plantSet     bool
+	ctx          context.Context
+	hostile      HostileStats
+	attacks      sync.WaitGroup // hostile bursts under way
 }
 
 // Run runs a soak and returns what it found; the error wraps ErrViolation when the contract
@@ -217,10 +256,14 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		cfg: cfg, c: NewChecker(), addrs: map[string]string{}, incs: map[string]int{}, live: map[string]string{},
 		tr: map[string]string{}, streams: map[streamKey]*driverStream{}, msgs: make(chan agentMsg, 4096),
 		faults: map[string]int{}, restarts: map[string]time.Time{}, reach: map[reachPair]time.Time{},
+		stallWatch: map[int]int{}, stallKills: map[string][]string{}, stallReach: map[reachPair]bool{},
 		res: make([]resTrack, cfg.Procs+len(cfg.Remote)),
 	}
 	if d.cfg.RecoveryBound <= 0 {
 		d.cfg.RecoveryBound = DefaultRecoveryBound
+	}
+	if d.cfg.StallBound <= 0 {
+		d.cfg.StallBound = DefaultStallBound
 	}
 	if d.cfg.SampleEvery <= 0 {
 		d.cfg.SampleEvery = 10 * time.Second
@@ -533,7 +576,11 @@ func (d *driver) awaitReach(slot string) {
 func (d *driver) forgetReach(slot string) {
 	for p := range d.reach {
 		if p.from == slot || p.to == slot {
+			if d.stallReach[p] {
+				d.stalledGone++
+			}
 			delete(d.reach, p)
+			delete(d.stallReach, p)
 		}
 	}
 }
@@ -543,13 +590,32 @@ func (d *driver) forgetReach(slot string) {
 func (d *driver) judgeRecovery() {
 	now := time.Now()
 	for p, up := range d.reach {
-		if el := now.Sub(up); el > d.cfg.RecoveryBound {
-			d.step(Event{K: KindSlowRecovery, Eng: d.live[p.from], Slot: p.to,
-				Err: fmt.Sprintf("no notify of %s to %s was acknowledged in the %v since one of them came up (bound %v)",
-					d.live[p.from], d.live[p.to], el.Round(time.Millisecond), d.cfg.RecoveryBound)})
-			delete(d.reach, p)
+		if bound, _ := d.reachBound(p); now.Sub(up) > bound {
+			d.slowRecovery(p, now.Sub(up))
 		}
 	}
+}
+
+// reachBound is pair p's recovery bound, and why when it is not RecoveryBound.
+func (d *driver) reachBound(p reachPair) (time.Duration, string) {
+	if d.stallReach[p] {
+		return d.cfg.StallBound, ", whose sends waited for credit when it was killed"
+	}
+	return d.cfg.RecoveryBound, ""
+}
+
+// slowRecovery reports pair p, whose first acknowledged notify had not come el after its
+// new engine came up, and forgets it.
+func (d *driver) slowRecovery(p reachPair, el time.Duration) {
+	bound, why := d.reachBound(p)
+	if d.stallReach[p] {
+		d.stalledSlow++
+	}
+	d.step(Event{K: KindSlowRecovery, Eng: d.live[p.from], Slot: p.to,
+		Err: fmt.Sprintf("no notify of %s to %s%s was acknowledged in the %v since one of them came up (bound %v)",
+			d.live[p.from], d.live[p.to], why, el.Round(time.Millisecond), bound)})
+	delete(d.reach, p)
+	delete(d.stallReach, p)
 }
 
 // ready says whether every slot of ap has an engine up with its latest incarnation.
@@ -765,6 +831,9 @@ func (d *driver) handle(m agentMsg) {
 	case KindBye:
 		ap.bye = true
 		return
+	case KindStalled:
+		d.stalled(ev)
+		return
 	case KindRes:
 		t := &d.res[ap.idx]
 		if t.gen != ap.gen {
@@ -785,6 +854,14 @@ func (d *driver) handle(m agentMsg) {
 		if d.running {
 			d.awaitReach(ev.Slot)
 		}
+		for _, snd := range d.stallKills[ev.Slot] {
+			from, _, _ := ParseEngineID(snd)
+			p := reachPair{from, ev.Slot}
+			if _, ok := d.reach[p]; ok && d.live[p.from] == snd {
+				d.stallReach[p] = true
+			}
+		}
+		delete(d.stallKills, ev.Slot)
 		if !d.running || Receiver(d.cfg.Seed, ev.Eng) {
 			return
 		}
@@ -821,7 +898,20 @@ func (d *driver) handle(m agentMsg) {
 		}
 		if ev.Class == ClassOK {
 			if slot, _, err := ParseEngineID(ev.Eng); err == nil && d.live[slot] == ev.Eng {
-				delete(d.reach, reachPair{slot, ev.Slot})
+				p := reachPair{slot, ev.Slot}
+				if up, ok := d.reach[p]; ok {
+					el := time.Since(up)
+					d.reachTimes = append(d.reachTimes, el)
+					if d.stallReach[p] {
+						d.stallTimes = append(d.stallTimes, el)
+					}
+					// Judged here too: no tick judges while the run winds down.
+					if bound, _ := d.reachBound(p); el > bound {
+						d.slowRecovery(p, el)
+					}
+				}
+				delete(d.reach, p)
+				delete(d.stallReach, p)
 			}
 		}
 	}
@@ -890,6 +980,12 @@ func (d *driver) inject(f Fault) {
 	if !ap.alive || !d.ready(ap) {
 		return // down, starting or reopening: the fault is skipped
 	}
+	if (f.Kind == FaultKill || f.Kind == FaultStop || f.Kind == FaultReopen) && d.stallHeld(ap.idx) {
+		// A stalled pair waits for its ack: its sender and receiver live until it is judged,
+		// or a kill would end the wait unjudged (kills come every few seconds, the stall
+		// it looks for lasts 15 s and more).
+		return
+	}
 	note := func(what string) {
 		d.faults[f.Kind]++
 		d.step(Event{K: KindFault, Err: what})
@@ -900,14 +996,32 @@ func (d *driver) inject(f Fault) {
 			return
 		}
 		if f.Variant == KillPaused {
-			note(fmt.Sprintf("agent %d's consumers pause %d ms, then it is killed -9, down %d ms", ap.idx, f.US/1000, f.MS))
+			// Its consumers pause, so that its short queues fill and its credits stop; it is
+			// killed once a sender's async sends to it wait for credit (nothing on the wire,
+			// so no completion can fail), and restarted at once on its addresses. Without
+			// such a sender by the end of the pause and stallWaitMS, it is killed anyway.
+			wait := f.US/1000 + stallWaitMS
+			note(fmt.Sprintf("agent %d's consumers pause; it is killed -9 once a sender waits for its credit, or in %d ms, down %d ms", ap.idx, wait, f.MS))
 			for _, slot := range ap.slots {
-				d.send(ap, Event{K: CmdPause, Slot: slot, MS: f.US/1000 + 1000})
+				d.send(ap, Event{K: CmdPause, Slot: slot, MS: wait + 1000})
 			}
 			gen := ap.gen
-			d.at(time.Now().Add(time.Duration(f.US)*time.Microsecond), func() {
+			d.stallWatch[ap.idx] = gen
+			for _, o := range d.agents {
+				if o != ap && o.alive && !o.stopped {
+					for _, slot := range ap.slots {
+						d.send(o, Event{K: CmdWatchStall, Slot: slot, Addr: d.addrs[slot], MS: wait})
+					}
+				}
+			}
+			d.at(time.Now().Add(time.Duration(wait)*time.Millisecond), func() {
+				if g, ok := d.stallWatch[ap.idx]; ok && g == gen {
+					delete(d.stallWatch, ap.idx)
+				} else {
+					return // killed at a stall, or its watch ended
+				}
 				if ap.gen == gen && ap.alive && !ap.stopped {
-					d.step(Event{K: KindFault, Err: fmt.Sprintf("kill -9 agent %d, paused", ap.idx)})
+					d.step(Event{K: KindFault, Err: fmt.Sprintf("kill -9 agent %d, paused, no sender stalled on its credit", ap.idx)})
 					ap.downMS = f.MS
 					d.kill(ap, true)
 				}
@@ -996,6 +1110,53 @@ func (d *driver) inject(f Fault) {
 	}
 }
 
+// stallHeld says whether agent i is the sender or the receiver of a stalled kill's pair
+// still waiting for its new engine or its first ack.
+func (d *driver) stallHeld(i int) bool {
+	of := func(slot string) int { a, _, _ := ParseSlot(slot); return a }
+	for victim, snds := range d.stallKills {
+		if of(victim) == i {
+			return true
+		}
+		for _, snd := range snds {
+			if slot, _, _ := ParseEngineID(snd); of(slot) == i {
+				return true
+			}
+		}
+	}
+	for p := range d.stallReach {
+		if of(p.from) == i || of(p.to) == i {
+			return true
+		}
+	}
+	return false
+}
+
+// stalled: an agent says a sender's async sends to ev.Slot wait for credit. If that slot's
+// agent waits to be killed at such a stall (a paused kill), it is killed now and restarted
+// at once; the pair of that sender and the restarted engine is judged by StallBound.
+func (d *driver) stalled(ev Event) {
+	i, _, err := ParseSlot(ev.Slot)
+	if err != nil || i >= len(d.agents) {
+		return
+	}
+	ap := d.agents[i]
+	gen, ok := d.stallWatch[i]
+	if !ok || gen != ap.gen || !ap.alive || ap.stopped || !d.running {
+		return
+	}
+	if slot, _, err := ParseEngineID(ev.Eng); err != nil || d.live[slot] != ev.Eng {
+		return // the sender is gone meanwhile
+	}
+	delete(d.stallWatch, i)
+	d.stalledKills++
+	d.step(Event{K: KindFault, Err: fmt.Sprintf("kill -9 agent %d, paused, while %s's async sends to %s wait for credit (%s); restarted at once",
+		ap.idx, ev.Eng, d.live[ev.Slot], ev.Err)})
+	d.stallKills[ev.Slot] = append(d.stallKills[ev.Slot], ev.Eng)
+	ap.downMS = 0
+	d.kill(ap, true)
+}
+
 // kill sends SIGKILL; the restart comes when the process is reaped (handle, eof).
 func (d *driver) kill(ap *agentProc, restart bool) {
 	if !ap.alive {
@@ -1053,6 +1214,8 @@ func (d *driver) result(el time.Duration) Result {
 		ms := func(x time.Duration) float64 { return float64(x.Microseconds()) / 1000 }
 		r.Recovery = RecoveryStats{Count: n, Min: ms(rs[0]), Median: ms(rs[n/2]), Max: ms(rs[n-1])}
 	}
+	r.Reach, r.StalledReach, r.StalledKills = msStats(d.reachTimes), msStats(d.stallTimes), d.stalledKills
+	r.StalledSlow, r.StalledGone = d.stalledSlow, d.stalledGone
 	for i, t := range d.res {
 		if t.base != nil && t.final != nil {
 			r.Resources = append(r.Resources, AgentRes{Agent: i, Base: t.base, Final: t.final})
@@ -1063,6 +1226,18 @@ func (d *driver) result(el time.Duration) Result {
 		r.Verdict = "FAIL"
 	}
 	return r
+}
+
+// msStats summarizes durations in milliseconds.
+func msStats(ds []time.Duration) RecoveryStats {
+	n := len(ds)
+	if n == 0 {
+		return RecoveryStats{}
+	}
+	rs := slices.Clone(ds)
+	slices.Sort(rs)
+	ms := func(x time.Duration) float64 { return float64(x.Microseconds()) / 1000 }
+	return RecoveryStats{Count: n, Min: ms(rs[0]), Median: ms(rs[n/2]), Max: ms(rs[n-1])}
 }
 
 // Report writes the verdict: the figures and, on a violation, the seed, the schedule around
@@ -1082,6 +1257,14 @@ func (r Result) Report(w io.Writer, replay string) {
 	if r.Recovery.Count > 0 {
 		fmt.Fprintf(w, "  recovery after restart: %d, min %.0f ms, median %.0f ms, max %.0f ms\n", r.Recovery.Count, r.Recovery.Min, r.Recovery.Median, r.Recovery.Max)
 	}
+	if r.Reach.Count > 0 {
+		fmt.Fprintf(w, "  pairs with a new engine, first ack after it came up: %d, min %.0f ms, median %.0f ms, max %.0f ms\n", r.Reach.Count, r.Reach.Min, r.Reach.Median, r.Reach.Max)
+	}
+	fmt.Fprintf(w, "  kills while a sender waited for credit: %d (that sender and the restarted engine: %d slow, %d gone before an ack)", r.StalledKills, r.StalledSlow, r.StalledGone)
+	if r.StalledReach.Count > 0 {
+		fmt.Fprintf(w, "; first acks: %d, min %.0f ms, median %.0f ms, max %.0f ms", r.StalledReach.Count, r.StalledReach.Min, r.StalledReach.Median, r.StalledReach.Max)
+	}
+	fmt.Fprintln(w)
 	for i, v := range r.Details {
 		fmt.Fprintf(w, "\nviolation %d: %s at step %d, stream %s: %s\n  schedule before it:\n", i+1, v.Kind, v.Step, v.Stream, v.Detail)
 		for _, s := range v.Schedule {

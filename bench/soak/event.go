@@ -55,6 +55,9 @@ const (
 	// baseline, or a restarted engine reached late (Err says how).
 	KindLeak         = "leak"
 	KindSlowRecovery = "slow_recovery"
+	// KindStalled: sender Eng's async sends to Slot wait for credit on a channel that is up
+	// with nothing in flight (Err says what the channel showed), in answer to CmdWatchStall.
+	KindStalled = "stalled"
 
 	// Commands, parent to agent.
 	CmdOp     = "op"     // run Op: Sends from Eng to Slot over Names, Window at a time
@@ -64,6 +67,9 @@ const (
 	CmdStop   = "stop"   // close every engine, drain, say bye and exit
 	CmdCut    = "cut"    // shut down every OOB TCP connection of the agent's engines
 	CmdSample = "sample" // say what the process holds (KindRes); Op sampleFinal: the last, once the operations ended
+	// CmdWatchStall: for MS milliseconds, watch for an async send of this agent's to Slot
+	// (listening on Addr) stalled on credit, and say KindStalled once when one is.
+	CmdWatchStall = "watchstall"
 )
 
 // Call classes of a result.
@@ -268,6 +274,19 @@ func (ev *Event) validate() error {
 		}
 		return nil
 	case KindFault, KindLog, KindBye, CmdStop, CmdCut, CmdSample:
+		return nil
+	case KindStalled:
+		if err := need("e", ev.Eng, checkEngine); err != nil {
+			return err
+		}
+		return need("slot", ev.Slot, checkSlot)
+	case CmdWatchStall:
+		if err := need("slot", ev.Slot, checkSlot); err != nil {
+			return err
+		}
+		if ev.Addr == "" || len(ev.Addr) > maxNameLen {
+			return fmt.Errorf("field addr: %d bytes", len(ev.Addr))
+		}
 		return nil
 	case CmdOp:
 		if err := need("e", ev.Eng, checkEngine); err != nil {

@@ -33,6 +33,8 @@ func TestEventRoundTrip(t *testing.T) {
 		{K: KindRes, Res: &Res{RSSKiB: 81920, FDs: 40, Goroutines: 31, Peers: 5, Channels: 2}},
 		{K: KindLeak, Eng: "a0e0.1", Err: "goroutines 30 → 900"},
 		{K: KindSlowRecovery, Eng: "a0e0.2", Slot: "a1e0", Err: "no notify"},
+		{K: CmdWatchStall, Slot: "a1e0", Addr: "127.0.0.1:4000", MS: 3000},
+		{K: KindStalled, Eng: "a0e0.2", Slot: "a1e0", Err: "credit 1, 0 in flight, 9 waiting"},
 	} {
 		line := Encode(ev)
 		require.True(t, strings.HasSuffix(string(line), "\n"))
@@ -65,6 +67,8 @@ func TestDecodeRejects(t *testing.T) {
 		"res negative":       `{"k":"res","res":{"rss_kib":1,"fds":-1,"goroutines":1,"peers":0,"channels":0}}`,
 		"res unknown field":  `{"k":"res","res":{"rss_kib":1,"x":1}}`,
 		"leak without e":     `{"k":"leak","err":"x"}`,
+		"stalled no slot":    `{"k":"stalled","e":"a0e1.1"}`,
+		"watch without addr": `{"k":"watchstall","slot":"a1e0","ms":10}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := Decode([]byte(line))
@@ -106,6 +110,8 @@ func FuzzDecode(f *testing.F) {
 		`{"k":"bye"}`,
 		`{"k":"begin","slot":"a0e1","inc":3}`,
 		`{"k":"res","res":{"rss_kib":81920,"fds":40,"goroutines":31,"peers":5,"channels":2}}`,
+		`{"k":"watchstall","slot":"a1e0","addr":"127.0.0.1:4000","ms":3000}`,
+		`{"k":"stalled","e":"a0e0.2","slot":"a1e0","err":"credit 1"}`,
 	} {
 		f.Add([]byte(s))
 	}

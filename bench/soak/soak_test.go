@@ -56,6 +56,10 @@ func testConfig(t *testing.T, d time.Duration, faults []string) Config {
 		// Resources judged in a short run too: a baseline after 1 s, samples every 300 ms.
 		SampleEvery: 300 * time.Millisecond, ResWarmup: time.Second,
 		DeviceCtlDir: t.TempDir(), // device faults: on softverbs only (TestSoakVerbs)
+		// A pair whose sender waited for the credit of a receiver killed then is held to the
+		// general recovery bound here, not the CLI's tighter one: under -race on a loaded
+		// machine a healthy engine's probe, handshake and retry take seconds each.
+		StallBound: DefaultRecoveryBound,
 	}
 }
 

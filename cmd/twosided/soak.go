@@ -28,7 +28,7 @@ func init() {
 			"reopened; every acknowledged notify must arrive once, in order. Exit 1 on a violation.",
 		Usage: "[--duration 1m] [--seed n] [--remote ip:port,... --bind ip] [--faults all|none|kill,stop,reopen,pause,slow,device,cut,hostile] [--procs 3]\n" +
 			"       [--provider soft|verbs] [--transports rdma_twosided,oob] [--json file] [--plant lose|dup|reorder|leak]\n" +
-			"       [--recovery-bound 20s]\n" +
+			"       [--recovery-bound 20s] [--stall-bound 12s]\n" +
 			"       twosided soak --agent-host --listen ip:port    (on each other host of a run)",
 		Run: runSoak,
 	})
@@ -52,6 +52,7 @@ func runSoak(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wri
 		plant      = fs.String("plant", "", "lose, dup or reorder one delivery, or leak goroutines, on purpose in an agent (the soak must fail)")
 		every      = fs.Duration("fault-every", 3*time.Second, "mean time between faults")
 		bound      = fs.Duration("recovery-bound", soak.DefaultRecoveryBound, "a new engine must have a notify acknowledged each way with every live engine within this of its start")
+		stallBound = fs.Duration("stall-bound", soak.DefaultStallBound, "the recovery bound of a sender whose sends waited for the credit of a receiver killed then: its restarted receiver must acknowledge a notify of it within this of its start")
 		maxSize    = fs.Int("max-size", 1<<20-128, "the largest message (the engines' limit is 1 MiB, name included)")
 		window     = fs.Int("window", 32, "the largest SendNotifyAsync window")
 		oneName    = fs.Bool("one-name", false, "send to each peer by host:port only (default: host:port and localhost:port, two names of one peer)")
@@ -128,7 +129,7 @@ func runSoak(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wri
 	cfg := soak.Config{
 		Remote: hosts, BindIP: *bind,
 		Duration: *duration, Seed: *seed, Faults: kinds, Procs: *procs, Transports: trs, Provider: *provider,
-		Plant: *plant, FaultEvery: *every, RecoveryBound: *bound, Mix: soak.Mix{MaxSize: *maxSize, MaxWindow: *window, OneName: *oneName},
+		Plant: *plant, FaultEvery: *every, RecoveryBound: *bound, StallBound: *stallBound, Mix: soak.Mix{MaxSize: *maxSize, MaxWindow: *window, OneName: *oneName},
 		Command: func(args []string) *exec.Cmd {
 			return exec.Command(exe, append([]string{"soak", "--agent"}, args...)...)
 		},
