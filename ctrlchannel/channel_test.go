@@ -167,7 +167,11 @@ func pairAs(t testing.TB, ca, cb Config, wantA, wantB int, view func(*PeerInfo))
 	return a, b, p
 }
 
-func extConfig() Config { return Config{Extensions: true, Timeout: 10} }
+// extConfig is a twosided peer's channel. Its ACK timeout (16: 268 ms a try, 8 tries) is
+// one a starved soft device keeps: the soft provider acknowledges from goroutines of the
+// test's process, which a loaded machine may not run for a second (10, 4 ms a try, let a
+// healthy QP die of RETRY_EXC_ERR beside two CPU hogs and two soaks).
+func extConfig() Config { return Config{Extensions: true, Timeout: 16} }
 
 // sender sends n notifies from the loop, keeping at most window in flight, and reports
 // the first error and the count of successes.
@@ -479,7 +483,7 @@ func TestChannelPathMTUIsMinOfBothSides(t *testing.T) {
 
 func TestChannelMooncakePeer(t *testing.T) {
 	const n = 500
-	mooncake := Config{Timeout: 10} // no Extensions: Mooncake's view of the channel
+	mooncake := Config{Timeout: 16} // no Extensions: Mooncake's view of the channel (ACK timeout: extConfig)
 	a, b, _ := pair(t, extConfig(), mooncake, 0, n)
 	snd := startSender(t, a, n, 64, "n", []byte("m"))
 	wait(t, snd.done, "sends")

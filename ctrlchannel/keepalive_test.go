@@ -307,8 +307,10 @@ func TestMachineKeepaliveAllocatesNothing(t *testing.T) {
 
 func TestChannelKeepaliveMooncakePeer(t *testing.T) {
 	short := extConfig()
-	short.Timeout, short.RetryCnt = 8, 2
-	mooncake := Config{Timeout: 8, RetryCnt: 2} // no Extensions: Mooncake's view of the channel
+	// A dead peer is found after 3 tries of 537 ms; a starved soft device keeps that (8,
+	// 1 ms a try, did not: the healthy rounds failed beside two CPU hogs and two soaks).
+	short.Timeout, short.RetryCnt = 17, 2
+	mooncake := Config{Timeout: 17, RetryCnt: 2} // no Extensions: Mooncake's view of the channel
 	a, b, p := pair(t, short, mooncake, 0, 0)
 	for i := 0; i < 10; i++ {
 		keepaliveRound(t, a, b)
