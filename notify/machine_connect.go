@@ -303,8 +303,11 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 	// an address nobody serves. So was one whose connection was made and then lost before
 	// the answer (closed or reset: a cut, an engine dying): its next handshake tells, and
 	// until it ends the name's waiting sends hold later sends to the peers of its port, as
-	// another name may already reach the same engine.
-	ne.hinted, ne.unreachable = false, res.err != nil && !errors.Is(res.err, oob.ErrPeerClosed) && !connectionLost(res.err)
+	// another name may already reach the same engine. Only the first such failure in a row:
+	// an address whose connections keep ending so is not let hold the other peers of its
+	// port (another host's engine may share the port) for longer than one backoff.
+	lost := connectionLost(res.err) && ne.failures == 0
+	ne.hinted, ne.unreachable = false, res.err != nil && !errors.Is(res.err, oob.ErrPeerClosed) && !lost
 	if res.err != nil {
 		closeCh(res.err)
 		kind := ErrPeerUnreachable

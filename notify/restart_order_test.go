@@ -360,3 +360,48 @@ func TestMachineLostConnectionNameHolds(t *testing.T) {
 		})
 	}
 }
+
+// TestMachineLostConnectionTwiceHoldsNothing: a name whose handshakes lose their connection
+// twice in a row holds nothing after the second (another host's engine may share the port:
+// it is not made to wait out each backoff of an address whose connections keep ending).
+func TestMachineLostConnectionTwiceHoldsNothing(t *testing.T) {
+	now := time.Unix(1000, 0)
+	cfg := simCfg()
+	cfg.channels = false
+	m, kinds := directMachine(cfg)
+	const y, z = "localhost:b", "127.0.0.1:b"
+	lost := &kindError{kind: ErrPeerUnreachable, cause: fmt.Errorf("%w: localhost:b: connection closed by peer", oob.ErrPeerUnreachable)}
+	m.send(now, 1, z, "", now.Add(time.Hour), 0)
+	require.Len(t, kinds(aConnect), 1)
+	m.connected(now, z, 0, hsResult{session: 21, token: 9, peerName: "b", fresh: true})
+	require.Len(t, kinds(aOOB), 1)
+	m.sendResult(now, 1, nil, false, false)
+	kinds(aComplete)
+
+	m.send(now, 2, y, "", now.Add(time.Hour), 0)
+	require.Len(t, kinds(aConnect), 1)
+	m.connected(now, y, 0, hsResult{err: lost})
+	m.send(now, 3, y, "", now.Add(time.Hour), 0)
+	m.send(now, 4, z, "", now.Add(time.Hour), 0)
+	require.Empty(t, kinds(aOOB), "after the first lost connection, send 4 waits for send 3")
+
+	now = now.Add(time.Second)
+	m.tick(now)
+	require.Len(t, kinds(aConnect), 1)
+	m.connected(now, y, 0, hsResult{err: lost}) // the second in a row: send 3 fails, 4 goes
+	acts := m.ready()
+	var sent []reqID
+	for _, a := range acts {
+		if a.kind == aOOB {
+			sent = append(sent, a.req)
+		}
+	}
+	require.Equal(t, []reqID{4}, sent)
+	m.send(now, 5, y, "", now.Add(time.Hour), 0)
+	m.send(now, 6, z, "", now.Add(time.Hour), 0)
+	sent = sent[:0]
+	for _, a := range kinds(aOOB) {
+		sent = append(sent, a.req)
+	}
+	require.Equal(t, []reqID{6}, sent, "a name whose connections keep ending holds nothing")
+}
