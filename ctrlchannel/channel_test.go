@@ -243,10 +243,10 @@ func TestChannelSingleNotify(t *testing.T) {
 	require.Equal(t, ibv.MTU4096, st.PathMTU)
 }
 
-func TestChannelBurstInOrder(t *testing.T) {
-	const n = 1000
-	a, b, _ := pair(t, extConfig(), extConfig(), 0, n)
-	snd := startSender(t, a, n, 64, "burst", []byte("0123456789"))
+// sentAndDelivered waits until snd's sends ended, requires that none failed, and waits
+// (bounded) until b received all n, failing with both sides' stats.
+func sentAndDelivered(t *testing.T, a, b *side, snd *sender, n int) {
+	t.Helper()
 	wait(t, snd.done, "sends")
 	var err error
 	onLoop(t, a.loop, func() { err = snd.err })
@@ -259,6 +259,13 @@ func TestChannelBurstInOrder(t *testing.T) {
 		onLoop(t, b.loop, func() { sb = b.ch.Stats() })
 		t.Fatalf("timed out waiting for deliveries: %d of %d delivered; sender %+v; receiver %+v", b.rec.count(), n, sa, sb)
 	}
+}
+
+func TestChannelBurstInOrder(t *testing.T) {
+	const n = 1000
+	a, b, _ := pair(t, extConfig(), extConfig(), 0, n)
+	snd := startSender(t, a, n, 64, "burst", []byte("0123456789"))
+	sentAndDelivered(t, a, b, snd, n)
 	b.rec.mu.Lock()
 	defer b.rec.mu.Unlock()
 	require.True(t, b.rec.ordered)
@@ -350,18 +357,7 @@ func oneWay(t *testing.T, ca, cb Config, n int) (*side, *side) {
 	ca.Timeout, cb.Timeout = max(ca.Timeout, 18), max(cb.Timeout, 18)
 	a, b, _ := pair(t, ca, cb, 0, n)
 	snd := startSender(t, a, n, ca.MaxPendingSends, "n", make([]byte, 64-1-8))
-	wait(t, snd.done, "sends")
-	var err error
-	onLoop(t, a.loop, func() { err = snd.err })
-	require.NoError(t, err, "a send failed")
-	select {
-	case <-b.rec.all:
-	case <-time.After(waitBound):
-		var sa, sb ChannelStats
-		onLoop(t, a.loop, func() { sa = a.ch.Stats() })
-		onLoop(t, b.loop, func() { sb = b.ch.Stats() })
-		t.Fatalf("timed out waiting for deliveries: %d of %d delivered; sender %+v; receiver %+v", b.rec.count(), n, sa, sb)
-	}
+	sentAndDelivered(t, a, b, snd, n)
 	b.rec.mu.Lock()
 	require.True(t, b.rec.ordered)
 	b.rec.mu.Unlock()
