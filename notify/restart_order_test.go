@@ -301,10 +301,7 @@ func TestMachineClosingPeerNameHolds(t *testing.T) {
 	m.tick(now.Add(time.Second))
 	require.Len(t, kinds(aConnect), 1)
 	m.connected(now.Add(time.Second), y, 0, hsResult{session: 21, token: 9, peerName: "b"})
-	var sent []reqID
-	for _, a := range kinds(aOOB) {
-		sent = append(sent, a.req)
-	}
+	sent := oobReqs(kinds(aOOB))
 	require.Equal(t, []reqID{2, 3}, sent)
 }
 
@@ -329,12 +326,7 @@ func TestMachineLostConnectionNameHolds(t *testing.T) {
 			cfg.channels = false
 			m, kinds := directMachine(cfg)
 			const y, z = "localhost:b", "127.0.0.1:b"
-			m.send(now, 1, z, "", now.Add(time.Hour), 0)
-			require.Len(t, kinds(aConnect), 1)
-			m.connected(now, z, 0, hsResult{session: 21, token: 9, peerName: "b", fresh: true})
-			require.Len(t, kinds(aOOB), 1)
-			m.sendResult(now, 1, nil, false, false)
-			kinds(aComplete)
+			reachByZ(t, m, kinds, now)
 
 			m.send(now, 2, y, "", now.Add(time.Hour), 0)
 			require.Len(t, kinds(aConnect), 1)
@@ -352,10 +344,7 @@ func TestMachineLostConnectionNameHolds(t *testing.T) {
 			m.tick(now.Add(time.Second))
 			require.Len(t, kinds(aConnect), 1)
 			m.connected(now.Add(time.Second), y, 0, hsResult{session: 21, token: 9, peerName: "b"})
-			var sent []reqID
-			for _, a := range kinds(aOOB) {
-				sent = append(sent, a.req)
-			}
+			sent := oobReqs(kinds(aOOB))
 			require.Equal(t, []reqID{3, 4}, sent)
 		})
 	}
@@ -371,12 +360,7 @@ func TestMachineLostConnectionTwiceHoldsNothing(t *testing.T) {
 	m, kinds := directMachine(cfg)
 	const y, z = "localhost:b", "127.0.0.1:b"
 	lost := &kindError{kind: ErrPeerUnreachable, cause: fmt.Errorf("%w: localhost:b: connection closed by peer", oob.ErrPeerUnreachable)}
-	m.send(now, 1, z, "", now.Add(time.Hour), 0)
-	require.Len(t, kinds(aConnect), 1)
-	m.connected(now, z, 0, hsResult{session: 21, token: 9, peerName: "b", fresh: true})
-	require.Len(t, kinds(aOOB), 1)
-	m.sendResult(now, 1, nil, false, false)
-	kinds(aComplete)
+	reachByZ(t, m, kinds, now)
 
 	m.send(now, 2, y, "", now.Add(time.Hour), 0)
 	require.Len(t, kinds(aConnect), 1)
@@ -389,19 +373,31 @@ func TestMachineLostConnectionTwiceHoldsNothing(t *testing.T) {
 	m.tick(now)
 	require.Len(t, kinds(aConnect), 1)
 	m.connected(now, y, 0, hsResult{err: lost}) // the second in a row: send 3 fails, 4 goes
-	acts := m.ready()
-	var sent []reqID
-	for _, a := range acts {
-		if a.kind == aOOB {
-			sent = append(sent, a.req)
-		}
-	}
-	require.Equal(t, []reqID{4}, sent)
+	require.Equal(t, []reqID{4}, oobReqs(kinds(aOOB)))
 	m.send(now, 5, y, "", now.Add(time.Hour), 0)
 	m.send(now, 6, z, "", now.Add(time.Hour), 0)
-	sent = sent[:0]
-	for _, a := range kinds(aOOB) {
-		sent = append(sent, a.req)
+	require.Equal(t, []reqID{6}, oobReqs(kinds(aOOB)), "a name whose connections keep ending holds nothing")
+}
+
+// oobReqs is the requests of OOB sends among acts, in order.
+func oobReqs(acts []mAction) []reqID {
+	var out []reqID
+	for _, a := range acts {
+		if a.kind == aOOB {
+			out = append(out, a.req)
+		}
 	}
-	require.Equal(t, []reqID{6}, sent, "a name whose connections keep ending holds nothing")
+	return out
+}
+
+// reachByZ makes m's pair with engine b (session 21) by its name "127.0.0.1:b": send 1, its
+// handshake, its OOB send acknowledged.
+func reachByZ(t *testing.T, m *peerMachine, kinds func(mActKind) []mAction, now time.Time) {
+	t.Helper()
+	m.send(now, 1, "127.0.0.1:b", "", now.Add(time.Hour), 0)
+	require.Len(t, kinds(aConnect), 1)
+	m.connected(now, "127.0.0.1:b", 0, hsResult{session: 21, token: 9, peerName: "b", fresh: true})
+	require.Len(t, kinds(aOOB), 1)
+	m.sendResult(now, 1, nil, false, false)
+	kinds(aComplete)
 }
