@@ -36,7 +36,7 @@ func (m *peerMachine) connectShed(now time.Time, name string, ch chanID, kind, e
 	}
 	ne.connecting = false
 	m.withdraw(ne)
-	ne.hinted, ne.unreachable = false, false // an engine's OOB node answered
+	ne.hinted, ne.hintedOut, ne.unreachable = false, false, false // an engine's OOB node answered
 	m.handshakeFailed(now, ne, sendErr(kind, name, "handshake", err, false))
 	m.backingOff(now, ne, ne.peer)
 }

@@ -184,8 +184,10 @@ type nameEntry struct {
 	stragglers int
 	// hinted: the name's handshakes failed, and an engine answered on its port since: its
 	// next handshake goes at once, and its sends hold later ones to that port's peers
-	// (unknownWaits) until it ends, as a new name's do.
-	hinted bool
+	// (unknownWaits) until it ends, as a new name's do. hintedOut: the hint came while a
+	// handshake of the name was out; if that handshake fails too (it went before the
+	// engine was up) the name stays hinted, once: its next handshake still goes at once.
+	hinted, hintedOut bool
 	// unreachable: the name's last handshake failed with no engine's answer (nothing
 	// listening, a timeout): until one answers, its sends hold nothing (unknownWaits).
 	unreachable bool
@@ -201,8 +203,23 @@ type peerEntry struct {
 	epoch    uint64 // highest epoch seen for the pair
 	awaiting time.Time
 
-	tokenIn  [2]uint64 // what the peer must present (ts_token) on OOB notifies and ts_proof
-	tokenOut uint64    // what we present to it
+	// tokenIn: what the peer may present (ts_token on OOB notifies, ts_proof), newest
+	// first; [0] is what we issue now. Several: until the pair settles, each of our
+	// handshakes to a name not yet known to lead to it issued its own, and the peer keeps
+	// whichever reached it last (a handshake of ours, the reply to its own).
+	tokenIn  [4]uint64
+	tokenOut uint64 // what we present to it
+	// tokenOutSure: the peer holds tokenOut: it came in the peer's reply to a handshake of
+	// ours, or in a handshake that proved the pair. One from a handshake without proof is
+	// the peer's only once our reply reaches it (that handshake may end without it): it
+	// never replaces a sure one.
+	tokenOutSure bool
+	// proved: the peer has shown it holds a token of ours (a handshake's ts_proof, an OOB
+	// notify's ts_token, a frame on the channel our reply described) or answered our own
+	// handshake. Until then a handshake of its session without proof is answered again
+	// with our token (its earlier reply may have been cut: it cannot know it); after, a
+	// handshake must prove the pair.
+	proved bool
 
 	seqs     *seqSpace
 	win      *recvWindow

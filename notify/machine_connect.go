@@ -307,7 +307,10 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 	// an address whose connections keep ending so is not let hold the other peers of its
 	// port (another host's engine may share the port) for longer than one backoff.
 	lost := connectionLost(res.err) && ne.failures == 0
-	ne.hinted, ne.unreachable = false, res.err != nil && !errors.Is(res.err, oob.ErrPeerClosed) && !lost
+	ne.unreachable = res.err != nil && !errors.Is(res.err, oob.ErrPeerClosed) && !lost
+	// A hint that came while this handshake was out outlives its failure (the engine that
+	// answered on the port came up after it went); any other ends here.
+	ne.hinted, ne.hintedOut = ne.unreachable && ne.hintedOut, false
 	if res.err != nil {
 		closeCh(res.err)
 		kind := ErrPeerUnreachable
@@ -393,7 +396,7 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 		return
 	}
 	m.hintPort(now, name, p)
-	p.tokenOut = res.token
+	p.tokenOut, p.tokenOutSure = res.token, res.token != 0
 	p.fenceAt = time.Time{} // a new token: refused fences may pass now
 	if res.maxNotify > 0 {
 		p.maxNotify = res.maxNotify
@@ -614,6 +617,7 @@ func (m *peerMachine) bind(now time.Time, ne *nameEntry, session uint64, adverti
 	}
 	ne.peer = p
 	m.confirmPeer(p) // it answered our handshake
+	p.proved = true
 	m.markStragglers(ne, p)
 	m.alias(p, ne.name)
 	return p, nil
@@ -668,7 +672,7 @@ func (m *peerMachine) restartPair(now time.Time, old *peerEntry) *peerEntry {
 		m.dropChan(ce, false)
 		m.emit(mAction{kind: aClose, ch: ce.id, err: errSuperseded})
 	}
-	old.tokenOut = 0
+	old.tokenOut, old.tokenOutSure = 0, false
 	for _, n := range p.names {
 		if ne := m.names[n]; ne != nil {
 			m.markStragglers(ne, p)

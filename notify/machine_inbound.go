@@ -112,6 +112,15 @@ type inboundReply struct {
 	fresh  bool // the entry was made by this handshake (ts_fresh)
 }
 
+// replyLost reports whether hs, a handshake without proof of a session we know, may be
+// one whose earlier reply never reached its sender (the connection cut after we made the
+// pair, before our answer): the peer never showed it holds our token, so it may not, and
+// it is answered again with that token instead of refused for ever. Once the peer has
+// proved the pair, a handshake must prove it too: nobody else takes the pair over.
+func replyLost(p *peerEntry, hs inboundHS) bool {
+	return hs.proof == 0 && !p.proved
+}
+
 // inbound decides a peer's handshake request.
 func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 	defer m.unhold(now)
@@ -121,7 +130,10 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 	key := peerKey{session: hs.session}
 	p := m.peers[key]
 	proven := p != nil && m.tokenOK(p, hs.proof) // a pair we know, proving its token
-	if p != nil && p.tokenIn[0] != 0 && !proven && !m.openRace(now, p, hs) {
+	if proven {
+		p.proved = true
+	}
+	if p != nil && p.tokenIn[0] != 0 && !proven && !m.openRace(now, p, hs) && !replyLost(p, hs) {
 		m.stats.AuthRefused++
 		return inboundReply{refuse: refuseAuth, err: fmt.Errorf("%w: ts_proof: session %x is known here and the proof does not match", ErrAuth, hs.session)}
 	}
@@ -168,7 +180,14 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 		}
 	}
 	p.lastActive = now
-	p.tokenOut = hs.token
+	switch {
+	case proven:
+		// It proved the pair, so it handshakes by a name it knows leads here, offering
+		// the token it issues now: one it holds.
+		p.tokenOut, p.tokenOutSure = hs.token, true
+	case !p.tokenOutSure:
+		p.tokenOut = hs.token
+	}
 	p.fenceAt = time.Time{} // a new token: refused fences may pass now
 	if hs.maxNotify > 0 {
 		p.maxNotify = hs.maxNotify
@@ -272,6 +291,9 @@ func (m *peerMachine) unusedGone(ce *chanEntry) {
 func (m *peerMachine) confirm(ce *chanEntry) {
 	if ce.peer != nil {
 		m.confirmPeer(ce.peer) // it used the channel
+		if ce.inbound {
+			ce.peer.proved = true // it had our reply, which described the channel
+		}
 	}
 	if ce.inbound && !ce.confirmed {
 		ce.confirmed = true

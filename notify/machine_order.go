@@ -79,6 +79,7 @@ func (m *peerMachine) hintPort(now time.Time, name string, p *peerEntry) {
 			continue
 		}
 		ne.hinted = true
+		ne.hintedOut = ne.connecting
 		switch {
 		case ne.connecting || ne.queued || ne.stragglers > 0:
 		case ne.peer == nil && len(ne.waiters) > 0:

@@ -985,12 +985,16 @@ func oobSendMachine(t *testing.T, cfg machineConfig, now time.Time) (*peerMachin
 func directMachine(cfg machineConfig) (*peerMachine, func(mActKind) []mAction) {
 	tok := uint64(100)
 	m := newPeerMachine(10, cfg, func() uint64 { tok++; return tok })
-	return m, func(k mActKind) (out []mAction) {
-		for _, a := range m.ready() {
-			if a.kind == k {
-				out = append(out, a)
-			}
+	return m, func(k mActKind) []mAction { return filterKind(m.ready(), k) }
+}
+
+// filterKind is the actions of kind k among acts.
+func filterKind(acts []mAction, k mActKind) []mAction {
+	var out []mAction
+	for _, a := range acts {
+		if a.kind == k {
+			out = append(out, a)
 		}
-		return out
 	}
+	return out
 }

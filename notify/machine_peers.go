@@ -7,6 +7,7 @@ package notify
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -234,14 +235,15 @@ func (m *peerMachine) openRace(now time.Time, p *peerEntry, hs inboundHS) bool {
 }
 
 func (m *peerMachine) addTokenIn(p *peerEntry, t uint64) {
-	if t == 0 || p.tokenIn[0] == t || p.tokenIn[1] == t {
+	if t == 0 || slices.Contains(p.tokenIn[:], t) {
 		return
 	}
-	p.tokenIn[1], p.tokenIn[0] = p.tokenIn[0], t
+	copy(p.tokenIn[1:], p.tokenIn[:])
+	p.tokenIn[0] = t
 }
 
 func (m *peerMachine) tokenOK(p *peerEntry, t uint64) bool {
-	return t != 0 && (p.tokenIn[0] == t || p.tokenIn[1] == t)
+	return t != 0 && slices.Contains(p.tokenIn[:], t)
 }
 
 func (m *peerMachine) anyConnecting() bool {

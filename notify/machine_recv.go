@@ -117,6 +117,7 @@ func (m *peerMachine) oobArrive(now time.Time, a oobArrival) (string, error) {
 	}
 	p.lastActive = now
 	m.confirmPeer(p) // it used the pair's token
+	p.proved = true
 	if a.skipN > 0 {
 		m.skip(now, p, a.skipFrom, a.skipN)
 	}

@@ -447,7 +447,7 @@ func (m *peerMachine) rebind(now time.Time, p *peerEntry, r *reqEntry, stale boo
 			}
 		}
 		p.waiters = slices.DeleteFunc(p.waiters, func(id reqID) bool { w := m.reqs[id]; return w == nil || w.peer == nil })
-		p.tokenOut = 0
+		p.tokenOut, p.tokenOutSure = 0, false
 		// The name's other sends on their way to p are refused too, in any order.
 		m.markStragglers(ne, nil)
 	}

@@ -401,3 +401,45 @@ func reachByZ(t *testing.T, m *peerMachine, kinds func(mActKind) []mAction, now 
 	m.sendResult(now, 1, nil, false, false)
 	kinds(aComplete)
 }
+
+// TestMachineHintDuringHandshakeKept: a name whose handshakes found nobody (an engine
+// restarting at the address) retries; while that handshake is out, another name of the
+// same port reaches the new engine (hinted). The handshake out then fails too, as it went
+// before the engine was up: the hint must outlive it, so the name's next sends go at once
+// and hold the later sends by the other name. Before, the failure cleared the hint: they
+// waited out the name's backoff holding nothing, and the other name's later sends were
+// delivered first (the soak on softverbs, after a reopen: 18 acknowledged out of order).
+func TestMachineHintDuringHandshakeKept(t *testing.T) {
+	now := time.Unix(1000, 0)
+	cfg := simCfg()
+	cfg.channels = false
+	m, kinds := directMachine(cfg)
+	const y, z = "localhost:b", "127.0.0.1:b"
+	refused := &kindError{kind: ErrPeerUnreachable, cause: fmt.Errorf("%w: %w: localhost:b: connect: connection refused", oob.ErrPeerUnreachable, oob.ErrNotSent)}
+
+	m.send(now, 1, y, "", now.Add(time.Hour), 0)
+	require.Len(t, kinds(aConnect), 1)
+	m.connected(now, y, 0, hsResult{err: refused}) // nobody there yet
+	require.Len(t, kinds(aComplete), 1)
+
+	now = now.Add(time.Second) // past the backoff
+	m.send(now, 2, y, "", now.Add(time.Hour), 0)
+	require.Len(t, kinds(aConnect), 1, "y's second handshake")
+	m.send(now, 3, z, "", now.Add(time.Hour), 0)
+	require.Len(t, kinds(aConnect), 1, "z's handshake")
+	m.connected(now, z, 0, hsResult{session: 21, token: 9, peerName: "b", fresh: true}) // the new engine answers z
+	require.Empty(t, kinds(aOOB), "send 3 waits for send 2's handshake (hinted)")
+	m.connected(now, y, 0, hsResult{err: refused}) // y's handshake went before the engine was up
+	acts := m.ready()
+	require.Len(t, filterKind(acts, aComplete), 1, "send 2, whose handshake failed, fails")
+	require.Equal(t, []reqID{3}, oobReqs(acts))
+	m.sendResult(now, 3, nil, false, false)
+	kinds(aComplete)
+
+	m.send(now, 4, y, "", now.Add(time.Hour), 0)
+	require.Len(t, kinds(aConnect), 1, "an engine answered on y's port: y's next handshake goes at once")
+	m.send(now, 5, z, "", now.Add(time.Hour), 0)
+	require.Empty(t, kinds(aOOB), "send 5 waits for send 4, older, on a name of the same port")
+	m.connected(now, y, 0, hsResult{session: 21, token: 9, peerName: "b"})
+	require.Equal(t, []reqID{4, 5}, oobReqs(kinds(aOOB)))
+}
