@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/twosided/twosided/oob"
 )
 
 // This file drives peerMachines through an in-memory network, deterministically: every
@@ -194,7 +196,7 @@ func (e *simEngine) do(a mAction) {
 		n.post(func() {
 			if to == nil { // nobody at the name (an engine down for a while)
 				n.post(func() {
-					e.m.fenceResult(n.now, a.session, a.first, a.count, a.token, a.pair, errors.New("unreachable"))
+					e.m.fenceResult(n.now, a.session, a.first, a.count, a.token, a.pair, errNobodyThere(a.name))
 					e.perform()
 				})
 				return
@@ -210,7 +212,7 @@ func (e *simEngine) do(a mAction) {
 		n.post(func() {
 			code, err := "", error(nil)
 			if to == nil {
-				err = errors.New("unreachable")
+				err = errNobodyThere(a.name)
 			} else {
 				code, err = to.m.oobArrive(n.now, oobArrival{session: e.m.local, token: a.token, to: a.session, seq: a.seq,
 					nid: e.nids[a.req], from: e.name, n: Notify{Msg: []byte(msg)}})
@@ -233,6 +235,12 @@ func (e *simEngine) do(a mAction) {
 			e.timerAt = a.at
 		}
 	}
+}
+
+// errNobodyThere is the error the driver reports for an OOB connection to name that
+// nobody listens at (oob's "connection refused": nothing sent).
+func errNobodyThere(name string) error {
+	return &kindError{kind: ErrPeerUnreachable, cause: fmt.Errorf("%w: %w: %s: connect: connection refused", oob.ErrPeerUnreachable, oob.ErrNotSent, name)}
 }
 
 // simOOBErr is an OOB answer as the driver maps it (oobKind): nil when accepted.
@@ -321,7 +329,7 @@ func (e *simEngine) closeLink(id chanID) {
 func (n *simNet) handshake(from *simEngine, a mAction) {
 	to := n.engines[n.alias[a.name]]
 	if to == nil {
-		from.m.connected(n.now, a.name, a.ch, hsResult{err: errors.New("connection refused")})
+		from.m.connected(n.now, a.name, a.ch, hsResult{err: errNobodyThere(a.name)})
 		from.perform()
 		return
 	}

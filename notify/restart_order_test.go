@@ -29,7 +29,7 @@ import (
 // the restart delivered to the new incarnation after later ones).
 func TestMachineRestartTwoNamesKeepOrder(t *testing.T) {
 	for _, channels := range []bool{true, false} {
-		for _, down := range []time.Duration{0, 700 * time.Millisecond} {
+		for _, down := range []time.Duration{0, 700 * time.Millisecond, 1500 * time.Millisecond, 3 * time.Second} {
 			bad, example := 0, ""
 			for seed := uint64(0); seed < 150; seed++ {
 				if got := restartTwoNames(t, seed, channels, down, nil); got != nil {
