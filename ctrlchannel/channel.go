@@ -197,6 +197,10 @@ type Channel struct {
 	connected bool
 	closed    bool
 	tornDown  bool
+	// draining: the QP went to ERR (Drain, ActDrain): flushed completions are ignored and
+	// nothing is posted. drainErr: the close that follows ActDrain.
+	draining  bool
+	drainErr  error
 	closeErr  error
 	delivered uint64
 
@@ -407,12 +411,36 @@ func (c *Channel) Drain() {
 	if c.tornDown || c.qp == nil {
 		return
 	}
+	c.toErr()
+	if c.watch != nil {
+		c.watch.Kick()
+	}
+}
+
+// toErr moves the QP to ERR for a drain: the NIC acknowledges no further SEND, what is
+// posted is flushed (those completions are ignored), and nothing more is posted.
+func (c *Channel) toErr() {
+	if c.draining {
+		return
+	}
+	c.draining = true
 	if err := c.qp.Modify(&ibv.QPAttr{QPState: ibv.QPSErr}, ibv.AttrState); err != nil {
 		c.cfg.Logger.Debug().Err(err).Uint32("qp", c.qpn).Msg("drain: qp to ERR")
+	}
+}
+
+// drainClose ends a goodbye (ActDrain): the QP went to ERR, the CQ is reaped now (outside
+// any completion cycle: it runs from the loop's queue), so every notify whose SEND the
+// peer saw complete is delivered, then the channel closes.
+func (c *Channel) drainClose() {
+	if c.tornDown || c.closed {
+		return
 	}
 	if c.watch != nil {
 		c.watch.Kick()
 	}
+	c.m.Close(c.drainErr)
+	c.run()
 }
 
 // QPAttr is the channel's QP as the device reports it (ibv_query_qp) and the inline size
@@ -454,7 +482,7 @@ func (c *Channel) HandleWC(wcs []ibv.WC) {
 	for i := range wcs {
 		wc := &wcs[i]
 		if wc.Status != ibv.WCSuccess {
-			if wc.Status == ibv.WCWRFlushErr && c.m.Closed() {
+			if wc.Status == ibv.WCWRFlushErr && (c.m.Closed() || c.draining) {
 				continue
 			}
 			c.wcErrors++
@@ -541,7 +569,7 @@ func (c *Channel) run() {
 func (c *Channel) perform(a *Action) {
 	switch a.Kind {
 	case ActPostRecv:
-		if c.closed || c.recvMR == nil {
+		if c.closed || c.recvMR == nil || c.draining {
 			return // before the rings exist: Connect or Ready posts every slot
 		}
 		off := uint64(a.Slot * c.cfg.BufSize)
@@ -552,7 +580,7 @@ func (c *Channel) perform(a *Action) {
 			_ = c.flushRecvs() // a failure closes the machine, which reports it
 		}
 	case ActPostSend:
-		if c.closed {
+		if c.closed || c.draining {
 			return
 		}
 		off := uint64(a.Slot * c.cfg.BufSize)
@@ -603,6 +631,16 @@ func (c *Channel) perform(a *Action) {
 			c.timer = c.loop.AfterFunc(a.At.Sub(c.loop.Now()), c.onTimer)
 		default:
 			c.timer.Reset(a.At.Sub(c.loop.Now()))
+		}
+	case ActDrain:
+		if c.qp == nil {
+			c.m.Close(a.Err)
+			return
+		}
+		c.toErr()
+		c.drainErr = a.Err
+		if err := c.loop.Submit(c.drainClose); err != nil {
+			c.m.Close(a.Err) // the loop is stopping: nothing more will be reaped
 		}
 	case ActClose:
 		c.closed = true

@@ -590,3 +590,37 @@ func TestChannelDropCountedAndLogged(t *testing.T) {
 	require.Equal(t, "small", b.rec.got[0].Name)
 	b.rec.mu.Unlock()
 }
+
+// TestChannelByeCrossingDelivered: b streams notifies at a while a says goodbye. Every
+// notify whose SEND completed at b is delivered at a: a's channel drains its QP (ERR,
+// then the CQ reaped) before it closes, whether its SESSION_CLOSE completed or its
+// deadline passed (ByeTimeout short, b's RECVs busy). However the race falls, the rule
+// holds; closing at once lost such notifies.
+func TestChannelByeCrossingDelivered(t *testing.T) {
+	const n = 400
+	cfg := extConfig()
+	cfg.MaxPendingSends = 512
+	for _, bye := range []time.Duration{time.Millisecond, time.Second} {
+		ca := cfg
+		ca.ByeTimeout = bye
+		a, b, _ := pair(t, ca, cfg, n, 0)
+		done := make(chan error, n)
+		onLoop(t, b.loop, func() {
+			for i := 1; i <= n; i++ {
+				b.ch.Send(&SendReq{Seq: uint64(i), Name: "n", Msg: []byte("m"), Done: func(err error) { done <- err }})
+			}
+		})
+		onLoop(t, a.loop, func() { a.ch.Bye() })
+		acked := 0
+		for i := 0; i < n; i++ {
+			if wait(t, done, "send") == nil {
+				acked++
+			}
+		}
+		require.ErrorIs(t, wait(t, a.rec.closed, "a closed"), ErrClosed)
+		a.rec.mu.Lock()
+		got := len(a.rec.got)
+		a.rec.mu.Unlock()
+		require.GreaterOrEqual(t, got, acked, "bye timeout %v: %d notifies acknowledged at b, %d delivered at a", bye, acked, got)
+	}
+}

@@ -61,6 +61,11 @@ const (
 	ActFence
 	// ActDrop: a received frame was dropped for Reason (Err says why); the driver logs it.
 	ActDrop
+	// ActDrain: the goodbye ended (its SESSION_CLOSE completed, or its deadline passed):
+	// move the QP to ERR, so the NIC acknowledges no further SEND, reap the CQ (each RECV
+	// completion is still handed to RecvWC, and delivered), then call Close with Err.
+	// Closing at once lost what the peer sent across the goodbye and saw complete.
+	ActDrain
 )
 
 func (k ActionKind) String() string {
@@ -81,6 +86,8 @@ func (k ActionKind) String() string {
 		return "Fence"
 	case ActDrop:
 		return "Drop"
+	case ActDrain:
+		return "Drain"
 	}
 	return fmt.Sprintf("ActionKind(%d)", uint8(k))
 }
@@ -307,6 +314,7 @@ type Machine struct {
 	timerAt     time.Time
 	byeAt       time.Time // Bye: the channel closes by then at the latest
 	bye         bool      // Bye was called: no new sends
+	byeEnding   bool      // ActDrain was emitted: the driver closes once the CQ is reaped
 
 	// Receive side.
 	recvPosted   uint64 // cumulative RECVs posted this epoch
@@ -568,6 +576,17 @@ func (m *Machine) Bye(now, deadline time.Time) {
 
 var errBye = fmt.Errorf("%w: session closed by this side", ErrClosed)
 
+// byeEnd: the goodbye is over; the driver drains the QP and then closes with err
+// (ActDrain). Frames reaped meanwhile are still delivered.
+func (m *Machine) byeEnd(err error) {
+	if m.byeEnding {
+		return
+	}
+	m.byeEnding = true
+	m.byeAt = time.Time{}
+	m.acts = append(m.acts, Action{Kind: ActDrain, Err: err})
+}
+
 func expired(r *SendReq) error {
 	return fmt.Errorf("send seq %d: not posted before its deadline: %w", r.Seq, context.DeadlineExceeded)
 }
@@ -604,7 +623,7 @@ func (m *Machine) Tick(now time.Time) {
 	}
 	if !m.byeAt.IsZero() {
 		if !now.Before(m.byeAt) {
-			m.Close(fmt.Errorf("%w: SESSION_CLOSE did not complete before the deadline", errBye))
+			m.byeEnd(fmt.Errorf("%w: SESSION_CLOSE did not complete before the deadline", errBye))
 			return
 		}
 		if next.IsZero() || m.byeAt.Before(next) {
@@ -758,7 +777,7 @@ func (m *Machine) SendWC(wrid uint64) {
 		return
 	}
 	if m.completeThrough(wrid) {
-		m.Close(errBye)
+		m.byeEnd(errBye)
 		return
 	}
 	m.trySend()
@@ -1055,7 +1074,7 @@ func (m *Machine) tooLarge(size int) error {
 // trySend posts what credit and the send ring allow: queued notifies first (each carries
 // the credit total in ack_seq), then an explicit grant when one is still due.
 func (m *Machine) trySend() {
-	if m.state != stateConnected {
+	if m.state != stateConnected || m.byeEnding {
 		return
 	}
 	ring := uint64(len(m.ring))

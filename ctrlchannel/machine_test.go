@@ -49,6 +49,11 @@ type node struct {
 	sends     []wireFrame // every frame posted, for inspection
 	fences    []fenceAt
 	drops     []Action
+	// drain: the ActDrain's error once one came; holdDrain keeps the node from closing
+	// then (the driver's reaping is the test's), else it closes at once, as a driver
+	// whose CQ held nothing more would.
+	drain     error
+	holdDrain bool
 }
 
 // fenceAt is an ActFence and the number of notifies delivered before it.
@@ -85,8 +90,13 @@ func newNode(t testing.TB, name string, p Params) *node {
 
 // apply performs the machine's actions the way a driver would.
 func (n *node) apply() {
+	var drain error
 	for _, a := range n.m.Ready() {
 		switch a.Kind {
+		case ActDrain:
+			require.Nil(n.t, n.drain, "%s: a second ActDrain", n.name)
+			require.ErrorIs(n.t, a.Err, ErrClosed)
+			n.drain, drain = a.Err, a.Err
 		case ActPostRecv:
 			require.False(n.t, n.isPosted[a.Slot], "%s: slot %d posted twice", n.name, a.Slot)
 			n.isPosted[a.Slot] = true
@@ -116,6 +126,10 @@ func (n *node) apply() {
 		default:
 			n.t.Fatalf("%s: unknown action %v", n.name, a.Kind)
 		}
+	}
+	if drain != nil && !n.holdDrain {
+		n.m.Close(drain)
+		n.apply()
 	}
 }
 

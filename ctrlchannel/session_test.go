@@ -255,3 +255,37 @@ func TestMachineSendRingLater(t *testing.T) {
 	require.NoError(t, m.Connected(t0, pp))
 	require.ErrorIs(t, m.SetSendRing(make([]byte, 4*256)), ErrConfig)
 }
+
+// TestMachineByeDrainDelivers: a notify the peer sends across our goodbye lands (its
+// SEND completes at the peer) after our SESSION_CLOSE completed, or after the goodbye's
+// deadline: the machine asks the driver to drain (ActDrain) instead of closing at once,
+// and what the driver reaps meanwhile is delivered. Closing at once dropped it, while its
+// sender had it acknowledged (the soak on softverbs: `lost`, a reopened receiver).
+func TestMachineByeDrainDelivers(t *testing.T) {
+	for _, deadline := range []bool{false, true} {
+		nw := connect(t, extParams(8), extParams(8))
+		nw.a.holdDrain = true
+		nw.a.m.Bye(t0, t0.Add(time.Second))
+		nw.a.apply()
+		r := nw.b.submit(1, "n", "across the goodbye")
+		if deadline {
+			nw.a.m.Tick(t0.Add(time.Second))
+			nw.a.apply()
+		} else {
+			require.True(t, nw.land(nw.a, nw.b), "a's SESSION_CLOSE reaches b and completes at a")
+		}
+		require.ErrorIs(t, nw.a.drain, ErrClosed, "deadline %v", deadline)
+		require.NoError(t, nw.a.closed, "deadline %v: closed before the drain", deadline)
+		require.True(t, nw.land(nw.b, nw.a), "b's notify, reaped while a drains")
+		require.Equal(t, []uint64{1}, seqs(nw.a.got), "deadline %v", deadline)
+		sent := len(nw.a.sends)
+		nw.a.repost()
+		require.Len(t, nw.a.sends, sent, "no frame is sent while draining (no credit grant)")
+		nw.a.m.Close(nw.a.drain)
+		nw.a.apply()
+		require.ErrorIs(t, nw.a.closed, ErrClosed)
+		if deadline {
+			require.NoError(t, nw.b.done[r])
+		}
+	}
+}
