@@ -225,6 +225,30 @@ func connectionLost(err error) bool {
 	return errors.Is(err, oob.ErrPeerUnreachable) && !errors.Is(err, oob.ErrNotSent)
 }
 
+// liveSibling reports whether another name of ne's port leads to a pair that is alive (its
+// channel up, or active within the connect timeout).
+func (m *peerMachine) liveSibling(now time.Time, ne *nameEntry) bool {
+	for _, o := range m.names {
+		p := o.peer
+		if o == ne || p == nil || o.unreachable || p.superseded || !mayLeadTo(ne.name, p) {
+			continue
+		}
+		if ce := m.chans[p.ch]; (p.ch != 0 && ce != nil && ce.up) || now.Sub(p.lastActive) < m.cfg.connectTimeout {
+			return true
+		}
+	}
+	return false
+}
+
+// shortBackoff makes ne's next handshake go after busyRetryAfter (and as much again at
+// random), not after its backoff: its sends hold a live pair's meanwhile.
+func (m *peerMachine) shortBackoff(now time.Time, ne *nameEntry) {
+	if at := now.Add(busyRetryAfter + time.Duration(m.rand()%uint64(busyRetryAfter))); at.Before(ne.backoffAt) {
+		ne.backoffAt = at
+		m.setTimer(at)
+	}
+}
+
 // handshakeOK ends ne's backoff.
 func (m *peerMachine) handshakeOK(ne *nameEntry) {
 	ne.failures, ne.backoffAt, ne.backoffErr = 0, time.Time{}, nil
@@ -307,6 +331,12 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 	// an address whose connections keep ending so is not let hold the other peers of its
 	// port (another host's engine may share the port) for longer than one backoff.
 	lost := connectionLost(res.err) && ne.failures == 0
+	// Later such failures in a row still hold when another name of the port leads to a
+	// pair that is alive: the engine serves the port, the name most likely leads to it,
+	// and its sends must not be overtaken; it is tried again shortly, not after its
+	// backoff (shortBackoff).
+	sibling := connectionLost(res.err) && !lost && m.liveSibling(now, ne)
+	lost = lost || sibling
 	ne.unreachable = res.err != nil && !errors.Is(res.err, oob.ErrPeerClosed) && !lost
 	// A hint that came while this handshake was out outlives its failure (the engine that
 	// answered on the port came up after it went); any other ends here.
@@ -320,6 +350,9 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 		}
 		err := sendErr(kind, name, "handshake", res.err, false)
 		m.handshakeFailed(now, ne, err)
+		if sibling {
+			m.shortBackoff(now, ne)
+		}
 		m.failName(now, ne, err)
 		return
 	}

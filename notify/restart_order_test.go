@@ -379,6 +379,44 @@ func TestMachineLostConnectionTwiceHoldsNothing(t *testing.T) {
 	require.Equal(t, []reqID{6}, oobReqs(kinds(aOOB)), "a name whose connections keep ending holds nothing")
 }
 
+// TestMachineLostConnectionsSiblingLiveHolds: as TestMachineLostConnectionTwiceHoldsNothing,
+// but the pair that the other name of the port leads to is alive (it just acknowledged a
+// notify): a name whose connections end again and again (the soak's cuts) still holds the
+// later sends to that pair, and is tried again within 200 ms instead of waiting out its
+// backoff. Before, its sends waited up to 8 s holding nothing while the other name's later
+// sends were delivered first (the soak on the soft provider: 7 acknowledged out of order).
+func TestMachineLostConnectionsSiblingLiveHolds(t *testing.T) {
+	now := time.Unix(1000, 0)
+	cfg := simCfg()
+	cfg.channels = false
+	m, kinds := directMachine(cfg)
+	const y, z = "localhost:b", "127.0.0.1:b"
+	lost := &kindError{kind: ErrPeerUnreachable, cause: fmt.Errorf("%w: localhost:b: write: broken pipe", oob.ErrPeerUnreachable)}
+	reachByZ(t, m, kinds, now)
+	next := reqID(10)
+	for round := 0; round < 6; round++ {
+		m.send(now, next, y, "", now.Add(time.Hour), 0)
+		connects := len(kinds(aConnect))
+		m.send(now, next+1, z, "", now.Add(time.Hour), 0)
+		require.Empty(t, kinds(aOOB), "round %d: the send by z waits for the older one by y", round)
+		if round == 0 {
+			require.Equal(t, 1, connects)
+		} else {
+			require.Zero(t, connects, "round %d: y backs off", round)
+			now = now.Add(200 * time.Millisecond)
+			m.tick(now)
+			require.Len(t, kinds(aConnect), 1, "round %d: y is tried again within 200 ms", round)
+		}
+		m.connected(now, y, 0, hsResult{err: lost})
+		acts := m.ready()
+		require.Len(t, filterKind(acts, aComplete), 1, "round %d: y's send fails with its handshake", round)
+		require.Equal(t, []reqID{next + 1}, oobReqs(acts), "round %d", round)
+		m.sendResult(now, next+1, nil, false, false) // the pair by z stays alive
+		kinds(aComplete)
+		next += 2
+	}
+}
+
 // oobReqs is the requests of OOB sends among acts, in order.
 func oobReqs(acts []mAction) []reqID {
 	var out []reqID
