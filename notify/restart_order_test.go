@@ -353,6 +353,8 @@ func TestMachineLostConnectionNameHolds(t *testing.T) {
 // TestMachineLostConnectionTwiceHoldsNothing: a name whose handshakes lose their connection
 // twice in a row holds nothing after the second (another host's engine may share the port:
 // it is not made to wait out each backoff of an address whose connections keep ending).
+// The pair by z is idle here (nothing for a connect timeout, 1 s in simCfg, before the
+// second failure); a live one makes the name hold (TestMachineLostConnectionsSiblingLiveHolds).
 func TestMachineLostConnectionTwiceHoldsNothing(t *testing.T) {
 	now := time.Unix(1000, 0)
 	cfg := simCfg()
@@ -369,9 +371,10 @@ func TestMachineLostConnectionTwiceHoldsNothing(t *testing.T) {
 	m.send(now, 4, z, "", now.Add(time.Hour), 0)
 	require.Empty(t, kinds(aOOB), "after the first lost connection, send 4 waits for send 3")
 
-	now = now.Add(time.Second)
+	now = now.Add(time.Second) // the pair by z idle for a connect timeout
 	m.tick(now)
 	require.Len(t, kinds(aConnect), 1)
+	require.False(t, m.liveSibling(now, m.names[y]), "the pair by z counts as idle")
 	m.connected(now, y, 0, hsResult{err: lost}) // the second in a row: send 3 fails, 4 goes
 	require.Equal(t, []reqID{4}, oobReqs(kinds(aOOB)))
 	m.send(now, 5, y, "", now.Add(time.Hour), 0)
