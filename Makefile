@@ -46,6 +46,8 @@ PINGPONG       ?= /usr/bin/ibv_rc_pingpong
 REDIS_SERVER   ?= redis-server
 PERFTEST       ?= /usr/bin/ib_send_lat
 PYVERBS        ?= /usr/lib/python3/dist-packages/pyverbs
+UCX_PERFTEST   ?= /usr/bin/ucx_perftest
+FI_PINGPONG    ?= /usr/bin/fi_pingpong
 SOFTVERBS_LIBDIR := $(CURDIR)/build/softverbs
 
 include ibv/softverbs/softverbs.mk
@@ -132,14 +134,16 @@ soak:
 
 # rdma-deps installs the libibverbs headers (libibverbs-dev), rdma-core's example programs
 # (ibverbs-utils: ibv_devinfo, ibv_rc_pingpong), perftest (ib_send_lat … ib_atomic_lat) and
-# pyverbs with rdma-core's Python tests (python3-pyverbs) when they are missing and we are root.
+# pyverbs with rdma-core's Python tests (python3-pyverbs), UCX's ucx_info and ucx_perftest
+# (ucx-utils) and libfabric's fi_info and fi_pingpong (libfabric-bin) when they are missing and we are root.
 rdma-deps:
-	@if [ -f "$(VERBS_H)" ] && [ -x "$(PINGPONG)" ] && [ -x "$(PERFTEST)" ] && [ -d "$(PYVERBS)" ]; then exit 0; fi; \
+	@if [ -f "$(VERBS_H)" ] && [ -x "$(PINGPONG)" ] && [ -x "$(PERFTEST)" ] && [ -d "$(PYVERBS)" ] && \
+		[ -x "$(UCX_PERFTEST)" ] && [ -x "$(FI_PINGPONG)" ]; then exit 0; fi; \
 	if [ "$$(id -u)" != 0 ]; then exit 0; fi; \
 	if ! command -v apt-get >/dev/null; then exit 0; fi; \
-	echo "rdma: installing libibverbs-dev, ibverbs-utils, perftest and python3-pyverbs"; \
+	echo "rdma: installing libibverbs-dev, ibverbs-utils, perftest, python3-pyverbs, ucx-utils and libfabric-bin"; \
 	apt-get update; \
-	DEBIAN_FRONTEND=noninteractive apt-get install -y libibverbs-dev ibverbs-utils perftest python3-pyverbs
+	DEBIAN_FRONTEND=noninteractive apt-get install -y libibverbs-dev ibverbs-utils perftest python3-pyverbs ucx-utils libfabric-bin
 
 # test-deps installs the services the unit tests start themselves: Debian's redis-server (the
 # directory's Redis backend is tested against it) when it is missing and we are root;

@@ -11,7 +11,8 @@ GO=${GO:-go}
 iters=${SOFTVERBS_ITERS:-1000}
 dev=${SOFTVERBS_DEVICE:-softverbs0}
 work=$(mktemp -d /tmp/softverbs-test.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+madenode=
+trap 'rm -rf "$work"; [ -z "$madenode" ] || rm -f "$madenode"' EXIT
 results=()
 failed=0
 
@@ -271,6 +272,108 @@ if [ -f "$pytests/run_tests.py" ] && [ -x /usr/bin/python3 ]; then
 	fi
 else
 	step "rdma-core's Python tests (pyverbs)" SKIPPED "python3-pyverbs not installed"
+fi
+
+# 2e. UCX over softverbs. UCX lists an IB device only when /dev/infiniband/<dev_name> is a
+# character device it may read and write (its uct_ib_device_is_accessible); softverbs has no
+# kernel device, so the test makes that node (char 1:3, /dev/null's: softverbs never reads it)
+# when it is root, and removes it afterwards if it made it. Then ucx_info must list
+# softverbs0:1 with rc_verbs and ud_verbs, and ucx_perftest runs between two processes: UCT
+# am_lat on each transport, and UCP tag_lat, ucp_am_lat and ucp_put_bw with UCX_TLS=rc_verbs
+# (and ud_verbs, which UCP needs beside rc_verbs to wire up) and with UCX_TLS=ud_verbs; a run
+# passes when it ends with its "Final:" line and UCP says it used that transport. Figures are
+# printed, never judged.
+ucxnode=/dev/infiniband/uverbs_$dev
+ucxperf() { # ucxperf NAME TLS-ENV-OR-- WANT ARGS...: run both sides on a free port
+	local name=$1 tls=$2 want=$3 ok=0
+	shift 3
+	for _ in 1 2 3 4 5; do
+		local port=$((20000 + RANDOM % 20000))
+		env ${tls:+UCX_TLS=$tls} UCX_NET_DEVICES="$dev:1" timeout 120 ucx_perftest "$@" -p "$port" >"$work/usrv" 2>&1 &
+		local srv=$!
+		for _ in $(seq 1 40); do
+			if env ${tls:+UCX_TLS=$tls} UCX_NET_DEVICES="$dev:1" UCX_LOG_LEVEL=info \
+				timeout 120 ucx_perftest "$@" -p "$port" 127.0.0.1 >"$work/ucli" 2>&1; then
+				ok=1; break
+			fi
+			grep -q -i "connect" "$work/ucli" || break
+			kill -0 "$srv" 2>/dev/null || break
+			sleep 0.25
+		done
+		wait "$srv" || ok=0
+		[ $ok = 1 ] && break
+		grep -q -i "bind\|address already in use" "$work/usrv" || break
+	done
+	if [ $ok = 1 ] && grep -q '^Final:' "$work/ucli" && { [ -z "$want" ] || grep -q "$want" "$work/ucli"; }; then
+		step "$name" PASS "$(grep '^Final:' "$work/ucli" | awk '{printf "typical %s us, avg %s us, %s MB/s, %s msg/s", $3, $5, $7, $9}')"
+	else
+		echo "-- server:"; cat "$work/usrv"; echo "-- client:"; cat "$work/ucli"
+		step "$name" FAIL
+	fi
+}
+if ! command -v ucx_perftest >/dev/null || ! command -v ucx_info >/dev/null; then
+	step "UCX over softverbs (ucx_info, ucx_perftest)" SKIPPED "ucx-utils not installed"
+elif [ ! -c "$ucxnode" ] && [ "$(id -u)" != 0 ]; then
+	step "UCX over softverbs (ucx_info, ucx_perftest)" SKIPPED "no $ucxnode and not root to make it"
+else
+	if [ ! -c "$ucxnode" ]; then
+		mkdir -p /dev/infiniband && mknod "$ucxnode" c 1 3 && chmod 666 "$ucxnode" && madenode=$ucxnode
+	fi
+	timeout 60 ucx_info -d >"$work/ucxinfo" 2>&1
+	if grep -q "Memory domain: $dev" "$work/ucxinfo" &&
+		grep -A1 "Transport: rc_verbs" "$work/ucxinfo" | grep -q "Device: $dev:1" &&
+		grep -A1 "Transport: ud_verbs" "$work/ucxinfo" | grep -q "Device: $dev:1"; then
+		step "ucx_info -d lists $dev:1 (rc_verbs, ud_verbs)" PASS
+	else
+		cat "$work/ucxinfo"; step "ucx_info -d lists $dev:1 (rc_verbs, ud_verbs)" FAIL
+	fi
+	for x in rc_verbs ud_verbs; do
+		ucxperf "ucx_perftest -t am_lat -x $x (UCT)" "" "" -d "$dev:1" -x "$x" -t am_lat -n "$iters" -w 100
+	done
+	for t in tag_lat ucp_am_lat ucp_put_bw; do
+		ucxperf "ucx_perftest -t $t, UCX_TLS=rc_verbs" rc_verbs,ud_verbs "ep_cfg.*rc_verbs/$dev:1" \
+			-t "$t" -n "$iters" -w 100
+		ucxperf "ucx_perftest -t $t, UCX_TLS=ud_verbs" ud_verbs "ep_cfg.*ud_verbs/$dev:1" -t "$t" -n "$iters" -w 100
+	done
+	[ -z "$madenode" ] || { rm -f "$madenode"; madenode=; }
+fi
+
+# 2f. libfabric's verbs provider over softverbs: fi_info lists softverbs0's domains, and
+# fi_pingpong runs between two processes over reliable datagram endpoints (verbs UD under
+# libfabric's ofi_rxd), 64 B, with data checks (-c). Its MSG (RC) and plain DGRAM endpoints
+# need rdma_cm's kernel device (/dev/infiniband/rdma_cm), which no machine without kernel
+# RDMA has: they are listed, not run.
+if ! command -v fi_info >/dev/null || ! command -v fi_pingpong >/dev/null; then
+	step "libfabric over softverbs (fi_info, fi_pingpong)" SKIPPED "libfabric-bin not installed"
+else
+	timeout 60 fi_info -p verbs >"$work/fiinfo" 2>&1
+	if grep -q "domain: $dev\$" "$work/fiinfo" && grep -q "domain: $dev-dgram" "$work/fiinfo"; then
+		step "fi_info -p verbs lists $dev, $dev-dgram" PASS
+	else
+		cat "$work/fiinfo"; step "fi_info -p verbs lists $dev, $dev-dgram" FAIL
+	fi
+	ok=0
+	for _ in 1 2 3 4 5; do
+		port=$((20000 + RANDOM % 20000))
+		timeout 120 fi_pingpong -p 'verbs;ofi_rxd' -e rdm -I 200 -S 64 -c -B "$port" >"$work/fsrv" 2>&1 &
+		srv=$!
+		for _ in $(seq 1 40); do
+			if timeout 120 fi_pingpong -p 'verbs;ofi_rxd' -e rdm -I 200 -S 64 -c -P "$port" 127.0.0.1 >"$work/fcli" 2>&1; then
+				ok=1; break
+			fi
+			kill -0 "$srv" 2>/dev/null || break
+			sleep 0.25
+		done
+		wait "$srv" || ok=0
+		[ $ok = 1 ] && break
+		kill "$srv" 2>/dev/null
+	done
+	if [ $ok = 1 ] && grep -q '^64 ' "$work/fcli"; then
+		step "fi_pingpong -p 'verbs;ofi_rxd' -e rdm -c, 64 B" PASS "$(awk '/^64 /{printf "%s us per transfer", $7}' "$work/fcli")"
+	else
+		echo "-- server:"; cat "$work/fsrv"; echo "-- client:"; cat "$work/fcli"
+		step "fi_pingpong -p 'verbs;ofi_rxd' -e rdm -c, 64 B" FAIL
+	fi
 fi
 
 # 3. sv_test: the C test of verbs semantics and faults.
