@@ -760,6 +760,48 @@ static void test_channel(void)
 	free_side(&b);
 }
 
+/* A consumer busy-polling an empty CQ reads its context's sockets itself, and the progress
+ * thread leaves them to it; once the poller stops (arming nothing) the thread must read them
+ * again: a SEND to that side then completes, though nobody there polls. Left to a poller
+ * that has gone, it would run out of retries (IBV_WC_RETRY_EXC_ERR). */
+static void test_poller_handback(void)
+{
+	cur_test = "busy poller hands back";
+	struct qopts o = defaults();
+	o.recv_wr = 128;
+	struct side a, b;
+	REQUIRE(!pair(&a, &b, o, o), "pair");
+	struct ibv_wc wc[64];
+	const int n = 50;
+	for (int i = 0; i <= n; i++)
+		CHECK(post_recv(&b, b.qp, i, 0, 64) == 0, "recv");
+	/* b busy-polls while a's SENDs arrive: b's poller takes them, b's thread steps aside */
+	for (int i = 0; i < n; i++)
+		CHECK(post_send(&a, a.qp, i, 0, 64, IBV_SEND_SIGNALED) == 0, "send");
+	int got = 0;
+	double end = now_s() + 30;
+	while (got < n && now_s() < end) {
+		int k = ibv_poll_cq(b.rcq, 64, wc);
+		CHECK(k >= 0, "poll");
+		got += k > 0 ? k : 0;
+	}
+	CHECK(got == n, "b got %d of %d", got, n);
+	CHECK(wait_wcs(a.scq, wc, n, 30) == n, "a's sends");
+	/* b goes on polling its empty CQ past the thread's next wake-up (it reads the control
+	 * file every 100 ms), which then leaves the sockets to b's poller */
+	end = now_s() + 0.25;
+	while (now_s() < end)
+		CHECK(ibv_poll_cq(b.rcq, 1, wc) == 0, "b's CQ empty");
+	/* b stops polling; a's next SEND is read and acknowledged by b's thread */
+	CHECK(post_send(&a, a.qp, n, 0, 64, IBV_SEND_SIGNALED) == 0, "send");
+	REQUIRE(wait_wcs(a.scq, wc, 1, 30) == 1, "no completion of the SEND to a side nobody polls");
+	CHECK(wc[0].status == IBV_WC_SUCCESS, "SEND to a side nobody polls: %s", ibv_wc_status_str(wc[0].status));
+	CHECK(wait_wcs(b.rcq, wc, 1, 10) == 1 && wc[0].status == IBV_WC_SUCCESS && wc[0].wr_id == (uint64_t)n,
+	      "b's RECV of it");
+	free_side(&a);
+	free_side(&b);
+}
+
 static void test_loss(void)
 {
 	cur_test = "loss recovery";
@@ -1991,7 +2033,8 @@ int main(int argc, char **argv)
 		{"one device", test_one_device},
 		{"modify rules", test_modify_rules}, {"bad arguments", test_bad_args},
 		{"delivery", test_delivery}, {"post and QP state", test_post_before_rts}, {"rnr", test_rnr}, {"flush", test_flush},
-		{"overrun", test_overrun}, {"channel", test_channel}, {"dead peer", test_dead_peer},
+		{"overrun", test_overrun}, {"channel", test_channel}, {"busy poller hands back", test_poller_handback},
+		{"dead peer", test_dead_peer},
 		{"loss", test_loss}, {"faults", test_faults},
 		{"rdma", test_rdma}, {"rdma errors", test_rdma_errors}, {"rdma loss", test_rdma_loss},
 		{"rdma across processes", test_rdma_process}, {"srq", test_srq},

@@ -4,6 +4,7 @@
  * that plays the NIC (see README.md). Locking: a context's lk guards its QPs, MRs, PD
  * counts, async queue and sockets; a CQ's lk its ring; a channel's lk its event queue.
  * Order: context -> CQ -> channel. */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -206,6 +207,15 @@ struct sv_ctx {
 	pthread_t thr;
 	int stop;
 	int64_t sleep_until; /* the progress thread sleeps until then; 0 while it runs */
+	/* A consumer that busy-polls an empty CQ reads the context's sockets itself
+	 * (sv_poll_cq). While it does, the progress thread leaves the sockets to it and waits
+	 * only for its timers and wakefd: were both on the sockets, every packet would also
+	 * wake the thread, a context switch per packet on the cores the pollers spin on. */
+	int64_t poll_ns;  /* when a consumer last read the sockets from sv_poll_cq */
+	int poll_streak;  /* how many times it did since a CQ of the context was last armed */
+	int leave_rx;     /* the thread is waiting with the sockets left to the pollers */
+	struct sv_txb *txb; /* the packets sv_pump is sending, NULL until the first pump */
+	int txb_on;         /* sv_pump is running: packets go into txb */
 	struct sv_qp **qps;  /* by QPN (the UDP port) */
 	struct sv_qp *qlist;
 	struct sv_mr *mrs[SV_MR_BUCKETS];
@@ -219,6 +229,8 @@ struct sv_ctx {
 };
 
 enum { SV_WAKE_ID = 0 };
+#define SV_POLL_STREAK 16             /* empty polls in a row that make a busy poller */
+#define SV_POLL_HOLD_NS (1000 * 1000) /* how long one leaves the sockets to the pollers */
 
 static void sv_rx(struct sv_ctx *c, const struct epoll_event *evs, int n, int thread);
 
@@ -714,6 +726,9 @@ static int sv_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
 			int k = epoll_wait(c->epfd, evs, 16, 0);
 			if (k > 0)
 				sv_rx(c, evs, k, 0);
+			__atomic_store_n(&c->poll_ns, sv_now_ns(), __ATOMIC_RELAXED);
+			if (__atomic_load_n(&c->poll_streak, __ATOMIC_RELAXED) < SV_POLL_STREAK)
+				__atomic_add_fetch(&c->poll_streak, 1, __ATOMIC_RELAXED);
 			pthread_mutex_unlock(&c->lk);
 		}
 		if (!__atomic_load_n(&cq->count, __ATOMIC_ACQUIRE)) {
@@ -744,6 +759,12 @@ static int sv_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 	if (!cq->armed || !solicited_only)
 		cq->armed = solicited_only ? 2 : 1;
 	pthread_mutex_unlock(&cq->lk);
+	/* A consumer that arms a CQ waits for events: the progress thread must read the
+	 * sockets again, at once if it had left them to the pollers. */
+	struct sv_ctx *c = cq->ctx;
+	__atomic_store_n(&c->poll_streak, 0, __ATOMIC_RELAXED);
+	if (__atomic_load_n(&c->leave_rx, __ATOMIC_ACQUIRE))
+		sv_evfd_set(c->wakefd);
 	return 0;
 }
 
@@ -1188,11 +1209,49 @@ static void sv_send_pkt(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *
 	sv_send_pkt_to(q, h, payload, &q->dest);
 }
 
+/* The packets one sv_pump sends leave in batches of up to SV_TX_BATCH per sendmmsg (a
+ * message of many path-MTU packets costs a few system calls, not one each), in the order
+ * they were made; a batch holds one QP's packets. */
+enum { SV_TX_BATCH = 16 };
+struct sv_txb {
+	int n;
+	struct sv_qp *q;
+	size_t len[SV_TX_BATCH];
+	struct sockaddr_in dest[SV_TX_BATCH];
+	uint8_t buf[SV_TX_BATCH][SV_MAX_HDR + SV_MAX_PAYLOAD];
+};
+
+static void sv_tx_flush(struct sv_ctx *c)
+{
+	struct sv_txb *b = c->txb;
+	if (!b || !b->n)
+		return;
+	struct iovec iov[SV_TX_BATCH];
+	struct mmsghdr mm[SV_TX_BATCH];
+	for (int i = 0; i < b->n; i++) {
+		iov[i] = (struct iovec){.iov_base = b->buf[i], .iov_len = b->len[i]};
+		mm[i] = (struct mmsghdr){.msg_hdr = {.msg_name = &b->dest[i], .msg_namelen = sizeof(b->dest[i]),
+						     .msg_iov = &iov[i], .msg_iovlen = 1}};
+	}
+	/* Non-blocking, as a single packet's send: what a full socket buffer does not take is
+	 * lost, as on a congested link; the retransmit timer recovers it. */
+	int sent = 0;
+	for (int tries = 0; tries < 2 && sent < b->n; tries++) {
+		int r = sendmmsg(b->q->fd, mm + sent, (unsigned)(b->n - sent), MSG_DONTWAIT);
+		if (r <= 0)
+			break;
+		sent += r;
+	}
+	b->n = 0;
+	b->q = NULL;
+}
+
 static void sv_send_pkt_to(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload,
 			   const struct sockaddr_in *dest)
 {
 	struct sv_ctx *c = q->ctx;
-	uint8_t buf[SV_MAX_HDR + SV_MAX_PAYLOAD];
+	uint8_t one[SV_MAX_HDR + SV_MAX_PAYLOAD];
+	uint8_t *buf = one;
 	if (!sv_port_active(c)) {
 		sv_count(c->dev, SV_CNT_TX_DROPPED);
 		return;
@@ -1203,9 +1262,23 @@ static void sv_send_pkt_to(struct sv_qp *q, const struct sv_hdr *h, const uint8_
 		return;
 	}
 	sv_count(c->dev, SV_CNT_TX_PACKETS);
+	struct sv_txb *b = c->txb_on ? c->txb : NULL;
+	if (b) {
+		if (b->n && b->q != q)
+			sv_tx_flush(c);
+		buf = b->buf[b->n];
+	}
 	size_t hl = sv_encode(h, buf);
 	if (h->len)
 		memcpy(buf + hl, payload, h->len);
+	if (b) {
+		b->q = q;
+		b->len[b->n] = hl + h->len;
+		b->dest[b->n] = *dest;
+		if (++b->n == SV_TX_BATCH)
+			sv_tx_flush(c);
+		return;
+	}
 	/* Non-blocking: a full socket buffer loses the packet, as a congested link would; the
 	 * retransmit timer recovers it. */
 	if (sendto(q->fd, buf, hl + h->len, MSG_DONTWAIT, (const struct sockaddr *)dest, sizeof(*dest)) < 0) {
@@ -1395,7 +1468,30 @@ static uint32_t sv_rd_outstanding(struct sv_qp *q)
 
 enum { SV_READ_SEG = 32 }; /* response packets asked for by one READ request packet */
 
+static void sv_pump_wrs(struct sv_qp *q, int64_t now);
+
+/* sv_pump sends what q's send queue may send now; its packets leave in batches (sv_txb). */
 static void sv_pump(struct sv_qp *q, int64_t now)
+{
+	struct sv_ctx *c = q->ctx;
+	if (c->txb_on) {
+		sv_pump_wrs(q, now);
+		return;
+	}
+	if (!c->txb)
+		c->txb = malloc(sizeof(*c->txb));
+	if (!c->txb) {
+		sv_pump_wrs(q, now);
+		return;
+	}
+	c->txb->n = 0;
+	c->txb_on = 1;
+	sv_pump_wrs(q, now);
+	sv_tx_flush(c);
+	c->txb_on = 0;
+}
+
+static void sv_pump_wrs(struct sv_qp *q, int64_t now)
 {
 	if (q->state != IBV_QPS_RTS || q->resume_at)
 		return;
@@ -2113,9 +2209,16 @@ static void sv_faults_apply(struct sv_ctx *c)
 /* sv_rx reads the sockets epoll reported ready and handles their packets. Context lock held.
  * Only the progress thread consumes its wake-up eventfd (a consumer's inline progress must
  * leave it readable, or the thread would sleep through a new deadline). */
+/* sv_rx reads the ready sockets' packets, up to 64 per QP per call, SV_RX_BATCH per
+ * recvmmsg: a message of many path-MTU packets costs a few system calls, not one each. */
+enum { SV_RX_BATCH = 8 };
+
 static void sv_rx(struct sv_ctx *c, const struct epoll_event *evs, int n, int thread)
 {
-	static __thread uint8_t buf[SV_MAX_HDR + SV_MAX_PAYLOAD + 1];
+	/* + 1: a datagram longer than any packet fills the buffer and fails sv_decode */
+	static __thread uint8_t bufs[SV_RX_BATCH][SV_MAX_HDR + SV_MAX_PAYLOAD + 1];
+	struct iovec iov[SV_RX_BATCH];
+	struct mmsghdr mm[SV_RX_BATCH];
 	int64_t now = sv_now_ns();
 	for (int i = 0; i < n; i++) {
 		uint32_t id = evs[i].data.u32;
@@ -2124,14 +2227,21 @@ static void sv_rx(struct sv_ctx *c, const struct epoll_event *evs, int n, int th
 				sv_evfd_clear(c->wakefd);
 			continue;
 		}
-		for (int k = 0; k < 64; k++) {
+		for (int k = 0; k < 64 / SV_RX_BATCH; k++) {
 			struct sv_qp *q = c->qps[id];
 			if (!q)
 				break;
-			ssize_t r = recv(q->fd, buf, sizeof(buf), MSG_DONTWAIT);
-			if (r < 0)
+			for (int j = 0; j < SV_RX_BATCH; j++) {
+				iov[j] = (struct iovec){.iov_base = bufs[j], .iov_len = sizeof(bufs[j])};
+				mm[j] = (struct mmsghdr){.msg_hdr = {.msg_iov = &iov[j], .msg_iovlen = 1}};
+			}
+			int r = recvmmsg(q->fd, mm, SV_RX_BATCH, MSG_DONTWAIT, NULL);
+			if (r <= 0)
 				break;
-			sv_on_packet(q, buf, (size_t)r, now);
+			for (int j = 0; j < r && c->qps[id] == q; j++)
+				sv_on_packet(q, bufs[j], mm[j].msg_len, now);
+			if (r < SV_RX_BATCH)
+				break;
 		}
 	}
 }
@@ -2160,6 +2270,28 @@ static void *sv_thread(void *arg)
 			dl = next_ctl;
 		c->sleep_until = dl;
 		pthread_mutex_unlock(&c->lk);
+		/* A consumer busy-polling (several empty polls in a row, no CQ armed since, the
+		 * last within SV_POLL_HOLD_NS) reads the sockets: wait for the timers and wakefd
+		 * only, and look again within SV_POLL_HOLD_NS (a poller that stops leaves the
+		 * packets to the thread at most that much later). */
+		int64_t ps = __atomic_load_n(&c->poll_ns, __ATOMIC_RELAXED);
+		if (__atomic_load_n(&c->poll_streak, __ATOMIC_RELAXED) >= SV_POLL_STREAK &&
+		    now - ps < SV_POLL_HOLD_NS) {
+			int64_t until = ps + SV_POLL_HOLD_NS < dl ? ps + SV_POLL_HOLD_NS : dl;
+			c->sleep_until = until;
+			__atomic_store_n(&c->leave_rx, 1, __ATOMIC_RELEASE);
+			pthread_mutex_unlock(&c->lk);
+			int64_t d = until - now;
+			struct timespec ts = {d > 0 ? d / 1000000000 : 0, d > 0 ? d % 1000000000 : 0};
+			struct pollfd pfd = {.fd = c->wakefd, .events = POLLIN};
+			int woke = ppoll(&pfd, 1, &ts, NULL);
+			pthread_mutex_lock(&c->lk);
+			__atomic_store_n(&c->leave_rx, 0, __ATOMIC_RELEASE);
+			c->sleep_until = 0;
+			if (woke > 0)
+				sv_evfd_clear(c->wakefd);
+			continue;
+		}
 		int ms = -1;
 		if (dl != INT64_MAX) {
 			int64_t d = dl - now;
@@ -3514,6 +3646,7 @@ SV_EXPORT int ibv_close_device(struct ibv_context *context)
 	}
 	close(c->epfd);
 	close(c->wakefd);
+	free(c->txb);
 	close(context->async_fd);
 	if (context->cmd_fd >= 0)
 		close(context->cmd_fd);
