@@ -762,8 +762,8 @@ static int sv_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 	/* A consumer that arms a CQ waits for events: the progress thread must read the
 	 * sockets again, at once if it had left them to the pollers. */
 	struct sv_ctx *c = cq->ctx;
-	__atomic_store_n(&c->poll_streak, 0, __ATOMIC_RELAXED);
-	if (__atomic_load_n(&c->leave_rx, __ATOMIC_ACQUIRE))
+	__atomic_store_n(&c->poll_streak, 0, __ATOMIC_SEQ_CST);
+	if (__atomic_load_n(&c->leave_rx, __ATOMIC_SEQ_CST))
 		sv_evfd_set(c->wakefd);
 	return 0;
 }
@@ -2206,12 +2206,13 @@ static void sv_faults_apply(struct sv_ctx *c)
 	c->port_gen = port_gen;
 }
 
-/* sv_rx reads the sockets epoll reported ready and handles their packets. Context lock held.
- * Only the progress thread consumes its wake-up eventfd (a consumer's inline progress must
- * leave it readable, or the thread would sleep through a new deadline). */
-/* sv_rx reads the ready sockets' packets, up to 64 per QP per call, SV_RX_BATCH per
- * recvmmsg: a message of many path-MTU packets costs a few system calls, not one each. */
 enum { SV_RX_BATCH = 8 };
+
+/* sv_rx reads the sockets epoll reported ready and handles their packets, up to 64 per QP
+ * per call, SV_RX_BATCH per recvmmsg (a message of many path-MTU packets costs a few system
+ * calls, not one each). Context lock held. Only the progress thread consumes its wake-up
+ * eventfd (a consumer's inline progress must leave it readable, or the thread would sleep
+ * through a new deadline). */
 
 static void sv_rx(struct sv_ctx *c, const struct epoll_event *evs, int n, int thread)
 {
@@ -2268,30 +2269,35 @@ static void *sv_thread(void *arg)
 		int64_t dl = sv_next_deadline(c);
 		if (sv_cfg.ctl[0] && next_ctl < dl)
 			dl = next_ctl;
-		c->sleep_until = dl;
-		pthread_mutex_unlock(&c->lk);
 		/* A consumer busy-polling (several empty polls in a row, no CQ armed since, the
 		 * last within SV_POLL_HOLD_NS) reads the sockets: wait for the timers and wakefd
 		 * only, and look again within SV_POLL_HOLD_NS (a poller that stops leaves the
-		 * packets to the thread at most that much later). */
+		 * packets to the thread at most that much later). leave_rx is set before the
+		 * streak is read again, and sv_req_notify_cq clears the streak before it reads
+		 * leave_rx: one of the two sees the other, so an arming is never missed. */
 		int64_t ps = __atomic_load_n(&c->poll_ns, __ATOMIC_RELAXED);
 		if (__atomic_load_n(&c->poll_streak, __ATOMIC_RELAXED) >= SV_POLL_STREAK &&
 		    now - ps < SV_POLL_HOLD_NS) {
-			int64_t until = ps + SV_POLL_HOLD_NS < dl ? ps + SV_POLL_HOLD_NS : dl;
-			c->sleep_until = until;
-			__atomic_store_n(&c->leave_rx, 1, __ATOMIC_RELEASE);
-			pthread_mutex_unlock(&c->lk);
-			int64_t d = until - now;
-			struct timespec ts = {d > 0 ? d / 1000000000 : 0, d > 0 ? d % 1000000000 : 0};
-			struct pollfd pfd = {.fd = c->wakefd, .events = POLLIN};
-			int woke = ppoll(&pfd, 1, &ts, NULL);
-			pthread_mutex_lock(&c->lk);
-			__atomic_store_n(&c->leave_rx, 0, __ATOMIC_RELEASE);
-			c->sleep_until = 0;
-			if (woke > 0)
-				sv_evfd_clear(c->wakefd);
-			continue;
+			__atomic_store_n(&c->leave_rx, 1, __ATOMIC_SEQ_CST);
+			if (__atomic_load_n(&c->poll_streak, __ATOMIC_SEQ_CST) >= SV_POLL_STREAK) {
+				int64_t until = ps + SV_POLL_HOLD_NS < dl ? ps + SV_POLL_HOLD_NS : dl;
+				c->sleep_until = until;
+				pthread_mutex_unlock(&c->lk);
+				int64_t d = until - now;
+				struct timespec ts = {d > 0 ? d / 1000000000 : 0, d > 0 ? d % 1000000000 : 0};
+				struct pollfd pfd = {.fd = c->wakefd, .events = POLLIN};
+				int woke = ppoll(&pfd, 1, &ts, NULL);
+				pthread_mutex_lock(&c->lk);
+				__atomic_store_n(&c->leave_rx, 0, __ATOMIC_SEQ_CST);
+				c->sleep_until = 0;
+				if (woke > 0)
+					sv_evfd_clear(c->wakefd);
+				continue;
+			}
+			__atomic_store_n(&c->leave_rx, 0, __ATOMIC_SEQ_CST);
 		}
+		c->sleep_until = dl;
+		pthread_mutex_unlock(&c->lk);
 		int ms = -1;
 		if (dl != INT64_MAX) {
 			int64_t d = dl - now;
