@@ -529,7 +529,18 @@ func (e *Engine) Close(ctx context.Context) error {
 	if err := e.loop.Stop(ctx); err != nil {
 		errs = append(errs, err)
 	}
-	e.closeDevice()
+	// The device outlives every verb on it: when ctx cut the stop short, the loop goes on
+	// in the background (its shutdown runs what was queued, closeOnLoop included, which
+	// destroys the channels' QPs), and the device closes only once the loop has ended.
+	select {
+	case <-e.loop.Done():
+		e.closeDevice()
+	default:
+		go func() {
+			<-e.loop.Done()
+			e.closeDevice()
+		}()
+	}
 	e.rq.close()
 	e.waitReqs.close()
 	return closeErr(ctx, errs)
