@@ -35,6 +35,9 @@ const char *const sv_counter_names[SV_NCNT] = {
 	[SV_CNT_ACK_TIMEOUT] = "local_ack_timeout",
 	[SV_CNT_RETRY_EXC] = "retry_exceeded",
 	[SV_CNT_RNR_RETRY_EXC] = "rnr_retry_exceeded",
+	[SV_CNT_SAMEHOST_TX] = "samehost_tx_packets",
+	[SV_CNT_SAMEHOST_RX] = "samehost_rx_packets",
+	[SV_CNT_SAMEHOST_REFUSED] = "samehost_refused",
 };
 
 int64_t sv_now_ns(void)
@@ -153,6 +156,7 @@ static void sv_init(void)
 	sv_cfg.min_ack_ns = 20 * 1000000LL;
 	if ((v = getenv("SOFTVERBS_MIN_ACK_TIMEOUT_MS")) && atoi(v) >= 0)
 		sv_cfg.min_ack_ns = atoi(v) * 1000000LL;
+	sv_cfg.samehost = !(v = getenv("SOFTVERBS_SAMEHOST")) || sv_truthy(v);
 	if ((v = getenv("SOFTVERBS_CTL")))
 		snprintf(sv_cfg.ctl, sizeof(sv_cfg.ctl), "%s", v);
 

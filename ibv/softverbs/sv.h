@@ -43,6 +43,7 @@ struct sv_config {
 	int roce_v1_only;     /* Ethernet: the RoCE v2 entries (1, 3) empty, as a v1-only NIC */
 	enum ibv_mtu active_mtu;
 	int64_t min_ack_ns;   /* floor of the local ACK timeout */
+	int samehost;         /* RC payloads to a peer on this host move by process_vm_readv */
 	char ctl[256];        /* fault control file, watched */
 };
 
@@ -70,6 +71,9 @@ enum sv_counter {
 	SV_CNT_ACK_TIMEOUT,     /* local ACK timer expiries with packets outstanding */
 	SV_CNT_RETRY_EXC,       /* WQEs completed with RETRY_EXC_ERR */
 	SV_CNT_RNR_RETRY_EXC,   /* WQEs completed with RNR_RETRY_EXC_ERR */
+	SV_CNT_SAMEHOST_TX,     /* packets sent as references to the payload (SV_FLAG_REF) */
+	SV_CNT_SAMEHOST_RX,     /* payloads read from the sending process */
+	SV_CNT_SAMEHOST_REFUSED, /* references that could not be read (answered SV_NAK_NOREF) */
 	SV_NCNT
 };
 extern const char *const sv_counter_names[SV_NCNT];

@@ -21,7 +21,10 @@
 #include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
+#include <linux/capability.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <infiniband/verbs.h>
 
@@ -827,6 +830,12 @@ static void test_loss(void)
 	for (int i = 0; i < got; i++)
 		CHECK(wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == (uint64_t)i && wc[i].byte_len == (uint32_t)sz,
 		      "recv %d: %s", i, ibv_wc_status_str(wc[i].status));
+	for (int i = 0; i < got; i++) {
+		int bad = 0;
+		for (int j = 0; j < sz; j++)
+			bad += b.buf[RECV_BASE + i * sz + j] != (uint8_t)i;
+		CHECK(!bad, "recv %d: %d bytes wrong", i, bad);
+	}
 	got = wait_wcs(a.scq, wc, n, 60);
 	CHECK(got == n, "sends %d of %d", got, n);
 	for (int i = 0; i < got; i++)
@@ -1698,6 +1707,113 @@ static void test_rdma_process(void)
 	close(down[1]);
 }
 
+/* Same host: a SEND between two processes of this host moves its payload by process_vm_readv
+ * (samehost_* counters), whole and in order, also with 10% of the packets lost. With refuse, the receiver may not read the
+ * sender (the sender is not dumpable and the receiver lacks CAP_SYS_PTRACE, as between two
+ * users' processes): it answers NAK NOREF, and the sender falls back to datagrams carrying
+ * the bytes — every SEND still completes, whole. */
+static void samehost_case(int refuse, int loss)
+{
+	enum { N = 4, LEN = 65536 };
+	int up[2], down[2];
+	REQUIRE(!pipe(up) && !pipe(down), "pipes");
+	pid_t pid = fork();
+	REQUIRE(pid >= 0, "fork");
+	if (pid == 0) {
+		if (refuse) {
+			struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+			struct __user_cap_data_struct d[2];
+			if (syscall(SYS_capget, &h, d))
+				_exit(2);
+			d[0].effective &= ~(1u << CAP_SYS_PTRACE);
+			if (syscall(SYS_capset, &h, d))
+				_exit(2);
+		}
+		struct side b;
+		uint32_t peer = 0;
+		/* the counters as the fork left them */
+		uint64_t rx0 = counter(0, "samehost_rx_packets"), refused0 = counter(0, "samehost_refused");
+		if (new_side(&b, defaults()))
+			_exit(3);
+		for (int i = 0; i < N; i++)
+			if (post_recv(&b, b.qp, (uint64_t)i, i * LEN, LEN))
+				_exit(4);
+		if (write(up[1], &b.qp->qp_num, 4) != 4 || read(down[0], &peer, 4) != 4)
+			_exit(5);
+		if (connect_qp(b.qp, b.ctx, peer, defaults()))
+			_exit(6);
+		if (write(up[1], &peer, 4) != 4)
+			_exit(7);
+		struct ibv_wc wc[N];
+		if (wait_wcs(b.rcq, wc, N, 30) != N)
+			_exit(8);
+		for (int i = 0; i < N; i++) {
+			if (wc[i].status != IBV_WC_SUCCESS || wc[i].wr_id != (uint64_t)i || wc[i].byte_len != LEN)
+				_exit(9);
+			for (int j = 0; j < LEN; j++)
+				if (b.buf[RECV_BASE + i * LEN + j] != (uint8_t)(j * 7 + i * 13 + 1))
+					_exit(10);
+		}
+		uint64_t rx = counter(0, "samehost_rx_packets") - rx0, refused = counter(0, "samehost_refused") - refused0;
+		if (refuse ? rx != 0 || refused == 0 : rx < N * LEN / 1024 || refused != 0 ||
+		    (loss && counter(0, "tx_dropped") == 0))
+			_exit(11);
+		/* the last ACK may be lost: answer the sender's retries until it has its WCs */
+		if (read(down[0], &peer, 4) != 4)
+			_exit(12);
+		_exit(0);
+	}
+	struct side a;
+	uint32_t peer, ready;
+	uint64_t tx0 = counter(0, "samehost_tx_packets");
+	if (refuse)
+		CHECK(prctl(PR_SET_DUMPABLE, 0) == 0, "not dumpable");
+	if (!new_side(&a, defaults()) && read(up[0], &peer, 4) == 4) {
+		uint32_t mine = a.qp->qp_num;
+		CHECK(write(down[1], &mine, 4) == 4, "send qpn");
+		CHECK(read(up[0], &ready, 4) == 4, "child ready");
+		CHECK(connect_qp(a.qp, a.ctx, peer, defaults()) == 0, "connect");
+		for (int i = 0; i < N; i++)
+			for (int j = 0; j < LEN; j++)
+				a.buf[i * LEN + j] = (uint8_t)(j * 7 + i * 13 + 1);
+		for (int i = 0; i < N; i++)
+			CHECK(post_send(&a, a.qp, (uint64_t)i, i * LEN, LEN, IBV_SEND_SIGNALED) == 0, "post %d", i);
+		struct ibv_wc ws[N];
+		CHECK(wait_wcs(a.scq, ws, N, 30) == N, "%d WCs", N);
+		for (int i = 0; i < N; i++)
+			CHECK(ws[i].status == IBV_WC_SUCCESS && ws[i].wr_id == (uint64_t)i, "wc %d: %s", i,
+			      ibv_wc_status_str(ws[i].status));
+		CHECK(counter(0, "samehost_tx_packets") > tx0, "payloads sent as references");
+	} else {
+		CHECK(0, "side");
+	}
+	CHECK(write(down[1], &peer, 4) == 4, "tell the receiver");
+	int st = 0;
+	waitpid(pid, &st, 0);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the receiver got every SEND whole (status %d)", st);
+	if (refuse)
+		prctl(PR_SET_DUMPABLE, 1);
+	free_side(&a);
+	close(up[0]);
+	close(up[1]);
+	close(down[0]);
+	close(down[1]);
+}
+
+static void test_samehost(void)
+{
+	cur_test = "same host";
+	samehost_case(0, 0);
+	cur_test = "same host, refused";
+	samehost_case(1, 0);
+	cur_test = "same host, 10% loss";
+	set_ctl("drop_pct=10\n");
+	sleep_ms(300); /* the progress threads re-read the file every 100 ms */
+	samehost_case(0, 1);
+	set_ctl("");
+	sleep_ms(300);
+}
+
 /* UC: the IB spec's UC attribute masks, SEND and WRITE (with immediate) delivered, no RDMA READ
  * or atomics; a message without a RECV is dropped with no error on either side; under loss,
  * every SEND completes at the requester and what arrives is whole and in order. */
@@ -2027,6 +2143,7 @@ int main(int argc, char **argv)
 {
 	int devices = argc > 1 && !strcmp(argv[1], "devices");
 	snprintf(ctl_path, sizeof(ctl_path), "/tmp/softverbs-test-%d.ctl", (int)getpid());
+	unsetenv("SOFTVERBS_SAMEHOST"); /* the default, which test_samehost checks */
 	setenv("SOFTVERBS_CTL", ctl_path, 1);
 	set_ctl("");
 	static const struct sv_case base[] = {
@@ -2037,7 +2154,7 @@ int main(int argc, char **argv)
 		{"dead peer", test_dead_peer},
 		{"loss", test_loss}, {"faults", test_faults},
 		{"rdma", test_rdma}, {"rdma errors", test_rdma_errors}, {"rdma loss", test_rdma_loss},
-		{"rdma across processes", test_rdma_process}, {"srq", test_srq},
+		{"rdma across processes", test_rdma_process}, {"same host", test_samehost}, {"srq", test_srq},
 		{"uc", test_uc}, {"ud", test_ud}, {"qp_ex", test_qp_ex},
 	};
 	static const struct sv_case several[] = {

@@ -384,7 +384,7 @@ else
 fi
 
 # 4. The cgo verbs provider (its unit tests and the conformance suite) over softverbs, and
-# the wire decoder's fuzz target.
+# the wire decoder's fuzz targets.
 if command -v "$GO" >/dev/null && [ "$("$GO" env CGO_ENABLED)" = 1 ]; then
 	if timeout 900 "$GO" test -tags rdma -count=1 ./ibv/verbs/ 2>&1 | tee "$work/gotest"; then
 		step "go test -tags rdma ./ibv/verbs/" PASS
@@ -393,10 +393,11 @@ if command -v "$GO" >/dev/null && [ "$("$GO" env CGO_ENABLED)" = 1 ]; then
 			"$(grep -o -- '--- FAIL: [^ ]*' "$work/gotest" | sed 's/--- FAIL: //' | tr '\n' ' ')"
 	fi
 	if "$GO" test -tags rdma -count=1 ./ibv/softverbs/fuzz/ &&
-		"$GO" test -tags rdma -run '^$' -fuzz '^FuzzDecode$' -fuzztime "${SOFTVERBS_FUZZTIME:-10000x}" ./ibv/softverbs/fuzz/; then
-		step "FuzzDecode (wire decoder)" PASS
+		"$GO" test -tags rdma -run '^$' -fuzz '^FuzzDecode$' -fuzztime "${SOFTVERBS_FUZZTIME:-10000x}" ./ibv/softverbs/fuzz/ &&
+		"$GO" test -tags rdma -run '^$' -fuzz '^FuzzDecodeTrain$' -fuzztime "${SOFTVERBS_FUZZTIME:-10000x}" ./ibv/softverbs/fuzz/; then
+		step "FuzzDecode, FuzzDecodeTrain (wire decoder)" PASS
 	else
-		step "FuzzDecode (wire decoder)" FAIL
+		step "FuzzDecode, FuzzDecodeTrain (wire decoder)" FAIL
 	fi
 else
 	step "go test -tags rdma ./ibv/verbs/, FuzzDecode" SKIPPED "no go toolchain with cgo"

@@ -18,7 +18,10 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
+#include <ifaddrs.h>
 #include "sv.h"
 
 struct sv_ctx;
@@ -70,7 +73,8 @@ struct sv_swqe {
 	enum ibv_wr_opcode op;
 	int signaled, solicited, imm_valid, fence;
 	uint32_t imm;
-	uint8_t *data;          /* SEND, WRITE: the data, copied at post time */
+	uint8_t *data;          /* SEND, WRITE: the data, copied at post time (blk + SV_BLK_HDR) */
+	uint8_t *blk;           /* its allocation: the SV_FLAG_REF token (u64), then the data */
 	uint32_t len;           /* message length (READ: of the local SGEs; atomics: 8) */
 	uint64_t rva;           /* WRITE, READ, atomics: remote address and key */
 	uint32_t rkey;
@@ -93,9 +97,18 @@ static inline int sv_is_rd(const struct sv_swqe *w)
 	       w->op == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
 
+/* The data of a SEND or WRITE WQE follows a header holding its token (SV_FLAG_REF): a
+ * receiver on this host reads the payload and then the token, and takes the payload only if
+ * the token still holds, so the token is cleared before the data is freed. */
+enum { SV_BLK_HDR = 16 };
+
 static void sv_swqe_free(struct sv_swqe *w)
 {
-	free(w->data);
+	if (w->blk) {
+		__atomic_store_n((uint64_t *)w->blk, 0, __ATOMIC_RELEASE);
+		free(w->blk);
+	}
+	w->blk = NULL;
 	w->data = NULL;
 	free(w->sge);
 	w->sge = NULL;
@@ -184,6 +197,7 @@ struct sv_qp {
 	struct ibv_sge *srq_cur_sge;
 	int srq_have;
 
+	int samehost;         /* RC to a peer on this host: payloads go as SV_FLAG_REF */
 	int overrun;
 	uint32_t ev_reported; /* async events handed out (atomic) */
 	struct sv_qp *next;
@@ -215,6 +229,7 @@ struct sv_ctx {
 	int poll_streak;  /* how many times it did since a CQ of the context was last armed */
 	int leave_rx;     /* the thread is waiting with the sockets left to the pollers */
 	struct sv_txb *txb; /* the packets sv_pump is sending, NULL until the first pump */
+	struct sv_rxs *rxs; /* what sv_rx works with, NULL until the first */
 	int txb_on;         /* sv_pump is running: packets go into txb */
 	struct sv_qp **qps;  /* by QPN (the UDP port) */
 	struct sv_qp *qlist;
@@ -226,6 +241,8 @@ struct sv_ctx {
 	int port_down, fatal;          /* as this context last saw them (events), fatal latched */
 	uint32_t fatal_gen, port_gen;  /* the device's generations this context has seen */
 	unsigned rnd;
+	uint32_t pid;       /* SV_FLAG_REF: this process, and the next token's seed */
+	uint64_t tok_next;
 };
 
 enum { SV_WAKE_ID = 0 };
@@ -1213,9 +1230,16 @@ static void sv_send_pkt(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *
  * message of many path-MTU packets costs a few system calls, not one each), in the order
  * they were made; a batch holds one QP's packets. */
 enum { SV_TX_BATCH = 16 };
+/* Consecutive SV_FLAG_REF packets (a few dozen bytes each, no payload) to the same address
+ * share a datagram, up to SV_TRAIN_MAX bytes of them (a GSO-like train): the receiver
+ * takes them out one by one, each with its own PSN and checks. Loss faults (drop_pct)
+ * still apply to each packet; a datagram the kernel drops loses its whole train, as a
+ * burst on a congested link. */
+enum { SV_TRAIN_MAX = SV_MAX_PAYLOAD };
 struct sv_txb {
 	int n;
 	struct sv_qp *q;
+	int train[SV_TX_BATCH]; /* entry i is a train of REF packets that may grow */
 	size_t len[SV_TX_BATCH];
 	struct sockaddr_in dest[SV_TX_BATCH];
 	uint8_t buf[SV_TX_BATCH][SV_MAX_HDR + SV_MAX_PAYLOAD];
@@ -1263,17 +1287,28 @@ static void sv_send_pkt_to(struct sv_qp *q, const struct sv_hdr *h, const uint8_
 	}
 	sv_count(c->dev, SV_CNT_TX_PACKETS);
 	struct sv_txb *b = c->txb_on ? c->txb : NULL;
+	int ref = (h->flags & SV_FLAG_REF) != 0;
+	if (ref)
+		sv_count(c->dev, SV_CNT_SAMEHOST_TX);
 	if (b) {
 		if (b->n && b->q != q)
 			sv_tx_flush(c);
+		int t = b->n - 1;
+		if (ref && t >= 0 && b->train[t] && b->len[t] + sv_wire_hdr_len(h) <= SV_TRAIN_MAX &&
+		    !memcmp(&b->dest[t], dest, sizeof(*dest))) {
+			b->len[t] += sv_encode(h, b->buf[t] + b->len[t]);
+			return;
+		}
 		buf = b->buf[b->n];
+		b->train[b->n] = ref;
 	}
 	size_t hl = sv_encode(h, buf);
-	if (h->len)
-		memcpy(buf + hl, payload, h->len);
+	size_t pl = ref ? 0 : h->len;
+	if (pl)
+		memcpy(buf + hl, payload, pl);
 	if (b) {
 		b->q = q;
-		b->len[b->n] = hl + h->len;
+		b->len[b->n] = hl + pl;
 		b->dest[b->n] = *dest;
 		if (++b->n == SV_TX_BATCH)
 			sv_tx_flush(c);
@@ -1281,7 +1316,7 @@ static void sv_send_pkt_to(struct sv_qp *q, const struct sv_hdr *h, const uint8_
 	}
 	/* Non-blocking: a full socket buffer loses the packet, as a congested link would; the
 	 * retransmit timer recovers it. */
-	if (sendto(q->fd, buf, hl + h->len, MSG_DONTWAIT, (const struct sockaddr *)dest, sizeof(*dest)) < 0) {
+	if (sendto(q->fd, buf, hl + pl, MSG_DONTWAIT, (const struct sockaddr *)dest, sizeof(*dest)) < 0) {
 		/* lost */
 	}
 }
@@ -1491,6 +1526,10 @@ static void sv_pump(struct sv_qp *q, int64_t now)
 	c->txb_on = 0;
 }
 
+/* Packets this long or longer go as SV_FLAG_REF to a peer on this host: below it, a copy into
+ * the datagram costs less than the receiver's process_vm_readv. */
+enum { SV_REF_MIN = 1024 };
+
 static void sv_pump_wrs(struct sv_qp *q, int64_t now)
 {
 	if (q->state != IBV_QPS_RTS || q->resume_at)
@@ -1615,6 +1654,13 @@ static void sv_pump_wrs(struct sv_qp *q, int64_t now)
 			if (w->solicited && (!write || w->imm_valid))
 				h.flags = SV_FLAG_SOLICITED;
 		}
+		if (!uc && q->samehost && n >= SV_REF_MIN && w->blk) {
+			h.flags |= SV_FLAG_REF;
+			h.rpid = q->ctx->pid;
+			h.rva = (uint64_t)(uintptr_t)(w->data + off);
+			h.tokva = (uint64_t)(uintptr_t)w->blk;
+			memcpy(&h.tok, w->blk, sizeof(h.tok));
+		}
 		sv_send_pkt(q, &h, w->data ? w->data + off : NULL);
 		q->next_psn = (q->next_psn + 1) & SV_PSN_MASK;
 		if (uc) {
@@ -1720,6 +1766,17 @@ static void sv_on_nak(struct sv_qp *q, const struct sv_hdr *h, int64_t now)
 		sv_rewind(q);
 		sv_pump(q, now);
 		return;
+	case SV_NAK_NOREF:
+		/* the peer cannot read this process (another PID namespace, no ptrace rights):
+		 * the payloads go in the datagrams from now on */
+		if (!q->samehost)
+			return;
+		q->samehost = 0;
+		if (q->resume_at)
+			return;
+		sv_rewind(q);
+		sv_pump(q, now);
+		return;
 	case SV_NAK_INV_REQ:
 		sv_fail(q, IBV_WC_REM_INV_REQ_ERR);
 		return;
@@ -1814,8 +1871,8 @@ static void sv_atomic_reply(struct sv_qp *q, uint32_t psn, uint64_t orig)
 static void sv_uc_request(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload)
 {
 	int write = h->op >= SV_OP_WRITE_FIRST && h->op <= SV_OP_WRITE_ONLY_IMM;
-	if (!sv_op_is_send(h->op) && !write)
-		return; /* no READs or atomics on UC */
+	if ((!sv_op_is_send(h->op) && !write) || (h->flags & SV_FLAG_REF))
+		return; /* no READs or atomics on UC, nor references (a UC sender forgets its data once sent) */
 	int first = h->op == SV_OP_SEND_FIRST || h->op == SV_OP_SEND_ONLY || h->op == SV_OP_SEND_ONLY_IMM ||
 		    h->op == SV_OP_WRITE_FIRST || h->op == SV_OP_WRITE_ONLY || h->op == SV_OP_WRITE_ONLY_IMM;
 	int last = h->op != SV_OP_SEND_FIRST && h->op != SV_OP_SEND_MIDDLE && h->op != SV_OP_WRITE_FIRST &&
@@ -1902,6 +1959,90 @@ static void sv_ud_recv(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *p
 }
 
 /* sv_on_request is the responder: SEND, RDMA WRITE, READ and atomic request packets. */
+enum {
+	SV_RX_BATCH = 8,                 /* datagrams per recvmmsg */
+	SV_RX_PKTS = SV_RX_BATCH * (SV_MAX_PAYLOAD / (SV_HDR_LEN + SV_REF_LEN)), /* packets they hold */
+	SV_PF_BYTES = 64 * 1024,         /* payload bytes one process_vm_readv reads at most */
+	SV_PF_PKTS = 64,                 /* and packets */
+};
+
+/* What sv_rx works with (per context, under its lock): the packets of one recvmmsg batch
+ * and the payloads of their references, read ahead. */
+struct sv_rxs {
+	struct sv_hdr h[SV_RX_PKTS];
+	const uint8_t *buf[SV_RX_PKTS]; /* the packet in its datagram */
+	const uint8_t *ref[SV_RX_PKTS]; /* its payload, read ahead (REF), or NULL */
+	uint64_t tok[SV_PF_PKTS];
+	uint8_t pf[SV_PF_BYTES];
+};
+
+/* sv_ref_prefetch reads ahead the SV_FLAG_REF payloads of packets h[0..n) for an RC QP, from
+ * the first: those of the process the first one names, up to SV_PF_BYTES and SV_PF_PKTS, in
+ * one process_vm_readv (a message's packets mostly come so). ref[j] is packet j's payload
+ * when it was read and its token held, else NULL (sv_on_request then reads it alone, or
+ * refuses it). It returns how many packets from the first it went through (at least 1);
+ * their payloads stay in x->pf until the next call. What a duplicate's read fetches is
+ * never used. */
+static int sv_ref_prefetch(struct sv_qp *q, struct sv_rxs *x, const struct sv_hdr *h, int n, const uint8_t **ref)
+{
+	struct iovec l[2 * SV_PF_PKTS], r[2 * SV_PF_PKTS];
+	int idx[SV_PF_PKTS], m = 0, j;
+	size_t bytes = 0;
+	uint32_t pid = 0;
+	int rc = q->qp.qp_type == IBV_QPT_RC;
+	for (j = 0; j < n; j++) {
+		ref[j] = NULL;
+		if (!rc || !(h[j].flags & SV_FLAG_REF))
+			continue;
+		if ((pid && h[j].rpid != pid) || m == SV_PF_PKTS || bytes + h[j].len > SV_PF_BYTES)
+			break;
+		pid = h[j].rpid;
+		x->tok[m] = 0;
+		l[2 * m] = (struct iovec){x->pf + bytes, h[j].len};
+		l[2 * m + 1] = (struct iovec){&x->tok[m], sizeof(x->tok[m])};
+		r[2 * m] = (struct iovec){(void *)(uintptr_t)h[j].rva, h[j].len};
+		r[2 * m + 1] = (struct iovec){(void *)(uintptr_t)h[j].tokva, sizeof(x->tok[m])};
+		bytes += h[j].len;
+		idx[m++] = j;
+	}
+	if (j == 0)
+		j = 1;
+	if (m < 2)
+		return j; /* one is read when its PSN is due, never for nothing */
+	ssize_t got = process_vm_readv((pid_t)pid, l, (unsigned long)(2 * m), r, (unsigned long)(2 * m), 0);
+	/* it stops at the first range it cannot read: what precedes it was read */
+	for (int k = 0; k < m && got > 0; k++) {
+		const struct sv_hdr *p = &h[idx[k]];
+		if ((size_t)got < p->len + sizeof(uint64_t))
+			break;
+		got -= (ssize_t)(p->len + sizeof(uint64_t));
+		if (x->tok[k] == p->tok) {
+			ref[idx[k]] = l[2 * k].iov_base;
+			sv_count(q->ctx->dev, SV_CNT_SAMEHOST_RX);
+		}
+	}
+	return j;
+}
+
+/* sv_ref_read reads an SV_FLAG_REF payload from the sending process: the payload, then the
+ * token, in one process_vm_readv; the payload if the token still holds, else NULL (the
+ * sender is gone, has freed the WQE, is another process of that PID, or may not be read). */
+static const uint8_t *sv_ref_read(struct sv_qp *q, const struct sv_hdr *h)
+{
+	static __thread uint8_t buf[SV_MAX_PAYLOAD];
+	uint64_t tok = 0;
+	if (q->qp.qp_type != IBV_QPT_RC)
+		return NULL;
+	struct iovec l[2] = {{buf, h->len}, {&tok, sizeof(tok)}};
+	struct iovec r[2] = {{(void *)(uintptr_t)h->rva, h->len}, {(void *)(uintptr_t)h->tokva, sizeof(tok)}};
+	(void)q;
+	ssize_t n = process_vm_readv((pid_t)h->rpid, l, 2, r, 2, 0);
+	if (n != (ssize_t)(h->len + sizeof(tok)) || tok != h->tok)
+		return NULL;
+	sv_count(q->ctx->dev, SV_CNT_SAMEHOST_RX);
+	return buf;
+}
+
 static void sv_on_request(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload)
 {
 	if (q->state != IBV_QPS_RTR && q->state != IBV_QPS_RTS && q->state != IBV_QPS_SQD)
@@ -1936,6 +2077,12 @@ static void sv_on_request(struct sv_qp *q, const struct sv_hdr *h, const uint8_t
 			sv_count(q->ctx->dev, SV_CNT_SEQ_NAK_SENT);
 			sv_send_ctl(q, SV_OP_NAK, SV_NAK_SEQ, 0, q->epsn);
 		}
+		return;
+	}
+	if ((h->flags & SV_FLAG_REF) && !payload && !(payload = sv_ref_read(q, h))) {
+		/* nothing changed: the requester sends the bytes from this PSN on */
+		sv_count(q->ctx->dev, SV_CNT_SAMEHOST_REFUSED);
+		sv_send_ctl(q, SV_OP_NAK, SV_NAK_NOREF, 0, h->psn);
 		return;
 	}
 	int write = h->op >= SV_OP_WRITE_FIRST && h->op <= SV_OP_WRITE_ONLY_IMM;
@@ -2110,17 +2257,20 @@ static void sv_check_overrun(struct sv_qp *q)
 	q->overrun = 0;
 }
 
-static void sv_on_packet(struct sv_qp *q, const uint8_t *buf, size_t n, int64_t now)
+/* sv_on_packet handles one decoded packet for q; buf is its datagram, ref the payload of an
+ * SV_FLAG_REF packet when already read (NULL: read when needed). */
+static void sv_on_packet(struct sv_qp *q, const struct sv_hdr *hp, const uint8_t *buf, const uint8_t *ref,
+			 int64_t now)
 {
-	struct sv_hdr h;
-	if (sv_decode(buf, n, &h) || h.dqpn != q->qp.qp_num)
+	struct sv_hdr h = *hp;
+	if (h.dqpn != q->qp.qp_num)
 		return;
 	if (!sv_port_active(q->ctx)) {
 		sv_count(q->ctx->dev, SV_CNT_RX_DROPPED);
 		return;
 	}
 	sv_count(q->ctx->dev, SV_CNT_RX_PACKETS);
-	const uint8_t *payload = buf + SV_HDR_LEN + sv_ext_len(h.op);
+	const uint8_t *payload = h.flags & SV_FLAG_REF ? ref : buf + SV_HDR_LEN + sv_ext_len(h.op);
 	int ud = q->qp.qp_type == IBV_QPT_UD;
 	if (h.op == SV_OP_UD_SEND || h.op == SV_OP_UD_SEND_IMM) {
 		if (ud)
@@ -2206,8 +2356,6 @@ static void sv_faults_apply(struct sv_ctx *c)
 	c->port_gen = port_gen;
 }
 
-enum { SV_RX_BATCH = 8 };
-
 /* sv_rx reads the sockets epoll reported ready and handles their packets, up to 64 per QP
  * per call, SV_RX_BATCH per recvmmsg (a message of many path-MTU packets costs a few system
  * calls, not one each). Context lock held. Only the progress thread consumes its wake-up
@@ -2221,6 +2369,9 @@ static void sv_rx(struct sv_ctx *c, const struct epoll_event *evs, int n, int th
 	struct iovec iov[SV_RX_BATCH];
 	struct mmsghdr mm[SV_RX_BATCH];
 	int64_t now = sv_now_ns();
+	if (!c->rxs && !(c->rxs = malloc(sizeof(*c->rxs))))
+		return; /* the packets wait in their sockets */
+	struct sv_rxs *x = c->rxs;
 	for (int i = 0; i < n; i++) {
 		uint32_t id = evs[i].data.u32;
 		if (id == SV_WAKE_ID) {
@@ -2239,8 +2390,21 @@ static void sv_rx(struct sv_ctx *c, const struct epoll_event *evs, int n, int th
 			int r = recvmmsg(q->fd, mm, SV_RX_BATCH, MSG_DONTWAIT, NULL);
 			if (r <= 0)
 				break;
-			for (int j = 0; j < r && c->qps[id] == q; j++)
-				sv_on_packet(q, bufs[j], mm[j].msg_len, now);
+			/* the packets, a train of references taken apart */
+			int np = 0;
+			for (int j = 0; j < r; j++) {
+				size_t off = 0, used;
+				while (off < mm[j].msg_len && np < SV_RX_PKTS &&
+				       !sv_decode_next(bufs[j] + off, mm[j].msg_len - off, &x->h[np], &used)) {
+					x->buf[np++] = bufs[j] + off;
+					off += used;
+				}
+			}
+			for (int s = 0, e; s < np && c->qps[id] == q; s = e) {
+				e = s + sv_ref_prefetch(q, x, x->h + s, np - s, x->ref + s);
+				for (int j = s; j < e && c->qps[id] == q; j++)
+					sv_on_packet(q, &x->h[j], x->buf[j], x->ref[j], now);
+			}
 			if (r < SV_RX_BATCH)
 				break;
 		}
@@ -2313,6 +2477,16 @@ static void *sv_thread(void *arg)
 }
 
 /* ---- QPs ---- */
+
+/* sv_token is the next SV_FLAG_REF token of the context (never 0). Context lock held. */
+static uint64_t sv_token(struct sv_ctx *c)
+{
+	uint64_t z = (c->tok_next += 0x9e3779b97f4a7c15ULL);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	z ^= z >> 31;
+	return z ? z : 1;
+}
 
 static int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 {
@@ -2418,11 +2592,14 @@ static int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
 			memcpy(w->sge, wr->sg_list, (size_t)wr->num_sge * sizeof(*w->sge));
 			w->nsge = wr->num_sge;
 		} else if (!w->pre && total) {
-			w->data = malloc(total);
-			if (!w->data) {
+			w->blk = malloc(SV_BLK_HDR + total);
+			if (!w->blk) {
 				rc = ENOMEM;
 				break;
 			}
+			w->data = w->blk + SV_BLK_HDR;
+			uint64_t tok = sv_token(c);
+			__atomic_store_n((uint64_t *)w->blk, tok, __ATOMIC_RELEASE);
 			uint64_t off = 0;
 			for (int i = 0; i < wr->num_sge; i++) {
 				memcpy(w->data + off, (void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
@@ -2742,6 +2919,23 @@ static struct sv_trans sv_rule_ud(enum ibv_qp_state cur, enum ibv_qp_state next)
 	return t;
 }
 
+/* sv_ip_is_local: a on this host (loopback, or an address of one of its interfaces), so
+ * that a QP's peer may be read with process_vm_readv. */
+static int sv_ip_is_local(struct in_addr a)
+{
+	if ((ntohl(a.s_addr) >> 24) == 127)
+		return 1;
+	struct ifaddrs *ifs, *i;
+	int local = 0;
+	if (getifaddrs(&ifs))
+		return 0;
+	for (i = ifs; i && !local; i = i->ifa_next)
+		local = i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+			((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr == a.s_addr;
+	freeifaddrs(ifs);
+	return local;
+}
+
 /* sv_resolve checks an address vector as the kernel's address resolution would and gives the
  * UDP destination of dest_qpn. */
 static int sv_resolve(const struct sv_dev *d, const struct ibv_ah_attr *ah, uint32_t dest_qpn,
@@ -2893,6 +3087,7 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 	if (mask & IBV_QP_AV) {
 		s->ah_attr = attr->ah_attr;
 		q->dest = dest;
+		q->samehost = q->qp.qp_type == IBV_QPT_RC && sv_cfg.samehost && sv_ip_is_local(dest.sin_addr);
 	}
 	if (mask & IBV_QP_ALT_PATH) {
 		s->alt_ah_attr = attr->alt_ah_attr;
@@ -3589,6 +3784,9 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	pthread_mutex_init(&c->lk, NULL);
 	c->next_key = 0x100 + (uint32_t)(sv_now_ns() & 0xff00);
 	c->rnd = (unsigned)sv_now_ns();
+	c->pid = (uint32_t)getpid();
+	if (getrandom(&c->tok_next, sizeof(c->tok_next), 0) != sizeof(c->tok_next))
+		c->tok_next = (uint64_t)sv_now_ns() * 0x9e3779b97f4a7c15ULL ^ (uint64_t)(uintptr_t)c;
 	c->dev = d;
 	pthread_mutex_lock(&sv_glock);
 	int dead = d->faults.fatal;
@@ -3653,6 +3851,7 @@ SV_EXPORT int ibv_close_device(struct ibv_context *context)
 	close(c->epfd);
 	close(c->wakefd);
 	free(c->txb);
+	free(c->rxs);
 	close(context->async_fd);
 	if (context->cmd_fd >= 0)
 		close(context->cmd_fd);

@@ -60,13 +60,19 @@ size_t sv_ext_len(uint8_t op)
 	}
 }
 
+size_t sv_wire_hdr_len(const struct sv_hdr *h)
+{
+	return SV_HDR_LEN + sv_ext_len(h->op) + (h->flags & SV_FLAG_REF ? SV_REF_LEN : 0);
+}
+
 /* Layout (little-endian):
  *  0 u16 magic   2 u8 version   3 u8 opcode
  *  4 u32 dest QPN   8 u32 source QPN   12 u32 PSN   16 u32 immediate
  * 20 u16 payload length   22 u8 flags   23 u8 NAK syndrome (high 3 bits) | aux (low 5 bits)
  * then by opcode: RETH (24 u64 va, 32 u32 rkey, 36 u32 length), AtomicETH (24 u64 va,
  * 32 u32 rkey, 36 u64 swap/add, 44 u64 compare), AtomicAckETH (24 u64 original) or DETH
- * (24 u32 Q_Key, 28 source GID, 44 destination GID). */
+ * (24 u32 Q_Key, 28 source GID, 44 destination GID); then, with SV_FLAG_REF, the REF block
+ * (u32 pid, u32 0, u64 payload va, u64 token va, u64 token) instead of the payload. */
 size_t sv_encode(const struct sv_hdr *h, uint8_t *b)
 {
 	put16(b, SV_MAGIC);
@@ -97,6 +103,15 @@ size_t sv_encode(const struct sv_hdr *h, uint8_t *b)
 		memcpy(e + 4, h->sgid, 16);
 		memcpy(e + 20, h->dgid, 16);
 	}
+	if (h->flags & SV_FLAG_REF) {
+		e += ext;
+		put32(e, h->rpid);
+		put32(e + 4, 0);
+		put64(e + 8, h->rva);
+		put64(e + 16, h->tokva);
+		put64(e + 24, h->tok);
+		return SV_HDR_LEN + ext + SV_REF_LEN;
+	}
 	return SV_HDR_LEN + ext;
 }
 
@@ -121,7 +136,10 @@ int sv_decode(const uint8_t *b, size_t n, struct sv_hdr *h)
 	if (x.dqpn > SV_PSN_MASK || x.sqpn > SV_PSN_MASK || x.psn > SV_PSN_MASK)
 		return -1;
 	size_t ext = sv_ext_len(x.op);
-	if (x.len > SV_MAX_PAYLOAD || n - SV_HDR_LEN < ext || (size_t)x.len != n - SV_HDR_LEN - ext)
+	int ref = (x.flags & SV_FLAG_REF) != 0;
+	if (x.len > SV_MAX_PAYLOAD || n - SV_HDR_LEN < ext)
+		return -1;
+	if (ref ? n - SV_HDR_LEN - ext != SV_REF_LEN : (size_t)x.len != n - SV_HDR_LEN - ext)
 		return -1;
 	const uint8_t *e = b + SV_HDR_LEN;
 	if (ext == SV_RETH_LEN) {
@@ -139,6 +157,18 @@ int sv_decode(const uint8_t *b, size_t n, struct sv_hdr *h)
 		x.qkey = get32(e);
 		memcpy(x.sgid, e + 4, 16);
 		memcpy(x.dgid, e + 20, 16);
+	}
+	if (ref) {
+		/* only on the RC SEND and WRITE packets that carry a payload */
+		const uint8_t *r = e + ext;
+		x.rpid = get32(r);
+		x.rva = get64(r + 8);
+		x.tokva = get64(r + 16);
+		x.tok = get64(r + 24);
+		if (!x.len || !x.rpid || get32(r + 4) || !x.rva || !x.tokva || !x.tok ||
+		    x.op < SV_OP_SEND_FIRST || x.op > SV_OP_WRITE_ONLY_IMM)
+			return -1;
+		x.flags &= (uint8_t)~SV_FLAG_REF; /* checked by opcode below without it */
 	}
 	if (x.op != SV_OP_NAK && x.op != SV_OP_READ_REQ && (x.synd || x.aux))
 		return -1;
@@ -206,7 +236,7 @@ int sv_decode(const uint8_t *b, size_t n, struct sv_hdr *h)
 	case SV_OP_NAK:
 		if (x.flags || x.imm || x.len)
 			return -1;
-		if (x.synd < SV_NAK_RNR || x.synd > SV_NAK_REM_ACCESS)
+		if (x.synd < SV_NAK_RNR || x.synd > SV_NAK_NOREF)
 			return -1;
 		if (x.synd != SV_NAK_RNR && x.aux)
 			return -1;
@@ -214,6 +244,22 @@ int sv_decode(const uint8_t *b, size_t n, struct sv_hdr *h)
 	default:
 		return -1;
 	}
+	if (ref)
+		x.flags |= SV_FLAG_REF;
 	*h = x;
+	return 0;
+}
+
+int sv_decode_next(const uint8_t *b, size_t n, struct sv_hdr *h, size_t *used)
+{
+	size_t l = n;
+	if (b && n >= SV_HDR_LEN && (b[22] & SV_FLAG_REF)) {
+		l = SV_HDR_LEN + sv_ext_len(b[3]) + SV_REF_LEN;
+		if (l > n)
+			return -1;
+	}
+	if (sv_decode(b, l, h))
+		return -1;
+	*used = l;
 	return 0;
 }

@@ -57,6 +57,11 @@ const (
 	LocalAckTimeout  = "local_ack_timeout"
 	RetryExceeded    = "retry_exceeded"
 	RNRRetryExceeded = "rnr_retry_exceeded"
+	// Same-host payloads: packets sent as references, payloads read from the sender, and
+	// references the receiver could not read (the sender then sends the bytes).
+	SameHostTxPackets = "samehost_tx_packets"
+	SameHostRxPackets = "samehost_rx_packets"
+	SameHostRefused   = "samehost_refused"
 )
 
 // IBDevPath is a device's sysfs directory, as libibverbs names it (ibv_device.ibdev_path);
