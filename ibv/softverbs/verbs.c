@@ -198,6 +198,8 @@ struct sv_qp {
 	int srq_have;
 
 	int samehost;         /* RC to a peer on this host: payloads go as SV_FLAG_REF */
+	int ack_due;          /* an ACK of ack_psn leaves once sv_rx is through the batch */
+	uint32_t ack_psn;
 	int overrun;
 	uint32_t ev_reported; /* async events handed out (atomic) */
 	struct sv_qp *next;
@@ -1818,6 +1820,22 @@ static enum ibv_wc_status sv_scatter(struct sv_qp *q, const struct ibv_sge *sge,
 	return IBV_WC_SUCCESS;
 }
 
+/* sv_ack_later ACKs psn once sv_rx has handled the packets of the batch it is reading: one
+ * cumulative ACK for the messages a batch completes, as a NIC coalesces its ACKs. */
+static void sv_ack_later(struct sv_qp *q, uint32_t psn)
+{
+	q->ack_due = 1;
+	q->ack_psn = psn;
+}
+
+static void sv_ack_flush(struct sv_qp *q)
+{
+	if (q->ack_due) {
+		q->ack_due = 0;
+		sv_send_ctl(q, SV_OP_ACK, 0, 0, q->ack_psn);
+	}
+}
+
 /* sv_resp_error ends a request the responder cannot execute: the NAK, the responder QP to
  * ERR (an access error raises IBV_EVENT_QP_ACCESS_ERR, as on a NIC). */
 static void sv_resp_error(struct sv_qp *q, uint8_t synd, uint32_t psn)
@@ -1972,7 +1990,8 @@ struct sv_rxs {
 	struct sv_hdr h[SV_RX_PKTS];
 	const uint8_t *buf[SV_RX_PKTS]; /* the packet in its datagram */
 	const uint8_t *ref[SV_RX_PKTS]; /* its payload, read ahead (REF), or NULL */
-	uint64_t tok[SV_PF_PKTS];
+	uint64_t tok[SV_PF_PKTS]; /* the tokens the packets carry */
+	uint64_t got[SV_PF_PKTS]; /* and those read after the payloads */
 	uint8_t pf[SV_PF_BYTES];
 };
 
@@ -1985,41 +2004,64 @@ struct sv_rxs {
  * never used. */
 static int sv_ref_prefetch(struct sv_qp *q, struct sv_rxs *x, const struct sv_hdr *h, int n, const uint8_t **ref)
 {
+	/* Packets of one WQE lie back to back in the sender: one range for them, then their
+	 * token, read after it. */
 	struct iovec l[2 * SV_PF_PKTS], r[2 * SV_PF_PKTS];
-	int idx[SV_PF_PKTS], m = 0, j;
+	int grp[SV_PF_PKTS], g = 0, m = 0, j;
 	size_t bytes = 0;
 	uint32_t pid = 0;
 	int rc = q->qp.qp_type == IBV_QPT_RC;
-	for (j = 0; j < n; j++) {
+	for (j = 0; j < n && j < SV_PF_PKTS; j++) {
 		ref[j] = NULL;
+		grp[j] = -1;
 		if (!rc || !(h[j].flags & SV_FLAG_REF))
 			continue;
-		if ((pid && h[j].rpid != pid) || m == SV_PF_PKTS || bytes + h[j].len > SV_PF_BYTES)
+		if ((pid && h[j].rpid != pid) || bytes + h[j].len > SV_PF_BYTES)
 			break;
 		pid = h[j].rpid;
-		x->tok[m] = 0;
-		l[2 * m] = (struct iovec){x->pf + bytes, h[j].len};
-		l[2 * m + 1] = (struct iovec){&x->tok[m], sizeof(x->tok[m])};
-		r[2 * m] = (struct iovec){(void *)(uintptr_t)h[j].rva, h[j].len};
-		r[2 * m + 1] = (struct iovec){(void *)(uintptr_t)h[j].tokva, sizeof(x->tok[m])};
+		const struct iovec *pr = g ? &r[2 * (g - 1)] : NULL;
+		if (pr && h[j].tokva == (uintptr_t)r[2 * g - 1].iov_base && h[j].tok == x->tok[g - 1] &&
+		    h[j].rva == (uintptr_t)pr->iov_base + pr->iov_len) {
+			l[2 * (g - 1)].iov_len += h[j].len;
+			r[2 * (g - 1)].iov_len += h[j].len;
+		} else {
+			/* x->tok[g] holds the expected token until the read replaces it */
+			x->tok[g] = h[j].tok;
+			l[2 * g] = (struct iovec){x->pf + bytes, h[j].len};
+			l[2 * g + 1] = (struct iovec){&x->got[g], sizeof(x->got[g])};
+			r[2 * g] = (struct iovec){(void *)(uintptr_t)h[j].rva, h[j].len};
+			r[2 * g + 1] = (struct iovec){(void *)(uintptr_t)h[j].tokva, sizeof(x->got[g])};
+			x->got[g] = 0;
+			g++;
+		}
+		ref[j] = x->pf + bytes;
+		grp[j] = g - 1;
 		bytes += h[j].len;
-		idx[m++] = j;
+		m++;
 	}
 	if (j == 0)
 		j = 1;
-	if (m < 2)
-		return j; /* one is read when its PSN is due, never for nothing */
-	ssize_t got = process_vm_readv((pid_t)pid, l, (unsigned long)(2 * m), r, (unsigned long)(2 * m), 0);
+	if (m < 2) {
+		/* one is read when its PSN is due, never for nothing */
+		for (int k = 0; k < j; k++)
+			ref[k] = NULL;
+		return j;
+	}
+	ssize_t got = process_vm_readv((pid_t)pid, l, (unsigned long)(2 * g), r, (unsigned long)(2 * g), 0);
 	/* it stops at the first range it cannot read: what precedes it was read */
-	for (int k = 0; k < m && got > 0; k++) {
-		const struct sv_hdr *p = &h[idx[k]];
-		if ((size_t)got < p->len + sizeof(uint64_t))
-			break;
-		got -= (ssize_t)(p->len + sizeof(uint64_t));
-		if (x->tok[k] == p->tok) {
-			ref[idx[k]] = l[2 * k].iov_base;
+	int ok[SV_PF_PKTS];
+	for (int k = 0; k < g; k++) {
+		size_t need = l[2 * k].iov_len + sizeof(uint64_t);
+		ok[k] = got >= (ssize_t)need && x->got[k] == x->tok[k];
+		got = got >= (ssize_t)need ? got - (ssize_t)need : 0;
+	}
+	for (int k = 0; k < j; k++) {
+		if (!ref[k])
+			continue;
+		if (ok[grp[k]])
 			sv_count(q->ctx->dev, SV_CNT_SAMEHOST_RX);
-		}
+		else
+			ref[k] = NULL;
 	}
 	return j;
 }
@@ -2204,10 +2246,10 @@ static void sv_on_request(struct sv_qp *q, const struct sv_hdr *h, const uint8_t
 		if (!write || q->msg_imm)
 			sv_rq_done(q, IBV_WC_SUCCESS, q->msg_off, h);
 		q->in_msg = 0;
-		sv_send_ctl(q, SV_OP_ACK, 0, 0, h->psn);
+		sv_ack_later(q, h->psn);
 	} else if ((h->psn & (SV_ACK_EVERY - 1)) == SV_ACK_EVERY - 1) {
 		/* inside a long message, ACK now and then so that the requester's window moves */
-		sv_send_ctl(q, SV_OP_ACK, 0, 0, h->psn);
+		sv_ack_later(q, h->psn);
 	}
 }
 
@@ -2405,6 +2447,8 @@ static void sv_rx(struct sv_ctx *c, const struct epoll_event *evs, int n, int th
 				for (int j = s; j < e && c->qps[id] == q; j++)
 					sv_on_packet(q, &x->h[j], x->buf[j], x->ref[j], now);
 			}
+			if (c->qps[id] == q)
+				sv_ack_flush(q);
 			if (r < SV_RX_BATCH)
 				break;
 		}
