@@ -27,6 +27,7 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <infiniband/verbs.h>
+#include "wire.c" /* to forge packets */
 
 static int failures;
 static const char *cur_test = "";
@@ -1800,6 +1801,40 @@ static void samehost_case(int refuse, int loss)
 	close(down[1]);
 }
 
+/* A reference is taken only from the QP's peer: one forged by another socket of the host
+ * (pointing at readable memory with a matching token) places nothing, and the peer's own
+ * SEND at that PSN still lands. */
+static void test_ref_stranger(void)
+{
+	cur_test = "reference from a stranger";
+	struct side a, b;
+	struct ibv_wc wc[1];
+	REQUIRE(!pair(&a, &b, defaults(), defaults()), "pair");
+	CHECK(post_recv(&b, b.qp, 1, 0, 4096) == 0, "recv");
+	static uint64_t blk[2 + 512];
+	blk[0] = 0x1234567887654321ULL;
+	memset(&blk[2], 0xab, 4096);
+	struct sv_hdr h = {.op = SV_OP_SEND_ONLY, .flags = SV_FLAG_REF, .dqpn = b.qp->qp_num, .sqpn = a.qp->qp_num,
+			   .psn = 0, .len = 2048, .rpid = (uint32_t)getpid(), .rva = (uintptr_t)&blk[2],
+			   .tokva = (uintptr_t)blk, .tok = blk[0]};
+	uint8_t pkt[SV_MAX_HDR];
+	size_t n = sv_encode(&h, pkt);
+	int fd = socket(AF_INET, SOCK_DGRAM, 0);
+	struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)b.qp->qp_num),
+				 .sin_addr = {htonl(0x7f000001)}};
+	CHECK(fd >= 0 && sendto(fd, pkt, n, 0, (struct sockaddr *)&to, sizeof(to)) == (ssize_t)n, "forge");
+	CHECK(cq_empty_for(b.rcq, 300), "a reference from another socket placed nothing");
+	memset(a.buf, 0x5c, 2048);
+	CHECK(post_send(&a, a.qp, 1, 0, 2048, IBV_SEND_SIGNALED) == 0, "send");
+	CHECK(wait_wcs(b.rcq, wc, 1, 20) == 1 && wc[0].status == IBV_WC_SUCCESS && wc[0].byte_len == 2048,
+	      "the peer's SEND lands");
+	CHECK(b.buf[RECV_BASE] == 0x5c && b.buf[RECV_BASE + 2047] == 0x5c, "the peer's bytes");
+	if (fd >= 0)
+		close(fd);
+	free_side(&a);
+	free_side(&b);
+}
+
 static void test_samehost(void)
 {
 	cur_test = "same host";
@@ -1812,6 +1847,7 @@ static void test_samehost(void)
 	samehost_case(0, 1);
 	set_ctl("");
 	sleep_ms(300);
+	test_ref_stranger();
 }
 
 /* UC: the IB spec's UC attribute masks, SEND and WRITE (with immediate) delivered, no RDMA READ

@@ -2410,6 +2410,7 @@ static void sv_rx(struct sv_ctx *c, const struct epoll_event *evs, int n, int th
 	static __thread uint8_t bufs[SV_RX_BATCH][SV_MAX_HDR + SV_MAX_PAYLOAD + 1];
 	struct iovec iov[SV_RX_BATCH];
 	struct mmsghdr mm[SV_RX_BATCH];
+	struct sockaddr_in src[SV_RX_BATCH];
 	int64_t now = sv_now_ns();
 	if (!c->rxs && !(c->rxs = malloc(sizeof(*c->rxs))))
 		return; /* the packets wait in their sockets */
@@ -2427,19 +2428,27 @@ static void sv_rx(struct sv_ctx *c, const struct epoll_event *evs, int n, int th
 				break;
 			for (int j = 0; j < SV_RX_BATCH; j++) {
 				iov[j] = (struct iovec){.iov_base = bufs[j], .iov_len = sizeof(bufs[j])};
-				mm[j] = (struct mmsghdr){.msg_hdr = {.msg_iov = &iov[j], .msg_iovlen = 1}};
+				mm[j] = (struct mmsghdr){.msg_hdr = {.msg_name = &src[j], .msg_namelen = sizeof(src[j]),
+								     .msg_iov = &iov[j], .msg_iovlen = 1}};
 			}
 			int r = recvmmsg(q->fd, mm, SV_RX_BATCH, MSG_DONTWAIT, NULL);
 			if (r <= 0)
 				break;
-			/* the packets, a train of references taken apart */
+			/* the packets, a train of references taken apart; a reference is taken only
+			 * from the QP's peer (its socket, which only the peer's process holds), never
+			 * from another sender on the host */
 			int np = 0;
 			for (int j = 0; j < r; j++) {
 				size_t off = 0, used;
+				int peer = mm[j].msg_hdr.msg_namelen == sizeof(src[j]) &&
+					   src[j].sin_addr.s_addr == q->dest.sin_addr.s_addr &&
+					   src[j].sin_port == q->dest.sin_port;
 				while (off < mm[j].msg_len && np < SV_RX_PKTS &&
 				       !sv_decode_next(bufs[j] + off, mm[j].msg_len - off, &x->h[np], &used)) {
-					x->buf[np++] = bufs[j] + off;
 					off += used;
+					if ((x->h[np].flags & SV_FLAG_REF) && !peer)
+						continue;
+					x->buf[np++] = bufs[j] + off - used;
 				}
 			}
 			for (int s = 0, e; s < np && c->qps[id] == q; s = e) {
