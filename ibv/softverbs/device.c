@@ -157,6 +157,9 @@ static void sv_init(void)
 	if ((v = getenv("SOFTVERBS_MIN_ACK_TIMEOUT_MS")) && atoi(v) >= 0)
 		sv_cfg.min_ack_ns = atoi(v) * 1000000LL;
 	sv_cfg.samehost = !(v = getenv("SOFTVERBS_SAMEHOST")) || sv_truthy(v);
+	sv_cfg.poll_hold_ns = 1000 * 1000;
+	if ((v = getenv("SOFTVERBS_POLL_HOLD_US")) && atoi(v) >= 0)
+		sv_cfg.poll_hold_ns = atoi(v) * 1000LL;
 	if ((v = getenv("SOFTVERBS_CTL")))
 		snprintf(sv_cfg.ctl, sizeof(sv_cfg.ctl), "%s", v);
 

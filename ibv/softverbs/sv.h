@@ -44,6 +44,7 @@ struct sv_config {
 	enum ibv_mtu active_mtu;
 	int64_t min_ack_ns;   /* floor of the local ACK timeout */
 	int samehost;         /* RC payloads to a peer on this host move by process_vm_readv */
+	int64_t poll_hold_ns; /* the progress thread leaves the sockets to a busy poller this long */
 	char ctl[256];        /* fault control file, watched */
 };
 

@@ -249,7 +249,9 @@ struct sv_ctx {
 
 enum { SV_WAKE_ID = 0 };
 #define SV_POLL_STREAK 16             /* empty polls in a row that make a busy poller */
-#define SV_POLL_HOLD_NS (1000 * 1000) /* how long one leaves the sockets to the pollers */
+/* how long the thread leaves the sockets to a busy poller after its last poll:
+ * SOFTVERBS_POLL_HOLD_US, default 1 ms; 0 never leaves them */
+#define SV_POLL_HOLD_NS (sv_cfg.poll_hold_ns)
 
 static void sv_rx(struct sv_ctx *c, const struct epoll_event *evs, int n, int thread);
 
@@ -2493,7 +2495,7 @@ static void *sv_thread(void *arg)
 		 * streak is read again, and sv_req_notify_cq clears the streak before it reads
 		 * leave_rx: one of the two sees the other, so an arming is never missed. */
 		int64_t ps = __atomic_load_n(&c->poll_ns, __ATOMIC_RELAXED);
-		if (__atomic_load_n(&c->poll_streak, __ATOMIC_RELAXED) >= SV_POLL_STREAK &&
+		if (SV_POLL_HOLD_NS > 0 && __atomic_load_n(&c->poll_streak, __ATOMIC_RELAXED) >= SV_POLL_STREAK &&
 		    now - ps < SV_POLL_HOLD_NS) {
 			__atomic_store_n(&c->leave_rx, 1, __ATOMIC_SEQ_CST);
 			if (__atomic_load_n(&c->poll_streak, __ATOMIC_SEQ_CST) >= SV_POLL_STREAK) {
