@@ -142,6 +142,7 @@ static void sv_init(void)
 	sv_ndevs = n + (phantom && n < SV_MAX_DEVICES);
 	sv_cfg.ib = (v = getenv("SOFTVERBS_LINK")) && !strcasecmp(v, "ib");
 	sv_cfg.roce_v1_only = (v = getenv("SOFTVERBS_ROCE")) && !strcasecmp(v, "v1");
+	sv_cfg.roce_v2_only = (v = getenv("SOFTVERBS_ROCE")) && !strcasecmp(v, "v2");
 	int lid = (v = getenv("SOFTVERBS_LID")) && atoi(v) > 0 && atoi(v) < 0xc000 ? atoi(v) : 1;
 	sv_cfg.active_mtu = IBV_MTU_1024;
 	if ((v = getenv("SOFTVERBS_MTU"))) {
@@ -337,6 +338,12 @@ int sv_gid_at(const struct sv_dev *d, unsigned index, struct sv_gid *out)
 	}
 	if (sv_cfg.roce_v1_only && (index & 1))
 		return ENODATA;
+	if (sv_cfg.roce_v2_only) {
+		/* one RoCE v2 entry per address, as NICs that list no v1 entries */
+		if (index > 1)
+			return ENODATA;
+		index = index * 2 + 1;
+	}
 	switch (index) {
 	case 0:
 	case 1:

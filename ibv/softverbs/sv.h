@@ -41,6 +41,7 @@ enum {
 struct sv_config {
 	int ib;               /* link layer InfiniBand instead of Ethernet */
 	int roce_v1_only;     /* Ethernet: the RoCE v2 entries (1, 3) empty, as a v1-only NIC */
+	int roce_v2_only;     /* Ethernet: RoCE v2 entries only, one per address: 0 fe80::, 1 IPv4 */
 	enum ibv_mtu active_mtu;
 	int64_t min_ack_ns;   /* floor of the local ACK timeout */
 	int samehost;         /* RC payloads to a peer on this host move by process_vm_readv */

@@ -204,6 +204,24 @@ else
 	step "SOFTVERBS_LINK=ib: ibv_devinfo, ibv_rc_pingpong" SKIPPED "ibverbs-utils not installed"
 fi
 
+# 2c. RoCE v2 entries only (SOFTVERBS_ROCE=v2): GID 0 fe80:: and GID 1 IPv4, both RoCE v2, as
+# NICs that list no v1 entries; ibv_rc_pingpong over GID 1.
+if command -v ibv_devinfo >/dev/null && command -v ibv_rc_pingpong >/dev/null; then
+	export SOFTVERBS_ROCE=v2
+	ibv_devinfo -v -d "$dev" >"$work/devinfo-v2" 2>&1
+	if [ "$(grep -c 'GID\[' "$work/devinfo-v2")" = 2 ] &&
+		grep -q "GID\[  0\]:[[:space:]]*fe80:.*RoCE v2" "$work/devinfo-v2" &&
+		grep -q "GID\[  1\]:[[:space:]]*::ffff:.*RoCE v2" "$work/devinfo-v2"; then
+		step "SOFTVERBS_ROCE=v2: ibv_devinfo -v shows GID 0 fe80:: and GID 1 IPv4, RoCE v2" PASS
+	else
+		cat "$work/devinfo-v2"; step "SOFTVERBS_ROCE=v2: ibv_devinfo -v shows GID 0 fe80:: and GID 1 IPv4, RoCE v2" FAIL
+	fi
+	pingpong "-n $iters, SOFTVERBS_ROCE=v2, GID 1" -g 1
+	unset SOFTVERBS_ROCE
+else
+	step "SOFTVERBS_ROCE=v2: ibv_devinfo, ibv_rc_pingpong" SKIPPED "ibverbs-utils not installed"
+fi
+
 # 2c. perftest's seven programs between two processes (RoCE v2 over GID 3), 64 B and 64 KiB
 # (ib_atomic_lat: 8 B, FETCH_AND_ADD and CMP_AND_SWAP); the figures are printed, never judged.
 perf() { # perf NAME ARGS... (server: NAME ARGS -p PORT; client: the same and 127.0.0.1)
