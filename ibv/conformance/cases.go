@@ -120,7 +120,10 @@ func testRNRRetryExceeded(t *testing.T, f Fixture) {
 	require.Equal(t, uint64(3), wc.WRID)
 }
 
-// testRNRCounted: the device counts RNR NAKs: 1 + rnr_retry of them for one failed SEND.
+// testRNRCounted: the device counts RNR NAKs: the requester fails one SEND at its
+// 1 + rnr_retry-th. The responder answers every copy it gets: exactly as many unless the
+// requester's ACK timer also sent the SEND again (a loaded host can delay an RNR NAK past
+// it), then more.
 func testRNRCounted(t *testing.T, f Fixture) {
 	needFaults(t, f)
 	oa, ob := defaults(), defaults()
@@ -131,8 +134,12 @@ func testRNRCounted(t *testing.T, f Fixture) {
 	a.postSend(t, a.qp, 1, 0, 16)
 	require.Equal(t, ibv.WCRNRRetryExcErr, a.waitWC(t, a.scq).Status)
 	ca, cb := counters(t, f, a.ctx), counters(t, f, b.ctx)
-	require.Equal(t, uint64(4), cb.RNRNaksSent-cb0.RNRNaksSent, "RNR NAKs answered")
 	require.Equal(t, uint64(4), ca.RNRNaksRecv-ca0.RNRNaksRecv, "RNR NAKs received")
+	if ca.RetryTimeouts == ca0.RetryTimeouts {
+		require.Equal(t, uint64(4), cb.RNRNaksSent-cb0.RNRNaksSent, "RNR NAKs answered")
+	} else {
+		require.GreaterOrEqual(t, cb.RNRNaksSent-cb0.RNRNaksSent, uint64(4), "RNR NAKs answered")
+	}
 }
 
 // testRNRRetryForever: rnr_retry 7 retries without limit; a RECV posted late still lands.
