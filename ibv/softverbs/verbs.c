@@ -1978,7 +1978,6 @@ static void sv_ud_recv(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *p
 		sv_qp_error(q);
 }
 
-/* sv_on_request is the responder: SEND, RDMA WRITE, READ and atomic request packets. */
 enum {
 	SV_RX_BATCH = 8,                 /* datagrams per recvmmsg */
 	SV_RX_PKTS = SV_RX_BATCH * (SV_MAX_PAYLOAD / (SV_HDR_LEN + SV_REF_LEN)), /* packets they hold */
@@ -2079,7 +2078,6 @@ static const uint8_t *sv_ref_read(struct sv_qp *q, const struct sv_hdr *h)
 		return NULL;
 	struct iovec l[2] = {{buf, h->len}, {&tok, sizeof(tok)}};
 	struct iovec r[2] = {{(void *)(uintptr_t)h->rva, h->len}, {(void *)(uintptr_t)h->tokva, sizeof(tok)}};
-	(void)q;
 	ssize_t n = process_vm_readv((pid_t)h->rpid, l, 2, r, 2, 0);
 	if (n != (ssize_t)(h->len + sizeof(tok)) || tok != h->tok)
 		return NULL;
@@ -2087,6 +2085,7 @@ static const uint8_t *sv_ref_read(struct sv_qp *q, const struct sv_hdr *h)
 	return buf;
 }
 
+/* sv_on_request is the responder: SEND, RDMA WRITE, READ and atomic request packets. */
 static void sv_on_request(struct sv_qp *q, const struct sv_hdr *h, const uint8_t *payload)
 {
 	if (q->state != IBV_QPS_RTR && q->state != IBV_QPS_RTS && q->state != IBV_QPS_SQD)
