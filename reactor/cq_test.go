@@ -87,8 +87,11 @@ func TestCQNoLostWakeupAtWatch(t *testing.T) {
 	l := newLoop(t)
 	_, cq := newFake(t)
 	cq.beforeArm = func() { cq.beforeArm = nil; cq.wcs = append(cq.wcs, ibv.WC{WRID: 7}) }
-	rec := &recorder{}
+	// handled is buffered and waited on with a bound: the first cycle may finish in a turn
+	// after watch's own (a loaded host); a lost wake-up never handles it at all
+	rec := &recorder{handled: make(chan uint64, 4)}
 	watch(t, l, cq, rec)
+	require.Equal(t, uint64(7), recv(t, rec.handled), "lost wake-up at WatchCQ")
 	require.Equal(t, []uint64{7}, rec.got())
 }
 
