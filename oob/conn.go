@@ -328,17 +328,38 @@ func (n *Node) markDirty(c *conn) {
 	}
 }
 
-// flushBatches writes every connection's batch of this turn. Loop-only.
+// flushBatches writes every connection's batch of this turn, the requests of its dialed
+// connections before the replies of its served ones: a handler that answers a notify with
+// one of its own (request and response) puts its answer on the wire ahead of the ACK, so the
+// peer, waiting for that ACK, finds both in one wake-up instead of waking again for the
+// answer after it returned. Loop-only.
 func (n *Node) flushBatches() {
 	n.flushQueued = false
-	for i, c := range n.dirty {
-		n.dirty[i] = nil
-		if c.batched {
-			c.writeBatch()
-			c.touch()
+	replies := false
+	for _, c := range n.dirty {
+		if c.kind == connServer {
+			replies = true
+			continue
+		}
+		n.flushOne(c)
+	}
+	if replies {
+		for _, c := range n.dirty {
+			if c.kind == connServer {
+				n.flushOne(c)
+			}
 		}
 	}
+	clear(n.dirty)
 	n.dirty = n.dirty[:0]
+}
+
+// flushOne writes c's batch of this turn, if it still has one.
+func (n *Node) flushOne(c *conn) {
+	if c.batched {
+		c.writeBatch()
+		c.touch()
+	}
 }
 
 func (c *conn) flush() {
