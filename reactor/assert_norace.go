@@ -2,6 +2,6 @@
 
 package reactor
 
-// assertLoop: without the race detector the loop-only assertions are off; each would cost
-// a gettid system call on the per-notify path (12% of CPU in BenchmarkSendNotifyAsync).
+// assertLoop: without the race detector the loop-only assertions are off (a loop-only
+// method called from elsewhere is a bug every race-enabled test run would find).
 const assertLoop = false

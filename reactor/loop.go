@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/petermattis/goid"
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 )
@@ -139,7 +140,7 @@ type Loop struct {
 	state   atomic.Int32 // awake or asleep: whether a producer must write the eventfd
 	mu      sync.RWMutex // Submit holds it shared; Stop and the loop's final barrier exclusively
 	stopped atomic.Bool
-	tid     atomic.Int64 // the loop's OS thread id; 0 before start and after exit
+	gid     atomic.Int64 // the loop goroutine's id; 0 before start and after exit
 	now     atomic.Int64 // ns since base, read once per iteration
 	waiters atomic.Int32 // SubmitWait callers waiting for room
 	holds   atomic.Int32 // HoldSpin callers: while > 0 the loop blocks instead of spinning
@@ -153,7 +154,7 @@ type Loop struct {
 	// turn is the right to run loop work: the loop goroutine holds it except while it blocks
 	// in epoll_wait, when Exec may borrow it (TryLock only: a borrower never waits for it).
 	turn     sync.Mutex
-	borrower atomic.Int64 // the OS thread id of the goroutine running a borrowed turn; 0 when none
+	borrower atomic.Int64 // the id of the goroutine running a borrowed turn; 0 when none
 	roomMu   sync.Mutex
 	room     chan struct{} // closed by the loop when it frees room and waiters > 0
 	st       counters
@@ -260,22 +261,16 @@ func (l *Loop) mono() int64 { return int64(time.Since(l.base)) }
 func (l *Loop) Now() time.Time { return l.base.Add(time.Duration(l.now.Load())) }
 
 // InLoop reports whether the caller runs on the loop goroutine, or is the goroutine that
-// borrowed the loop's turn in Exec. The loop's OS thread is locked to it and runs no other
-// goroutine, so the thread id identifies it (a borrower locks its thread for the turn). While
-// the loop sleeps in epoll_wait its thread runs nothing, so a caller then is another thread:
-// unless a turn is borrowed, the answer costs no gettid (a SendNotify usually comes while its
-// loop sleeps).
+// borrowed the loop's turn in Exec. The answer compares goroutine ids (read from the
+// runtime's goroutine record, a load, not a system call: a turn's identity is asked several
+// times per notify).
 func (l *Loop) InLoop() bool {
-	tid := l.tid.Load()
-	if tid == 0 {
+	gid := l.gid.Load()
+	if gid == 0 {
 		return false
 	}
-	if l.state.Load() == asleep {
-		b := l.borrower.Load()
-		return b != 0 && int64(unix.Gettid()) == b
-	}
-	me := int64(unix.Gettid())
-	return me == tid || me == l.borrower.Load()
+	me := goid.Get()
+	return me == gid || me == l.borrower.Load()
 }
 
 // OnLoop is the loop-only assertion: InLoop in race builds (every test run), true without
@@ -335,7 +330,7 @@ func (l *Loop) wake() { _, _ = unix.Write(l.wfd, wakeOne[:]) }
 func (l *Loop) run() {
 	runtime.LockOSThread() // never unlocked: the thread ends with the loop
 	l.turn.Lock()          // never unlocked after shutdown: no Exec borrows a stopped loop
-	l.tid.Store(int64(unix.Gettid()))
+	l.gid.Store(goid.Get())
 	n := 0
 	for {
 		l.st.iterations.Add(1)
@@ -631,7 +626,7 @@ func (l *Loop) shutdown() {
 	l.holdMu.Unlock()
 	_ = unix.Close(l.epfd)
 	l.fds, l.chans, l.watches, l.timers = nil, nil, nil, nil
-	l.tid.Store(0)
+	l.gid.Store(0)
 	close(l.done)
 }
 

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/petermattis/goid"
 	"golang.org/x/sys/unix"
 )
 
@@ -105,12 +106,12 @@ func (l *Loop) borrowTurn() bool {
 	if l.state.Load() != asleep || !l.turn.TryLock() {
 		return false
 	}
-	if l.stopped.Load() || l.tid.Load() == 0 {
+	if l.stopped.Load() || l.gid.Load() == 0 {
 		l.turn.Unlock()
 		return false
 	}
 	runtime.LockOSThread()
-	l.borrower.Store(int64(unix.Gettid()))
+	l.borrower.Store(goid.Get())
 	now := l.mono()
 	l.now.Store(now)
 	l.cbStart = now
@@ -159,7 +160,7 @@ func (l *Loop) endBorrow() {
 // inBorrowedTurn reports whether the caller is the goroutine running a borrowed turn.
 func (l *Loop) inBorrowedTurn() bool {
 	b := l.borrower.Load()
-	return b != 0 && int64(unix.Gettid()) == b
+	return b != 0 && goid.Get() == b
 }
 
 // Poll runs one loop turn that does not block on the calling goroutine, when the loop sleeps
