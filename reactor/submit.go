@@ -230,9 +230,12 @@ func (l *Loop) ExecWait(f func(), d time.Duration, done func() bool) (borrowed b
 	ran := false
 	func() {
 		defer l.endBorrow()
-		l.blindForWait()
-		defer l.unblind()
+		// f's sends leave first, then the loop's set is disarmed for the wait: the disarm's
+		// system call is not between the caller and its send. An answer that comes before
+		// it wakes the loop thread too, which then takes the turn over (waitBorrowed).
 		if ran = l.runBorrowed(f); ran {
+			l.blindForWait()
+			defer l.unblind()
 			l.waitBorrowed(d, done)
 		}
 	}()
