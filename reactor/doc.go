@@ -30,7 +30,7 @@
 // eventfd to the loop, flushes the doorbells before it ends, and wakes the loop when it left
 // work (a func queued meanwhile, a timer earlier than the loop's sleep). The loop blocks on
 // an outer set holding its eventfd and its own epoll set; ExecWait and a spinning caller
-// (HoldSpin) disarm the latter there, so that the kernel does not wake the loop for the
+// (HoldSpin, from its first Poll) disarm the latter there, after their sends, so that the kernel does not wake the loop for the
 // caller's events (the loop blocks on its own set directly when no caller waited so for
 // 100 ms and busy poll is off: one epoll_wait per wake-up).
 //
@@ -127,8 +127,9 @@
 // starves the threads it serves (the caller, a peer process) is slower than sleeping. The
 // default, 0, never spins. HoldSpin (any goroutine) makes the loop block instead of spinning
 // until ReleaseSpin: a caller that spins on its own completion holds it, so that a process
-// spins in one place. While held, the caller polls the loop's set itself (Poll) and the
-// loop's set is disarmed in the outer set the loop blocks on (as for ExecWait), so that the
+// spins in one place. While held, the caller polls the loop's set itself (Poll) and, from
+// its first Poll, the loop's set is disarmed in the outer set the loop blocks on (as for
+// ExecWait after its func), so that the
 // kernel does not wake the loop for the completions the caller reaps; for the budget (at
 // most 1 ms) after a release the loop blocks rather than spins, leaving the next call's turn
 // to the caller.

@@ -204,10 +204,16 @@ func TestPollHandlesOnCallersThread(t *testing.T) {
 			defer runtime.UnlockOSThread()
 			me := int64(unix.Gettid())
 			l.HoldSpin()
-			// Held, a busy-polling loop blocks (its own set disarmed in the outer set)
-			// instead of spinning.
+			// Held, a busy-polling loop blocks instead of spinning; the holder's first Poll
+			// disarms its own set in the outer set.
 			onLoop(t, l, func() {})
 			sleeping(t, l)
+			for end := time.Now().Add(waitBound); !l.Poll() && time.Now().Before(end); {
+				if l.holdBlind.Load() || busy == 0 {
+					break // a Poll that found nothing still took the watch
+				}
+				runtime.Gosched()
+			}
 			_, err := unix.Write(peer, []byte{1})
 			require.NoError(t, err)
 			// Polled here, not in require.Eventually (its condition runs on another goroutine).

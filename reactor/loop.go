@@ -151,6 +151,9 @@ type Loop struct {
 	waitTurnAt atomic.Int64
 	holdMu     sync.Mutex // orders HoldSpin, ReleaseSpin and ExecWait's arming of the outer set
 	blinds     int        // callers watching the loop's set for it (blind); holdMu
+	// holdBlind: the spin holders' watch is taken (one blind for all of them, by the first
+	// Poll of a holder, given back by the last ReleaseSpin); written under holdMu.
+	holdBlind atomic.Bool
 	// turn is the right to run loop work: the loop goroutine holds it except while it blocks
 	// in epoll_wait, when Exec may borrow it (TryLock only: a borrower never waits for it).
 	turn     sync.Mutex
@@ -482,24 +485,34 @@ func (l *Loop) spin() (n int, work bool) {
 
 // HoldSpin makes a busy-polling loop block instead of spinning until the matching
 // ReleaseSpin: for a caller that spins on its own completion, so that the process spins in
-// one place. The holder polls the loop (Poll) while it spins: meanwhile the loop's own set is
-// disarmed in the outer set the loop blocks on, so the kernel does not wake the loop for the
-// completions the caller reaps (the loop still wakes for submissions, Stop and its timers).
-// Safe from any goroutine; allocation-free. Without busy poll it only counts.
-func (l *Loop) HoldSpin() {
-	l.holdMu.Lock()
-	if l.holds.Add(1) == 1 && l.cfg.busyPoll > 0 {
-		l.blind(+1)
-	}
-	l.holdMu.Unlock()
-}
+// one place. The holder polls the loop (Poll) while it spins: from a holder's first Poll the
+// loop's own set is disarmed in the outer set the loop blocks on, so the kernel does not wake
+// the loop for the completions the caller reaps (the loop still wakes for submissions, Stop
+// and its timers). Not before that Poll: the holder's send leaves first, with no system call
+// of the disarm before it. Safe from any goroutine; allocation-free. Without busy poll it
+// only counts.
+func (l *Loop) HoldSpin() { l.holds.Add(1) }
 
 // ReleaseSpin ends a HoldSpin.
 func (l *Loop) ReleaseSpin() {
 	l.holdMu.Lock()
 	l.released.Store(l.mono())
-	if l.holds.Add(-1) == 0 && l.cfg.busyPoll > 0 {
+	if l.holds.Add(-1) == 0 && l.holdBlind.Load() {
+		l.holdBlind.Store(false)
 		l.blind(-1)
+	}
+	l.holdMu.Unlock()
+}
+
+// watchForHolders disarms the loop's set for the spin holders, once (Poll).
+func (l *Loop) watchForHolders() {
+	if l.cfg.busyPoll <= 0 || l.holdBlind.Load() || l.holds.Load() == 0 {
+		return
+	}
+	l.holdMu.Lock()
+	if l.holds.Load() > 0 && !l.holdBlind.Load() {
+		l.holdBlind.Store(true)
+		l.blind(+1)
 	}
 	l.holdMu.Unlock()
 }

@@ -176,6 +176,7 @@ func (l *Loop) Poll() bool {
 		return false
 	}
 	defer l.endBorrow()
+	l.watchForHolders()
 	work, _ := l.borrowedBatch(0)
 	return work
 }
