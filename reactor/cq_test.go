@@ -95,6 +95,51 @@ func TestCQNoLostWakeupAtWatch(t *testing.T) {
 	require.Equal(t, []uint64{7}, rec.got())
 }
 
+// A poll that fills less than the batch emptied the CQ: the cycle goes on to arm and polls
+// once after the arm, not once more before it. A full batch is polled on. Every WC is handled
+// either way (the lost wake-up tests above hold the arm's side).
+func TestCQShortPollEndsStepOne(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		batch, land int
+		polls       int // in the cycle the event starts
+	}{
+		{"short", 32, 3, 2},          // 3 WCs; the poll after the arm
+		{"full then short", 4, 6, 3}, // 4, 2; the poll after the arm
+		{"full", 4, 4, 3},            // 4; 0 (a full batch may not be all); the poll after the arm
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newLoop(t, WithCQBatch(tc.batch))
+			_, cq := newFake(t)
+			rec := &recorder{handled: make(chan uint64, 64)}
+			watch(t, l, cq, rec)
+			var polls0 int
+			onLoop(t, l, func() {
+				cq.mu.Lock()
+				polls0 = cq.polls
+				cq.mu.Unlock()
+				for i := range tc.land {
+					cq.land(ibv.WC{WRID: uint64(i + 1)})
+				}
+			})
+			for range tc.land {
+				recv(t, rec.handled)
+			}
+			var polls int
+			var armed bool
+			onLoop(t, l, func() {
+				cq.mu.Lock()
+				polls = cq.polls - polls0
+				cq.mu.Unlock()
+				armed = cq.isArmed()
+			})
+			require.Len(t, rec.got(), tc.land)
+			require.True(t, armed)
+			require.Equal(t, tc.polls, polls)
+		})
+	}
+}
+
 func TestCQEventsAckedInOneBatchPerCQ(t *testing.T) {
 	l := newLoop(t)
 	ch, a := newFake(t)

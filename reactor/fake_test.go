@@ -78,6 +78,7 @@ type fakeCQ struct {
 	ackCalls  []int
 	acked     int
 	arms      int
+	polls     int
 }
 
 func newFakeCQ(ch *fakeChannel) *fakeCQ {
@@ -99,6 +100,7 @@ func (q *fakeCQ) land(wc ibv.WC) {
 func (q *fakeCQ) Poll(out []ibv.WC) (int, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	q.polls++
 	if q.pollErr != nil {
 		return 0, q.pollErr
 	}
