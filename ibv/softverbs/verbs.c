@@ -742,6 +742,7 @@ static int sv_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
 		 * consumer then needs no thread wake-up), and give the CPU away when that finds
 		 * nothing, since the NIC shares the host's cores. */
 		struct sv_ctx *c = cq->ctx;
+		int busy = 1; /* the thread holds the sockets: let it run */
 		if (!pthread_mutex_trylock(&c->lk)) {
 			struct epoll_event evs[16];
 			int k = epoll_wait(c->epfd, evs, 16, 0);
@@ -750,10 +751,15 @@ static int sv_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
 			__atomic_store_n(&c->poll_ns, sv_now_ns(), __ATOMIC_RELAXED);
 			if (__atomic_load_n(&c->poll_streak, __ATOMIC_RELAXED) < SV_POLL_STREAK)
 				__atomic_add_fetch(&c->poll_streak, 1, __ATOMIC_RELAXED);
+			busy = __atomic_load_n(&c->poll_streak, __ATOMIC_RELAXED) >= SV_POLL_STREAK;
 			pthread_mutex_unlock(&c->lk);
 		}
 		if (!__atomic_load_n(&cq->count, __ATOMIC_ACQUIRE)) {
-			sched_yield();
+			/* Only a busy poller gives the CPU away: a consumer that polls once after
+			 * arming (the event-mode cycle) goes on to wait for its event, and a yield
+			 * there is a context switch in the middle of its turn. */
+			if (busy)
+				sched_yield();
 			return 0;
 		}
 	}
