@@ -311,8 +311,8 @@ func (e *Engine) SendNotify(ctx context.Context, peer string, n Notify) (result 
 	req.prepare(peer, n, deadline, nil)
 	req.state.Store(reqSpinning)
 	// Busy poll: hold the loop's spin before the send, so that the loop blocks (its turn free
-	// for the send below) and leaves its set to this caller before the completion can come;
-	// the caller then spins on its own completion.
+	// for the send below); the caller then spins on its own completion, and its first poll
+	// takes the loop's set over (the send leaves first).
 	if busy {
 		e.loop.HoldSpin()
 	}

@@ -396,23 +396,40 @@ func TestExecWaitGivesWayToSubmissions(t *testing.T) {
 	require.True(t, recv(t, result), "the wait was not in a borrowed turn")
 }
 
-// TestExecWaitSendsAndWaitsInOneTurn: ExecWait runs f and then waits, in one borrowed turn
-// with the loop's set disarmed before f: an answer to what f did (here a write that makes the
-// loop's fd readable) is handled on the caller's thread and the loop thread never wakes.
-// From a loop callback the turn is the loop's: f is queued and nothing waits.
+// TestExecWaitSendsAndWaitsInOneTurn: ExecWait runs f and then waits, in one borrowed turn.
+// The loop's set is disarmed after f, so an answer that comes after the send (here written
+// at the wait's first look at done, as a peer's answer comes) is handled on the caller's
+// thread and the loop thread never wakes. An answer already there when the set is disarmed
+// (f's own write) may wake the loop thread first: it is handled all the same, by one of
+// the two, and the wait ends. From a loop callback the turn is the loop's: f is queued and
+// nothing waits.
 func TestExecWaitSendsAndWaitsInOneTurn(t *testing.T) {
-	l, peer, handledOn, _, me := outerFixture(t)
+	l, peer, handledOn, got, me := outerFixture(t)
 	iterations := l.Stats().Iterations
-	sent := false
-	borrowed, err := l.ExecWait(func() {
-		sent = l.InLoop()
-		_, _ = unix.Write(peer, []byte{1})
-	}, 2*waitBound, func() bool { return handledOn.Load() != 0 })
+	sent, answered := false, false
+	borrowed, err := l.ExecWait(func() { sent = l.InLoop() }, 2*waitBound, func() bool {
+		if !answered {
+			answered = true
+			_, _ = unix.Write(peer, []byte{1})
+		}
+		return handledOn.Load() != 0
+	})
 	require.NoError(t, err)
 	require.True(t, borrowed)
 	require.True(t, sent, "f ran off the borrowed turn")
 	require.Equal(t, me, handledOn.Load(), "the answer was handled off the waiting caller's thread")
 	require.Equal(t, iterations, l.Stats().Iterations, "the loop thread woke for the answer")
+	recv(t, got)
+
+	// An answer there before the disarm: handled once, by the caller or the loop.
+	handledOn.Store(0)
+	borrowed, err = l.ExecWait(func() { _, _ = unix.Write(peer, []byte{2}) }, 2*waitBound,
+		func() bool { return handledOn.Load() != 0 })
+	require.NoError(t, err)
+	require.True(t, borrowed)
+	recv(t, got)
+	require.NotZero(t, handledOn.Load())
+
 	ran := make(chan struct{})
 	onLoop(t, l, func() {
 		borrowed, err = l.ExecWait(func() { close(ran) }, time.Hour, func() bool { return false })

@@ -217,8 +217,10 @@ func (l *Loop) borrowedBatch(ms int) (work, woken bool) {
 // answer. The calling goroutine blocks in the loop's epoll set; every fd, completion
 // channel, timer and submission it finds is handled on its thread, with the loop's doorbells
 // flushed after each batch. Meanwhile the loop thread waits for its eventfd alone (the
-// loop's set is disarmed in the outer set before f runs), so an answer wakes one thread, the
-// caller's, instead of the loop and then the caller. A submission or Stop (the eventfd) ends
+// loop's set is disarmed in the outer set once f's sends have left, so that no system call
+// stands between the caller and its send), so an answer wakes one thread, the caller's,
+// instead of the loop and then the caller; an answer faster than that disarm wakes the loop
+// too, which takes the turn over and handles it. A submission or Stop (the eventfd) ends
 // the wait: the loop takes over. When the turn is not free, f is queued as Submit would
 // (borrowed false, no wait). done is called in the turn.
 func (l *Loop) ExecWait(f func(), d time.Duration, done func() bool) (borrowed bool, err error) {
