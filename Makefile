@@ -24,6 +24,9 @@
 #                    provider, the TCP floors) with UCX's ucx_perftest over UCX_TLS=tcp beside
 #                    them (--anchors ucx; a line says so when ucx_perftest is not installed);
 #                    BENCH_FLAGS adds flags; build/bench-anchors.json and .svg
+#   make bench-targets  the stack's cost against its references (floor-block, floor-spin, UCX,
+#                    floor-verbs on softverbs), three alternating rounds in one run, and for
+#                    each target the median and whether it is met (bench/targets.sh; R=rounds)
 #   make soak        the delivery contract checked end to end under faults for DURATION
 #                    (default 1h) on the soft provider, then on the verbs provider over
 #                    softverbs when it builds (SOAK_FLAGS adds flags, e.g. --seed n or
@@ -52,7 +55,7 @@ SOFTVERBS_LIBDIR := $(CURDIR)/build/softverbs
 
 include ibv/softverbs/softverbs.mk
 
-.PHONY: test build vet fmt-check unit allocs fuzz fuzz-short bench bench-anchors rdma rdma-deps test-deps soak
+.PHONY: test build vet fmt-check unit allocs fuzz fuzz-short bench bench-anchors bench-targets rdma rdma-deps test-deps soak
 
 test: vet fmt-check unit allocs fuzz-short rdma
 
@@ -115,6 +118,10 @@ bench-anchors:
 	$(GO) build -o build/twosided ./cmd/twosided
 	build/twosided bench --scenario latency,burst --transport oob,rdma_twosided,floor-block,floor-spin,floor-stream \
 		--provider soft --anchors ucx --json build/bench-anchors.json --plot build/bench-anchors.svg $(BENCH_FLAGS)
+
+bench-targets:
+	$(MAKE) --no-print-directory softverbs
+	bash bench/targets.sh
 
 # soak runs `twosided soak` for DURATION on each provider; the verbs run needs libibverbs-dev's
 # headers and cgo (softverbs), else it says it was left out.

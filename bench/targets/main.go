@@ -1,0 +1,197 @@
+// Command targets summarizes the runs of bench/targets.sh: for each of the stack's cost
+// targets, the figure of every round (each round runs ours and its reference side by side),
+// the median over the rounds and whether it meets the target.
+//
+//	go run ./bench/targets DIR
+//
+// DIR holds round-N-ev.json (latency, events: oob, floor-block, UCX ucp_am_lat),
+// round-N-busy.json (latency, --busy-poll: oob, floor-spin), round-N-burst.json (burst,
+// window 256: oob, UCX ucp_am_bw) and, when the verbs provider ran, round-N-rdma.json
+// (latency: rdma_twosided, floor-verbs), as twosided bench --json writes them.
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/twosided/twosided/bench"
+)
+
+// target is one row: a figure computed from one round's reports, and its bound.
+type target struct {
+	name   string
+	file   string // the round's report it reads
+	unit   string // "×" (a ratio) or "µs" (a difference)
+	bound  float64
+	atMost bool // the figure must be at most bound (else at least)
+	value  func(r *bench.Report) (float64, bool)
+}
+
+func find(r *bench.Report, scenario, transport string) *bench.Result {
+	for _, x := range r.Results {
+		if x.Scenario == scenario && x.Transport == transport {
+			return x
+		}
+	}
+	return nil
+}
+
+func p50(x *bench.Result) (float64, bool) {
+	if x == nil || x.OneWay == nil || x.OneWay.P50 <= 0 {
+		return 0, false
+	}
+	return x.OneWay.P50, true
+}
+
+func ratio(a, b float64, okA, okB bool) (float64, bool) {
+	if !okA || !okB || b <= 0 {
+		return 0, false
+	}
+	return a / b, true
+}
+
+var targets = []target{
+	{"oob one-way p50 / floor-block (events)", "ev", "×", 1.3, true, func(r *bench.Report) (float64, bool) {
+		a, okA := p50(find(r, "latency", "oob"))
+		b, okB := p50(find(r, "latency", "floor-block"))
+		return ratio(a, b, okA, okB)
+	}},
+	{"oob one-way p50 / floor-spin (busy poll)", "busy", "×", 1.3, true, func(r *bench.Report) (float64, bool) {
+		a, okA := p50(find(r, "latency", "oob"))
+		b, okB := p50(find(r, "latency", "floor-spin"))
+		return ratio(a, b, okA, okB)
+	}},
+	{"oob busy-poll p50 / UCX ucp_am_lat (TCP)", "busy+ev", "×", 2, true, nil}, // two reports: below
+	{"CPU per notify, oob / floor-block (events)", "ev", "×", 1.5, true, func(r *bench.Report) (float64, bool) {
+		a, b := find(r, "latency", "oob"), find(r, "latency", "floor-block")
+		if a == nil || b == nil {
+			return 0, false
+		}
+		return ratio(a.CPUPerNotifyUS, b.CPUPerNotifyUS, true, true)
+	}},
+	{"burst, window 256: oob / UCX ucp_am_bw", "burst", "×", 1, false, func(r *bench.Report) (float64, bool) {
+		a, b := find(r, "burst", "oob"), find(r, "burst", bench.TransportUCX)
+		if a == nil || b == nil {
+			return 0, false
+		}
+		return ratio(a.OpsPerSec, b.OpsPerSec, true, true)
+	}},
+	{"rdma_twosided p50 - floor-verbs p50", "rdma", "µs", 3, true, func(r *bench.Report) (float64, bool) {
+		a, okA := p50(find(r, "latency", bench.TransportRDMA))
+		b, okB := p50(find(r, "latency", "floor-verbs"))
+		return a - b, okA && okB
+	}},
+	{"CPU per notify, rdma_twosided / floor-verbs", "rdma", "×", 1.5, true, func(r *bench.Report) (float64, bool) {
+		a, b := find(r, "latency", bench.TransportRDMA), find(r, "latency", "floor-verbs")
+		if a == nil || b == nil {
+			return 0, false
+		}
+		return ratio(a.CPUPerNotifyUS, b.CPUPerNotifyUS, true, true)
+	}},
+}
+
+func load(dir string, round int, kind string) *bench.Report {
+	b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("round-%d-%s.json", round, kind)))
+	if err != nil {
+		return nil
+	}
+	var r bench.Report
+	if json.Unmarshal(b, &r) != nil {
+		return nil
+	}
+	return &r
+}
+
+func rounds(dir string) []int {
+	var out []int
+	m, _ := filepath.Glob(filepath.Join(dir, "round-*-ev.json"))
+	for _, f := range m {
+		var n int
+		if _, err := fmt.Sscanf(filepath.Base(f), "round-%d-ev.json", &n); err == nil {
+			out = append(out, n)
+		}
+	}
+	sort.Ints(out)
+	return out
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func summarize(w io.Writer, dir string) int {
+	rs := rounds(dir)
+	if len(rs) == 0 {
+		fmt.Fprintf(os.Stderr, "targets: no round-N-ev.json in %s\n", dir)
+		return 2
+	}
+	fmt.Fprintf(w, "%-46s %-26s %8s %8s  %s\n", "target", "rounds", "median", "bound", "")
+	missed := 0
+	for _, t := range targets {
+		var vals []string
+		var got []float64
+		for _, n := range rs {
+			var v float64
+			var ok bool
+			if t.value == nil { // busy-poll p50 over the same round's UCX ucp_am_lat
+				busy, ev := load(dir, n, "busy"), load(dir, n, "ev")
+				if busy != nil && ev != nil {
+					a, okA := p50(find(busy, "latency", "oob"))
+					b, okB := p50(find(ev, "latency", bench.TransportUCX))
+					v, ok = ratio(a, b, okA, okB)
+				}
+			} else if r := load(dir, n, t.file); r != nil {
+				v, ok = t.value(r)
+			}
+			if !ok {
+				vals = append(vals, "-")
+				continue
+			}
+			got = append(got, v)
+			vals = append(vals, fmt.Sprintf("%.2f", v))
+		}
+		if len(got) == 0 {
+			fmt.Fprintf(w, "%-46s %-26s %8s %8s  not run\n", t.name, strings.Join(vals, " "), "-", bound(t))
+			continue
+		}
+		m := median(got)
+		met := (t.atMost && m <= t.bound) || (!t.atMost && m >= t.bound)
+		verdict := "met"
+		if !met {
+			verdict = "NOT met"
+			missed++
+		}
+		fmt.Fprintf(w, "%-46s %-26s %7.2f%s %8s  %s\n", t.name, strings.Join(vals, " "), m, t.unit, bound(t), verdict)
+	}
+	if missed > 0 {
+		return 1
+	}
+	return 0
+}
+
+func bound(t target) string {
+	op := "≥"
+	if t.atMost {
+		op = "≤"
+	}
+	return fmt.Sprintf("%s%g%s", op, t.bound, t.unit)
+}
+
+func main() {
+	if len(os.Args) != 2 {
+		fmt.Fprintln(os.Stderr, "usage: go run ./bench/targets DIR")
+		os.Exit(2)
+	}
+	os.Exit(summarize(os.Stdout, os.Args[1]))
+}
