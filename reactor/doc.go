@@ -30,9 +30,10 @@
 // eventfd to the loop, flushes the doorbells before it ends, and wakes the loop when it left
 // work (a func queued meanwhile, a timer earlier than the loop's sleep). The loop blocks on
 // an outer set holding its eventfd and its own epoll set; ExecWait and a spinning caller
-// (HoldSpin, from its first Poll) disarm the latter there, after their sends, so that the kernel does not wake the loop for the
-// caller's events (the loop blocks on its own set directly when no caller waited so for
-// 100 ms and busy poll is off: one epoll_wait per wake-up).
+// (HoldSpin, from its first Poll) disarm the latter there, after their sends, so that the
+// kernel does not wake the loop for the caller's events (the loop blocks on its own set
+// directly when no caller waited so for 100 ms and busy poll is off: one epoll_wait per
+// wake-up).
 //
 // What each mechanism gives. Each was switched off in turn (a build switch for the
 // measurement only) and run alternated with the full build, six pairs per row: two
