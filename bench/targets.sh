@@ -9,11 +9,12 @@
 # (exit status 1 when one is not).
 #
 # Environment: R, rounds (default 3); OUT, a directory for the binaries and the JSON of
-# every run (default build/targets); N, notifies per latency run (default 20000).
+# every run (default build/targets); N, notifies per latency run (default 60000: every phase
+# runs at least 1 s on the machines measured so far).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 R=${R:-3}
-N=${N:-20000}
+N=${N:-60000}
 OUT=${OUT:-build/targets}
 GO=${GO:-go}
 mkdir -p "$OUT"
