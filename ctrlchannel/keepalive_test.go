@@ -206,8 +206,10 @@ func TestMachineKeepaliveOnlyWhenConnected(t *testing.T) {
 // killed, or the link is cut); a Keepalive on the survivor ends in OnClosed with a peer
 // error once the QP's retries ran out.
 func TestChannelKeepaliveDetectsDeadPeer(t *testing.T) {
+	// 268 ms per try, 3 tries: the healthy round before the fault must survive a loaded
+	// machine (1 ms tries, as here before, let it die of RETRY_EXC_ERR beside CPU hogs).
 	short := extConfig()
-	short.Timeout, short.RetryCnt = 8, 2 // about 1 ms per try, 3 tries
+	short.Timeout, short.RetryCnt = 16, 2
 	for _, tc := range []struct {
 		name  string
 		fault func(p *soft.Provider) error
@@ -256,9 +258,12 @@ func keepaliveRound(t *testing.T, a, b *side) {
 	require.Eventually(t, func() bool { return settled(a, sentB) && settled(b, sentA) }, waitBound, time.Millisecond)
 }
 
+// TestChannelKeepaliveHealthyIdle: rounds of keepalives both ways over an idle channel with
+// a short receive ring close nothing and deliver nothing. The ACK timeout is extConfig's: a
+// 1 ms one with 2 retries (as here before) let the healthy QP die of RETRY_EXC_ERR on a
+// loaded machine, and the round then waited for its bound.
 func TestChannelKeepaliveHealthyIdle(t *testing.T) {
 	short := extConfig()
-	short.Timeout, short.RetryCnt = 8, 2
 	short.RecvCount = 4
 	a, b, _ := pair(t, short, short, 0, 1)
 	const rounds = 40
