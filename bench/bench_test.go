@@ -123,6 +123,35 @@ func TestTwoProcesses(t *testing.T) {
 	}
 }
 
+// TestNoEcho: with NoEcho a two-process latency round trip of the engines is a notify and its
+// ACK, measured as the floors' is (rtt/2 of the call); by default it is a notify and the
+// receiver's echo.
+func TestNoEcho(t *testing.T) {
+	for _, noEcho := range []bool{false, true} {
+		cfg := tinyConfig(t, TransportOOB, TransportRDMA)
+		cfg.Procs = 2
+		cfg.Sizes = []int{64}
+		cfg.Scenarios = []string{ScenarioLatency}
+		cfg.NoEcho = noEcho
+		var out bytes.Buffer
+		rep, err := Run(context.Background(), cfg, &out)
+		require.NoError(t, err)
+		require.Empty(t, rep.Failures)
+		require.Equal(t, noEcho, rep.Settings.NoEcho)
+		require.Len(t, rep.Results, 2)
+		for _, r := range rep.Results {
+			require.Zero(t, r.Errors, "%s: %s", r.Transport, r.FirstError)
+			upTo(t, 50, int64(r.OneWay.Count), r)
+			if noEcho {
+				require.Equal(t, "rtt/2 (ack)", r.OneWayMethod, r.Transport)
+				require.Nil(t, r.Breakdown, r.Transport)
+			} else {
+				require.Equal(t, "rtt/2 (echo notify)", r.OneWayMethod, r.Transport)
+			}
+		}
+	}
+}
+
 // upTo checks a measured count: the tiny config's 200 ms caps every measured phase, so a
 // slow machine (-race, a loaded CI) may stop a run early; it never counts more than asked.
 func upTo(t *testing.T, want, got int64, r *Result) {

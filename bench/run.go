@@ -39,7 +39,11 @@ type Config struct {
 	// KeepaliveOff runs the engines without keepalive (notify.WithKeepalive(0)); by default
 	// they probe idle channels every 5 s, which an idle run with many peers counts.
 	KeepaliveOff bool
-	RunTimeout   time.Duration // bound on one run; default 2 min
+	// NoEcho: in the latency scenario with two processes, a round trip is one notify and its
+	// acknowledgement (SendNotify's return), with no echo notify back: the floors' exchange
+	// (a message and its ack), so that CPU per notify and rtt/2 compare like for like.
+	NoEcho     bool
+	RunTimeout time.Duration // bound on one run; default 2 min
 
 	// Repeat runs each pipelined run (burst, bidi, fanin, fanout) this many times; the
 	// table shows the median's figures and the spread of ops/s. Default 3.
@@ -207,7 +211,7 @@ func (c *Config) specs() []runSpec {
 			}
 			s := runSpec{Scenario: sc, Transport: t, Procs: c.Procs, Size: size, Count: c.Count,
 				Warmup: c.Warmup, Window: c.Window, Duration: c.Duration, BusyPoll: c.BusyPoll, Peers: c.Peers, Provider: c.Provider,
-				KeepaliveOff: c.KeepaliveOff, Server: c.Server, Host: c.host}
+				KeepaliveOff: c.KeepaliveOff, NoEcho: c.NoEcho, Server: c.Server, Host: c.host}
 			if s.Count == 0 {
 				s.Count = defaultCount
 			}
@@ -285,8 +289,9 @@ type Settings struct {
 	DurationS  float64  `json:"duration_s"`
 	BusyPollUS float64  `json:"busy_poll_us"`
 	Keepalive  bool     `json:"keepalive"`
-	Floor      string   `json:"floor"`  // the floor ratios are taken against
-	Repeat     int      `json:"repeat"` // runs of each pipelined figure
+	NoEcho     bool     `json:"no_echo,omitempty"` // latency: round trips end at the ACK
+	Floor      string   `json:"floor"`             // the floor ratios are taken against
+	Repeat     int      `json:"repeat"`            // runs of each pipelined figure
 	BurstTimeS float64  `json:"burst_time_s"`
 	// Server: the bench server of a two-host run (--client), as it described itself.
 	Server *ServerInfo `json:"server,omitempty"`
@@ -385,7 +390,7 @@ func settingsOf(c *Config) Settings {
 		NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Provider: deviceInUse(c.Provider), Commit: commit(),
 		Started: time.Now().UTC().Format(time.RFC3339), Procs: c.Procs, Scenarios: c.Scenarios,
 		Transports: c.Transports, Count: c.Count, Sizes: c.Sizes, Peers: c.Peers, Window: c.Window,
-		Warmup: c.Warmup, DurationS: c.Duration.Seconds(), BusyPollUS: float64(c.BusyPoll) / 1e3, Keepalive: !c.KeepaliveOff, Floor: FloorBlock,
+		Warmup: c.Warmup, DurationS: c.Duration.Seconds(), BusyPollUS: float64(c.BusyPoll) / 1e3, Keepalive: !c.KeepaliveOff, NoEcho: c.NoEcho, Floor: FloorBlock,
 		Repeat: c.Repeat, BurstTimeS: c.BurstTime.Seconds(), Client: c.host}
 	if c.BusyPoll > 0 {
 		s.Floor = FloorSpin

@@ -32,6 +32,7 @@ type runSpec struct {
 	BusyPoll            time.Duration
 	Provider            string // ibv provider of rdma_twosided and the verbs floors; "": as notify picks
 	KeepaliveOff        bool   // engines without keepalive
+	NoEcho              bool   // latency, two processes: the round trip ends at the ACK
 	// Server is a bench server's address: the receiving side runs there (Procs 2), and the
 	// local nodes listen on Host, this host's address on the route to it.
 	Server, Host string
@@ -244,7 +245,7 @@ func runOne(ctx context.Context, spec runSpec, exe string, args []string) (*Resu
 func (r *run) latency() (*Result, error) {
 	s := r.spec
 	floor := isFloor(s.Transport)
-	echo := s.Procs == 2 && !floor
+	echo := s.Procs == 2 && !floor && !s.NoEcho
 	if err := r.setup(1, 1, childSpec{Echo: echo}); err != nil {
 		return nil, err
 	}

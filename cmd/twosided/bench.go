@@ -24,7 +24,7 @@ func init() {
 			"(--provider verbs, -tags rdma). With no flags: the default suite, two processes, a few minutes.\n" +
 			"Between two hosts: bench --server on one, bench --client HOST:18515 on the other (round trips only).",
 		Usage: "[--scenario list] [--transport list] [--procs 1|2] [-n count] [-s sizes] [--peers k]\n" +
-			"       [-D duration] [--busy-poll 50us] [--window w] [--provider soft|verbs] [--keepalive-off] [--json file] [--plot file.svg]\n" +
+			"       [-D duration] [--busy-poll 50us] [--window w] [--provider soft|verbs] [--keepalive-off] [--no-echo] [--json file] [--plot file.svg]\n" +
 			"       [--repeat 3] [--burst-time 1s] [--anchors ucx] [--client host:port]\n" +
 			"   or: bench --server [host:port]   (the receiving side for --client on another host; default port 18515)",
 		Run: runBench,
@@ -151,6 +151,7 @@ func runBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 	fs.DurationVar(&cfg.Duration, "duration", 0, "idle time (default 1s) and a cap on every other measured phase (default 10s)")
 	fs.DurationVar(&cfg.Duration, "D", 0, "short for --duration (perftest's -D)")
 	fs.DurationVar(&cfg.BusyPoll, "busy-poll", 0, "reactor busy-poll budget, e.g. 50us (floor-spin is its reference)")
+	fs.BoolVar(&cfg.NoEcho, "no-echo", false, "latency with two processes: a round trip is one notify and its ACK (SendNotify's return), no echo back, as the floors' message and ack; one-way is rtt/2 of that")
 	fs.BoolVar(&cfg.KeepaliveOff, "keepalive-off", false, "engines without keepalive (by default they probe idle channels every 5 s, which idle counts)")
 	fs.StringVar(&cfg.Provider, "provider", "", "ibv provider of rdma_twosided and the verbs floors: soft, or verbs (built with -tags rdma); default: the device an engine picks (a libibverbs device with an active port in a -tags rdma build, else soft)")
 	fs.DurationVar(&cfg.RunTimeout, "timeout", 0, "bound on one run (default 2m)")
