@@ -152,6 +152,37 @@ func TestNoEcho(t *testing.T) {
 	}
 }
 
+// TestFloorEpoll: floor-epoll runs the latency scenario only (in one process and in two),
+// every message delivered and acknowledged, and the engines' key figure stays against
+// floor-block.
+func TestFloorEpoll(t *testing.T) {
+	for _, procs := range []int{1, 2} {
+		cfg := tinyConfig(t, TransportOOB, FloorBlock, FloorEpoll)
+		cfg.Procs = procs
+		cfg.Sizes = []int{64}
+		cfg.Scenarios = []string{ScenarioLatency, ScenarioBurst}
+		var out bytes.Buffer
+		rep, err := Run(context.Background(), cfg, &out)
+		require.NoError(t, err)
+		require.Empty(t, rep.Failures)
+		var epoll, oob *Result
+		for _, r := range rep.Results {
+			require.Zero(t, r.Errors, "%s %s: %s", r.Scenario, r.Transport, r.FirstError)
+			switch {
+			case r.Transport == FloorEpoll:
+				require.Equal(t, ScenarioLatency, r.Scenario, "floor-epoll is a ping-pong")
+				epoll = r
+			case r.Transport == TransportOOB && r.Scenario == ScenarioLatency:
+				oob = r
+			}
+		}
+		require.NotNil(t, epoll, "procs %d", procs)
+		upTo(t, 50, int64(epoll.OneWay.Count), epoll)
+		require.NotNil(t, oob)
+		require.Contains(t, oob.VsFloorOf, FloorBlock)
+	}
+}
+
 // upTo checks a measured count: the tiny config's 200 ms caps every measured phase, so a
 // slow machine (-race, a loaded CI) may stop a run early; it never counts more than asked.
 func upTo(t *testing.T, want, got int64, r *Result) {

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"runtime"
 	"slices"
 	"sync"
@@ -25,6 +26,7 @@ const floorHdr = 4
 // process's one spinning thread (spinGroup) serves the listener and every connection.
 type floorNode struct {
 	stream      bool // floor-stream: connections read in bulk, one ack per message
+	epoll       bool // floor-epoll: connections wait in epoll_wait, clients as ExecWait does
 	spin        bool
 	spinClients bool
 	lfd         int
@@ -62,6 +64,18 @@ func newFloorNode(spin, spinClients, stream bool, host string, s *sink) (*floorN
 	return n, nil
 }
 
+// newEpollFloorNode starts a floor-epoll receiver (floor_epoll.go).
+func newEpollFloorNode(host string, s *sink) (*floorNode, error) {
+	lfd, addr, err := tcpListen(host)
+	if err != nil {
+		return nil, err
+	}
+	n := &floorNode{epoll: true, lfd: lfd, address: addr, sink: s}
+	n.acceptWG.Add(1)
+	go n.acceptLoop()
+	return n, nil
+}
+
 func (n *floorNode) addr() string { return n.address }
 
 func (n *floorNode) wakeups() uint64 { return 0 }
@@ -81,6 +95,10 @@ func (n *floorNode) acceptLoop() {
 		n.connWG.Add(1)
 		if n.stream {
 			go n.streamConn(fd)
+			continue
+		}
+		if n.epoll {
+			go n.epollConn(fd)
 			continue
 		}
 		go n.blockConn(fd)
@@ -254,6 +272,12 @@ func (n *floorNode) close(context.Context) error {
 }
 
 func (n *floorNode) newClient(peers []string) (client, error) {
+	if n.epoll {
+		if len(peers) != 1 {
+			return nil, fmt.Errorf("%w: %s: one peer (latency), not %d", ErrConfig, FloorEpoll, len(peers))
+		}
+		return newEpollClient(peers)
+	}
 	return newFloorClient(n.spinClients, peers)
 }
 

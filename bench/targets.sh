@@ -4,7 +4,8 @@
 # Each round runs, two processes, 64 B: latency in event mode (oob, floor-block and UCX's
 # ucp_am_lat over TCP; the oob round trip is a notify and the receiver's echo), the same with
 # --no-echo (a round trip is one notify and its ACK, as floor-block's is one message and its
-# ack: the like-for-like CPU per notify), latency with --busy-poll 50us (oob, floor-spin), a pipelined burst
+# ack: the like-for-like CPU per notify; floor-epoll beside them, the same exchange waited for
+# as the reactor waits, with no engine), latency with --busy-poll 50us (oob, floor-spin), a pipelined burst
 # (window 256, 1 s, oob and UCX's ucp_am_bw) and, when the verbs provider builds and
 # softverbs is there (make softverbs), rdma_twosided against floor-verbs on it. Then
 # bench/targets prints every target's figure per round, the median and whether it is met
@@ -32,7 +33,7 @@ bin=$OUT/twosided
 for r in $(seq 1 "$R"); do
 	echo "== round $r of $R ($(date +%T), load $(cut -d' ' -f1 /proc/loadavg))"
 	"$bin" bench --scenario latency --transport oob,floor-block -s 64 -n "$N" --keepalive-off --anchors ucx --json "$OUT/round-$r-ev.json"
-	"$bin" bench --scenario latency --transport oob,floor-block -s 64 -n "$N" --keepalive-off --no-echo --json "$OUT/round-$r-ack.json"
+	"$bin" bench --scenario latency --transport oob,floor-block,floor-epoll -s 64 -n "$N" --keepalive-off --no-echo --json "$OUT/round-$r-ack.json"
 	"$bin" bench --scenario latency --transport oob,floor-spin -s 64 -n "$N" --keepalive-off --busy-poll 50us --json "$OUT/round-$r-busy.json"
 	"$bin" bench --scenario burst --transport oob -s 64 --window 256 --repeat 1 --burst-time 1s --keepalive-off --anchors ucx --json "$OUT/round-$r-burst.json"
 	if [ -n "$rdma" ]; then

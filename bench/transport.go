@@ -14,6 +14,7 @@ const (
 	FloorBlock          = "floor-block"      // TCP ping-pong, blocking reads on locked threads
 	FloorSpin           = "floor-spin"       // TCP ping-pong, non-blocking reads in a spin loop
 	FloorStream         = "floor-stream"     // pipelined TCP, window in flight, each message acked (burst only)
+	FloorEpoll          = "floor-epoll"      // floor-block's exchange with a reactor's waits (epoll, ExecWait's disarm) and no engine (latency)
 	FloorVerbs          = "floor-verbs"      // RC SEND/RECV on ibv directly, completion events (latency, burst)
 	FloorVerbsSpin      = "floor-verbs-spin" // the same, busy-polling the CQ (latency, burst)
 )
@@ -21,12 +22,12 @@ const (
 // Transports lists the default suite's transports in table order.
 var Transports = []string{TransportRDMA, TransportOOB, TransportOOBClassic, FloorBlock, FloorSpin, FloorStream}
 
-// AllTransports adds the verbs floors, asked for by name (or "all"): they measure the
-// device (bench --provider verbs), not the transports.
-var AllTransports = append(append([]string(nil), Transports...), FloorVerbs, FloorVerbsSpin)
+// AllTransports adds floor-epoll (what the reactor's waits cost, with no engine) and the
+// verbs floors (the device, bench --provider verbs), asked for by name (or "all").
+var AllTransports = append(append([]string(nil), Transports...), FloorEpoll, FloorVerbs, FloorVerbsSpin)
 
 func isFloor(t string) bool {
-	return t == FloorBlock || t == FloorSpin || t == FloorStream || isVerbsFloor(t)
+	return t == FloorBlock || t == FloorSpin || t == FloorStream || t == FloorEpoll || isVerbsFloor(t)
 }
 
 func isVerbsFloor(t string) bool { return t == FloorVerbs || t == FloorVerbsSpin }
@@ -55,6 +56,8 @@ func newNode(transport string, o nodeOpts, s *sink) (node, error) {
 		return newFloorNode(transport == FloorSpin, o.single, false, o.host, s)
 	case FloorStream:
 		return newFloorNode(false, false, true, o.host, s)
+	case FloorEpoll:
+		return newEpollFloorNode(o.host, s)
 	case FloorVerbs, FloorVerbsSpin:
 		return newVerbsNode(transport == FloorVerbsSpin, o, s)
 	case TransportRDMA, TransportOOB, TransportOOBClassic:

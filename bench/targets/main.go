@@ -5,8 +5,8 @@
 //	go run ./bench/targets DIR
 //
 // DIR holds round-N-ev.json (latency, events: oob, floor-block, UCX ucp_am_lat),
-// round-N-ack.json (latency, events, --no-echo: oob and floor-block, each round trip one
-// message and its acknowledgement), round-N-busy.json (latency, --busy-poll: oob, floor-spin), round-N-burst.json (burst,
+// round-N-ack.json (latency, events, --no-echo: oob, floor-block and floor-epoll, each
+// round trip one message and its acknowledgement), round-N-busy.json (latency, --busy-poll: oob, floor-spin), round-N-burst.json (burst,
 // window 256: oob, UCX ucp_am_bw) and, when the verbs provider ran, round-N-rdma.json
 // (latency: rdma_twosided, floor-verbs), as twosided bench --json writes them.
 package main
@@ -79,6 +79,18 @@ var targets = []target{
 	}},
 	{"CPU per notify, oob / floor-block (acked)", "ack", "×", 1.5, true, func(r *bench.Report) (float64, bool) {
 		return cpuRatio(r, "oob", "floor-block")
+	}},
+	// Where the acked ratio comes from: the reactor's waits alone (floor-epoll: epoll_wait
+	// then read, ExecWait's disarm and re-arm, no engine), then the engine's code over them.
+	{"floor-epoll p50 / floor-block (acked)", "ack", "×", 0, true, func(r *bench.Report) (float64, bool) {
+		a, okA := p50(find(r, "latency", bench.FloorEpoll))
+		b, okB := p50(find(r, "latency", "floor-block"))
+		return ratio(a, b, okA, okB)
+	}},
+	{"oob p50 / floor-epoll (acked)", "ack", "×", 0, true, func(r *bench.Report) (float64, bool) {
+		a, okA := p50(find(r, "latency", "oob"))
+		b, okB := p50(find(r, "latency", bench.FloorEpoll))
+		return ratio(a, b, okA, okB)
 	}},
 	{"CPU, echoed round trip / floor-block's", "ev", "×", 0, true, func(r *bench.Report) (float64, bool) {
 		return cpuRatio(r, "oob", "floor-block")
