@@ -140,10 +140,11 @@ func (c *epollClient) open() error {
 				if int(ev.Fd) == stp {
 					return
 				}
-				// The client's set was reported (re-armed while it still listed the
-				// connection it had just read): look into it, as a loop thread woken
-				// through its outer set does; that clears the stale entry. What is
-				// there stays for the client (level-triggered).
+				// The client's set was reported: an ack that came before the client
+				// disarmed it, or a re-arm while the set still listed the connection just
+				// read. Look into it, as a loop thread woken through its outer set does
+				// (which clears a stale entry); what is there stays for the client
+				// (level-triggered).
 				_, _ = unix.EpollWait(ep, inner[:], 0)
 			}
 		}
