@@ -3,16 +3,17 @@
 // the soft provider's by default, a libibverbs device with --provider verbs, or by default
 // when the binary is built with -tags rdma and libibverbs lists one with an active port; oob
 // with persistent connections, oob-classic with one TCP connection per notify, as Mooncake's
-// classic notify does) and two floors, minimal TCP ping-pongs on locked OS threads
+// classic notify does) and the floors, minimal TCP ping-pongs on locked OS threads
 // (floor-block: blocking reads, one kernel wake-up per message; floor-spin: non-blocking
 // reads in a spin loop; floor-epoll, asked for by name: floor-block's exchange waited for
 // as the reactor waits, epoll_wait and ExecWait's disarm, with no engine), HDR histograms
 // of the latencies, CPU and wake-up accounting, the table, JSON and SVG outputs, and the
-// harness that puts the receiving side in a second process: a child (the binary re-executes itself; control travels over the child's stdin
-// and stdout) or a bench server on another host (Server, NewServer: the same control
-// protocol on a TCP connection of its own, after a versioned hello; proto.go). Pipelined
-// runs are repeated, timed to a steady state without a count, and reported with their
-// spread; UCX's ucx_perftest can run beside them as an anchor (anchors.go).
+// harness that puts the receiving side in a second process: a child (the binary
+// re-executes itself; control travels over the child's stdin and stdout) or a bench server
+// on another host (Server, NewServer: the same control protocol on a TCP connection of its
+// own, after a versioned hello; proto.go). Pipelined runs are repeated, timed to a steady
+// state without a count, and reported with their spread; UCX's ucx_perftest can run beside
+// them as an anchor (anchors.go).
 //
 // Status: an internal layer of twosided, kept importable for the benchmark and the tools
 // (cmd/twosided, bench, tests). Its API may change without notice; applications use
