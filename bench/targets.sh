@@ -2,12 +2,13 @@
 # targets.sh: the stack's own cost against its references, in one run, R alternating rounds.
 #
 # Each round runs, two processes, 64 B: latency in event mode (oob, floor-block and UCX's
-# ucp_am_lat over TCP; the oob round trip is a notify and the receiver's echo), the same with
-# --no-echo (a round trip is one notify and its ACK, as floor-block's is one message and its
-# ack: the like-for-like CPU per notify; floor-epoll beside them, the same exchange waited for
-# as the reactor waits, with no engine), latency with --busy-poll 50us (oob, floor-spin), a pipelined burst
-# (window 256, 1 s, oob and UCX's ucp_am_bw) and, when the verbs provider builds and
-# softverbs is there (make softverbs), rdma_twosided against floor-verbs on it. Then
+# ucp_am_lat over TCP; the oob round trip is a notify and the receiver's echo), the same
+# with --no-echo (a round trip is one notify and its ACK, as floor-block's is one message
+# and its ack: the like-for-like CPU per notify; floor-epoll beside them, the same exchange
+# waited for as the reactor waits, with no engine), latency with --busy-poll 50us (oob,
+# floor-spin), a pipelined burst (window 256, 1 s, oob and UCX's ucp_am_bw) and, when the
+# verbs provider builds and softverbs is there (make softverbs), rdma_twosided against
+# floor-verbs on it. Then
 # bench/targets prints every target's figure per round, the median and whether it is met
 # (exit status 1 when one is not).
 #
