@@ -30,7 +30,7 @@ func (n *floorNode) epollConn(fd int) {
 		return
 	}
 	defer unix.Close(ep)
-	buf := make([]byte, 1<<17)
+	buf := make([]byte, 2*(floorHdr+maxSize)) // a whole message always fits
 	have := 0
 	var evs [1]unix.EpollEvent
 	ack := [1]byte{1}
@@ -54,7 +54,7 @@ func (n *floorNode) epollConn(fd int) {
 		for have-off >= floorHdr {
 			size := int(binary.LittleEndian.Uint32(buf[off:]))
 			if floorHdr+size > len(buf) {
-				return // larger than the buffer: floor-epoll is for latency's small messages
+				return // no bench message is this large: not a floor-epoll client
 			}
 			if have-off < floorHdr+size {
 				break
