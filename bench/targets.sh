@@ -8,9 +8,8 @@
 # waited for as the reactor waits, with no engine), latency with --busy-poll 50us (oob,
 # floor-spin), a pipelined burst (window 256, 1 s, oob and UCX's ucp_am_bw) and, when the
 # verbs provider builds and softverbs is there (make softverbs), rdma_twosided against
-# floor-verbs on it. Then
-# bench/targets prints every target's figure per round, the median and whether it is met
-# (exit status 1 when one is not).
+# floor-verbs on it. Then bench/targets prints every target's figure per round, the median
+# and whether it is met (exit status 1 when one is not).
 #
 # Environment: R, rounds (default 3); OUT, a directory for the binaries and the JSON of
 # every run (default build/targets); N, notifies per latency run (default 60000: every phase

@@ -25,8 +25,9 @@ func freeAddr(t *testing.T) string {
 // TestKillReceiverAndRestart: the receiver process is killed with SIGKILL mid-burst and
 // restarted on the same address. Senders get errors while it is down; the channel
 // reconnects with a new epoch; traffic resumes. Nothing is delivered twice, and of what was
-// acknowledged only a notify still in the dead process's RECV ring (not yet handed to the
-// application) can be missing: sends are sequential, so at most the last one before the kill.
+// acknowledged only what the dead process held and had not handed over (its receive queue,
+// its RECV ring) can be missing: a tail of the notifies sent before the kill, never one sent
+// after the restart.
 func TestKillReceiverAndRestart(t *testing.T) {
 	for _, tr := range transports {
 		t.Run(tr, func(t *testing.T) {
