@@ -155,9 +155,19 @@ func TestNoEcho(t *testing.T) {
 // TestFloorEpoll: floor-epoll runs the latency scenario only (in one process and in two),
 // every message delivered and acknowledged, and the engines' key figure stays against
 // floor-block.
-func TestFloorEpoll(t *testing.T) {
+func TestFloorEpoll(t *testing.T) { testWaitFloor(t, FloorEpoll) }
+
+// TestFloorURing: floor-uring, the same through io_uring (where the kernel has it).
+func TestFloorURing(t *testing.T) {
+	if err := probeURing(); err != nil {
+		t.Skipf("no io_uring here: %v", err)
+	}
+	testWaitFloor(t, FloorURing)
+}
+
+func testWaitFloor(t *testing.T, floor string) {
 	for _, procs := range []int{1, 2} {
-		cfg := tinyConfig(t, TransportOOB, FloorBlock, FloorEpoll)
+		cfg := tinyConfig(t, TransportOOB, FloorBlock, floor)
 		cfg.Procs = procs
 		cfg.Sizes = []int{64}
 		cfg.Scenarios = []string{ScenarioLatency, ScenarioBurst}
@@ -165,26 +175,24 @@ func TestFloorEpoll(t *testing.T) {
 		rep, err := Run(context.Background(), cfg, &out)
 		require.NoError(t, err)
 		require.Empty(t, rep.Failures)
-		var epoll, oob *Result
+		var fl, oob *Result
 		for _, r := range rep.Results {
 			require.Zero(t, r.Errors, "%s %s: %s", r.Scenario, r.Transport, r.FirstError)
 			switch {
-			case r.Transport == FloorEpoll:
-				require.Equal(t, ScenarioLatency, r.Scenario, "floor-epoll is a ping-pong")
-				epoll = r
+			case r.Transport == floor:
+				require.Equal(t, ScenarioLatency, r.Scenario, "%s is a ping-pong", floor)
+				fl = r
 			case r.Transport == TransportOOB && r.Scenario == ScenarioLatency:
 				oob = r
 			}
 		}
-		require.NotNil(t, epoll, "procs %d", procs)
-		upTo(t, 50, int64(epoll.OneWay.Count), epoll)
+		require.NotNil(t, fl, "procs %d", procs)
+		upTo(t, 50, int64(fl.OneWay.Count), fl)
 		require.NotNil(t, oob)
 		require.Contains(t, oob.VsFloorOf, FloorBlock)
 	}
 }
 
-// upTo checks a measured count: the tiny config's 200 ms caps every measured phase, so a
-// slow machine (-race, a loaded CI) may stop a run early; it never counts more than asked.
 func upTo(t *testing.T, want, got int64, r *Result) {
 	t.Helper()
 	require.Positive(t, got, "%s %s", r.Scenario, r.Transport)

@@ -27,6 +27,7 @@ const floorHdr = 4
 type floorNode struct {
 	stream      bool // floor-stream: connections read in bulk, one ack per message
 	epoll       bool // floor-epoll: connections wait in epoll_wait, clients as ExecWait does
+	uring       bool // floor-uring: connections and clients wait through io_uring
 	spin        bool
 	spinClients bool
 	lfd         int
@@ -99,6 +100,10 @@ func (n *floorNode) acceptLoop() {
 		}
 		if n.epoll {
 			go n.epollConn(fd)
+			continue
+		}
+		if n.uring {
+			go n.uringConn(fd)
 			continue
 		}
 		go n.blockConn(fd)
@@ -277,6 +282,12 @@ func (n *floorNode) newClient(peers []string) (client, error) {
 			return nil, fmt.Errorf("%w: %s: one peer (latency), not %d", ErrConfig, FloorEpoll, len(peers))
 		}
 		return newEpollClient(peers)
+	}
+	if n.uring {
+		if len(peers) != 1 {
+			return nil, fmt.Errorf("%w: %s: one peer (latency), not %d", ErrConfig, FloorURing, len(peers))
+		}
+		return newURingClient(peers)
 	}
 	return newFloorClient(n.spinClients, peers)
 }

@@ -5,11 +5,13 @@
 # ucp_am_lat over TCP; the oob round trip is a notify and the receiver's echo), the same
 # with --no-echo (a round trip is one notify and its ACK, as floor-block's is one message
 # and its ack: the like-for-like CPU per notify; floor-epoll beside them, the same exchange
-# waited for as the reactor waits, with no engine), latency with --busy-poll 50us (oob,
+# waited for as the reactor waits, with no engine, and floor-uring, waited for through
+# io_uring), latency with --busy-poll 50us (oob,
 # floor-spin), a pipelined burst (window 256, 1 s, oob and UCX's ucp_am_bw) and, when the
 # verbs provider builds and softverbs is there (make softverbs), rdma_twosided against
-# floor-verbs on it. Then bench/targets prints every target's figure per round, the median
-# and whether it is met (exit status 1 when one is not).
+# floor-verbs on it, with the echo and with --no-echo. Then bench/targets prints every
+# target's figure per round, the median and whether it is met (exit status 1 when one is
+# not).
 #
 # Environment: R, rounds (default 3); OUT, a directory for the binaries and the JSON of
 # every run (default build/targets); N, notifies per latency run (default 60000: every phase
@@ -33,12 +35,14 @@ bin=$OUT/twosided
 for r in $(seq 1 "$R"); do
 	echo "== round $r of $R ($(date +%T), load $(cut -d' ' -f1 /proc/loadavg))"
 	"$bin" bench --scenario latency --transport oob,floor-block -s 64 -n "$N" --keepalive-off --anchors ucx --json "$OUT/round-$r-ev.json"
-	"$bin" bench --scenario latency --transport oob,floor-block,floor-epoll -s 64 -n "$N" --keepalive-off --no-echo --json "$OUT/round-$r-ack.json"
+	"$bin" bench --scenario latency --transport oob,floor-block,floor-epoll,floor-uring -s 64 -n "$N" --keepalive-off --no-echo --json "$OUT/round-$r-ack.json"
 	"$bin" bench --scenario latency --transport oob,floor-spin -s 64 -n "$N" --keepalive-off --busy-poll 50us --json "$OUT/round-$r-busy.json"
 	"$bin" bench --scenario burst --transport oob -s 64 --window 256 --repeat 1 --burst-time 1s --keepalive-off --anchors ucx --json "$OUT/round-$r-burst.json"
 	if [ -n "$rdma" ]; then
 		LD_LIBRARY_PATH="$PWD/build/softverbs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$OUT/twosided-rdma" bench --provider verbs \
 			--scenario latency --transport rdma_twosided,floor-verbs -s 64 -n "$N" --keepalive-off --json "$OUT/round-$r-rdma.json"
+		LD_LIBRARY_PATH="$PWD/build/softverbs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$OUT/twosided-rdma" bench --provider verbs \
+			--scenario latency --transport rdma_twosided,floor-verbs -s 64 -n "$N" --keepalive-off --no-echo --json "$OUT/round-$r-rdma-ack.json"
 	fi
 done
 echo "== targets (median of $R rounds; each round's figure is ours over its reference of the same round)"

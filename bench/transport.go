@@ -15,6 +15,7 @@ const (
 	FloorSpin           = "floor-spin"       // TCP ping-pong, non-blocking reads in a spin loop
 	FloorStream         = "floor-stream"     // pipelined TCP, window in flight, each message acked (burst only)
 	FloorEpoll          = "floor-epoll"      // floor-block's exchange with a reactor's waits (epoll, ExecWait's disarm) and no engine (latency)
+	FloorURing          = "floor-uring"      // floor-block's exchange waited for through io_uring (SEND and RECV in one io_uring_enter), no engine (latency)
 	FloorVerbs          = "floor-verbs"      // RC SEND/RECV on ibv directly, completion events (latency, burst)
 	FloorVerbsSpin      = "floor-verbs-spin" // the same, busy-polling the CQ (latency, burst)
 )
@@ -24,10 +25,10 @@ var Transports = []string{TransportRDMA, TransportOOB, TransportOOBClassic, Floo
 
 // AllTransports adds floor-epoll (what the reactor's waits cost, with no engine) and the
 // verbs floors (the device, bench --provider verbs), asked for by name (or "all").
-var AllTransports = append(append([]string(nil), Transports...), FloorEpoll, FloorVerbs, FloorVerbsSpin)
+var AllTransports = append(append([]string(nil), Transports...), FloorEpoll, FloorURing, FloorVerbs, FloorVerbsSpin)
 
 func isFloor(t string) bool {
-	return t == FloorBlock || t == FloorSpin || t == FloorStream || t == FloorEpoll || isVerbsFloor(t)
+	return t == FloorBlock || t == FloorSpin || t == FloorStream || t == FloorEpoll || t == FloorURing || isVerbsFloor(t)
 }
 
 func isVerbsFloor(t string) bool { return t == FloorVerbs || t == FloorVerbsSpin }
@@ -58,6 +59,8 @@ func newNode(transport string, o nodeOpts, s *sink) (node, error) {
 		return newFloorNode(false, false, true, o.host, s)
 	case FloorEpoll:
 		return newEpollFloorNode(o.host, s)
+	case FloorURing:
+		return newURingFloorNode(o.host, s)
 	case FloorVerbs, FloorVerbsSpin:
 		return newVerbsNode(transport == FloorVerbsSpin, o, s)
 	case TransportRDMA, TransportOOB, TransportOOBClassic:

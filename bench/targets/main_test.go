@@ -30,7 +30,7 @@ func TestSummarize(t *testing.T) {
 	for r, oob := range []float64{20, 26, 30} { // over floor-block 20: 1.0, 1.3, 1.5
 		n := r + 1
 		writeReport(t, dir, n, "ev", lat("oob", oob, 90), lat("floor-block", 20, 50), lat(bench.TransportUCX, 10, 0))
-		writeReport(t, dir, n, "ack", lat("oob", oob*1.2, 70), lat("floor-block", 20, 50), lat(bench.FloorEpoll, 22, 55)) // 1.2, 1.56, 1.8; CPU 1.4
+		writeReport(t, dir, n, "ack", lat("oob", oob*1.2, 70), lat("floor-block", 20, 50), lat(bench.FloorEpoll, 22, 55), lat(bench.FloorURing, 20.4, 45)) // 1.2, 1.56, 1.8; CPU 1.4
 		writeReport(t, dir, n, "busy", lat("oob", 15, 0), lat("floor-spin", 10, 0))
 		writeReport(t, dir, n, "burst",
 			&bench.Result{Scenario: "burst", Transport: "oob", OpsPerSec: 100},
@@ -58,10 +58,32 @@ func TestSummarize(t *testing.T) {
 	require.Contains(t, line("oob p50 / floor-block (acked"), "NOT met") // 1.56
 	require.True(t, strings.HasSuffix(line("CPU per notify, oob"), "1.40×    ≤1.5×  met"), line("CPU per notify, oob"))
 	require.True(t, strings.HasSuffix(line("floor-epoll p50 / floor-block"), "1.10×        -  for reference"), line("floor-epoll p50 / floor-block"))
+	require.True(t, strings.HasSuffix(line("floor-uring p50 / floor-block"), "1.02×        -  for reference"), line("floor-uring p50 / floor-block"))
+	require.True(t, strings.HasSuffix(line("CPU, floor-uring / floor-block"), "0.90×        -  for reference"), line("CPU, floor-uring / floor-block"))
 	// The echoed round trip's CPU (1.8×) is shown for reference: no bound, no verdict.
 	require.True(t, strings.HasSuffix(line("CPU, echoed round trip"), "1.80×        -  for reference"), line("CPU, echoed round trip"))
 	require.Contains(t, line("burst, window 256"), "0.50×")
-	require.Contains(t, line("rdma_twosided p50 - floor-verbs"), "not run")
+	require.Contains(t, line("rdma_twosided p50 - floor-verbs p50 "), "not run")
+	require.Contains(t, line("rdma_twosided p50 - floor-verbs p50 (acked)"), "not run")
+
+	// The rdma rows: the echoed gap and the acked gap are targets, the echoed CPU is shown
+	// for reference and the acked CPU is the target.
+	rd := t.TempDir()
+	for r, gap := range []float64{4, 2, 9} {
+		n := r + 1
+		writeReport(t, rd, n, "ev", lat("oob", 20, 50), lat("floor-block", 20, 50))
+		writeReport(t, rd, n, "rdma", lat(bench.TransportRDMA, 40+gap+10, 200), lat("floor-verbs", 40, 100))
+		writeReport(t, rd, n, "rdma-ack", lat(bench.TransportRDMA, 40+gap, 90), lat("floor-verbs", 40, 100))
+	}
+	out.Reset()
+	summarize(&out, rd)
+	s = out.String()
+	require.Contains(t, line("rdma_twosided p50 - floor-verbs p50 "), "14.00 12.00 19.00")
+	require.Contains(t, line("rdma_twosided p50 - floor-verbs p50 "), "NOT met")
+	require.Contains(t, line("rdma_twosided p50 - floor-verbs p50 (acked)"), "4.00 2.00 9.00")
+	require.True(t, strings.HasSuffix(line("rdma_twosided p50 - floor-verbs p50 (acked)"), "4.00µs     ≤3µs  NOT met"), line("rdma_twosided p50 - floor-verbs p50 (acked)"))
+	require.True(t, strings.HasSuffix(line("CPU per notify, rdma_twosided"), "0.90×    ≤1.5×  met"), line("CPU per notify, rdma_twosided"))
+	require.True(t, strings.HasSuffix(line("CPU, rdma echoed"), "2.00×        -  for reference"), line("CPU, rdma echoed"))
 
 	var none strings.Builder
 	require.Equal(t, 2, summarize(&none, t.TempDir()))
