@@ -5,8 +5,9 @@
 // with persistent connections, oob-classic with one TCP connection per notify, as Mooncake's
 // classic notify does) and the floors, minimal TCP ping-pongs on locked OS threads
 // (floor-block: blocking reads, one kernel wake-up per message; floor-spin: non-blocking
-// reads in a spin loop; floor-epoll, asked for by name: floor-block's exchange waited for
-// as the reactor waits, epoll_wait and ExecWait's disarm, with no engine), HDR histograms
+// reads in a spin loop; floor-epoll and floor-uring, asked for by name: floor-block's
+// exchange waited for as the reactor waits, epoll_wait and ExecWait's disarm, or through
+// io_uring, with no engine), HDR histograms
 // of the latencies, CPU and wake-up accounting, the table, JSON and SVG outputs, and the
 // harness that puts the receiving side in a second process: a child (the binary
 // re-executes itself; control travels over the child's stdin and stdout) or a bench server

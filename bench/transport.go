@@ -23,8 +23,9 @@ const (
 // Transports lists the default suite's transports in table order.
 var Transports = []string{TransportRDMA, TransportOOB, TransportOOBClassic, FloorBlock, FloorSpin, FloorStream}
 
-// AllTransports adds floor-epoll (what the reactor's waits cost, with no engine) and the
-// verbs floors (the device, bench --provider verbs), asked for by name (or "all").
+// AllTransports adds floor-epoll and floor-uring (what the reactor's waits cost, and
+// would cost on io_uring, with no engine) and the verbs floors (the device, bench
+// --provider verbs), asked for by name (or "all").
 var AllTransports = append(append([]string(nil), Transports...), FloorEpoll, FloorURing, FloorVerbs, FloorVerbsSpin)
 
 func isFloor(t string) bool {
