@@ -15,7 +15,7 @@ const (
 	FloorSpin           = "floor-spin"       // TCP ping-pong, non-blocking reads in a spin loop
 	FloorStream         = "floor-stream"     // pipelined TCP, window in flight, each message acked (burst only)
 	FloorEpoll          = "floor-epoll"      // floor-block's exchange with a reactor's waits (epoll, ExecWait's disarm) and no engine (latency)
-	FloorURing          = "floor-uring"      // floor-block's exchange waited for through io_uring (SEND and RECV in one io_uring_enter), no engine (latency)
+	FloorURing          = "floor-uring"      // floor-block's exchange waited for as a reactor on io_uring would (SEND and RECV in one io_uring_enter), no engine (latency)
 	FloorVerbs          = "floor-verbs"      // RC SEND/RECV on ibv directly, completion events (latency, burst)
 	FloorVerbsSpin      = "floor-verbs-spin" // the same, busy-polling the CQ (latency, burst)
 )

@@ -15,8 +15,9 @@ import (
 // (include/uapi/linux/io_uring.h) is spelled out here; no C library is involved.
 
 const (
-	uringOpSend = 26 // IORING_OP_SEND
-	uringOpRecv = 27 // IORING_OP_RECV
+	uringOpSend     = 26 // IORING_OP_SEND
+	uringOpRecv     = 27 // IORING_OP_RECV
+	uringOpEpollCtl = 29 // IORING_OP_EPOLL_CTL
 
 	uringSkipSuccess = 1 << 6 // IOSQE_CQE_SKIP_SUCCESS: no completion unless the request fails
 
@@ -94,13 +95,16 @@ type uring struct {
 	arg            uringGetEventsArg
 }
 
-// newURing sets up a ring of entries submission slots for the calling thread (which must
-// stay locked to it: the ring is single-issuer, its completions run when that thread waits).
-func newURing(entries uint32) (*uring, error) {
+// newURing sets up a ring of entries submission slots. single: for the calling thread
+// alone (which must stay locked to it: a single-issuer ring whose completions run when that
+// thread waits); else any thread may submit and wait, as a reactor's borrowed turn would.
+func newURing(entries uint32, single bool) (*uring, error) {
 	var p uringParams
-	p.flags = uringSetupSingleIssuer | uringSetupDeferTaskrun
+	if single {
+		p.flags = uringSetupSingleIssuer | uringSetupDeferTaskrun
+	}
 	fd, _, errno := unix.Syscall(unix.SYS_IO_URING_SETUP, uintptr(entries), uintptr(unsafe.Pointer(&p)), 0)
-	if errno == unix.EINVAL { // a kernel before 6.1: no deferred task work
+	if errno == unix.EINVAL && single { // a kernel before 6.1: no deferred task work
 		p = uringParams{}
 		fd, _, errno = unix.Syscall(unix.SYS_IO_URING_SETUP, uintptr(entries), uintptr(unsafe.Pointer(&p)), 0)
 	}
@@ -134,16 +138,28 @@ func newURing(entries uint32) (*uring, error) {
 	return r, nil
 }
 
-// queue fills the next submission slot; it is submitted by the next enter. The ring is
-// sized so that a caller never queues more than it has slots between two enters.
+// queue fills the next submission slot with an operation on buf; it is submitted by the
+// next enter. The ring is sized so that a caller never queues more than it has slots
+// between two enters.
 func (r *uring) queue(op uint8, flags uint8, fd int, buf []byte, opFlags uint32, userData uint64) {
-	tail := *r.sqTail // only this thread writes the tail
-	i := tail & r.sqMask
-	sqe := (*uringSQE)(unsafe.Add(r.sqes, uintptr(i)*unsafe.Sizeof(uringSQE{})))
-	*sqe = uringSQE{opcode: op, flags: flags, fd: int32(fd), len: uint32(len(buf)), opFlags: opFlags, userData: userData}
+	sqe := uringSQE{opcode: op, flags: flags, fd: int32(fd), len: uint32(len(buf)), opFlags: opFlags, userData: userData}
 	if len(buf) > 0 {
 		sqe.addr = uint64(uintptr(unsafe.Pointer(&buf[0])))
 	}
+	r.push(&sqe)
+}
+
+// queueEpollCtl queues an epoll_ctl(epfd, op, fd, ev); ev must stay put until the next
+// enter, which runs it in order with what was queued before it.
+func (r *uring) queueEpollCtl(flags uint8, epfd, op, fd int, ev *unix.EpollEvent, userData uint64) {
+	r.push(&uringSQE{opcode: uringOpEpollCtl, flags: flags, fd: int32(epfd), off: uint64(fd), len: uint32(op),
+		addr: uint64(uintptr(unsafe.Pointer(ev))), userData: userData})
+}
+
+func (r *uring) push(e *uringSQE) {
+	tail := *r.sqTail // only the thread that holds the ring writes the tail
+	i := tail & r.sqMask
+	*(*uringSQE)(unsafe.Add(r.sqes, uintptr(i)*unsafe.Sizeof(uringSQE{}))) = *e
 	*(*uint32)(unsafe.Add(r.sqArray, uintptr(i)*4)) = i
 	atomic.StoreUint32(r.sqTail, tail+1) // the kernel reads the entry after it sees the tail
 	r.pending++

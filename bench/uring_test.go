@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"runtime"
 	"testing"
 	"time"
@@ -11,10 +12,17 @@ import (
 
 // The ring moves bytes both ways on a socket pair; a SEND that succeeds leaves no
 // completion, one that fails leaves its error; a wait with nothing coming ends at its bound.
+// Both kinds of ring: single-issuer (locked thread) and shared.
 func TestURing(t *testing.T) {
+	for _, single := range []bool{true, false} {
+		t.Run(fmt.Sprintf("single=%v", single), func(t *testing.T) { testURing(t, single) })
+	}
+}
+
+func testURing(t *testing.T, single bool) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	r, err := newURing(8)
+	r, err := newURing(8, single)
 	if err != nil {
 		t.Skipf("no io_uring here: %v", err)
 	}
@@ -47,6 +55,18 @@ func TestURing(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, r.enter(epollWait))
 	require.Equal(t, []cqe{{uringTagRecv, 3}}, reap())
+
+	// An epoll_ctl through the ring: one that succeeds leaves no completion, one that
+	// fails (an fd not in the set) leaves its error.
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	require.NoError(t, err)
+	defer unix.Close(ep)
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fds[1])}
+	r.queueEpollCtl(uringSkipSuccess, ep, unix.EPOLL_CTL_ADD, fds[1], &ev, uringTagCtl)
+	r.queueEpollCtl(uringSkipSuccess, ep, unix.EPOLL_CTL_MOD, fds[0], &ev, uringTagCtl)
+	require.NoError(t, r.enter(epollWait))
+	require.Equal(t, []cqe{{uringTagCtl, -int32(unix.ENOENT)}}, reap())
+	require.ErrorIs(t, unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, fds[1], &ev), unix.EEXIST, "the ring's ADD took")
 
 	// A SEND to a closed peer fails, and its completion says so.
 	require.NoError(t, unix.Close(fds[0]))

@@ -94,8 +94,8 @@ var targets = []target{
 		b, okB := p50(find(r, "latency", bench.FloorEpoll))
 		return ratio(a, b, okA, okB)
 	}},
-	// The same exchange waited for through io_uring (one io_uring_enter per hop, no set to
-	// disarm): what a reactor on io_uring would leave the engine's code.
+	// The same exchange waited for as a reactor on io_uring would wait (one io_uring_enter
+	// per hop, the sender's disarm carried in it, its re-arm an epoll_ctl).
 	{"floor-uring p50 / floor-block (acked)", "ack", "×", 0, true, func(r *bench.Report) (float64, bool) {
 		a, okA := p50(find(r, "latency", bench.FloorURing))
 		b, okB := p50(find(r, "latency", "floor-block"))
