@@ -16,10 +16,20 @@ import (
 	"github.com/twosided/twosided/notify/directory/etcdtest"
 )
 
+// ctxT is a test's context for its calls to the directory and to etcd: a hang guard longer
+// than the waits a test may make before its last call (eventually's 3 min bound, an etcd
+// restart), so that a call made after a long wait on a loaded machine does not find the
+// context already expired (a poll that can then never succeed).
 func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// callCtx bounds one call made inside an eventually poll: a call that waits for an etcd
+// that does not answer returns, and the poll's own bound decides.
+func callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, 10*time.Second)
 }
 
 // cachedIs reports whether d's cache resolves name to addr.
@@ -235,6 +245,8 @@ func TestEtcdDownAndBack(t *testing.T) {
 	// Registered again under a lease that is kept alive: present with a live lease.
 	var lease clientv3.LeaseID
 	eventually(t, "registered again", func() bool {
+		ctx, cancel := callCtx(ctx)
+		defer cancel()
 		resp, err := cli.Get(ctx, key)
 		if err != nil || len(resp.Kvs) == 0 || resp.Kvs[0].Lease == 0 {
 			return false
@@ -248,6 +260,8 @@ func TestEtcdDownAndBack(t *testing.T) {
 	// Kept alive: present after three TTLs (on a loaded machine a late keepalive may let
 	// the 1 s lease lapse, and the keeper then puts the entry again: present again soon).
 	eventually(t, "the entry outlives its TTL once etcd is back", func() bool {
+		ctx, cancel := callCtx(ctx)
+		defer cancel()
 		resp, err := cli.Get(ctx, key)
 		return err == nil && len(resp.Kvs) == 1
 	})
@@ -270,6 +284,8 @@ func TestEtcdReturnsEmpty(t *testing.T) {
 	back := time.Now()
 	cli := rawClient(t, srv)
 	eventually(t, "registered again", func() bool {
+		ctx, cancel := callCtx(ctx)
+		defer cancel()
 		resp, err := cli.Get(ctx, directory.Prefix(t.Name())+"p")
 		return err == nil && len(resp.Kvs) == 1
 	})
@@ -306,6 +322,8 @@ func TestLeaseRevokedRegistersAgain(t *testing.T) {
 	_, err = cli.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
 	require.NoError(t, err)
 	eventually(t, "registered again", func() bool {
+		ctx, cancel := callCtx(ctx)
+		defer cancel()
 		resp, err := cli.Get(ctx, key)
 		return err == nil && len(resp.Kvs) == 1
 	})

@@ -206,8 +206,12 @@ func rawPut(t *testing.T, conn, key, val string) {
 	require.Equal(t, 200, resp.StatusCode)
 }
 
+// ctxT is a test's context for its calls: a hang guard longer than the waits a test may
+// make before its last call (eventually's bound, a server restart), so that a call made
+// after a long wait on a loaded machine does not find it expired. Each call is bounded on
+// its own besides (the directory's Timeout, the client's read and dial timeouts).
 func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
 }
