@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rs/zerolog"
 	"runtime"
 	"syscall"
 	"testing"
@@ -207,7 +208,8 @@ func TestEtcdDownAndBack(t *testing.T) {
 	ctx := ctxT(t)
 	ttl := time.Second
 	long := open(t, srv, directory.Config{TTL: time.Minute})
-	w := open(t, srv, directory.Config{TTL: ttl})
+	wlog := zerolog.New(zerolog.NewTestWriter(t)).With().Timestamp().Logger() // the keeper's account
+	w := open(t, srv, directory.Config{TTL: ttl, Logger: &wlog})
 	r := open(t, srv, directory.Config{})
 	require.NoError(t, long.Register(ctx, "p", directory.Entry{Host: "127.0.0.1", Port: 7}))
 	require.NoError(t, w.Register(ctx, "q", directory.Entry{Host: "127.0.0.1", Port: 8}))
@@ -244,15 +246,23 @@ func TestEtcdDownAndBack(t *testing.T) {
 	key := directory.Prefix(t.Name()) + "q"
 	// Registered again under a lease that is kept alive: present with a live lease.
 	var lease clientv3.LeaseID
+	var last string // what the poll saw last, said if the test fails
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the poll's last answer: %s", last)
+		}
+	})
 	eventually(t, "registered again", func() bool {
 		ctx, cancel := callCtx(ctx)
 		defer cancel()
 		resp, err := cli.Get(ctx, key)
 		if err != nil || len(resp.Kvs) == 0 || resp.Kvs[0].Lease == 0 {
+			last = fmt.Sprintf("get: %v, %v", err, resp)
 			return false
 		}
 		ttlResp, err := cli.TimeToLive(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
 		lease = clientv3.LeaseID(resp.Kvs[0].Lease)
+		last = fmt.Sprintf("lease %x: %v, %v", lease, err, ttlResp)
 		return err == nil && ttlResp.TTL > 0
 	})
 	t.Logf("etcd back: entry on a live lease %v later (new lease: %v)", time.Since(back).Round(time.Millisecond), lease != firstLease(w, "q"))
