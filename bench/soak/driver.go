@@ -644,6 +644,28 @@ func (d *driver) teardown() {
 				d.closeIn(ap)
 			}
 		case <-done:
+			// Every reader has exited, so every process has been reaped; an EOF may
+			// still sit in the buffer, so end every stdin writer here rather than
+			// through its message, and wait for them (bounded: their pipes' readers
+			// are gone, so a write fails at once).
+			for _, ap := range d.agents {
+				if ap.in != nil {
+					d.closeIn(ap)
+				}
+			}
+			bound := time.NewTimer(10 * time.Second)
+			defer bound.Stop()
+			for _, ap := range d.agents {
+				if ap.inDone == nil {
+					continue
+				}
+				select {
+				case <-ap.inDone:
+				case <-bound.C:
+					d.logf("agent %d: its stdin writer did not end within 10 s", ap.idx)
+					return
+				}
+			}
 			return
 		}
 	}
