@@ -1031,14 +1031,23 @@ func (m *Machine) Repost() {
 	if m.state == stateClosed {
 		return
 	}
+	kept := m.free[:0]
 	for _, f := range m.free {
+		if f.data && m.paused {
+			// A notify delivered in the batch whose deliveries filled the receiver (it
+			// paused before this step): its credit stays here until SetPaused(false), as a
+			// held frame's does. Posted now, it would let the sender land one more ring
+			// on top of what the full receiver already holds.
+			kept = append(kept, f)
+			continue
+		}
 		m.acts = append(m.acts, Action{Kind: ActPostRecv, Slot: f.slot})
 		m.recvPosted++
 		if f.data {
 			m.releasedData++
 		}
 	}
-	m.free = m.free[:0]
+	m.free = kept
 	m.trySend()
 }
 

@@ -418,6 +418,40 @@ func TestMachinePausedReceiverBackpressure(t *testing.T) {
 	require.Zero(t, nw.rnr)
 }
 
+// TestMachinePausedMidBatch: the receiver pauses while it handles a batch (its queue filled
+// on one of the batch's notifies), before the batch's RECVs are reposted. The buffers of the
+// notifies it delivered in that batch go back only when it resumes: until then the sender
+// can have acknowledged no more than one RECV ring in all, what was delivered included.
+func TestMachinePausedMidBatch(t *testing.T) {
+	const rq, batch = 8, 5
+	nw := connect(t, extParams(rq), extParams(rq))
+	for i := 1; i <= 100; i++ {
+		nw.a.submit(uint64(i), "n", "m")
+	}
+	posted := len(nw.b.posted)
+	for i := 0; i < batch; i++ {
+		require.True(t, nw.land(nw.a, nw.b))
+	}
+	require.Len(t, nw.b.got, batch)
+	nw.b.m.SetPaused(t0, true) // the engine's queue filled on this batch's deliveries
+	nw.b.apply()
+	nw.b.repost()
+	require.Equal(t, posted-batch, len(nw.b.posted), "paused: the batch's data RECVs wait")
+	nw.pump(rq)
+	require.LessOrEqual(t, len(nw.a.done), rq-1, "acknowledged: at most one ring, delivered included")
+	require.Zero(t, nw.rnr)
+
+	nw.b.m.SetPaused(t0, false)
+	nw.b.apply()
+	nw.pump(rq)
+	require.Len(t, nw.b.got, 100)
+	for i, d := range nw.b.got {
+		require.Equal(t, uint64(i+1), d.seq)
+	}
+	require.Len(t, nw.a.done, 100)
+	require.Zero(t, nw.rnr)
+}
+
 func TestMachineDisableCreditsHitsRNR(t *testing.T) {
 	pa, pb := extParams(8), extParams(8)
 	pa.DisableCredits, pb.DisableCredits = true, true
