@@ -222,7 +222,7 @@ func (c *uringClient) await() error {
 		case tag == 0:
 			continue
 		case res < 0:
-			return fmt.Errorf("bench: floor-uring (op %d): %w", tag, unix.Errno(-res))
+			return fmt.Errorf("bench: floor-uring (%s): %w", uringOpName(tag), unix.Errno(-res))
 		case res == 0:
 			return errEOF
 		}
@@ -247,4 +247,17 @@ func (c *uringClient) close() {
 			*f = -1
 		}
 	}
+}
+
+// uringOpName names the operation behind a completion's tag, for errors.
+func uringOpName(tag uint64) string {
+	switch tag {
+	case uringTagRecv:
+		return "recv"
+	case uringTagSend:
+		return "send"
+	case uringTagCtl:
+		return "disarm"
+	}
+	return fmt.Sprintf("tag %d", tag)
 }
