@@ -2,6 +2,7 @@ package notify
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -121,4 +122,38 @@ func TestAsyncStats(t *testing.T) {
 	require.Eventually(t, func() bool { return send.Stats().DeviceEvents.PortErr == 1 }, bounded, 5*time.Millisecond)
 	require.True(t, send.Stats().DeviceEvents.PortDown)
 	require.NoError(t, soft.Default().SetPortState("soft4", true))
+}
+
+// With the sender's port down, a second name of a peer already reached by the first (the
+// soak's "localhost:P" beside "127.0.0.1:P") still learns its engine: the handshake goes
+// without a channel, the name joins the pair and its sends keep their place in the pair's
+// order, over OOB. Before, our own device's failure to make the channel failed the name's
+// handshake as if nobody served it: its sends waited out a backoff while later sends by
+// the first name went ahead, and were delivered after them (a reorder).
+func TestPortDownNewNameKeepsOrder(t *testing.T) {
+	send, recv, ctx := asyncPair(t)
+	require.NoError(t, soft.Default().SetPortState("soft4", false))
+	t.Cleanup(func() { _ = soft.Default().SetPortState("soft4", true) })
+	require.Eventually(t, func() bool { return send.DeviceEvents().PortDown && send.Stats().ChannelsUp == 0 },
+		bounded, 5*time.Millisecond)
+	_, port, err := net.SplitHostPort(recv.Addr())
+	require.NoError(t, err)
+	results := make(chan error, 2)
+	done := func(err error) { results <- err }
+	require.NoError(t, send.SendNotifyAsync("localhost:"+port, Notify{Name: "first"}, done))
+	require.NoError(t, send.SendNotifyAsync(recv.Addr(), Notify{Name: "second"}, done))
+	for i := 0; i < 2; i++ {
+		select {
+		case err := <-results:
+			require.NoError(t, err)
+		case <-ctx.Done():
+			t.Fatal("a send did not complete")
+		}
+	}
+	for _, want := range []string{"first", "second"} {
+		n, err := recv.Recv(ctx)
+		require.NoError(t, err)
+		require.Equal(t, want, n.Name, "delivered in send order across the peer's two names")
+	}
+	require.Zero(t, send.Stats().ChannelsUp, "no channel is made while the port is down")
 }

@@ -93,7 +93,7 @@ type outbound struct {
 	resp     *oob.HandshakeDesc
 	err      error                 // the handshake's
 	prep     *ctrlchannel.Prepared // our channel (nil: none made)
-	prepErr  error                 // our channel could not be made: no handshake was sent
+	prepErr  error                 // our channel could not be made: the handshake went without one
 	pi       ctrlchannel.PeerInfo  // the peer's channel, from resp
 	readyErr error                 // the reply's channel fields, or our RTR/RTS, failed
 }
@@ -103,15 +103,21 @@ type outbound struct {
 // the channel of the reply, if it carries one.
 func (e *Engine) connectOut(stop context.Context, timeout time.Duration, dev ibv.Context, pd ibv.PD, cfg ctrlchannel.Config, name string, desc *oob.HandshakeDesc) outbound {
 	var out outbound
+	ctx, cancel := context.WithTimeout(stop, timeout)
+	defer cancel()
 	p, err := ctrlchannel.Prepare(dev, pd, cfg)
 	if err != nil {
+		// Our device cannot make a channel now (its port is down, say): the handshake goes
+		// without one all the same, so that the name learns which engine it leads to. Its
+		// sends then join that pair in send order (over OOB where fallback allows), instead
+		// of failing the name as if nobody served it while another name of the same engine
+		// carries later sends past them.
 		out.prepErr = fmt.Errorf("new ctrl channel: %w", err)
+		out.resp, out.err = e.node.Handshake(ctx, name, desc)
 		return out
 	}
 	out.prep = p
 	fillChannelDesc(desc, p.Local())
-	ctx, cancel := context.WithTimeout(stop, timeout)
-	defer cancel()
 	out.resp, out.err = e.node.Handshake(ctx, name, desc)
 	if replyHasChannel(out.resp, out.err) {
 		if out.pi, out.readyErr = peerInfoFrom(out.resp); out.readyErr == nil {
@@ -133,11 +139,6 @@ func (e *Engine) finishConnect(name string, id chanID, epoch uint64, out outboun
 	}
 	defer out.prep.Release() // not adopted: released (after adoption it does nothing)
 	if e.closing {
-		return
-	}
-	if out.prepErr != nil {
-		e.m.connected(e.loop.Now(), name, id, hsResult{err: out.prepErr})
-		e.perform()
 		return
 	}
 	resp, err := out.resp, out.err
@@ -172,6 +173,10 @@ func (e *Engine) finishConnect(name string, id chanID, epoch uint64, out outboun
 	if res.err == nil && resp != nil {
 		res.session, res.token, res.epoch, res.peerName = resp.Session, resp.Token, resp.Epoch, boundName(resp.PeerName)
 		res.fresh, res.maxNotify = resp.Fresh, int(resp.MaxNotify)
+		if out.prepErr != nil && res.refuse == "" {
+			// Answered without our channel: the engine is known; ours failed, not the peer.
+			res.localErr = fmt.Errorf("local: %w", out.prepErr)
+		}
 		if res.refuse == "" && id != 0 && replyHasChannel(resp, nil) && out.prep != nil {
 			switch {
 			case out.readyErr != nil:
