@@ -156,4 +156,10 @@ func TestPortDownNewNameKeepsOrder(t *testing.T) {
 		require.Equal(t, want, n.Name, "delivered in send order across the peer's two names")
 	}
 	require.Zero(t, send.Stats().ChannelsUp, "no channel is made while the port is down")
+
+	require.NoError(t, soft.Default().SetPortState("soft4", true))
+	require.Eventually(t, func() bool {
+		sendRecv(t, ctx, send, recv, "again")
+		return send.Stats().ChannelsUp == 1
+	}, bounded, 100*time.Millisecond, "a channel is made again once the port is active")
 }
