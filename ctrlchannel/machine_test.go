@@ -405,15 +405,22 @@ func TestMachinePausedReceiverBackpressure(t *testing.T) {
 	require.LessOrEqual(t, len(nw.a.done), rq-1)
 	require.Equal(t, 100-len(nw.a.done), nw.a.m.Stats().Pending, "nothing dropped")
 
+	resumeAll(t, nw, rq, 100)
+	for _, r := range reqs {
+		require.NoError(t, nw.a.done[r])
+	}
+}
+
+// resumeAll resumes b's paused receiver and checks that the n notifies a sent all arrive,
+// in order, without RNR.
+func resumeAll(t *testing.T, nw *network, rq, n int) {
+	t.Helper()
 	nw.b.m.SetPaused(t0, false)
 	nw.b.apply()
 	nw.pump(rq)
-	require.Len(t, nw.b.got, 100)
+	require.Len(t, nw.b.got, n)
 	for i, d := range nw.b.got {
 		require.Equal(t, uint64(i+1), d.seq)
-	}
-	for _, r := range reqs {
-		require.NoError(t, nw.a.done[r])
 	}
 	require.Zero(t, nw.rnr)
 }
@@ -441,15 +448,8 @@ func TestMachinePausedMidBatch(t *testing.T) {
 	require.LessOrEqual(t, len(nw.a.done), rq-1, "acknowledged: at most one ring, delivered included")
 	require.Zero(t, nw.rnr)
 
-	nw.b.m.SetPaused(t0, false)
-	nw.b.apply()
-	nw.pump(rq)
-	require.Len(t, nw.b.got, 100)
-	for i, d := range nw.b.got {
-		require.Equal(t, uint64(i+1), d.seq)
-	}
+	resumeAll(t, nw, rq, 100)
 	require.Len(t, nw.a.done, 100)
-	require.Zero(t, nw.rnr)
 }
 
 func TestMachineDisableCreditsHitsRNR(t *testing.T) {

@@ -36,6 +36,9 @@ type AgentSpec struct {
 	// OOBPorts: the OOB listen ports of every engine of the run; a cut shuts down the TCP
 	// connections of this process that have one of them at either end.
 	OOBPorts []int `json:"oob_ports,omitempty"`
+	// Taken: the file in which the agent counts the delivery events it puts (taken.go); ""
+	// (an agent on another host): none.
+	Taken string `json:"taken,omitempty"`
 }
 
 // AgentEngine is one slot of an agent.
@@ -85,6 +88,9 @@ type agent struct {
 
 	foreign atomic.Uint64 // hostile plain notifies taken
 
+	taken   *takenFile     // nil: no counts asked for
+	slotIdx map[string]int // slot -> its index in spec.Engines
+
 	plantMu   sync.Mutex
 	delivered int
 	held      *Event // reorder: the delivery held back
@@ -111,6 +117,18 @@ func RunAgent(ctx context.Context, spec AgentSpec, in io.Reader, out io.Writer) 
 	defer cancel()
 	a := &agent{spec: spec, out: newOutQueue(out), ctx: ctx, engines: map[string]*agentEngine{}, workers: map[streamKey]chan Event{},
 		async: map[streamKey]*atomic.Int32{}}
+	if spec.Taken != "" {
+		t, err := openTaken(spec.Taken, len(spec.Engines))
+		if err != nil {
+			return fmt.Errorf("soak agent %d: %w", spec.Index, err)
+		}
+		a.taken, a.slotIdx = t, map[string]int{}
+		for i, e := range spec.Engines {
+			a.slotIdx[e.Slot] = i
+		}
+		// Never unmapped: a late delivery (a reactor thread's handler) may count into it
+		// up to the process's exit, and the mapping is a page.
+	}
 	go a.out.run()
 	defer a.out.close()
 	watchDone := make(chan struct{})
@@ -190,6 +208,9 @@ func (a *agent) open(slot string, inc int, addr, transport string) (*agentEngine
 	ae := &agentEngine{
 		a: a, slot: slot, id: EngineID(slot, inc), addr: addr, transport: transport,
 		consumer: Consumer(a.spec.Seed, slot, inc), stop: make(chan struct{}), done: make(chan struct{}),
+	}
+	if a.taken != nil {
+		a.taken.begin(a.slotIdx[slot], inc)
 	}
 	opts := []notify.Option{notify.WithListenAddr(addr), notify.WithTransport(transport), notify.WithoutProcsReserve()}
 	if q := RecvQueue(a.spec.Seed, slot, inc); q > 0 {
@@ -435,15 +456,15 @@ func (ae *agentEngine) take(n notify.Notify) {
 // report hands a delivery to the parent, through the plant when one is set.
 func (a *agent) report(ev Event) {
 	if a.spec.Plant == "" || ev.Bad != "" {
-		a.out.put(ev)
+		a.putDelivery(ev)
 		return
 	}
 	a.plantMu.Lock()
 	defer a.plantMu.Unlock()
 	if h := a.held; h != nil && h.Eng == ev.Eng && h.From == ev.From {
 		a.held = nil
-		a.out.put(ev)
-		a.out.put(*h) // after a later call of its pair: reordered
+		a.putDelivery(ev)
+		a.putDelivery(*h) // after a later call of its pair: reordered
 		return
 	}
 	a.delivered++
@@ -452,22 +473,34 @@ func (a *agent) report(ev Event) {
 		act = a.delivered%plantAt == 0 && a.delivered <= plantAt*plantLoses
 	}
 	if !act {
-		a.out.put(ev)
+		a.putDelivery(ev)
 		return
 	}
 	switch a.spec.Plant {
 	case PlantLose:
 		a.log("plant: lost %s's delivery of call %d (payload %d) from %s", ev.Eng, ev.S, ev.P, ev.From)
 	case PlantDup:
-		a.out.put(ev)
-		a.out.put(ev)
+		a.putDelivery(ev)
+		a.putDelivery(ev)
 		a.log("plant: duplicated %s's delivery of call %d (payload %d) from %s", ev.Eng, ev.S, ev.P, ev.From)
 	case PlantReorder:
 		a.held = &ev
 		a.log("plant: holding %s's delivery of call %d (payload %d) from %s for its pair's next", ev.Eng, ev.S, ev.P, ev.From)
 	default:
-		a.out.put(ev)
+		a.putDelivery(ev)
 	}
+}
+
+// putDelivery counts a delivery event, then queues it for the parent.
+func (a *agent) putDelivery(ev Event) {
+	if a.taken != nil {
+		if slot, inc, err := ParseEngineID(ev.Eng); err == nil {
+			if i, ok := a.slotIdx[slot]; ok {
+				a.taken.put(i, inc)
+			}
+		}
+	}
+	a.out.put(ev)
 }
 
 // flushHeld reports a held delivery whose pair had no next one.
@@ -475,7 +508,7 @@ func (a *agent) flushHeld(eng string) {
 	a.plantMu.Lock()
 	defer a.plantMu.Unlock()
 	if a.held != nil && a.held.Eng == eng {
-		a.out.put(*a.held)
+		a.putDelivery(*a.held)
 		a.held = nil
 	}
 }

@@ -32,6 +32,10 @@ const (
 	// VLeak: an agent's goroutines, fds or memory did not come back near their baseline
 	// once the run's operations ended.
 	VLeak = "leak"
+	// VLostPastBound: more acknowledged notifies were lost with a killed receiver than it
+	// could hold (its receive queue, a RECV ring per channel, and the deliveries its agent
+	// had not yet written when it died).
+	VLostPastBound = "lost_past_bound"
 	// VSlowRecovery: a restarted engine was not reached (a notify to it acknowledged)
 	// within the recovery bound of its coming up.
 	VSlowRecovery = "slow_recovery"
@@ -85,8 +89,11 @@ type Checker struct {
 	pairs   map[pairKey]uint64     // (sender engine, receiver engine) -> last call delivered
 	sched   ring
 
-	// Counts.
+	// Counts. Held: the killed incarnations whose losses were held to their bound (their
+	// agent's count of deliveries known), with the notifies they lost and the largest
+	// share of a bound one of them used, in percent.
 	Calls, Acked, Maybe, Failed, Delivered, Checked uint64
+	Held                                            HeldStats
 	Violations                                      map[string]int
 	Allowances                                      map[string]int
 	Details                                         []Violation
@@ -96,6 +103,25 @@ type Checker struct {
 type incarnation struct {
 	begin, end uint64 // steps; end 0: alive
 	killed     bool
+	// What it may hold when killed (KindBegin): its receive queue bound, its consumer, its
+	// channels' RECV ring (0: none).
+	queue, ring int
+	consumer    string
+	// Delivery events its agent put (KindTaken; known: read) and the parent read.
+	taken, reported uint64
+	takenKnown      bool
+	// Acknowledged notifies lost that only it could have held, by sender, and the first.
+	lost      int
+	lostFrom  map[string]int
+	firstLost string
+}
+
+// HeldStats sums the killed incarnations whose losses were held to their bound.
+type HeldStats struct {
+	Checked  int    `json:"checked"`
+	Lost     int    `json:"lost"`
+	MostUsed int    `json:"most_used_pct"`
+	Most     string `json:"most_used,omitempty"` // that incarnation's figures
 }
 
 type streamKey struct{ from, slot string }
@@ -219,7 +245,8 @@ func (c *Checker) Step(ev Event) {
 	c.step++
 	switch ev.K {
 	case KindBegin:
-		c.inc(ev.Slot, ev.Inc).begin = c.step
+		in := c.inc(ev.Slot, ev.Inc)
+		in.begin, in.queue, in.ring, in.consumer = c.step, ev.Queue, ev.Ring, ev.Consumer
 		c.sched.add(fmt.Sprintf("step %d: begin %s", c.step, EngineID(ev.Slot, ev.Inc)))
 	case KindKill:
 		in := c.inc(ev.Slot, ev.Inc)
@@ -245,6 +272,11 @@ func (c *Checker) Step(ev Event) {
 		c.sched.add(fmt.Sprintf("step %d: up %s at %s", c.step, ev.Eng, ev.Addr))
 	case KindFault:
 		c.sched.add(fmt.Sprintf("step %d: fault %s", c.step, ev.Err))
+	case KindTaken:
+		if slot, n, err := ParseEngineID(ev.Eng); err == nil {
+			in := c.inc(slot, n)
+			in.taken, in.takenKnown = ev.N, true
+		}
 	case KindDispatch:
 		st := c.stream(ev.Eng, ev.Slot)
 		st.ops[ev.Op] = c.step
@@ -330,7 +362,12 @@ func (c *Checker) result(ev Event) {
 
 func (c *Checker) deliver(ev Event) {
 	c.Delivered++
-	slot, _, err := ParseEngineID(ev.Eng)
+	slot, n, err := ParseEngineID(ev.Eng)
+	if err == nil {
+		if in := c.slots[slot][n]; in != nil {
+			in.reported++
+		}
+	}
 	if err != nil || ev.Bad != "" {
 		k := streamKey{ev.From, slot}
 		if st := c.streams[k]; st != nil {
@@ -451,8 +488,19 @@ func (c *Checker) Finish() {
 		sort.Slice(ps, func(i, j int) bool { return ps[i] < ps[j] })
 		for _, p := range ps {
 			a := st.acked[p]
-			if c.mayHaveHeld(k.slot, a) {
+			if held := c.mayHaveHeld(k.slot, a); len(held) > 0 {
 				c.Allowances[ALostReceiverKilled]++
+				if len(held) == 1 {
+					in := held[0]
+					in.lost++
+					if in.lostFrom == nil {
+						in.lostFrom = map[string]int{}
+					}
+					in.lostFrom[k.from]++
+					if in.firstLost == "" {
+						in.firstLost = fmt.Sprintf("call %d (payload %d) from %s, acknowledged at step %d", a.s, p, k.from, a.step)
+					}
+				}
 				continue
 			}
 			c.violate(VLost, k, fmt.Sprintf("call %d (payload %d) returned nil at step %d and was never delivered; no incarnation of %s that could hold it was killed", a.s, p, a.step, k.slot))
@@ -474,18 +522,84 @@ func (c *Checker) Finish() {
 			}
 		}
 	}
+	c.judgeHeld()
 }
 
-// mayHaveHeld says whether an incarnation of slot that was killed could hold a notify
-// acknowledged at step a.step and dispatched at a.dispatch: it began before the result was
-// read and had not ended when the operation was dispatched.
-func (c *Checker) mayHaveHeld(slot string, a ack) bool {
+// mayHaveHeld returns the incarnations of slot that were killed and could hold a notify
+// acknowledged at step a.step and dispatched at a.dispatch: each began before the result
+// was read and had not ended when the operation was dispatched.
+func (c *Checker) mayHaveHeld(slot string, a ack) []*incarnation {
+	var held []*incarnation
 	for _, in := range c.slots[slot] {
 		if in.killed && in.begin < a.step && in.end > a.dispatch {
-			return true
+			held = append(held, in)
 		}
 	}
-	return false
+	return held
+}
+
+// holdBound is the most acknowledged notifies a killed incarnation may lose: what the
+// contract lets it hold, and what its agent had taken from it and not yet written to the
+// parent. The contract: its receive queue, over rdma_twosided one RECV ring past it (the
+// batch during which it filled), and per channel one RECV ring: two per sender that lost
+// any, a channel and the one it replaced (which hands what it held to the queue). The
+// agent: the deliveries counted and never read, and the one being handed over; a polling
+// consumer may hold a whole queue's batch besides, while the queue fills again behind it.
+func (in *incarnation) holdBound() int {
+	q := in.queue
+	if in.consumer == ConsumePoll {
+		q *= 2
+	}
+	rings := 0
+	if in.ring > 0 {
+		rings = in.ring * (1 + 2*len(in.lostFrom))
+	}
+	late := 0
+	if in.taken > in.reported {
+		late = int(in.taken - in.reported)
+	}
+	return q + rings + late + 1
+}
+
+// judgeHeld holds every killed incarnation whose agent's count is known to its bound.
+func (c *Checker) judgeHeld() {
+	slots := make([]string, 0, len(c.slots))
+	for s := range c.slots {
+		slots = append(slots, s)
+	}
+	sort.Strings(slots)
+	for _, slot := range slots {
+		incs := make([]int, 0, len(c.slots[slot]))
+		for n := range c.slots[slot] {
+			incs = append(incs, n)
+		}
+		sort.Ints(incs)
+		for _, n := range incs {
+			in := c.slots[slot][n]
+			if !in.killed || !in.takenKnown {
+				continue
+			}
+			bound := in.holdBound()
+			c.Held.Checked++
+			c.Held.Lost += in.lost
+			figures := fmt.Sprintf("%s lost %d (from %d senders); it could hold %d: queue %d (%s consumer), RECV ring %d per channel, %d deliveries taken and never read (%d counted, %d read)",
+				EngineID(slot, n), in.lost, len(in.lostFrom), bound, in.queue, in.consumer, in.ring,
+				max(0, int(in.taken)-int(in.reported)), in.taken, in.reported)
+			if pct := 100 * in.lost / bound; c.Held.Most == "" || pct > c.Held.MostUsed {
+				c.Held.MostUsed, c.Held.Most = pct, figures
+			}
+			if in.lost <= bound {
+				continue
+			}
+			from, most := "", -1
+			for f, k := range in.lostFrom {
+				if k > most || (k == most && f < from) {
+					from, most = f, k
+				}
+			}
+			c.violate(VLostPastBound, streamKey{from, slot}, fmt.Sprintf("killed: %s; the first lost: %s", figures, in.firstLost))
+		}
+	}
 }
 
 // ring keeps the last n lines.

@@ -421,3 +421,95 @@ func TestCheckerDetailsBounded(t *testing.T) {
 	require.Equal(t, VSlowRecovery, c.Details[maxDetails].Kind)
 	require.Equal(t, "late", c.Details[maxDetails].Detail)
 }
+
+// killedHolding: the receiver (queue q, consumer, ring) acknowledges n notifies it never
+// hands over, its agent having put reported+late delivery events of which the parent read
+// reported, and is killed; the sender's op was dispatched before the kill.
+func killedHolding(q int, consumer string, ring, n, late int) *Checker {
+	h := &hist{c: NewChecker()}
+	h.c.Step(Event{K: KindBegin, Slot: "a0e0", Inc: 1})
+	h.c.Step(Event{K: KindBegin, Slot: dst, Inc: 1, Queue: q, Consumer: consumer, Ring: ring})
+	h.dispatch()
+	h.send(1, 1, ClassOK, true)
+	for i := range n {
+		h.send(uint64(2+i), uint64(2+i), ClassOK, false)
+	}
+	h.c.Step(Event{K: KindKill, Slot: dst, Inc: 1})
+	h.c.Step(Event{K: KindTaken, Eng: rcv, N: uint64(1 + late)})
+	h.c.Step(Event{K: KindClosed, Eng: snd})
+	h.c.Finish()
+	return h.c
+}
+
+func TestCheckerKilledReceiverHeldToItsBound(t *testing.T) {
+	// Queue 32, Recv consumer, a channel's ring of 4 (one past the queue, two per sender:
+	// 12), one in hand: 45 may be lost, and 3 deliveries the parent never read add 3.
+	for _, tc := range []struct {
+		name             string
+		consumer         string
+		ring, lost, late int
+	}{
+		{"queue and rings", ConsumeRecv, 4, 45, 0},
+		{"deliveries never read", ConsumeRecv, 4, 48, 3},
+		{"oob: no rings", ConsumeRecv, 0, 33, 0},
+		{"a polling consumer's batch", ConsumePoll, 4, 77, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := killedHolding(32, tc.consumer, tc.ring, tc.lost, tc.late)
+			require.Empty(t, c.Violations, "%+v", c.Details)
+			require.Equal(t, tc.lost, c.Allowances[ALostReceiverKilled])
+			require.Equal(t, 1, c.Held.Checked)
+			require.Equal(t, tc.lost, c.Held.Lost)
+			require.Equal(t, 100, c.Held.MostUsed)
+
+			c = killedHolding(32, tc.consumer, tc.ring, tc.lost+1, tc.late)
+			only(t, c, VLostPastBound)
+			require.Contains(t, c.Details[0].Detail, "killed: a1e0.1 lost")
+			require.Contains(t, c.Details[0].Detail, "queue 32 ("+tc.consumer+" consumer)")
+		})
+	}
+}
+
+func TestCheckerKilledReceiverWithoutCountsIsNotJudged(t *testing.T) {
+	// No count file (an agent on another host): the losses stay an allowance.
+	h := &hist{c: NewChecker()}
+	h.c.Step(Event{K: KindBegin, Slot: "a0e0", Inc: 1})
+	h.c.Step(Event{K: KindBegin, Slot: dst, Inc: 1, Queue: 1, Consumer: ConsumeRecv})
+	h.dispatch()
+	for i := range 10 {
+		h.send(uint64(1+i), uint64(1+i), ClassOK, false)
+	}
+	h.c.Step(Event{K: KindKill, Slot: dst, Inc: 1})
+	h.c.Step(Event{K: KindClosed, Eng: snd})
+	h.c.Finish()
+	require.Empty(t, h.c.Violations, "%+v", h.c.Details)
+	require.Equal(t, 10, h.c.Allowances[ALostReceiverKilled])
+	require.Zero(t, h.c.Held.Checked)
+}
+
+func TestCheckerLossOfTwoKilledIncarnationsIsNotAttributed(t *testing.T) {
+	// An op dispatched before the first incarnation's kill and acknowledged after the
+	// second began could have been held by either: it counts against neither bound.
+	h := &hist{c: NewChecker()}
+	h.c.Step(Event{K: KindBegin, Slot: "a0e0", Inc: 1})
+	h.c.Step(Event{K: KindBegin, Slot: dst, Inc: 1, Queue: 1, Consumer: ConsumeRecv})
+	h.dispatch()
+	h.start(1, 1)
+	h.c.Step(Event{K: KindKill, Slot: dst, Inc: 1})
+	h.c.Step(Event{K: KindTaken, Eng: rcv, N: 0})
+	h.c.Step(Event{K: KindBegin, Slot: dst, Inc: 2, Queue: 1, Consumer: ConsumeRecv})
+	h.result(1, 1, ClassOK)
+	h.dispatch()
+	for i := range 5 {
+		h.send(uint64(2+i), uint64(2+i), ClassOK, false)
+	}
+	h.c.Step(Event{K: KindKill, Slot: dst, Inc: 2})
+	h.c.Step(Event{K: KindTaken, Eng: "a1e0.2", N: 0})
+	h.c.Step(Event{K: KindClosed, Eng: snd})
+	h.c.Finish()
+	// a1e0.2 alone lost 5 > its bound of 2 (queue 1, one in hand): caught; call 1 is not
+	// its alone and is not counted.
+	only(t, h.c, VLostPastBound)
+	require.Contains(t, h.c.Details[0].Detail, "killed: a1e0.2 lost 5 ")
+	require.Equal(t, 6, h.c.Allowances[ALostReceiverKilled])
+}

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/twosided/twosided/notify"
+	"github.com/twosided/twosided/reactor/limits"
 )
 
 // Config is a soak run.
@@ -127,6 +128,8 @@ type Result struct {
 	Faults          map[string]int `json:"faults"`
 	Violations      map[string]int `json:"violations"`
 	Allowances      map[string]int `json:"allowances"`
+	// Held: the killed engines whose acknowledged losses were held to what they could hold.
+	Held HeldStats `json:"killed_held"`
 	// Hostile: what the hostile client sent (frames, connections) and how many of its
 	// requests were refused in so many words.
 	Hostile map[string]uint64 `json:"hostile,omitempty"`
@@ -176,6 +179,7 @@ type agentProc struct {
 	slots    []string
 	killAt   time.Time
 	downMS   int
+	taken    string // its process's count file (taken.go), "" when none
 }
 
 type driverStream struct {
@@ -238,6 +242,7 @@ type driver struct {
 	ctx          context.Context
 	hostile      HostileStats
 	attacks      sync.WaitGroup // hostile bursts under way
+	takenDir     string         // the agents' count files; "": none
 }
 
 // Run runs a soak and returns what it found; the error wraps ErrViolation when the contract
@@ -322,6 +327,12 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		bw := bufio.NewWriterSize(f, 1<<20)
 		d.trace = bw
 		defer func() { _ = bw.Flush(); _ = f.Close() }()
+	}
+	if dir, err := os.MkdirTemp("", "twosided-soak-taken-"); err == nil {
+		d.takenDir = dir
+		defer os.RemoveAll(dir)
+	} else {
+		d.logf("no count files (%v): a kill's losses are allowed without their bound", err)
 	}
 	start := time.Now()
 	err = d.run(ctx)
@@ -697,7 +708,14 @@ func (d *driver) spawn(ap *agentProc) error {
 	for _, slot := range ap.slots {
 		d.incs[slot]++
 		spec.Engines = append(spec.Engines, AgentEngine{Slot: slot, Inc: d.incs[slot], Addr: d.addrs[slot], Transport: d.tr[slot]})
-		d.step(Event{K: KindBegin, Slot: slot, Inc: d.incs[slot]})
+		d.step(d.begin(slot))
+	}
+	if ap.host == "" && d.takenDir != "" {
+		path := filepath.Join(d.takenDir, fmt.Sprintf("agent%d.%d", ap.idx, ap.gen))
+		if err := newTakenFile(path, len(ap.slots)); err != nil {
+			return fmt.Errorf("soak: %w", err)
+		}
+		spec.Taken, ap.taken = path, path
 	}
 	raw, _ := json.Marshal(spec)
 	ap.stderr.reset()
@@ -834,6 +852,7 @@ func (d *driver) handle(m agentMsg) {
 			d.dropStreams(ap)
 		}
 		ap.alive = false
+		d.readTaken(ap)
 		if !ap.killAt.IsZero() && d.running {
 			at := ap.killAt.Add(time.Duration(ap.downMS) * time.Millisecond)
 			ap.killAt = time.Time{}
@@ -855,6 +874,9 @@ func (d *driver) handle(m agentMsg) {
 		return
 	case KindStalled:
 		d.stalled(ev)
+		return
+	case KindBegin, KindKill, KindDispatch, KindFault, KindTaken:
+		d.step(Event{K: KindCrash, Eng: EngineID(ap.slots[0], d.incs[ap.slots[0]]), Err: fmt.Sprintf("agent %d wrote an event only the parent makes: %s", ap.idx, ev.K)})
 		return
 	case KindRes:
 		t := &d.res[ap.idx]
@@ -1074,7 +1096,7 @@ func (d *driver) inject(f Fault) {
 		old := d.live[f.Slot]
 		d.incs[f.Slot]++
 		note(fmt.Sprintf("close %s mid-stream and reopen it as %s", old, EngineID(f.Slot, d.incs[f.Slot])))
-		d.step(Event{K: KindBegin, Slot: f.Slot, Inc: d.incs[f.Slot]})
+		d.step(d.begin(f.Slot))
 		for k, st := range d.streams {
 			if k.from == old {
 				st.closing = true
@@ -1179,6 +1201,42 @@ func (d *driver) stalled(ev Event) {
 	d.kill(ap, true)
 }
 
+// begin is the event that starts slot's latest incarnation, with what it may hold when
+// killed: its receive queue bound, how its application takes notifies, and the RECV ring of
+// a channel (none over oob).
+func (d *driver) begin(slot string) Event {
+	inc := d.incs[slot]
+	ev := Event{K: KindBegin, Slot: slot, Inc: inc, Queue: RecvQueue(d.cfg.Seed, slot, inc), Consumer: Consumer(d.cfg.Seed, slot, inc)}
+	if ev.Queue == 0 {
+		ev.Queue = int(limits.RecvQueue.Default)
+	}
+	if d.tr[slot] == notify.TransportRDMATwoSided {
+		ev.Ring = int(limits.RecvCount.Default)
+	}
+	return ev
+}
+
+// readTaken tells the checker, once ap's process is reaped, how many delivery events each
+// of its last incarnations put on their way (KindTaken), and removes the count file.
+func (d *driver) readTaken(ap *agentProc) {
+	if ap.taken == "" {
+		return
+	}
+	path := ap.taken
+	ap.taken = ""
+	defer os.Remove(path)
+	incs, counts, err := readTaken(path, len(ap.slots))
+	if err != nil {
+		d.logf("agent %d: %v", ap.idx, err)
+		return
+	}
+	for i, slot := range ap.slots {
+		if incs[i] != 0 && incs[i] == d.incs[slot] {
+			d.step(Event{K: KindTaken, Eng: EngineID(slot, incs[i]), N: counts[i]})
+		}
+	}
+}
+
 // kill sends SIGKILL; the restart comes when the process is reaped (handle, eof).
 func (d *driver) kill(ap *agentProc, restart bool) {
 	if !ap.alive {
@@ -1226,6 +1284,7 @@ func (d *driver) result(el time.Duration) Result {
 		Seed: d.cfg.Seed, Duration: el.Seconds(), Procs: len(d.agents), Transports: d.cfg.Transports, Provider: d.cfg.Provider,
 		Ops: d.ops, Calls: d.c.Calls, Acked: d.c.Acked, Maybe: d.c.Maybe, Failed: d.c.Failed, Delivered: d.c.Delivered,
 		NotifiesChecked: d.c.Checked, Faults: d.faults, Violations: d.c.Violations, Allowances: d.c.Allowances, Details: d.c.Details,
+		Held: d.c.Held,
 	}
 	if n := d.hostile.Conns.Load(); n > 0 {
 		r.Hostile = map[string]uint64{"conns": n, "frames": d.hostile.Frames.Load(), "refused": d.hostile.Refused.Load()}
@@ -1268,6 +1327,11 @@ func (r Result) Report(w io.Writer, replay string) {
 	fmt.Fprintf(w, "soak %s: %.0f s, seed %d, %d procs, %s; ops %d, calls %d (acked %d, maybe %d, failed %d), delivered %d, notifies checked %d\n",
 		r.Verdict, r.Duration, r.Seed, r.Procs, strings.Join(r.Transports, "+"), r.Ops, r.Calls, r.Acked, r.Maybe, r.Failed, r.Delivered, r.NotifiesChecked)
 	fmt.Fprintf(w, "  faults: %s\n  allowances: %s\n  violations: %s\n", counts(r.Faults), counts(r.Allowances), counts(r.Violations))
+	fmt.Fprintf(w, "  killed engines held to what they could hold: %d, %d acknowledged notifies lost with them, at most %d%% of a bound\n",
+		r.Held.Checked, r.Held.Lost, r.Held.MostUsed)
+	if r.Held.Most != "" {
+		fmt.Fprintf(w, "    the most: %s\n", r.Held.Most)
+	}
 	if len(r.Hostile) > 0 {
 		fmt.Fprintf(w, "  hostile client: %d connections, %d frames, %d refused in so many words\n", r.Hostile["conns"], r.Hostile["frames"], r.Hostile["refused"])
 	}

@@ -23,6 +23,9 @@ const (
 	KindKill = "kill"
 	// KindDispatch: the parent handed operation Op of stream (Eng, Slot) to its agent.
 	KindDispatch = "dispatch"
+	// KindTaken: the parent read, once incarnation Eng's process was reaped, that it had
+	// put N delivery events on their way (taken.go).
+	KindTaken = "taken"
 	// KindFault: a fault the parent injected that the checker only records (Err says which).
 	KindFault = "fault"
 
@@ -101,6 +104,13 @@ type Event struct {
 	Window int `json:"w,omitempty"`
 	MS     int `json:"ms,omitempty"`
 	US     int `json:"us,omitempty"`
+	// Queue, Consumer, Ring (KindBegin): the incarnation's receive queue bound, how its
+	// application takes notifies, and its channels' RECV ring (0: no channels).
+	Queue    int    `json:"q,omitempty"`
+	Consumer string `json:"consumer,omitempty"`
+	Ring     int    `json:"ring,omitempty"`
+	// N (KindTaken): delivery events put.
+	N uint64 `json:"n,omitempty"`
 	// Res: an agent's resources (KindRes).
 	Res *Res `json:"res,omitempty"`
 }
@@ -260,7 +270,7 @@ func (ev *Event) validate() error {
 			}
 		}
 		return nil
-	case KindClosed, KindHang, KindCrash, KindLeak, KindSlowRecovery:
+	case KindClosed, KindHang, KindCrash, KindLeak, KindSlowRecovery, KindTaken:
 		return need("e", ev.Eng, checkEngine)
 	case KindRes:
 		r := ev.Res
