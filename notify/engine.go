@@ -182,6 +182,7 @@ func newEngine(cfg config, opts []Option) (*Engine, error) {
 		name = advertised(node.Addr())
 	}
 	node.SetName(name) // the name our bye carries: the one peers dial
+	node.SetSession(e.session)
 	// The listener serves from now on; the loop learns the name (and starts answering
 	// handshakes and notifies) in order with what it serves.
 	started := make(chan struct{})

@@ -444,12 +444,12 @@ func (e *Engine) inboundRefused(id chanID, fresh bool, hs inboundHS, resp *oob.H
 // HandlePeerGone: a twosided peer said goodbye on OOB (it closed). A pair with nothing in
 // flight and no channel is forgotten at once; a channel learns of the close by its own
 // SESSION_CLOSE.
-func (h *oobHandler) HandlePeerGone(addr string) {
+func (h *oobHandler) HandlePeerGone(addr string, session uint64) {
 	e := (*Engine)(h)
 	if e.closing {
 		return
 	}
-	e.m.peerGone(e.loop.Now(), boundName(addr))
+	e.m.peerGone(e.loop.Now(), boundName(addr), session)
 	e.perform()
 }
 

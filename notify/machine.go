@@ -378,6 +378,7 @@ type machineStats struct {
 	HandshakesFailed, BackoffRefused uint64
 	Duplicates                       uint64 // received notifies dropped as duplicates (seq or id)
 	ConnectsQueued                   uint64 // handshakes that waited for a slot (maxConnects)
+	StaleByes                        uint64 // goodbyes of an engine its name no longer led to
 	// BusyAnswers: our OOB notifies the peer answered "busy" (each waits in its pair's
 	// parked queue); BusyProbes: heads sent again because nothing else was on the wire.
 	BusyAnswers, BusyProbes uint64

@@ -876,9 +876,7 @@ func TestMachineRefusedFenceBacksOff(t *testing.T) {
 // its corpus).
 func TestMachineStaleRefusalKeepsPair(t *testing.T) {
 	now := time.Unix(1000, 0)
-	cfg := simCfg()
-	cfg.channels = false
-	m, kinds, sent := oobSendMachine(t, cfg, now)
+	m, kinds, sent := oobPairMachine(t, now)
 	require.Equal(t, uint64(7), sent.token)
 	p := m.peers[peerKey{session: 20}]
 	// The peer handshakes with us meanwhile (it forgot the pair): a new token.
@@ -980,6 +978,17 @@ func oobSendMachine(t *testing.T, cfg machineConfig, now time.Time) (*peerMachin
 	sent := kinds(aOOB)
 	require.Len(t, sent, 1)
 	return m, kinds, sent[0]
+}
+
+// oobPairMachine: a machine without channels whose first send to b went over OOB to b's
+// engine of session 20.
+func oobPairMachine(t *testing.T, now time.Time) (*peerMachine, func(mActKind) []mAction, mAction) {
+	t.Helper()
+	cfg := simCfg()
+	cfg.channels = false
+	m, kinds, first := oobSendMachine(t, cfg, now)
+	require.Equal(t, uint64(20), first.session)
+	return m, kinds, first
 }
 
 func directMachine(cfg machineConfig) (*peerMachine, func(mActKind) []mAction) {

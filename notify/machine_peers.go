@@ -264,14 +264,20 @@ func (m *peerMachine) connectingTo(p *peerEntry) bool {
 	return false
 }
 
-// peerGone: the engine behind name closed (its goodbye). Its pair is forgotten when
-// nothing of it is in flight.
-func (m *peerMachine) peerGone(now time.Time, name string) {
+// peerGone: the engine behind name closed (its goodbye, which carried its session; 0 from
+// a peer that does not say). Its pair is forgotten when nothing of it is in flight. A
+// goodbye read after another engine took the name (a restart on the address, its
+// handshake served first) is the old engine's: the name's pair is the new one's, and stays.
+func (m *peerMachine) peerGone(now time.Time, name string, session uint64) {
 	ne := m.names[name]
 	if ne == nil || ne.peer == nil {
 		return
 	}
 	p := ne.peer
+	if session != 0 && p.key.session != session {
+		m.stats.StaleByes++
+		return
+	}
 	m.supersede(p) // what is still with it may be sent again to the engine that takes its place
 	if ce := m.chans[p.ch]; p.ch != 0 && ce != nil {
 		// Its channel goes too (drained first: what its NIC acknowledged is delivered).

@@ -365,7 +365,7 @@ func TestPeerTableEndlessFlood(t *testing.T) {
 				require.LessOrEqual(t, tries, 2)
 				confirmed = append(confirmed, s)
 				if c.maxPeers != 0 {
-					m.peerGone(u.now, fmt.Sprint("peer", s)) // it leaves: room for the next
+					m.peerGone(u.now, fmt.Sprint("peer", s), 0) // it leaves: room for the next
 				}
 				unusedCounts(t, m)
 				require.LessOrEqual(t, len(m.peers), m.cfg.maxPeers)

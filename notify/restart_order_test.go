@@ -208,17 +208,14 @@ func TestMachineRefusalDuringHandshakeKeepsPair(t *testing.T) {
 // the straggler, refused by the new engine, found no name to be sent again under.
 func TestMachineGoodbyeKeepsWaitingName(t *testing.T) {
 	now := time.Unix(1000, 0)
-	cfg := simCfg()
-	cfg.channels = false
-	m, kinds, first := oobSendMachine(t, cfg, now)
-	require.Equal(t, uint64(20), first.session)
+	m, kinds, _ := oobPairMachine(t, now)
 
 	rep := m.inbound(now, inboundHS{name: "b", session: 21, token: 9})
 	require.True(t, rep.fresh)
 	m.send(now, 2, "b", "", now.Add(time.Hour), 0)
 	require.Empty(t, kinds(aOOB), "send 2 waits behind the straggler to the old engine")
 
-	m.peerGone(now, "b")
+	m.peerGone(now, "b", 0)
 	require.NotNil(t, m.names["b"], "the name that holds send 2 is kept")
 	m.sendResult(now, 1, &kindError{kind: ErrAuth, cause: errors.Join(errRebind, errors.New("ts_to"))}, false, false)
 	var sent []reqID
@@ -227,6 +224,43 @@ func TestMachineGoodbyeKeepsWaitingName(t *testing.T) {
 		sent = append(sent, a.req)
 	}
 	require.Equal(t, []reqID{1, 2}, sent, "both go to the new engine, in send order")
+}
+
+// TestMachineStaleGoodbyeKeepsNewPair: b restarted on its address and its new engine's
+// handshake reached a first; the old engine's goodbye, read after it (a loaded reactor
+// serving the old connection late), carries the old session and leaves the new pair
+// alone. Before goodbyes carried their session, it forgot the new pair: a's next handshake
+// to b then lacked the proof b's new engine had issued, and was refused (ErrAuth) until
+// that engine forgot a too.
+func TestMachineStaleGoodbyeKeepsNewPair(t *testing.T) {
+	now := time.Unix(1000, 0)
+	m, kinds, _ := oobPairMachine(t, now)
+	m.sendResult(now, 1, nil, false, false)
+	require.Len(t, kinds(aComplete), 1)
+
+	m.inbound(now, inboundHS{name: "b", session: 21, token: 9})
+	m.send(now, 2, "b", "", now.Add(time.Hour), 0)
+	sent := kinds(aOOB)
+	require.Len(t, sent, 1)
+	require.Equal(t, uint64(21), sent[0].session, "the name leads to the new engine")
+	m.sendResult(now, 2, nil, false, false)
+	require.Len(t, kinds(aComplete), 1)
+
+	m.peerGone(now, "b", 20) // the old engine's goodbye, read late
+	m.send(now, 3, "b", "", now.Add(time.Hour), 0)
+	acts := m.ready()
+	require.Empty(t, filterKind(acts, aConnect), "the new pair was kept: no handshake")
+	sent = filterKind(acts, aOOB)
+	require.Len(t, sent, 1)
+	require.Equal(t, uint64(21), sent[0].session)
+	require.Equal(t, uint64(1), m.stats.StaleByes)
+	m.sendResult(now, 3, nil, false, false)
+	require.Len(t, kinds(aComplete), 1)
+
+	m.peerGone(now, "b", 21) // the new engine's own goodbye: its pair goes
+	m.send(now, 4, "b", "", now.Add(time.Hour), 0)
+	require.Len(t, kinds(aConnect), 1, "b is handshaken again")
+	require.Equal(t, uint64(1), m.stats.StaleByes)
 }
 
 // TestMachineUnreachableOldEngineHoldsNewName: b was killed (a's sends to it by

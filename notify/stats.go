@@ -140,6 +140,9 @@ type LimitStats struct {
 	HandshakesFailed, BackoffRefused uint64
 	Duplicates                       uint64 // received notifies dropped as duplicates (seq or id)
 	ConnectsQueued                   uint64 // our handshakes that waited for a slot (64 run at once)
+	// StaleByes: goodbyes read after another engine took their name (a restart on the
+	// address whose handshake was served first); the new engine's pair was kept.
+	StaleByes uint64
 	// Our OOB notifies that peers answered "busy" (each then waited its turn, in seq order,
 	// for the peer's next answer), and the notifies sent again because a busy answer left
 	// nothing else of their pair on the wire (at once, then after 1 ms doubling to 50 ms).
@@ -154,7 +157,7 @@ func limitStatsOf(s machineStats) LimitStats {
 		Superseded: s.Superseded, Reposted: s.Reposted, Fallbacks: s.Fallbacks, GivenUp: s.GivenUp,
 		FencesSent: s.FencesSent, FencesDropped: s.FencesDropped, PairsRestarted: s.PairsRestarted, LegacyDelivered: s.LegacyDelivered, OOBRefused: s.OOBRefused,
 		PeersPruned: s.PeersPruned, PeersUnconfirmed: s.PeersUnconfirmed, PeersEvicted: s.PeersEvicted,
-		HandshakesFailed: s.HandshakesFailed, BackoffRefused: s.BackoffRefused, Duplicates: s.Duplicates, ConnectsQueued: s.ConnectsQueued,
+		HandshakesFailed: s.HandshakesFailed, BackoffRefused: s.BackoffRefused, Duplicates: s.Duplicates, ConnectsQueued: s.ConnectsQueued, StaleByes: s.StaleByes,
 		BusyAnswers: s.BusyAnswers, BusyProbes: s.BusyProbes}
 }
 

@@ -178,6 +178,7 @@ type probeInfo struct {
 	hello    uint64
 	bye      uint64 // ts_bye: the peer is closing
 	from     string // ts_from of a bye
+	session  uint64 // ts_session of a bye: the closing peer's session
 	nonce    [nonceSize]byte
 	hasNonce bool
 	mac      [macSize]byte
@@ -211,6 +212,9 @@ func (d *probeDecoder) decode(body []byte) (*probeInfo, error) {
 		case fFrom:
 			p.m.twosided = true
 			d.from, err = r.strMax(fFrom, d.from[:0], MaxFromLen)
+		case fSession:
+			p.m.twosided = true
+			p.session, err = r.uint(fSession, 1<<64-1)
 		case fID:
 			p.m.twosided, p.m.hasID = true, true
 			p.m.id, err = r.uint(fID, 1<<64-1)

@@ -735,7 +735,7 @@ func (c *conn) replyFrame(t MsgType, body []byte) {
 		n.st.byesReceived.Add(1)
 		addr := c.peer.addr
 		c.close(errorOf([]error{ErrPeerUnreachable, ErrPeerClosed}, "%s: the peer closed", addr))
-		n.peerGone(addr)
+		n.peerGone(addr, n.ri.session)
 		return
 	}
 	var cl *call

@@ -158,9 +158,9 @@
 //
 // # Closing
 //
-// Close sends a bye, Probe {"ts_bye":1,"ts_from":name} (SetName, else Config.Name, else
-// the bound address), on every twosided persistent connection (either direction), then
-// closes. The peer closes that connection at once, fails what was in flight on it with ErrPeerUnreachable and ErrPeerClosed, and,
+// Close sends a bye, Probe {"ts_bye":1,"ts_from":name,"ts_session":s} (SetName, else
+// Config.Name, else the bound address; SetSession, left out when 0), on every twosided
+// persistent connection (either direction), then closes. The peer closes that connection at once, fails what was in flight on it with ErrPeerUnreachable and ErrPeerClosed, and,
 // when its Handler implements PeerGoneHandler, calls HandlePeerGone. A Mooncake peer never
 // gets a bye (it has no persistent connection).
 //

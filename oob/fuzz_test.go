@@ -162,6 +162,7 @@ func FuzzReplyDecode(f *testing.F) {
 	f.Add([]byte(`{"name":"","notify_msg":"","ts_error":"x","ts_refuse":"busy","ts_id":2}`))
 	f.Add([]byte(`{"ts_hello":1,"ts_max_frame":1048576}`))
 	f.Add([]byte(`{"ts_bye":1,"ts_from":"10.0.0.1:12001"}`))
+	f.Add([]byte(`{"ts_bye":1,"ts_from":"10.0.0.1:12001","ts_session":18446744073709551615}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var ri replyInfo
 		_, err := ri.decode(body, nil)
@@ -187,6 +188,7 @@ func FuzzReplyDecode(f *testing.F) {
 			require.Equal(t, ri.hasMAC, p.hasMAC)
 			require.Equal(t, ri.mac, p.mac)
 			require.Equal(t, ri.bye, p.bye)
+			require.Equal(t, ri.session, p.session)
 			require.LessOrEqual(t, len(p.from), MaxFromLen)
 		}
 	})

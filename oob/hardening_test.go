@@ -164,6 +164,7 @@ func TestCloseSendsBye(t *testing.T) {
 	a, err := Listen(la, Config{ListenAddr: "127.0.0.1:0", Name: "config-name"}, ha)
 	require.NoError(t, err)
 	a.SetName("127.0.0.1:1") // a name on the bye's own host: trusted without a key
+	a.SetSession(77)
 	b := listen(t, newLoop(t), hb, Config{})
 	ctx := bg(t)
 	require.NoError(t, a.Notify(ctx, b.Addr(), &NotifyRequest{Name: "a to b"}))
@@ -179,7 +180,8 @@ func TestCloseSendsBye(t *testing.T) {
 			t.Fatal("b was not told that a closed")
 		}
 	}
-	require.Equal(t, map[string]bool{"127.0.0.1:1": true, aAddr: true}, got, "by the name in the bye, and by the address b dialed")
+	require.Equal(t, map[string]bool{"127.0.0.1:1 77": true, aAddr + " 77": true}, got,
+		"by the name in the bye, and by the address b dialed; with the session the bye carried")
 	require.EqualValues(t, 2, a.Stats().ByesSent)
 	require.EqualValues(t, 2, b.Stats().ByesReceived)
 	require.Eventually(t, func() bool { s := b.Stats(); return s.ServerConns == 0 && s.ClientConns == 0 }, waitBound, time.Millisecond)
@@ -314,10 +316,20 @@ func TestHelloAnnouncesMaxFrame(t *testing.T) {
 		require.ErrorContains(t, err, `field "ts_max_frame"`)
 	}
 	var pd probeDecoder
-	p, err := pd.decode(appendBye(nil, "node-a")[HeaderSize:])
+	p, err := pd.decode(appendBye(nil, "node-a", 0)[HeaderSize:])
 	require.NoError(t, err)
 	require.EqualValues(t, 1, p.bye)
 	require.Equal(t, "node-a", p.from)
+	require.Zero(t, p.session, "no session: none on the wire")
+	require.NotContains(t, string(appendBye(nil, "node-a", 0)), "ts_session")
+	p, err = pd.decode(appendBye(nil, "node-a", 1<<64-1)[HeaderSize:])
+	require.NoError(t, err)
+	require.Equal(t, uint64(1<<64-1), p.session)
+	_, err = ri.decode(appendBye(nil, "node-a", 1<<63)[HeaderSize:], nil)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1<<63), ri.session, "a server's bye, read as a reply")
+	_, err = pd.decode([]byte(`{"ts_bye":1,"ts_session":-1}`))
+	require.ErrorContains(t, err, `field "ts_session"`)
 	_, err = pd.decode([]byte(`{"ts_bye":1,"ts_from":"` + strings.Repeat("x", 256) + `"}`))
 	require.ErrorContains(t, err, `field "ts_from": 256 bytes, at most 255`)
 }

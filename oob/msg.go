@@ -416,13 +416,17 @@ func appendProbe(dst []byte, m reqMeta, hello bool) []byte {
 }
 
 // appendBye writes the Probe a closing Node sends on its twosided persistent connections:
-// {"ts_bye":1,"ts_from":name}. It expects no reply.
-func appendBye(dst []byte, name string) []byte {
+// {"ts_bye":1,"ts_from":name,"ts_session":session} (no ts_session when 0). It expects no
+// reply.
+func appendBye(dst []byte, name string, session uint64) []byte {
 	dst, at := beginFrame(dst, TypeProbe)
 	o := jsonObj{b: append(dst, '{')}
 	o.uint(fBye, 1)
 	if len(name) <= MaxFromLen {
 		o.optStr(fFrom, name)
+	}
+	if session != 0 {
+		o.uint(fSession, session)
 	}
 	return finishFrame(append(o.b, '}'), at)
 }
@@ -436,6 +440,7 @@ type replyInfo struct {
 	errMsg       []byte // reply_msg or ts_error
 	refuse       []byte // ts_refuse
 	bye          uint64 // ts_bye: the server is closing
+	session      uint64 // ts_session of a bye: the closing server's session
 	maxFrame     uint64 // ts_max_frame of a hello reply: the server's frame limit
 
 	// Authentication members of a hello reply.
@@ -493,6 +498,9 @@ func (ri *replyInfo) decode(body []byte, key []byte) ([]byte, error) {
 		case fBye:
 			ri.m.twosided = true
 			ri.bye, err = r.uint(fBye, 1<<32-1)
+		case fSession:
+			ri.m.twosided = true
+			ri.session, err = r.uint(fSession, 1<<64-1)
 		case fMaxFrame:
 			ri.m.twosided = true
 			ri.maxFrame, err = r.uint(fMaxFrame, MaxMaxFrame)

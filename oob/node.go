@@ -110,9 +110,11 @@ type Node struct {
 	lfd  int
 	t0   time.Time
 
-	closed   atomic.Bool
-	byeName  atomic.Pointer[string]
-	closeErr chan struct{} // closed when the loop-side close is done
+	closed  atomic.Bool
+	byeName atomic.Pointer[string]
+	// byeSession: the session a bye carries (SetSession); 0: none.
+	byeSession atomic.Uint64
+	closeErr   chan struct{} // closed when the loop-side close is done
 
 	st counters
 
@@ -290,6 +292,11 @@ func (n *Node) shutdown() {
 // bytes; a longer name is not sent. Any goroutine.
 func (n *Node) SetName(name string) { n.byeName.Store(&name) }
 
+// SetSession sets the session the bye this Node sends when it closes carries (ts_session),
+// so that a peer that reads the bye late, after another engine took the address, can tell
+// it from that engine's; 0 (the default): none.
+func (n *Node) SetSession(s uint64) { n.byeSession.Store(s) }
+
 // name is what this Node calls itself in a bye: SetName's, else Config.Name, else the
 // bound address.
 func (n *Node) name() string {
@@ -320,7 +327,7 @@ func (c *conn) bye() {
 	if c.state != stateOpen || !c.out.IsEmpty() {
 		return // a reply is still queued: a bye after it would not go out at once either
 	}
-	n.out = appendBye(n.out[:0], n.name())
+	n.out = appendBye(n.out[:0], n.name(), n.byeSession.Load())
 	if k, err := unix.Write(c.fd, n.out); err != nil || k != len(n.out) {
 		return
 	}

@@ -67,7 +67,7 @@ type testHandler struct {
 	// Handshakes from LocalNICPath "hold" wait for release; each is signalled on hsHeld.
 	heldHS []func(*HandshakeDesc, error)
 	hsHeld chan struct{}
-	gone   chan string // HandlePeerGone
+	gone   chan string // HandlePeerGone: "addr" or, with a session, "addr session"
 }
 
 func newHandler() *testHandler {
@@ -75,7 +75,10 @@ func newHandler() *testHandler {
 }
 
 // HandlePeerGone runs on the loop: it must not block, so names past the buffer are dropped.
-func (h *testHandler) HandlePeerGone(addr string) {
+func (h *testHandler) HandlePeerGone(addr string, session uint64) {
+	if session != 0 {
+		addr = fmt.Sprintf("%s %d", addr, session)
+	}
 	select {
 	case h.gone <- addr:
 	default:

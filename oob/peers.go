@@ -7,15 +7,17 @@ package oob
 // closed gracefully (it sent a bye), so per-peer state can be freed without waiting for a
 // timeout. addr is the address this Node dialed for a connection it opened, or the name
 // the peer's bye carried (its Config.Name, else its bound listen address) for one the peer
-// opened; it is a hint from the peer, authenticated only when AuthKey is required. Called
-// on the loop goroutine; it must not block.
+// opened; it is a hint from the peer, authenticated only when AuthKey is required. session
+// is the closing peer's session as its bye said (SetSession), 0 when it did not: a bye read
+// late, after another peer took the address, names the one that closed, not the one there
+// now. Called on the loop goroutine; it must not block.
 type PeerGoneHandler interface {
-	HandlePeerGone(addr string)
+	HandlePeerGone(addr string, session uint64)
 }
 
-func (n *Node) peerGone(addr string) {
+func (n *Node) peerGone(addr string, session uint64) {
 	if h, ok := n.h.(PeerGoneHandler); ok && addr != "" {
-		h.HandlePeerGone(addr)
+		h.HandlePeerGone(addr, session)
 	}
 }
 

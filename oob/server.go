@@ -33,7 +33,7 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 			n.st.byesReceived.Add(1)
 			c.close(nil)
 			if (n.auth.required && c.auth.state == authOK) || sameHost(p.from, c.remote) {
-				n.peerGone(p.from)
+				n.peerGone(p.from, p.session)
 			}
 			return
 		}
