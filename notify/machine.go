@@ -191,9 +191,15 @@ type nameEntry struct {
 	// unreachable: the name's last handshake failed with no engine's answer (nothing
 	// listening, a timeout): until one answers, its sends hold nothing (unknownWaits).
 	unreachable bool
+	// askedAgain: its last handshake was answered by an engine replaced at its address
+	// since (staleAnswer): the name is asked once more, its sends waiting on it.
+	askedAgain bool
 }
 
 type peerEntry struct {
+	// replaced: a name that led to it now leads to another engine (it restarted at that
+	// address): an answer from it that was on its way is stale (staleAnswer).
+	replaced bool
 	key      peerKey
 	pair     uint64   // this entry among the session's: an entry that replaced it (restartPair) has another
 	names    []string // aliases; names[0] is the name the peer advertised, if any

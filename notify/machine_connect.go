@@ -18,7 +18,10 @@ func (m *peerMachine) connectPeer(now time.Time, p *peerEntry, via string) {
 	if via == "" || m.names[via] == nil || m.names[via].peer != p {
 		via = ""
 		for _, n := range p.names {
-			if ne := m.names[n]; ne != nil {
+			// Only a name that still leads to p: one that now reaches another engine (p's
+			// restarted at its address) would bind that engine again, and p's sends would
+			// wait on p for ever.
+			if ne := m.names[n]; ne != nil && ne.peer == p {
 				via = n
 				break
 			}
@@ -373,6 +376,7 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 		m.connectedLegacy(now, ne, ce, res, closeCh)
 		return
 	}
+	asked := ne.askedAgain // this handshake went to ask the name again (staleAnswer)
 	switch res.refuse {
 	case refuseAuth:
 		closeCh(ErrAuth)
@@ -391,6 +395,9 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 			p, err := m.bind(now, ne, res.session, "", false)
 			if err != nil {
 				m.failName(now, ne, err)
+				return
+			}
+			if m.staleAnswer(now, ne, p, asked) {
 				return
 			}
 			m.hintPort(now, name, p)
@@ -426,6 +433,10 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 	if err != nil {
 		closeCh(err)
 		m.failName(now, ne, err)
+		return
+	}
+	if m.staleAnswer(now, ne, p, asked) {
+		closeCh(fmt.Errorf("%w: %s: the engine that answered was replaced at its address", ErrPeerDead, name))
 		return
 	}
 	m.hintPort(now, name, p)
@@ -644,11 +655,12 @@ func (m *peerMachine) bind(now time.Time, ne *nameEntry, session uint64, adverti
 	}
 	if advertised != "" {
 		p.adv = advertised
+		m.readvertised(p, advertised)
 	}
 	if old := ne.peer; old != nil && old != p {
 		m.leave(ne, old, p)
 	}
-	ne.peer = p
+	ne.peer, ne.askedAgain = p, false
 	m.confirmPeer(p) // it answered our handshake
 	p.proved = true
 	m.markStragglers(ne, p)
@@ -656,11 +668,42 @@ func (m *peerMachine) bind(now time.Time, ne *nameEntry, session uint64, adverti
 	return p, nil
 }
 
+// staleAnswer: the handshake via ne was answered by p, an engine that another name has
+// shown replaced at its address since the answer left (a restart):
+// the name's sends would go to a pair nobody serves, and come back refused after later
+// sends by the other name went to the new engine. The name is asked once more (its sends
+// wait for that answer, and hold later ones to its port meanwhile); asked: this answer is
+// already that second one, taken as it is.
+func (m *peerMachine) staleAnswer(now time.Time, ne *nameEntry, p *peerEntry, asked bool) bool {
+	if !p.replaced || asked || len(ne.waiters) == 0 {
+		return false
+	}
+	ne.askedAgain = true
+	m.connectName(now, ne, nil)
+	m.waitUnknown(ne)
+	return true
+}
+
+// readvertised: p advertises the name another engine advertised before: the engine at that
+// address restarted (an advertised name is its listen address). What is still on its way
+// to the old one holds later sends to p (supersede), and an answer of the old one still on
+// its way is stale (replaced).
+func (m *peerMachine) readvertised(p *peerEntry, advertised string) {
+	for _, q := range m.peers {
+		if q == p || q.key.legacy != "" || q.adv != advertised {
+			continue
+		}
+		q.replaced = true
+		m.supersede(q)
+	}
+}
+
 // leave: ne, which led to old, now reaches p, another engine (old's restarted at the same
 // address): what waited for old goes to p, with new seqs, in send order among p's; what is
 // still with old holds later sends to p (supersede).
 func (m *peerMachine) leave(ne *nameEntry, old, p *peerEntry) {
 	m.unalias(old, ne.name)
+	old.replaced = true
 	sorted := slices.IsSorted(p.waiters)
 	m.handOver(old.waiters, p)
 	if sorted {

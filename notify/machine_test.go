@@ -37,6 +37,14 @@ type simEngine struct {
 	rng      *rand.Rand
 	closedCh map[chanID]bool
 	trace    func(mAction)
+	// Restarts (simNet.restart): the names it answers to, its incarnation, whether it was
+	// killed, what its machine held when it was, and which engine acknowledged each of
+	// its requests.
+	aliases []string
+	inc     int
+	dead    bool
+	heldAt  int
+	acker   map[reqID]*simEngine
 }
 
 // simLink is one end of a connected channel.
@@ -66,17 +74,19 @@ type simNet struct {
 	engines map[string]*simEngine
 	alias   map[string]string // name -> engine name
 	events  []func()
+	past    map[string][]*simEngine // name -> its killed incarnations, oldest first
+	traceHS func(string)            // handshake replies, when tracing
 }
 
 func newSimNet(t *testing.T, seed uint64) *simNet {
 	return &simNet{t: t, rng: rand.New(rand.NewPCG(seed, 99)), now: time.Unix(1000, 0),
-		engines: map[string]*simEngine{}, alias: map[string]string{}}
+		engines: map[string]*simEngine{}, alias: map[string]string{}, past: map[string][]*simEngine{}}
 }
 
 func (n *simNet) add(name string, session uint64, cfg machineConfig, aliases ...string) *simEngine {
 	tok := uint64(session << 16)
 	e := &simEngine{name: name, net: n, results: map[reqID]error{}, posted: map[reqID]string{}, nids: map[reqID]string{},
-		links: map[chanID]*simLink{}, closedCh: map[chanID]bool{}}
+		links: map[chanID]*simLink{}, closedCh: map[chanID]bool{}, aliases: aliases, acker: map[reqID]*simEngine{}}
 	e.m = newPeerMachine(session, cfg, func() uint64 { tok++; return tok })
 	n.engines[name] = e
 	n.alias[name] = name
@@ -87,6 +97,44 @@ func (n *simNet) add(name string, session uint64, cfg machineConfig, aliases ...
 }
 
 func (n *simNet) post(f func()) { n.events = append(n.events, f) }
+
+// restart kills engine name (kill -9: its machine stops, its channels die, what it held
+// is lost) and starts a new incarnation of it on the same names with session.
+func (n *simNet) restart(name string, session uint64, cfg machineConfig) *simEngine {
+	old := n.engines[name]
+	old.dead = true
+	for _, p := range old.m.peers {
+		if p.win != nil {
+			old.heldAt += p.win.held
+		}
+	}
+	for _, id := range sortedChans(old) {
+		l := old.links[id]
+		if l.dead {
+			continue
+		}
+		l.dead = true
+		l.q = nil // what it had not sent dies with it
+		if r := l.remote; r != nil && !r.dead {
+			// The peer's QP finds it gone (retry exceeded, or the keepalive).
+			n.post(func() {
+				r.local.closeLink(r.id)
+				r.local.m.chanClosed(n.now, r.id, errors.New("peer killed"))
+				r.local.perform()
+			})
+		}
+	}
+	n.past[name] = append(n.past[name], old)
+	e := n.add(name, session, cfg, old.aliases...)
+	e.inc = old.inc + 1
+	return e
+}
+
+// errReset is what an OOB request on a connection to a killed engine gets: it may have
+// been written (maybe delivered).
+func errReset(name string) error {
+	return &kindError{kind: ErrPeerUnreachable, cause: fmt.Errorf("%w: %s: connection reset by peer", oob.ErrPeerUnreachable, name)}
+}
 
 // step runs one event picked at random; false when none is left.
 func (n *simNet) step() bool {
@@ -161,6 +209,9 @@ func (e *simEngine) send(to, msg, nid string) reqID {
 }
 
 func (e *simEngine) perform() {
+	if e.dead {
+		return // killed: it does nothing more
+	}
 	for {
 		acts := e.m.ready()
 		if len(acts) == 0 {
@@ -194,9 +245,13 @@ func (e *simEngine) do(a mAction) {
 		}
 		to := n.engines[n.alias[a.name]]
 		n.post(func() {
-			if to == nil { // nobody at the name (an engine down for a while)
+			if to == nil || to.dead { // nobody at the name, or its connection reset (killed)
+				err := errNobodyThere(a.name)
+				if to != nil {
+					err = errReset(a.name)
+				}
 				n.post(func() {
-					e.m.fenceResult(n.now, a.session, a.first, a.count, a.token, a.pair, errNobodyThere(a.name))
+					e.m.fenceResult(n.now, a.session, a.first, a.count, a.token, a.pair, err)
 					e.perform()
 				})
 				return
@@ -210,16 +265,25 @@ func (e *simEngine) do(a mAction) {
 		to := n.engines[n.alias[a.name]]
 		msg := e.posted[a.req]
 		n.post(func() {
-			code, err := "", error(nil)
-			if to == nil {
+			code, err, maybe := "", error(nil), false
+			switch {
+			case to == nil:
 				err = errNobodyThere(a.name)
-			} else {
+			case to.dead: // the connection was to an engine killed since
+				err, maybe = errReset(a.name), true
+			default:
 				code, err = to.m.oobArrive(n.now, oobArrival{session: e.m.local, token: a.token, to: a.session, seq: a.seq,
 					nid: e.nids[a.req], from: e.name, n: Notify{Msg: []byte(msg)}})
 				to.perform()
 				err = simOOBErr(code, err)
 			}
-			n.post(func() { e.m.sendResult(n.now, a.req, err, false, false); e.perform() })
+			n.post(func() {
+				if err == nil {
+					e.acker[a.req] = to
+				}
+				e.m.sendResult(n.now, a.req, err, maybe, false)
+				e.perform()
+			})
 		})
 	case aComplete:
 		if _, dup := e.results[a.req]; dup {
@@ -271,7 +335,7 @@ func (n *simNet) deliverHead(l *simLink) {
 	f := l.q[0]
 	l.q = l.q[1:]
 	e, r := l.local, l.remote
-	if l.dead || r == nil || r.dead {
+	if l.dead || r == nil || r.dead || r.local.dead {
 		if !f.fence {
 			n.post(func() { e.m.sendResult(n.now, f.req, errors.New("retry exceeded"), true, false); e.perform() })
 		}
@@ -286,6 +350,7 @@ func (n *simNet) deliverHead(l *simLink) {
 	if !f.fence {
 		n.post(func() {
 			if !l.dead {
+				e.acker[f.req] = r.local
 				e.m.sendResult(n.now, f.req, nil, false, false)
 			} else {
 				// Our side closed before the ACK was reaped: the flush error.
@@ -327,6 +392,9 @@ func (e *simEngine) closeLink(id chanID) {
 
 // handshake carries a's handshake to the engine behind a.name and its reply back.
 func (n *simNet) handshake(from *simEngine, a mAction) {
+	if from.dead {
+		return // killed before its handshake went out
+	}
 	to := n.engines[n.alias[a.name]]
 	if to == nil {
 		from.m.connected(n.now, a.name, a.ch, hsResult{err: errNobodyThere(a.name)})
@@ -343,6 +411,16 @@ func (n *simNet) handshake(from *simEngine, a mAction) {
 	}
 	to.perform()
 	n.post(func() {
+		if from.dead {
+			// The reply found the dialer killed: the channel it answered has nobody at
+			// the other end, which its QP finds out (retry exceeded).
+			if rl != nil && !rl.dead {
+				to.closeLink(rl.id)
+				to.m.chanClosed(n.now, rl.id, errors.New("peer killed"))
+				to.perform()
+			}
+			return
+		}
 		res := hsResult{session: to.m.local, token: rep.token, epoch: rep.epoch, refuse: rep.refuse, peerName: to.name, fresh: rep.fresh}
 		if a.ch != 0 && rl != nil && rep.refuse == "" {
 			ll := &simLink{local: from, id: a.ch, remote: rl}
@@ -350,6 +428,9 @@ func (n *simNet) handshake(from *simEngine, a mAction) {
 			from.links[a.ch] = ll
 			ll.dead = to.closedCh[rl.id]
 			res.ctrl = true
+		}
+		if n.traceHS != nil {
+			n.traceHS(fmt.Sprintf("%s.%d handshake via %s (ch %d) answered by %s.%d: session %d refuse %q fresh %v", from.name, from.inc, a.name, a.ch, to.name, to.inc, res.session, res.refuse, res.fresh))
 		}
 		from.m.connected(n.now, a.name, a.ch, res)
 		from.perform()

@@ -117,7 +117,7 @@ func (m *peerMachine) tick(now time.Time) {
 		later(r.deadline)
 	}
 	for _, ne := range m.names {
-		if ne.peer == nil && !ne.connecting && len(ne.waiters) > 0 && ne.failures > 0 && ne.stragglers == 0 {
+		if (ne.peer == nil || ne.askedAgain) && !ne.connecting && len(ne.waiters) > 0 && ne.failures > 0 && ne.stragglers == 0 {
 			if now.Before(ne.backoffAt) {
 				later(ne.backoffAt)
 			} else {
