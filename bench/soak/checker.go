@@ -544,15 +544,17 @@ func (c *Checker) mayHaveHeld(slot string, a ack) []*incarnation {
 // batch during which it filled), and per channel one RECV ring: two per sender that lost
 // any, a channel and the one it replaced (which hands what it held to the queue). The
 // agent: the deliveries counted and never read, and the one being handed over; a polling
-// consumer may hold a whole queue's batch besides, while the queue fills again behind it.
+// consumer may hold a whole queue's batch besides (with its ring past the queue), while
+// the queue fills again behind it.
 func (in *incarnation) holdBound() int {
-	q := in.queue
+	queues := 1
 	if in.consumer == ConsumePoll {
-		q *= 2
+		queues = 2
 	}
+	q := queues * in.queue
 	rings := 0
 	if in.ring > 0 {
-		rings = in.ring * (1 + 2*len(in.lostFrom))
+		rings = in.ring * (queues + 2*len(in.lostFrom))
 	}
 	late := 0
 	if in.taken > in.reported {

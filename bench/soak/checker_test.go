@@ -443,7 +443,8 @@ func killedHolding(q int, consumer string, ring, n, late int) *Checker {
 
 func TestCheckerKilledReceiverHeldToItsBound(t *testing.T) {
 	// Queue 32, Recv consumer, a channel's ring of 4 (one past the queue, two per sender:
-	// 12), one in hand: 45 may be lost, and 3 deliveries the parent never read add 3.
+	// 12), one in hand: 45 may be lost, and 3 deliveries the parent never read add 3; a
+	// polling consumer: twice the queue and a ring more, 81.
 	for _, tc := range []struct {
 		name             string
 		consumer         string
@@ -452,7 +453,7 @@ func TestCheckerKilledReceiverHeldToItsBound(t *testing.T) {
 		{"queue and rings", ConsumeRecv, 4, 45, 0},
 		{"deliveries never read", ConsumeRecv, 4, 48, 3},
 		{"oob: no rings", ConsumeRecv, 0, 33, 0},
-		{"a polling consumer's batch", ConsumePoll, 4, 77, 0},
+		{"a polling consumer's batch", ConsumePoll, 4, 81, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := killedHolding(32, tc.consumer, tc.ring, tc.lost, tc.late)
