@@ -400,6 +400,9 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 			if m.staleAnswer(now, ne, p, asked) {
 				return
 			}
+			if res.peerName != "" {
+				m.readvertised(p, res.peerName) // its name, in a refusal too
+			}
 			m.hintPort(now, name, p)
 			if p.tokenOut == 0 {
 				p.awaiting = now.Add(m.cfg.connectTimeout)
@@ -689,12 +692,19 @@ func (m *peerMachine) staleAnswer(now time.Time, ne *nameEntry, p *peerEntry, as
 // to the old one holds later sends to p (supersede), and an answer of the old one still on
 // its way is stale (replaced).
 func (m *peerMachine) readvertised(p *peerEntry, advertised string) {
+	found := false
 	for _, q := range m.peers {
 		if q == p || q.key.legacy != "" || q.adv != advertised {
 			continue
 		}
 		q.replaced = true
 		m.supersede(q)
+		found = true
+	}
+	if found {
+		// Answers come in any order: p may be the old engine, its answer late. Its sends
+		// hold later ones to the other too, until the names settle.
+		m.supersede(p)
 	}
 }
 

@@ -235,6 +235,10 @@ func TestMachineSoakMix(t *testing.T) {
 		{703, 2},   // the engine at an advertised name restarted: sends to the old one did not hold the new one's
 		{310, 6},   // the same
 		{2851, 12}, // an answer of the old engine after its advertised name was taken: a reorder
+		{2598, 20}, // the same name taken, learned from a refusal: a reorder
+		{8018, 8},  // the old engine's answer came after the new one's: sends to it did not hold the new one's
+		{3317, 20}, // the same
+		{340, 40},  // the same
 	} {
 		runSoakMix(t, c.seed, c.restarts)
 	}
