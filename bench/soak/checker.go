@@ -94,6 +94,7 @@ type Checker struct {
 	// share of a bound one of them used, in percent.
 	Calls, Acked, Maybe, Failed, Delivered, Checked uint64
 	Held                                            HeldStats
+	mostUsed                                        float64 // Held.MostUsed, unrounded
 	Violations                                      map[string]int
 	Allowances                                      map[string]int
 	Details                                         []Violation
@@ -587,8 +588,8 @@ func (c *Checker) judgeHeld() {
 			figures := fmt.Sprintf("%s lost %d (from %d senders); it could hold %d: queue %d (%s consumer), RECV ring %d per channel, %d deliveries taken and never read (%d counted, %d read)",
 				EngineID(slot, n), in.lost, len(in.lostFrom), bound, in.queue, in.consumer, in.ring,
 				max(0, int(in.taken)-int(in.reported)), in.taken, in.reported)
-			if pct := 100 * in.lost / bound; c.Held.Most == "" || pct > c.Held.MostUsed {
-				c.Held.MostUsed, c.Held.Most = pct, figures
+			if used := float64(in.lost) / float64(bound); c.Held.Most == "" || used > c.mostUsed {
+				c.mostUsed, c.Held.MostUsed, c.Held.Most = used, int(100*used), figures
 			}
 			if in.lost <= bound {
 				continue

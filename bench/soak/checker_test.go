@@ -488,6 +488,30 @@ func TestCheckerKilledReceiverWithoutCountsIsNotJudged(t *testing.T) {
 	require.Zero(t, h.c.Held.Checked)
 }
 
+func TestCheckerHeldReportsTheClosest(t *testing.T) {
+	// Two killed incarnations, each lost one: of a bound of 2 048, then of 101. The report
+	// names the second, though both round down to 0 %.
+	h := &hist{c: NewChecker()}
+	h.c.Step(Event{K: KindBegin, Slot: "a0e0", Inc: 1})
+	h.c.Step(Event{K: KindBegin, Slot: dst, Inc: 1, Queue: 2047, Consumer: ConsumeRecv})
+	h.dispatch()
+	h.send(1, 1, ClassOK, false)
+	h.c.Step(Event{K: KindKill, Slot: dst, Inc: 1})
+	h.c.Step(Event{K: KindTaken, Eng: rcv, N: 0})
+	h.c.Step(Event{K: KindBegin, Slot: dst, Inc: 2, Queue: 100, Consumer: ConsumeRecv})
+	h.dispatch()
+	h.send(2, 2, ClassOK, false)
+	h.c.Step(Event{K: KindKill, Slot: dst, Inc: 2})
+	h.c.Step(Event{K: KindTaken, Eng: "a1e0.2", N: 0})
+	h.c.Step(Event{K: KindClosed, Eng: snd})
+	h.c.Finish()
+	require.Empty(t, h.c.Violations, "%+v", h.c.Details)
+	require.Equal(t, 2, h.c.Held.Checked)
+	require.Equal(t, 2, h.c.Held.Lost)
+	require.Equal(t, 0, h.c.Held.MostUsed)
+	require.Contains(t, h.c.Held.Most, "a1e0.2 lost 1 ")
+}
+
 func TestCheckerLossOfTwoKilledIncarnationsIsNotAttributed(t *testing.T) {
 	// An op dispatched before the first incarnation's kill and acknowledged after the
 	// second began could have been held by either: it counts against neither bound.
