@@ -557,11 +557,15 @@ func (in *incarnation) holdBound() int {
 	if in.ring > 0 {
 		rings = in.ring * (queues + 2*len(in.lostFrom))
 	}
-	late := 0
+	return q + rings + in.late() + 1
+}
+
+// late is how many of its delivery events its agent counted and the parent never read.
+func (in *incarnation) late() int {
 	if in.taken > in.reported {
-		late = int(in.taken - in.reported)
+		return int(in.taken - in.reported)
 	}
-	return q + rings + late + 1
+	return 0
 }
 
 // judgeHeld holds every killed incarnation whose agent's count is known to its bound.
@@ -587,7 +591,7 @@ func (c *Checker) judgeHeld() {
 			c.Held.Lost += in.lost
 			figures := fmt.Sprintf("%s lost %d (from %d senders); it could hold %d: queue %d (%s consumer), RECV ring %d per channel, %d deliveries taken and never read (%d counted, %d read)",
 				EngineID(slot, n), in.lost, len(in.lostFrom), bound, in.queue, in.consumer, in.ring,
-				max(0, int(in.taken)-int(in.reported)), in.taken, in.reported)
+				in.late(), in.taken, in.reported)
 			if used := float64(in.lost) / float64(bound); c.Held.Most == "" || used > c.mostUsed {
 				c.mostUsed, c.Held.MostUsed, c.Held.Most = used, int(100*used), figures
 			}
