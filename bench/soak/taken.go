@@ -36,8 +36,12 @@ func openTaken(path string, n int) (*takenFile, error) {
 	}
 	defer f.Close()
 	size := n * takenWords * 8
-	if st, err := f.Stat(); err != nil || st.Size() != int64(size) {
-		return nil, fmt.Errorf("taken counts: %s: want %d bytes (%v)", path, size, err)
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("taken counts: %w", err)
+	}
+	if st.Size() != int64(size) {
+		return nil, fmt.Errorf("taken counts: %s: %d bytes, want %d", path, st.Size(), size)
 	}
 	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
@@ -79,9 +83,10 @@ func readTaken(path string, n int) (incs []int, counts []uint64, err error) {
 	if len(b) != n*takenWords*8 {
 		return nil, nil, fmt.Errorf("taken counts: %s: %d bytes, want %d", path, len(b), n*takenWords*8)
 	}
+	const stride = takenWords * 8
 	for i := range n {
-		incs = append(incs, int(binary.NativeEndian.Uint64(b[i*16:])))
-		counts = append(counts, binary.NativeEndian.Uint64(b[i*16+8:]))
+		incs = append(incs, int(binary.NativeEndian.Uint64(b[i*stride:])))
+		counts = append(counts, binary.NativeEndian.Uint64(b[i*stride+8:]))
 	}
 	return incs, counts, nil
 }

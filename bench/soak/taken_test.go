@@ -30,5 +30,6 @@ func TestTakenCounts(t *testing.T) {
 	_, _, err = readTaken(path, 3)
 	require.ErrorContains(t, err, "want 48")
 	_, err = openTaken(path, 3)
-	require.ErrorContains(t, err, "want 48 bytes")
+	require.ErrorContains(t, err, "32 bytes, want 48")
+	require.NotContains(t, err.Error(), "nil")
 }
