@@ -157,6 +157,9 @@ func TestNoEcho(t *testing.T) {
 // floor-block.
 func TestFloorEpoll(t *testing.T) { testWaitFloor(t, FloorEpoll) }
 
+// TestFloorLoop: floor-loop, the same on the engines' reactor.
+func TestFloorLoop(t *testing.T) { testWaitFloor(t, FloorLoop) }
+
 // TestFloorURing: floor-uring, the same through io_uring (where the kernel has it).
 func TestFloorURing(t *testing.T) {
 	if err := probeURing(); err != nil {
