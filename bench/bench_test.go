@@ -160,6 +160,9 @@ func TestFloorEpoll(t *testing.T) { testWaitFloor(t, FloorEpoll) }
 // TestFloorLoop: floor-loop, the same on the engines' reactor.
 func TestFloorLoop(t *testing.T) { testWaitFloor(t, FloorLoop) }
 
+// TestFloorNode: floor-node, the same as the engine's OOB frames through an oob.Node.
+func TestFloorNode(t *testing.T) { testWaitFloor(t, FloorNode) }
+
 // TestFloorURing: floor-uring, the same through io_uring (where the kernel has it).
 func TestFloorURing(t *testing.T) {
 	if err := probeURing(); err != nil {

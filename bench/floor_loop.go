@@ -233,15 +233,11 @@ func (c *loopClient) send(ctx context.Context, _ int, msg []byte) error {
 	if err != nil {
 		return err
 	}
-	timer := time.NewTimer(epollWait)
-	defer timer.Stop()
-	for !done() {
-		select {
-		case <-c.acked:
-		case <-timer.C:
-			return errDeadline
-		case <-ctx.Done():
-			return ctx.Err()
+	if !done() {
+		// ExecWait queued f (the loop was awake), or its wait ended first: the loop
+		// thread reads the answer.
+		if err := awaitSignal(ctx, c.acked, done); err != nil {
+			return err
 		}
 	}
 	if p := c.err.Load(); p != nil {
@@ -255,4 +251,21 @@ func (c *loopClient) close() {
 		_ = c.loop.Stop(context.Background()) // closes the connection it holds
 		c.loop = nil
 	}
+}
+
+// awaitSignal waits until done reports true, looking again at each signal on ch, at most
+// epollWait or until ctx ends.
+func awaitSignal(ctx context.Context, ch <-chan struct{}, done func() bool) error {
+	timer := time.NewTimer(epollWait)
+	defer timer.Stop()
+	for !done() {
+		select {
+		case <-ch:
+		case <-timer.C:
+			return errDeadline
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }

@@ -16,6 +16,7 @@ const (
 	FloorStream         = "floor-stream"     // pipelined TCP, window in flight, each message acked (burst only)
 	FloorEpoll          = "floor-epoll"      // floor-block's exchange with a reactor's waits (epoll, ExecWait's disarm) and no engine (latency)
 	FloorLoop           = "floor-loop"       // floor-epoll's exchange on the engines' reactor (fd handlers, ExecWait), no OOB node or engine (latency)
+	FloorNode           = "floor-node"       // floor-loop's exchange as the engine's OOB frames through an oob.Node, no notify engine (latency)
 	FloorURing          = "floor-uring"      // floor-block's exchange waited for as a reactor on io_uring would (SEND and RECV in one io_uring_enter), no engine (latency)
 	FloorVerbs          = "floor-verbs"      // RC SEND/RECV on ibv directly, completion events (latency, burst)
 	FloorVerbsSpin      = "floor-verbs-spin" // the same, busy-polling the CQ (latency, burst)
@@ -27,10 +28,10 @@ var Transports = []string{TransportRDMA, TransportOOB, TransportOOBClassic, Floo
 // AllTransports adds floor-epoll and floor-uring (what the reactor's waits cost, and
 // would cost on io_uring, with no engine) and the verbs floors (the device, bench
 // --provider verbs), asked for by name (or "all").
-var AllTransports = append(append([]string(nil), Transports...), FloorEpoll, FloorLoop, FloorURing, FloorVerbs, FloorVerbsSpin)
+var AllTransports = append(append([]string(nil), Transports...), FloorEpoll, FloorLoop, FloorNode, FloorURing, FloorVerbs, FloorVerbsSpin)
 
 func isFloor(t string) bool {
-	return t == FloorBlock || t == FloorSpin || t == FloorStream || t == FloorEpoll || t == FloorLoop || t == FloorURing || isVerbsFloor(t)
+	return t == FloorBlock || t == FloorSpin || t == FloorStream || t == FloorEpoll || t == FloorLoop || t == FloorNode || t == FloorURing || isVerbsFloor(t)
 }
 
 func isVerbsFloor(t string) bool { return t == FloorVerbs || t == FloorVerbsSpin }
@@ -63,6 +64,8 @@ func newNode(transport string, o nodeOpts, s *sink) (node, error) {
 		return newEpollFloorNode(o.host, s)
 	case FloorLoop:
 		return newLoopFloorNode(o.host, s)
+	case FloorNode:
+		return newOOBNode(o.host, s)
 	case FloorURing:
 		return newURingFloorNode(o.host, s)
 	case FloorVerbs, FloorVerbsSpin:
