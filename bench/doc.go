@@ -5,9 +5,11 @@
 // with persistent connections, oob-classic with one TCP connection per notify, as Mooncake's
 // classic notify does) and the floors, minimal TCP ping-pongs on locked OS threads
 // (floor-block: blocking reads, one kernel wake-up per message; floor-spin: non-blocking
-// reads in a spin loop; floor-epoll and floor-uring, asked for by name: floor-block's
-// exchange waited for as the reactor waits, epoll_wait and ExecWait's disarm, or through
-// io_uring, with no engine), HDR histograms
+// reads in a spin loop; floor-epoll, floor-loop, floor-node and floor-uring, asked for by
+// name: floor-block's exchange waited for as the reactor waits, epoll_wait and ExecWait's
+// disarm, with no engine; the same on the reactor itself; the same as the engine's OOB
+// frames through an oob.Node on it, with no notify engine; or through io_uring), HDR
+// histograms
 // of the latencies, CPU and wake-up accounting, the table, JSON and SVG outputs, and the
 // harness that puts the receiving side in a second process: a child (the binary
 // re-executes itself; control travels over the child's stdin and stdout) or a bench server
@@ -22,7 +24,8 @@
 //
 // It owns its own sockets (floors, classic client) and the engines it creates. It must not
 // reach into the engine's internals: it uses notify's public API only (New, SendNotify,
-// WithHandler, Stats, Close).
+// WithHandler, Stats, Close). floor-loop and floor-node build on the layers below the
+// engine (package reactor, package oob) through their own APIs, to measure each layer.
 //
 // Latency. In one process, one-way latency is measured on one monotonic clock, from the
 // start of SendNotify to the receiver's delivery (the handler, on the receiver's reactor

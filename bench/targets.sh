@@ -4,8 +4,9 @@
 # Each round runs, two processes, 64 B: latency in event mode (oob, floor-block and UCX's
 # ucp_am_lat over TCP; the oob round trip is a notify and the receiver's echo), the same
 # with --no-echo (a round trip is one notify and its ACK, as floor-block's is one message
-# and its ack: the like-for-like CPU per notify; floor-epoll beside them, the same exchange
-# waited for as the reactor waits, with no engine, and floor-uring, waited for through
+# and its ack: the like-for-like CPU per notify; beside them floor-epoll, the same exchange
+# waited for as the reactor waits, with no engine; floor-loop, on the reactor itself;
+# floor-node, as OOB frames through an oob.Node on it; and floor-uring, waited for through
 # io_uring), latency with --busy-poll 50us (oob,
 # floor-spin), a pipelined burst (window 256, 1 s, oob and UCX's ucp_am_bw) and, when the
 # verbs provider builds and softverbs is there (make softverbs), rdma_twosided against
@@ -35,7 +36,7 @@ bin=$OUT/twosided
 for r in $(seq 1 "$R"); do
 	echo "== round $r of $R ($(date +%T), load $(cut -d' ' -f1 /proc/loadavg))"
 	"$bin" bench --scenario latency --transport oob,floor-block -s 64 -n "$N" --keepalive-off --anchors ucx --json "$OUT/round-$r-ev.json"
-	"$bin" bench --scenario latency --transport oob,floor-block,floor-epoll,floor-uring -s 64 -n "$N" --keepalive-off --no-echo --json "$OUT/round-$r-ack.json"
+	"$bin" bench --scenario latency --transport oob,floor-block,floor-epoll,floor-loop,floor-node,floor-uring -s 64 -n "$N" --keepalive-off --no-echo --json "$OUT/round-$r-ack.json"
 	"$bin" bench --scenario latency --transport oob,floor-spin -s 64 -n "$N" --keepalive-off --busy-poll 50us --json "$OUT/round-$r-busy.json"
 	"$bin" bench --scenario burst --transport oob -s 64 --window 256 --repeat 1 --burst-time 1s --keepalive-off --anchors ucx --json "$OUT/round-$r-burst.json"
 	if [ -n "$rdma" ]; then

@@ -5,8 +5,8 @@
 //	go run ./bench/targets DIR
 //
 // DIR holds round-N-ev.json (latency, events: oob, floor-block, UCX ucp_am_lat),
-// round-N-ack.json (latency, events, --no-echo: oob, floor-block, floor-epoll and
-// floor-uring, each round trip one message and its acknowledgement), round-N-busy.json
+// round-N-ack.json (latency, events, --no-echo: oob, floor-block, floor-epoll, floor-loop,
+// floor-node and floor-uring, each round trip one message and its acknowledgement), round-N-busy.json
 // (latency, --busy-poll: oob, floor-spin), round-N-burst.json (burst, window 256: oob, UCX
 // ucp_am_bw) and, when the verbs provider ran, round-N-rdma.json (latency: rdma_twosided,
 // floor-verbs) and round-N-rdma-ack.json (the same with --no-echo), as twosided bench
@@ -92,6 +92,19 @@ var targets = []target{
 	{"oob p50 / floor-epoll (acked)", "ack", "×", 0, true, func(r *bench.Report) (float64, bool) {
 		a, okA := p50(find(r, "latency", "oob"))
 		b, okB := p50(find(r, "latency", bench.FloorEpoll))
+		return ratio(a, b, okA, okB)
+	}},
+	// The layers above the waits, one at a time: the same exchange on the engines' reactor
+	// (floor-loop: fd handlers, the turn, ExecWait), then as the engine's OOB frames through
+	// an oob.Node on it (floor-node); oob adds the notify engine on top.
+	{"floor-loop p50 / floor-block (acked)", "ack", "×", 0, true, func(r *bench.Report) (float64, bool) {
+		a, okA := p50(find(r, "latency", bench.FloorLoop))
+		b, okB := p50(find(r, "latency", "floor-block"))
+		return ratio(a, b, okA, okB)
+	}},
+	{"floor-node p50 / floor-block (acked)", "ack", "×", 0, true, func(r *bench.Report) (float64, bool) {
+		a, okA := p50(find(r, "latency", bench.FloorNode))
+		b, okB := p50(find(r, "latency", "floor-block"))
 		return ratio(a, b, okA, okB)
 	}},
 	// The same exchange waited for as a reactor on io_uring would wait (one io_uring_enter

@@ -30,7 +30,7 @@ func TestSummarize(t *testing.T) {
 	for r, oob := range []float64{20, 26, 30} { // over floor-block 20: 1.0, 1.3, 1.5
 		n := r + 1
 		writeReport(t, dir, n, "ev", lat("oob", oob, 90), lat("floor-block", 20, 50), lat(bench.TransportUCX, 10, 0))
-		writeReport(t, dir, n, "ack", lat("oob", oob*1.2, 70), lat("floor-block", 20, 50), lat(bench.FloorEpoll, 22, 55), lat(bench.FloorURing, 20.4, 45)) // 1.2, 1.56, 1.8; CPU 1.4
+		writeReport(t, dir, n, "ack", lat("oob", oob*1.2, 70), lat("floor-block", 20, 50), lat(bench.FloorEpoll, 22, 55), lat(bench.FloorLoop, 23, 56), lat(bench.FloorNode, 24, 58), lat(bench.FloorURing, 20.4, 45)) // 1.2, 1.56, 1.8; CPU 1.4
 		writeReport(t, dir, n, "busy", lat("oob", 15, 0), lat("floor-spin", 10, 0))
 		writeReport(t, dir, n, "burst",
 			&bench.Result{Scenario: "burst", Transport: "oob", OpsPerSec: 100},
@@ -58,6 +58,8 @@ func TestSummarize(t *testing.T) {
 	require.Contains(t, line("oob p50 / floor-block (acked"), "NOT met") // 1.56
 	require.True(t, strings.HasSuffix(line("CPU per notify, oob"), "1.40×    ≤1.5×  met"), line("CPU per notify, oob"))
 	require.True(t, strings.HasSuffix(line("floor-epoll p50 / floor-block"), "1.10×        -  for reference"), line("floor-epoll p50 / floor-block"))
+	require.True(t, strings.HasSuffix(line("floor-loop p50 / floor-block"), "1.15×        -  for reference"), line("floor-loop p50 / floor-block"))
+	require.True(t, strings.HasSuffix(line("floor-node p50 / floor-block"), "1.20×        -  for reference"), line("floor-node p50 / floor-block"))
 	require.True(t, strings.HasSuffix(line("floor-uring p50 / floor-block"), "1.02×        -  for reference"), line("floor-uring p50 / floor-block"))
 	require.True(t, strings.HasSuffix(line("CPU, floor-uring / floor-block"), "0.90×        -  for reference"), line("CPU, floor-uring / floor-block"))
 	// The echoed round trip's CPU (1.8×) is shown for reference: no bound, no verdict.
