@@ -256,7 +256,8 @@ type ReactorStats struct {
 	TimerEvents     uint64        // timers fired
 	SubmitEvents    uint64        // wake-ups by a submission
 	Submissions     uint64        // submitted funcs run
-	Borrowed        uint64        // turns run on a caller's thread while the loop slept (reactor.Loop.Exec, ExecWait, Pollrn)
+	Borrowed        uint64        // turns run on a caller's thread while the loop slept (reactor.Loop.Exec, ExecWait, Poll)
+	LeftToCaller    uint64        // loop wake-ups for its sockets while a caller held the turn, left to that caller
 	QueueFull       uint64        // submissions refused: queue full
 	SlowCallbacks   uint64        // callbacks over the slow threshold
 	LongestCallback time.Duration // longest single callback
@@ -267,7 +268,7 @@ func reactorStatsOf(s reactor.Stats) ReactorStats {
 	return ReactorStats{
 		Iterations: s.Iterations, Wakeups: s.Wakeups, Interrupts: s.Interrupts, BusyPolls: s.BusyPolls,
 		FdEvents: s.FdEvents, CQEvents: s.CQEvents, WCs: s.WCs, TimerEvents: s.TimerEvents,
-		SubmitEvents: s.SubmitEvents, Submissions: s.Submissions, Borrowed: s.Borrowed, QueueFull: s.QueueFull,
+		SubmitEvents: s.SubmitEvents, Submissions: s.Submissions, Borrowed: s.Borrowed, LeftToCaller: s.LeftToCaller, QueueFull: s.QueueFull,
 		SlowCallbacks: s.SlowCallbacks, LongestCallback: s.LongestCallback, Busy: s.Busy,
 	}
 }

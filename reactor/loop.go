@@ -101,6 +101,7 @@ type Stats struct {
 	SubmitEvents    uint64        // wake-ups through the submission eventfd
 	Submissions     uint64        // submitted funcs run (Exec's included)
 	Borrowed        uint64        // turns run on a caller's thread while the loop slept (Exec, ExecWait, Poll)
+	LeftToCaller    uint64        // loop wake-ups for its own set while a caller held the turn: left to the caller
 	QueueFull       uint64        // submissions refused with ErrQueueFull
 	SlowCallbacks   uint64        // callbacks over the WithSlowCallback threshold
 	LongestCallback time.Duration // longest single callback (handler, timer, func, CQ cycle)
@@ -111,7 +112,7 @@ type counters struct {
 	iterations, wakeups, interrupts, busyPolls      atomic.Uint64
 	fdEvents, cqEvents, wcs, timerEvents            atomic.Uint64
 	submitEvents, submissions, queueFull, slowCalls atomic.Uint64
-	borrowed                                        atomic.Uint64
+	borrowed, leftToCaller                          atomic.Uint64
 	longest, busy                                   atomic.Int64
 }
 
@@ -151,6 +152,10 @@ type Loop struct {
 	waitTurnAt atomic.Int64
 	holdMu     sync.Mutex // orders HoldSpin, ReleaseSpin and ExecWait's arming of the outer set
 	blinds     int        // callers watching the loop's set for it (blind); holdMu
+	// loopBlind: the loop disarmed its own set in the outer one for the caller holding the
+	// turn (waitOuter); given back by that caller's endBorrow or unblind, or by the loop
+	// once it holds the turn. Written under holdMu.
+	loopBlind atomic.Bool
 	// holdBlind: the spin holders' watch is taken (one blind for all of them, by the first
 	// Poll of a holder, given back by the last ReleaseSpin); written under holdMu.
 	holdBlind atomic.Bool
@@ -295,6 +300,7 @@ func (l *Loop) Stats() Stats {
 		SubmitEvents:    l.st.submitEvents.Load(),
 		Submissions:     l.st.submissions.Load(),
 		Borrowed:        l.st.borrowed.Load(),
+		LeftToCaller:    l.st.leftToCaller.Load(),
 		QueueFull:       l.st.queueFull.Load(),
 		SlowCallbacks:   l.st.slowCalls.Load(),
 		LongestCallback: time.Duration(l.st.longest.Load()),
@@ -383,19 +389,22 @@ func (l *Loop) wait() int {
 	}
 	var n int
 	var err error
+	haveTurn := false
 	if timeout != 0 && (l.cfg.busyPoll > 0 || l.waitedLately()) {
 		// Callers may poll or wait as the loop (Poll, ExecWait): block on the outer set,
 		// where such a caller disarms the loop's own set, then take the events from the latter.
-		var k int
-		if k, err = unix.EpollWait(l.outer, l.obuf[:], timeout); err == nil && k > 0 {
-			n, err = unix.EpollWait(l.epfd, l.events, 0)
-		}
+		n, haveTurn, err = l.waitOuter(timeout)
 	} else {
 		n, err = unix.EpollWait(l.epfd, l.events, timeout)
 	}
 	l.state.Store(awake)
-	if timeout != 0 {
+	if timeout != 0 && !haveTurn {
 		l.turn.Lock() // waits out a borrowed turn; the events got stay valid (fd generations)
+	}
+	if l.loopBlind.Load() {
+		l.holdMu.Lock()
+		l.giveBackLoopBlind() // the loop watches its own set again, through the outer one
+		l.holdMu.Unlock()
 	}
 	if l.cfg.busyPoll > 0 {
 		l.deferArm = true
@@ -412,6 +421,73 @@ func (l *Loop) wait() int {
 		l.st.wakeups.Add(1)
 	}
 	return n
+}
+
+// waitOuter blocks on the outer set for at most timeout ms (the loop's deadline,
+// sleepUntil), then takes the ready events of the loop's own set. haveTurn: it took the
+// turn (free when the loop's set became ready).
+//
+// When the loop's set becomes ready while a caller holds the turn (its answer came before
+// it disarmed the set for its wait, its thread having been preempted after its send; or
+// it runs an Exec or Poll turn), the loop leaves the events to it instead of waking for
+// the turn: it disarms its set in the outer one for the caller (loopBlind) and sleeps on.
+// Otherwise it would take the events, wait for the turn and, being awake, end a caller's
+// wait as the loop (ExecWait), which then hands its result over through its Waiter: two
+// more thread wake-ups. The turn's holder gives the disarm back when its turn ends
+// (endBorrow, unblind), so what it left in the set wakes the loop then.
+func (l *Loop) waitOuter(timeout int) (n int, haveTurn bool, err error) {
+	for {
+		var k int
+		if k, err = unix.EpollWait(l.outer, l.obuf[:], timeout); err != nil || k == 0 {
+			return 0, false, err
+		}
+		own := true // only the loop's own set is ready: not the eventfd (a submission, Stop)
+		for _, ev := range l.obuf[:k] {
+			if int(ev.Fd) != l.epfd {
+				own = false
+			}
+		}
+		if own {
+			l.holdMu.Lock()
+			if l.turn.TryLock() {
+				l.holdMu.Unlock()
+				haveTurn = true
+			} else {
+				if h := testHookLeaving.Load(); h != nil {
+					(*h)()
+				}
+				if !l.loopBlind.Load() {
+					l.loopBlind.Store(true)
+					l.blind(+1)
+				}
+				l.holdMu.Unlock()
+				l.st.leftToCaller.Add(1)
+				if timeout > 0 {
+					left := l.sleepUntil - l.mono()
+					if left <= 0 {
+						return 0, false, nil
+					}
+					timeout = timeoutMillis(left)
+				}
+				continue
+			}
+		}
+		n, err = unix.EpollWait(l.epfd, l.events, 0)
+		return n, haveTurn, err
+	}
+}
+
+// testHookLeaving, when set by a test, runs as the loop leaves its set to a turn's holder,
+// between finding the turn taken and disarming the set.
+var testHookLeaving atomic.Pointer[func()]
+
+// giveBackLoopBlind ends the loop's disarm of its own set for a caller (waitOuter), under
+// holdMu.
+func (l *Loop) giveBackLoopBlind() {
+	if l.loopBlind.Load() {
+		l.loopBlind.Store(false)
+		l.blind(-1)
+	}
 }
 
 // callerPolls reports whether a caller of this busy-polling loop spins now or spun within

@@ -151,7 +151,13 @@ func (l *Loop) endBorrow() {
 	late := l.q.ready() || len(l.kicks) > 0 || (len(l.timers) > 0 && l.timers[0].when < l.sleepUntil)
 	l.borrower.Store(0)
 	runtime.UnlockOSThread()
+	// The loop leaves its set to a turn's holder only under holdMu, having found the turn
+	// taken: giving that back and ending the turn under it too, no leaving can fall
+	// between them unseen (what this turn left in the loop's set then wakes the loop).
+	l.holdMu.Lock()
+	l.giveBackLoopBlind()
 	l.turn.Unlock()
+	l.holdMu.Unlock()
 	if late && l.state.Load() == asleep && l.state.CompareAndSwap(asleep, awake) {
 		l.wake()
 	}
@@ -219,9 +225,10 @@ func (l *Loop) borrowedBatch(ms int) (work, woken bool) {
 // flushed after each batch. Meanwhile the loop thread waits for its eventfd alone (the
 // loop's set is disarmed in the outer set once f's sends have left, so that no system call
 // stands between the caller and its send), so an answer wakes one thread, the caller's,
-// instead of the loop and then the caller; an answer faster than that disarm wakes the loop
-// too, which takes the turn over and handles it. A submission or Stop (the eventfd) ends
-// the wait: the loop takes over. When the turn is not free, f is queued as Submit would
+// instead of the loop and then the caller; an answer faster than that disarm (the caller's
+// thread preempted after its send) wakes the loop thread too, which finds the turn taken,
+// disarms the set itself and sleeps on, leaving the answer to the caller. A submission or
+// Stop (the eventfd) ends the wait: the loop takes over. When the turn is not free, f is queued as Submit would
 // (borrowed false, no wait). done is called in the turn.
 func (l *Loop) ExecWait(f func(), d time.Duration, done func() bool) (borrowed bool, err error) {
 	if f == nil {
@@ -235,7 +242,7 @@ func (l *Loop) ExecWait(f func(), d time.Duration, done func() bool) (borrowed b
 		defer l.endBorrow()
 		// f's sends leave first, then the loop's set is disarmed for the wait: the disarm's
 		// system call is not between the caller and its send. An answer that comes before
-		// it wakes the loop thread too, which then takes the turn over (waitBorrowed).
+		// it wakes the loop thread too, which leaves it to this turn (waitOuter).
 		if ran = l.runBorrowed(f); ran {
 			l.blindForWait()
 			defer l.unblind()
@@ -282,5 +289,6 @@ func (l *Loop) waitBorrowed(d time.Duration, done func() bool) bool {
 func (l *Loop) unblind() {
 	l.holdMu.Lock()
 	l.blind(-1)
+	l.giveBackLoopBlind() // one re-arm for both
 	l.holdMu.Unlock()
 }
