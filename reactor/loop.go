@@ -390,7 +390,7 @@ func (l *Loop) wait() int {
 	var n int
 	var err error
 	haveTurn := false
-	if timeout != 0 && (l.cfg.busyPoll > 0 || l.waitedLately()) {
+	if timeout != 0 && (l.cfg.busyPoll > 0 || l.waitedLately() || testOuterAlways.Load()) {
 		// Callers may poll or wait as the loop (Poll, ExecWait): block on the outer set,
 		// where such a caller disarms the loop's own set, then take the events from the latter.
 		n, haveTurn, err = l.waitOuter(timeout)
@@ -476,6 +476,10 @@ func (l *Loop) waitOuter(timeout int) (n int, haveTurn bool, err error) {
 		return n, haveTurn, err
 	}
 }
+
+// testOuterAlways, set by a test, makes every loop block on its outer set, as within
+// outerWindow of a caller's wait.
+var testOuterAlways atomic.Bool
 
 // testHookLeaving, when set by a test, runs as the loop leaves its set to a turn's holder,
 // between finding the turn taken and disarming the set.

@@ -228,8 +228,8 @@ func (l *Loop) borrowedBatch(ms int) (work, woken bool) {
 // instead of the loop and then the caller; an answer faster than that disarm (the caller's
 // thread preempted after its send) wakes the loop thread too, which finds the turn taken,
 // disarms the set itself and sleeps on, leaving the answer to the caller. A submission or
-// Stop (the eventfd) ends the wait: the loop takes over. When the turn is not free, f is queued as Submit would
-// (borrowed false, no wait). done is called in the turn.
+// Stop (the eventfd) ends the wait: the loop takes over. When the turn is not free, f is
+// queued as Submit would (borrowed false, no wait). done is called in the turn.
 func (l *Loop) ExecWait(f func(), d time.Duration, done func() bool) (borrowed bool, err error) {
 	if f == nil {
 		return false, fmt.Errorf("reactor: exec wait: f: must not be nil: %w", ErrInvalid)
