@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/twosided/twosided/reactor"
 	"golang.org/x/sys/unix"
 )
@@ -32,7 +33,7 @@ type loopNode struct {
 }
 
 func newLoopFloorNode(host string, s *sink) (*loopNode, error) {
-	loop, err := reactor.New()
+	loop, err := reactor.New(reactor.WithLogger(zerolog.Nop()))
 	if err != nil {
 		return nil, err
 	}
@@ -155,7 +156,7 @@ type loopClient struct {
 func (c *loopClient) lockThread() bool { return false } // as engine callers: ExecWait locks the turn
 
 func (c *loopClient) open() error {
-	loop, err := reactor.New()
+	loop, err := reactor.New(reactor.WithLogger(zerolog.Nop()))
 	if err != nil {
 		return err
 	}
