@@ -257,7 +257,7 @@ type ReactorStats struct {
 	SubmitEvents    uint64        // wake-ups by a submission
 	Submissions     uint64        // submitted funcs run
 	Borrowed        uint64        // turns run on a caller's thread while the loop slept (reactor.Loop.Exec, ExecWait, Poll)
-	LeftToCaller    uint64        // loop wake-ups for its sockets while a caller held the turn, left to that caller
+	LeftToCaller    uint64        // loop wake-ups for its fds while a caller held the turn, left to that caller
 	QueueFull       uint64        // submissions refused: queue full
 	SlowCallbacks   uint64        // callbacks over the slow threshold
 	LongestCallback time.Duration // longest single callback

@@ -6,9 +6,9 @@
 //
 // DIR holds round-N-ev.json (latency, events: oob, floor-block, UCX ucp_am_lat),
 // round-N-ack.json (latency, events, --no-echo: oob, floor-block, floor-epoll, floor-loop,
-// floor-node and floor-uring, each round trip one message and its acknowledgement), round-N-busy.json
-// (latency, --busy-poll: oob, floor-spin), round-N-burst.json (burst, window 256: oob, UCX
-// ucp_am_bw) and, when the verbs provider ran, round-N-rdma.json (latency: rdma_twosided,
+// floor-node and floor-uring, each round trip one message and its acknowledgement),
+// round-N-busy.json (latency, --busy-poll: oob, floor-spin), round-N-burst.json (burst,
+// window 256: oob, UCX ucp_am_bw) and, when the verbs provider ran, round-N-rdma.json (latency: rdma_twosided,
 // floor-verbs) and round-N-rdma-ack.json (the same with --no-echo), as twosided bench
 // --json writes them.
 package main
