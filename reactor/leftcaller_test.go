@@ -20,6 +20,24 @@ func onOuter(t *testing.T, l *Loop) {
 	sleeping(t, l)
 }
 
+// reader adds one end of a socket pair to the loop, with a handler that reads what comes
+// and signals it on handled; it returns the other end, to write to.
+func reader(t *testing.T, l *Loop) (peer int, handled <-chan struct{}) {
+	t.Helper()
+	a, b := socketpair(t)
+	t.Cleanup(func() { closeFd(b) })
+	ch := make(chan struct{}, 1)
+	onLoop(t, l, func() {
+		require.NoError(t, l.Add(a, Readable, func(Events) {
+			var buf [8]byte
+			if k, _ := unix.Read(a, buf[:]); k > 0 {
+				ch <- struct{}{}
+			}
+		}))
+	})
+	return b, ch
+}
+
 // leftToCaller waits, bounded, until the loop has left its set to a turn's holder n times.
 func leftToCaller(l *Loop, n uint64) bool {
 	deadline := time.Now().Add(waitBound)
@@ -81,17 +99,7 @@ func TestAnswerBeforeDisarmStaysWithCaller(t *testing.T) {
 // handles it.
 func TestLeftToExecTurnIsNotLost(t *testing.T) {
 	l := newLoop(t)
-	a, b := socketpair(t)
-	defer closeFd(b)
-	handled := make(chan struct{}, 1)
-	onLoop(t, l, func() {
-		require.NoError(t, l.Add(a, Readable, func(Events) {
-			var buf [8]byte
-			if k, _ := unix.Read(a, buf[:]); k > 0 {
-				handled <- struct{}{}
-			}
-		}))
-	})
+	b, handled := reader(t, l)
 	onOuter(t, l)
 	before := l.Stats()
 	var left bool
@@ -110,17 +118,7 @@ func TestLeftToExecTurnIsNotLost(t *testing.T) {
 // and handles what waited in its set.
 func TestLeftDisarmGivenBackByLoop(t *testing.T) {
 	l := newLoop(t)
-	a, b := socketpair(t)
-	defer closeFd(b)
-	handled := make(chan struct{}, 1)
-	onLoop(t, l, func() {
-		require.NoError(t, l.Add(a, Readable, func(Events) {
-			var buf [8]byte
-			if k, _ := unix.Read(a, buf[:]); k > 0 {
-				handled <- struct{}{}
-			}
-		}))
-	})
+	b, handled := reader(t, l)
 	onOuter(t, l)
 	// As if waitOuter had left the set to a holder that has gone: disarmed, no holder.
 	l.holdMu.Lock()
@@ -156,9 +154,9 @@ func TestLeftToCallerRace(t *testing.T) {
 	hook := func() { time.Sleep(100 * time.Microsecond) }
 	testHookLeaving.Store(&hook)
 	defer testHookLeaving.Store(nil)
-	rounds := 3000
+	rounds := 1000
 	if testing.Short() {
-		rounds = 500
+		rounds = 300
 	}
 	for i := 1; i <= rounds; i++ {
 		// The turn lasts 0-60 µs, so the loop's wake-up for the byte lands anywhere in it,
