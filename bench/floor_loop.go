@@ -224,22 +224,13 @@ func (c *loopClient) send(ctx context.Context, _ int, msg []byte) error {
 	c.sent++
 	want := c.sent
 	done := func() bool { return c.acks.Load() >= want || c.err.Load() != nil }
-	// f runs on this goroutine in a borrowed turn, or queued on the loop thread when the
-	// loop is awake; c.buf is not touched again before the ack.
-	_, err := c.loop.ExecWait(func() {
+	// c.buf is not touched again before the ack.
+	if err := execAndWait(ctx, c.loop, func() {
 		if err := writeAll(c.fd, c.buf, false); err != nil {
 			c.fail(err)
 		}
-	}, epollWait, done)
-	if err != nil {
+	}, done, c.acked); err != nil {
 		return err
-	}
-	if !done() {
-		// ExecWait queued f (the loop was awake), or its wait ended first: the loop
-		// thread reads the answer.
-		if err := awaitSignal(ctx, c.acked, done); err != nil {
-			return err
-		}
 	}
 	if p := c.err.Load(); p != nil {
 		return *p
@@ -254,9 +245,18 @@ func (c *loopClient) close() {
 	}
 }
 
-// awaitSignal waits until done reports true, looking again at each signal on ch, at most
-// epollWait or until ctx ends.
-func awaitSignal(ctx context.Context, ch <-chan struct{}, done func() bool) error {
+// execAndWait sends as SendNotify does: f in one ExecWait (on this goroutine in a borrowed
+// turn, or queued on the loop thread when the loop is awake), then the wait for done as the
+// loop. When the turn's wait did not see the answer (f was queued, or the wait ended
+// first), the loop thread reads it and signals ch; that wait is bounded by epollWait and
+// ctx. No timer is made when the answer came in the turn.
+func execAndWait(ctx context.Context, loop *reactor.Loop, f func(), done func() bool, ch <-chan struct{}) error {
+	if _, err := loop.ExecWait(f, epollWait, done); err != nil {
+		return err
+	}
+	if done() {
+		return nil
+	}
 	timer := time.NewTimer(epollWait)
 	defer timer.Stop()
 	for !done() {

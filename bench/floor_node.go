@@ -105,20 +105,12 @@ func (c *oobNodeClient) send(ctx context.Context, _ int, msg []byte) error {
 	want := c.sent
 	c.req = oob.NotifyRequest{Name: benchName, Msg: msg, From: c.n.node.Addr(), Session: 1, Epoch: 1, Seq: want}
 	done := func() bool { return c.replies.Load() >= want }
-	_, err := c.n.loop.ExecWait(func() {
+	if err := execAndWait(ctx, c.n.loop, func() {
 		if err := c.n.node.NotifyOnLoop(c.peer, &c.req, epollWait, c.doneFn); err != nil {
 			c.doneFn(err)
 		}
-	}, epollWait, done)
-	if err != nil {
+	}, done, c.replied); err != nil {
 		return err
-	}
-	if !done() {
-		// ExecWait queued f (the loop was awake), or its wait ended first: the loop
-		// thread reads the answer.
-		if err := awaitSignal(ctx, c.replied, done); err != nil {
-			return err
-		}
 	}
 	if p := c.err.Swap(nil); p != nil {
 		return *p
