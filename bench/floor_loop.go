@@ -65,7 +65,7 @@ func (n *loopNode) acceptLoop() {
 			continue
 		}
 		if err := n.loop.SubmitWait(context.Background(), func() {
-			if err := n.loop.Add(fd, reactor.Readable, c.onReadable); err != nil {
+			if err := n.loop.AddDrained(fd, reactor.Readable, c.onReadable); err != nil {
 				_ = unix.Close(fd)
 			}
 		}); err != nil {
@@ -105,15 +105,30 @@ type loopConn struct {
 	have int
 }
 
+// onReadable reads until a short read (the handler drains: AddDrained).
 func (c *loopConn) onReadable(reactor.Events) {
-	m, err := unix.Read(c.fd, c.buf[c.have:])
-	if err == unix.EAGAIN || err == unix.EINTR {
-		return
+	for {
+		space := len(c.buf) - c.have
+		m, err := unix.Read(c.fd, c.buf[c.have:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			return
+		}
+		if err != nil || m == 0 {
+			c.drop() // closed by the peer
+			return
+		}
+		if !c.consume(m) || m < space {
+			return
+		}
 	}
-	if err != nil || m == 0 {
-		c.drop() // closed by the peer
-		return
-	}
+}
+
+// consume takes m more bytes read into buf: every whole message is delivered and acked;
+// false when the connection was dropped.
+func (c *loopConn) consume(m int) bool {
 	c.have += m
 	off := 0
 	ack := [1]byte{1}
@@ -121,7 +136,7 @@ func (c *loopConn) onReadable(reactor.Events) {
 		size := int(binary.LittleEndian.Uint32(c.buf[off:]))
 		if floorHdr+size > len(c.buf) {
 			c.drop() // no bench message is this large: not a floor-loop client
-			return
+			return false
 		}
 		if c.have-off < floorHdr+size {
 			break
@@ -129,11 +144,12 @@ func (c *loopConn) onReadable(reactor.Events) {
 		c.sink.deliver(c.buf[off+floorHdr : off+floorHdr+size])
 		if writeAll(c.fd, ack[:], false) != nil {
 			c.drop()
-			return
+			return false
 		}
 		off += floorHdr + size
 	}
 	c.have = copy(c.buf, c.buf[off:c.have])
+	return true
 }
 
 // drop closes the connection (on the loop).
@@ -172,7 +188,7 @@ func (c *loopClient) open() error {
 	}
 	c.loop, c.fd, c.acked = loop, fd, make(chan struct{}, 1)
 	added := make(chan error, 1)
-	if err := loop.SubmitWait(context.Background(), func() { added <- loop.Add(fd, reactor.Readable, c.onReadable) }); err != nil {
+	if err := loop.SubmitWait(context.Background(), func() { added <- loop.AddDrained(fd, reactor.Readable, c.onReadable) }); err != nil {
 		_ = unix.Close(fd)
 		return err
 	}
@@ -183,23 +199,31 @@ func (c *loopClient) open() error {
 	return nil
 }
 
+// onReadable reads acks until a short read (the handler drains: AddDrained).
 func (c *loopClient) onReadable(reactor.Events) {
-	var b [64]byte
-	m, err := unix.Read(c.fd, b[:])
-	switch {
-	case err == unix.EAGAIN || err == unix.EINTR:
-		return
-	case err != nil:
-		c.fail(err)
-		return
-	case m == 0:
-		c.fail(errEOF)
-		return
-	}
-	c.acks.Add(uint64(m))
-	select {
-	case c.acked <- struct{}{}:
-	default:
+	for {
+		var b [64]byte
+		m, err := unix.Read(c.fd, b[:])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return
+		case err != nil:
+			c.fail(err)
+			return
+		case m == 0:
+			c.fail(errEOF)
+			return
+		}
+		c.acks.Add(uint64(m))
+		select {
+		case c.acked <- struct{}{}:
+		default:
+		}
+		if m < len(b) {
+			return
+		}
 	}
 }
 

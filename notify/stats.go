@@ -258,6 +258,7 @@ type ReactorStats struct {
 	Submissions     uint64        // submitted funcs run
 	Borrowed        uint64        // turns run on a caller's thread while the loop slept (reactor.Loop.Exec, ExecWait, Poll)
 	LeftToCaller    uint64        // loop wake-ups for its fds while a caller held the turn, left to that caller
+	TakenOver       uint64        // of those, ones the waiting caller could not see: its wait was ended
 	QueueFull       uint64        // submissions refused: queue full
 	SlowCallbacks   uint64        // callbacks over the slow threshold
 	LongestCallback time.Duration // longest single callback
@@ -268,7 +269,7 @@ func reactorStatsOf(s reactor.Stats) ReactorStats {
 	return ReactorStats{
 		Iterations: s.Iterations, Wakeups: s.Wakeups, Interrupts: s.Interrupts, BusyPolls: s.BusyPolls,
 		FdEvents: s.FdEvents, CQEvents: s.CQEvents, WCs: s.WCs, TimerEvents: s.TimerEvents,
-		SubmitEvents: s.SubmitEvents, Submissions: s.Submissions, Borrowed: s.Borrowed, LeftToCaller: s.LeftToCaller, QueueFull: s.QueueFull,
+		SubmitEvents: s.SubmitEvents, Submissions: s.Submissions, Borrowed: s.Borrowed, LeftToCaller: s.LeftToCaller, TakenOver: s.TakenOver, QueueFull: s.QueueFull,
 		SlowCallbacks: s.SlowCallbacks, LongestCallback: s.LongestCallback, Busy: s.Busy,
 	}
 }

@@ -628,7 +628,7 @@ func (n *Node) dial(ps *peerState, kind connKind) (*conn, error) {
 	}
 	c := n.newConn(fd, kind, ps)
 	c.state = stateConnecting
-	if err := n.loop.Add(fd, reactor.Writable, c.onEvent); err != nil {
+	if err := n.loop.AddDrained(fd, reactor.Writable, c.onEvent); err != nil {
 		_ = unix.Close(fd)
 		n.st.dialFailed.Add(1)
 		return nil, errorOf([]error{ErrPeerUnreachable, ErrNotSent}, "%s: register: %w", ps.addr, err)

@@ -71,6 +71,8 @@ type conn struct {
 	queue   []*call
 	one     *call // classic: the only request
 	kaID    uint64
+
+	again func() // readMore's, made once
 }
 
 func (n *Node) newConn(fd int, kind connKind, ps *peerState) *conn {
@@ -136,6 +138,28 @@ func (c *conn) onReadable() {
 		if c.state == stateClosed || k < len(n.scratch) {
 			return
 		}
+	}
+	c.readMore()
+}
+
+// readMore goes on reading in a func of its own after onReadable's 16 full reads, so that
+// other connections' events of the turn come first and no readiness is left behind: the
+// connection's fd is registered as draining (reactor.Loop.AddDrained), whose events may
+// wake a caller waiting as the loop alone, and that caller's turn may end right after this
+// one. With the queue full, registering the fd again queues its readiness again.
+func (c *conn) readMore() {
+	if c.again == nil {
+		c.again = func() { c.onEvent(reactor.Readable) }
+	}
+	if c.n.loop.Submit(c.again) == nil {
+		return
+	}
+	ev := reactor.Readable
+	if c.writing {
+		ev |= reactor.Writable
+	}
+	if err := c.n.loop.Modify(c.fd, ev); err != nil {
+		c.ioFailed("epoll modify", err)
 	}
 }
 

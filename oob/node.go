@@ -367,7 +367,7 @@ func (n *Node) onAccept(ev reactor.Events) {
 		c := n.newConn(fd, connServer, nil)
 		c.remote = sockaddrAddr(sa)
 		c.state = stateOpen
-		if err := n.loop.Add(fd, reactor.Readable, c.onEvent); err != nil {
+		if err := n.loop.AddDrained(fd, reactor.Readable, c.onEvent); err != nil {
 			_ = unix.Close(fd)
 			n.log.Warn().Err(err).Msg("oob: register accepted connection")
 			continue

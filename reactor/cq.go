@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/twosided/twosided/ibv"
-	"golang.org/x/sys/unix"
 )
 
 // CQHandler consumes the completions of a watched CQ, on the loop goroutine.
@@ -96,7 +95,8 @@ func (l *Loop) WatchCQ(cq ibv.CQ, h CQHandler) (*CQWatch, error) {
 			return nil, fmt.Errorf("reactor: watch cq: channel fd %d: %w", fd, ErrRegistered)
 		}
 		cw = &chanWatch{ch: ch, fd: fd}
-		if err := l.register(fd, Readable, &fdEntry{kind: kindChannel, cw: cw}); err != nil {
+		// drainChannel takes every event (GetEvent until ErrWouldBlock): a draining handler.
+		if err := l.register(fd, Readable, &fdEntry{kind: kindChannel, cw: cw, drained: true}); err != nil {
 			return nil, fmt.Errorf("reactor: watch cq: %w", err)
 		}
 		l.chans[fd] = cw
@@ -170,11 +170,12 @@ func removeWatch(s []*CQWatch, w *CQWatch) []*CQWatch {
 
 func (l *Loop) unregisterChannel(cw *chanWatch) error {
 	delete(l.chans, cw.fd)
+	e := l.fds[cw.fd]
 	delete(l.fds, cw.fd)
-	if cw.failed {
+	if cw.failed || e == nil {
 		return nil
 	}
-	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, cw.fd, nil); err != nil {
+	if err := l.disarm(cw.fd, e); err != nil {
 		return fmt.Errorf("reactor: epoll_ctl del channel fd %d: %w", cw.fd, err)
 	}
 	return nil
@@ -247,7 +248,10 @@ func (l *Loop) drainChannel(cw *chanWatch) {
 // it would stay readable forever) and tells its CQs.
 func (l *Loop) channelFailed(cw *chanWatch, err error) {
 	cw.failed = true
-	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, cw.fd, nil)
+	if e := l.fds[cw.fd]; e != nil && !e.lost {
+		_ = l.disarm(cw.fd, e)
+		e.lost = true // out of both sets: unregisterChannel has nothing left to take out
+	}
 	err = fmt.Errorf("reactor: channel fd %d: get event: %w", cw.fd, err)
 	for _, w := range cw.cqs {
 		w.report(err)

@@ -303,7 +303,7 @@ func watchedPair(t *testing.T, l *Loop) (peer int, handledOn *atomic.Int64, got 
 	handledOn, got = new(atomic.Int64), make(chan struct{}, 4)
 	var addErr error // asserted here: the callback runs on the loop goroutine
 	onLoop(t, l, func() {
-		addErr = l.Add(fds[0], Readable, func(Events) {
+		addErr = l.AddDrained(fds[0], Readable, func(Events) {
 			var b [8]byte
 			if k, _ := unix.Read(fds[0], b[:]); k <= 0 {
 				return // an event another turn already took, or the peer's close

@@ -28,7 +28,7 @@ func reader(t *testing.T, l *Loop) (peer int, handled <-chan struct{}) {
 	t.Cleanup(func() { closeFd(b) })
 	ch := make(chan struct{}, 1)
 	onLoop(t, l, func() {
-		require.NoError(t, l.Add(a, Readable, func(Events) {
+		require.NoError(t, l.AddDrained(a, Readable, func(Events) {
 			var buf [8]byte
 			if k, _ := unix.Read(a, buf[:]); k > 0 {
 				ch <- struct{}{}
@@ -62,7 +62,7 @@ func TestAnswerBeforeDisarmStaysWithCaller(t *testing.T) {
 	got := 0
 	var gotOn int64
 	onLoop(t, l, func() {
-		require.NoError(t, l.Add(a, Readable, func(Events) {
+		require.NoError(t, l.AddDrained(a, Readable, func(Events) {
 			var buf [8]byte
 			if k, _ := unix.Read(a, buf[:]); k > 0 {
 				got += k
@@ -141,7 +141,7 @@ func TestLeftToCallerRace(t *testing.T) {
 	defer closeFd(b)
 	var handled atomic.Int64
 	onLoop(t, l, func() {
-		require.NoError(t, l.Add(a, Readable, func(Events) {
+		require.NoError(t, l.AddDrained(a, Readable, func(Events) {
 			var buf [64]byte
 			if k, _ := unix.Read(a, buf[:]); k > 0 {
 				handled.Add(int64(k))

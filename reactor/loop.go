@@ -102,6 +102,7 @@ type Stats struct {
 	Submissions     uint64        // submitted funcs run (Exec's included)
 	Borrowed        uint64        // turns run on a caller's thread while the loop slept (Exec, ExecWait, Poll)
 	LeftToCaller    uint64        // loop wake-ups for its own set while a caller held the turn: left to the caller
+	TakenOver       uint64        // of those, ones the caller could not see (an fd outside the callers' set): its wait ended
 	QueueFull       uint64        // submissions refused with ErrQueueFull
 	SlowCallbacks   uint64        // callbacks over the WithSlowCallback threshold
 	LongestCallback time.Duration // longest single callback (handler, timer, func, CQ cycle)
@@ -112,7 +113,7 @@ type counters struct {
 	iterations, wakeups, interrupts, busyPolls      atomic.Uint64
 	fdEvents, cqEvents, wcs, timerEvents            atomic.Uint64
 	submitEvents, submissions, queueFull, slowCalls atomic.Uint64
-	borrowed, leftToCaller                          atomic.Uint64
+	borrowed, leftToCaller, takenOver               atomic.Uint64
 	longest, busy                                   atomic.Int64
 }
 
@@ -133,8 +134,13 @@ type Loop struct {
 	// epfd. Such a caller disarms epfd there, so that the kernel does not wake the loop for
 	// its events. Otherwise the loop blocks on epfd itself (one epoll_wait per wake-up).
 	outer int // -1 once closed (under holdMu)
-	base  time.Time
-	done  chan struct{}
+	// callers is the set an ExecWait caller blocks on: the wake-up eventfd and every fd whose
+	// handler drains (AddDrained, completion channels), each added there before the loop's
+	// set and exclusively, so that its events wake the waiting caller alone (see "Callers'
+	// set" in the package doc).
+	callers int
+	base    time.Time
+	done    chan struct{}
 
 	// Shared with other goroutines.
 	q       *ring
@@ -159,6 +165,9 @@ type Loop struct {
 	// holdBlind: the spin holders' watch is taken (one blind for all of them, by the first
 	// Poll of a holder, given back by the last ReleaseSpin); written under holdMu.
 	holdBlind atomic.Bool
+	// onCallers: the turn's holder is an ExecWait that waits on the callers' set (it sees
+	// only the fds there); set and cleared by that holder, read by the loop in waitOuter.
+	onCallers atomic.Bool
 	// turn is the right to run loop work: the loop goroutine holds it except while it blocks
 	// in epoll_wait, when Exec may borrow it (TryLock only: a borrower never waits for it).
 	turn     sync.Mutex
@@ -169,6 +178,7 @@ type Loop struct {
 
 	// Loop only.
 	fds      map[int]*fdEntry
+	unpaired int // draining fds in the loop's set alone (arm): ExecWait disarms instead
 	gen      uint32
 	events   []unix.EpollEvent
 	pevents  []unix.EpollEvent // Poll's: the loop thread may be filling events meanwhile
@@ -202,6 +212,9 @@ type fdEntry struct {
 	ev   Events
 	h    Handler
 	cw   *chanWatch
+	// drained: the handler drains (AddDrained, a completion channel); paired: the fd is in
+	// the callers' set too; lost: a failed Modify left it in neither set.
+	drained, paired, lost bool
 }
 
 // New creates a loop and starts its goroutine (locked to its OS thread) immediately.
@@ -224,14 +237,21 @@ func New(opts ...Option) (*Loop, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reactor: epoll_create1: %w", err)
 	}
+	callers, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		_ = unix.Close(epfd)
+		return nil, fmt.Errorf("reactor: epoll_create1: %w", err)
+	}
 	wfd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 	if err != nil {
 		_ = unix.Close(epfd)
+		_ = unix.Close(callers)
 		return nil, fmt.Errorf("reactor: eventfd: %w", err)
 	}
 	l := &Loop{
 		cfg:     cfg,
 		epfd:    epfd,
+		callers: callers,
 		wfd:     wfd,
 		base:    time.Now(),
 		done:    make(chan struct{}),
@@ -248,15 +268,25 @@ func New(opts ...Option) (*Loop, error) {
 		l.log = zerolog.New(os.Stderr).With().Timestamp().Logger()
 	}
 	l.deferArm = cfg.busyPoll > 0
-	if err := l.register(wfd, Readable, &fdEntry{kind: kindWake}); err != nil {
-		_ = unix.Close(wfd)
-		_ = unix.Close(epfd)
-		return nil, err
+	// The eventfd wakes a caller waiting in the callers' set as well as the loop: a
+	// submission or Stop ends that wait (the loop takes over). Marked seen in the loop's set.
+	we := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wfd)}
+	err = unix.EpollCtl(callers, unix.EPOLL_CTL_ADD, wfd, &we)
+	if err == nil {
+		l.gen = 1
+		l.fds[wfd] = &fdEntry{kind: kindWake, gen: 1, ev: Readable}
+		gen := l.gen | seenBit
+		we.Pad = int32(gen)
+		err = unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wfd, &we)
 	}
-	if l.outer, err = newOuterSet(wfd, epfd); err != nil {
+	if err == nil {
+		l.outer, err = newOuterSet(wfd, epfd)
+	}
+	if err != nil {
 		_ = unix.Close(wfd)
 		_ = unix.Close(epfd)
-		return nil, err
+		_ = unix.Close(callers)
+		return nil, fmt.Errorf("reactor: set up the wake-up eventfd: %w", err)
 	}
 	go l.run()
 	return l, nil
@@ -301,6 +331,7 @@ func (l *Loop) Stats() Stats {
 		Submissions:     l.st.submissions.Load(),
 		Borrowed:        l.st.borrowed.Load(),
 		LeftToCaller:    l.st.leftToCaller.Load(),
+		TakenOver:       l.st.takenOver.Load(),
 		QueueFull:       l.st.queueFull.Load(),
 		SlowCallbacks:   l.st.slowCalls.Load(),
 		LongestCallback: time.Duration(l.st.longest.Load()),
@@ -428,13 +459,14 @@ func (l *Loop) wait() int {
 // turn (free when the loop's set became ready).
 //
 // When the loop's set becomes ready while a caller holds the turn (its answer came before
-// it disarmed the set for its wait, its thread having been preempted after its send; or
-// it runs an Exec or Poll turn), the loop leaves the events to it instead of waking for
-// the turn: it disarms its set in the outer one for the caller (loopBlind) and sleeps on.
-// Otherwise it would take the events, wait for the turn and, being awake, end a caller's
-// wait as the loop (ExecWait), which then hands its result over through its Waiter: two
-// more thread wake-ups. The turn's holder gives the disarm back when its turn ends
-// (endBorrow, unblind), so what it left in the set wakes the loop then.
+// it waited, its thread being still in its send; or it runs an Exec or Poll turn), the loop
+// leaves the events to it instead of waking for the turn: it disarms its set in the outer
+// one for the caller (loopBlind) and sleeps on. Otherwise it would wait for the turn and,
+// being awake, end a caller's wait as the loop (ExecWait), which then hands its result over
+// through its Waiter: two more thread wake-ups. The turn's holder gives the disarm back
+// when its turn ends (endBorrow, unblind), so what it left in the set wakes the loop then.
+// A caller waiting on the callers' set sees only the fds in it: an event of another fd is
+// not left to it; the loop ends its wait (the eventfd) and takes the turn.
 func (l *Loop) waitOuter(timeout int) (n int, haveTurn bool, err error) {
 	for {
 		var k int
@@ -447,34 +479,52 @@ func (l *Loop) waitOuter(timeout int) (n int, haveTurn bool, err error) {
 				own = false
 			}
 		}
-		if own {
+		// The events go into the loop thread's own buffer; they stay valid through a turn
+		// borrowed meanwhile (fd generations).
+		if n, err = unix.EpollWait(l.epfd, l.events, 0); err != nil || !own {
+			return n, false, err
+		}
+		if n > 0 {
 			l.holdMu.Lock()
 			if l.turn.TryLock() {
 				l.holdMu.Unlock()
-				haveTurn = true
-			} else {
-				if h := testHookLeaving.Load(); h != nil {
-					(*h)()
-				}
-				if !l.loopBlind.Load() {
-					l.loopBlind.Store(true)
-					l.blind(+1)
-				}
-				l.holdMu.Unlock()
-				l.st.leftToCaller.Add(1)
-				if timeout > 0 {
-					left := l.sleepUntil - l.mono()
-					if left <= 0 {
-						return 0, false, nil
-					}
-					timeout = timeoutMillis(left)
-				}
-				continue
+				return n, true, nil
 			}
+			if l.onCallers.Load() && !callersSee(l.events[:n]) {
+				l.holdMu.Unlock()
+				l.st.takenOver.Add(1)
+				l.wake() // the eventfd is in the callers' set
+				return n, false, nil
+			}
+			if h := testHookLeaving.Load(); h != nil {
+				(*h)()
+			}
+			if !l.loopBlind.Load() {
+				l.loopBlind.Store(true)
+				l.blind(+1)
+			}
+			l.holdMu.Unlock()
+			l.st.leftToCaller.Add(1)
 		}
-		n, err = unix.EpollWait(l.epfd, l.events, 0)
-		return n, haveTurn, err
+		// Left to the turn's holder, or already taken by it: sleep on, to the deadline.
+		if timeout > 0 {
+			left := l.sleepUntil - l.mono()
+			if left <= 0 {
+				return 0, false, nil
+			}
+			timeout = timeoutMillis(left)
+		}
 	}
+}
+
+// callersSee reports whether every event is of an fd in the callers' set.
+func callersSee(evs []unix.EpollEvent) bool {
+	for i := range evs {
+		if uint32(evs[i].Pad)&seenBit == 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // testOuterAlways, set by a test, makes every loop block on its outer set, as within
@@ -625,7 +675,7 @@ func (l *Loop) dispatch(evs []unix.EpollEvent, borrowed bool) (woken, handled bo
 	for i := range evs {
 		ev := &evs[i]
 		e := l.fds[int(ev.Fd)]
-		if e == nil || e.gen != uint32(ev.Pad) {
+		if e == nil || e.gen != uint32(ev.Pad)&genMask {
 			continue // removed (or replaced) by an earlier callback of this batch
 		}
 		switch e.kind {
@@ -718,6 +768,7 @@ func (l *Loop) shutdown() {
 	l.outer = -1
 	l.holdMu.Unlock()
 	_ = unix.Close(l.epfd)
+	_ = unix.Close(l.callers)
 	l.fds, l.chans, l.watches, l.timers = nil, nil, nil, nil
 	l.gid.Store(0)
 	close(l.done)

@@ -183,16 +183,16 @@ func (l *Loop) Poll() bool {
 	}
 	defer l.endBorrow()
 	l.watchForHolders()
-	work, _ := l.borrowedBatch(0)
+	work, _ := l.borrowedBatch(l.epfd, 0)
 	return work
 }
 
-// borrowedBatch is one batch of a borrowed turn: epoll_wait on the loop's set for at most
-// ms (0: no wait), the events (the eventfd left to the loop), the queue, due timers, CQ
+// borrowedBatch is one batch of a borrowed turn: epoll_wait on set (the loop's, or the
+// callers' set for ExecWait) for at most ms (0: no wait), the events (the eventfd left to the loop), the queue, due timers, CQ
 // cycles, doorbells. It reports whether it handled anything, and woken: the eventfd was
 // ready, so the loop thread is awake (or waking) for a submission or Stop.
-func (l *Loop) borrowedBatch(ms int) (work, woken bool) {
-	n, err := unix.EpollWait(l.epfd, l.pevents, ms)
+func (l *Loop) borrowedBatch(set, ms int) (work, woken bool) {
+	n, err := unix.EpollWait(set, l.pevents, ms)
 	if ms != 0 {
 		l.st.wakeups.Add(1)
 	}
@@ -220,14 +220,18 @@ func (l *Loop) borrowedBatch(ms int) (work, woken bool) {
 
 // ExecWait is Exec and then, when f ran in a borrowed turn, a wait in that same turn, as the
 // loop, until done reports true or d passed: one borrow for a send and the wait for its
-// answer. The calling goroutine blocks in the loop's epoll set; every fd, completion
-// channel, timer and submission it finds is handled on its thread, with the loop's doorbells
-// flushed after each batch. Meanwhile the loop thread waits for its eventfd alone (the
-// loop's set is disarmed in the outer set once f's sends have left, so that no system call
-// stands between the caller and its send), so an answer wakes one thread, the caller's,
-// instead of the loop and then the caller; an answer faster than that disarm (the caller's
-// thread preempted after its send) wakes the loop thread too, which finds the turn taken,
-// disarms the set itself and sleeps on, leaving the answer to the caller. A submission or
+// answer. Every fd, completion channel, timer and submission the wait finds is handled on
+// the caller's thread, with the loop's doorbells flushed after each batch. The caller waits
+// in the callers' set (the wake-up eventfd and the draining fds: AddDrained, completion
+// channels), which the kernel wakes ahead of the loop's own set and instead of it: an
+// answer wakes one thread, the caller's, with no system call to set the wait up. An answer
+// faster than the wait's start (the caller's thread still in its send) wakes the loop
+// thread, which finds the turn taken, disarms its set in the outer one and sleeps on,
+// leaving the answer to the caller; an event of an fd outside the callers' set (Add) is
+// taken over: the loop ends the wait through the eventfd and handles it once the turn is
+// back. With a draining fd the kernel would not add there (the soft provider's epoll-fd
+// channels), the caller waits in the loop's own set instead, disarmed in the outer set once
+// f's sends have left (no system call between the caller and its send). A submission or
 // Stop (the eventfd) ends the wait: the loop takes over. When the turn is not free, f is
 // queued as Submit would (borrowed false, no wait). done is called in the turn.
 func (l *Loop) ExecWait(f func(), d time.Duration, done func() bool) (borrowed bool, err error) {
@@ -240,14 +244,27 @@ func (l *Loop) ExecWait(f func(), d time.Duration, done func() bool) (borrowed b
 	ran := false
 	func() {
 		defer l.endBorrow()
-		// f's sends leave first, then the loop's set is disarmed for the wait: the disarm's
-		// system call is not between the caller and its send. An answer that comes before
-		// it wakes the loop thread too, which leaves it to this turn (waitOuter).
-		if ran = l.runBorrowed(f); ran {
-			l.blindForWait()
-			defer l.unblind()
-			l.waitBorrowed(d, done)
+		// With every draining fd in the callers' set, the caller waits there: the kernel
+		// wakes it alone for those fds, and nothing is set up for the wait. Marked before f,
+		// so that the loop, should an answer wake it before this wait begins, leaves the
+		// answer to this turn (waitOuter) but never an event the callers' set does not see.
+		l.onCallers.Store(l.unpaired == 0)
+		defer l.onCallers.Store(false)
+		if ran = l.runBorrowed(f); !ran {
+			return
 		}
+		l.waitTurnAt.Store(max(l.now.Load(), 1))
+		if l.unpaired == 0 {
+			l.waitBorrowed(l.callers, d, done)
+			return
+		}
+		// A draining fd outside the callers' set (the soft provider's channels): the loop's
+		// set is disarmed for the wait, f's sends having left first (no system call between
+		// the caller and its send), and the caller waits in the loop's own set.
+		l.onCallers.Store(false)
+		l.blindForWait()
+		defer l.unblind()
+		l.waitBorrowed(l.epfd, d, done)
 	}()
 	if !ran {
 		return false, l.trySubmit(f) // behind what was queued before it (runBorrowed)
@@ -263,9 +280,9 @@ func (l *Loop) blindForWait() {
 	l.holdMu.Unlock()
 }
 
-// waitBorrowed is ExecWait's wait, in a borrowed turn with the loop's set disarmed: it
-// reports done's last answer.
-func (l *Loop) waitBorrowed(d time.Duration, done func() bool) bool {
+// waitBorrowed is ExecWait's wait on set (the callers' set, or the loop's own set disarmed
+// in the outer one), in a borrowed turn: it reports done's last answer.
+func (l *Loop) waitBorrowed(set int, d time.Duration, done func() bool) bool {
 	end := l.mono() + int64(d)
 	for !done() {
 		now := l.mono()
@@ -278,7 +295,7 @@ func (l *Loop) waitBorrowed(d time.Duration, done func() bool) bool {
 		if len(l.timers) > 0 {
 			ms = min(ms, timeoutMillis(l.timers[0].when-now))
 		}
-		if _, woken := l.borrowedBatch(ms); woken {
+		if _, woken := l.borrowedBatch(set, ms); woken {
 			break // a submission or Stop: the loop thread is awake for it
 		}
 	}
