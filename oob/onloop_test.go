@@ -125,3 +125,66 @@ func TestNotifyOnLoopReusesCalls(t *testing.T) {
 	submit(func() { free <- a.freeCalls.Len() })
 	require.Greater(t, <-free, 0, "calls came back to the free list")
 }
+
+// TestReaderGoesOnAfterItsReadCap: a connection's reader stops after 16 reads of its buffer
+// and goes on in a func of its own, so that no readiness is left behind: its fd is
+// registered as draining, and a burst that woke a caller waiting as the loop (in the
+// callers' set, which the loop's own set never hears of) would otherwise stay in the socket
+// once that caller's turn ended. Here the buffer is 16 bytes, the burst 20 notifies in one
+// write, and the caller's wait ends with the first notify.
+func TestReaderGoesOnAfterItsReadCap(t *testing.T) {
+	la, lb := newLoop(t), newLoop(t)
+	a := listen(t, la, newHandler(), Config{})
+	hb := newHandler()
+	b := listen(t, lb, hb, Config{})
+	require.NoError(t, a.Notify(bg(t), b.Addr(), &NotifyRequest{Name: "connect", Msg: []byte("x")}))
+	<-hb.ch
+	onLoop(t, lb, func() { b.scratch = make([]byte, 16) })
+
+	const burst = 20
+	reqs := make([]NotifyRequest, burst)
+	for i := range reqs {
+		reqs[i] = NotifyRequest{Name: fmt.Sprint("burst-", i), Msg: []byte("0123456789abcdef")}
+	}
+	got := 0
+	take := func() {
+		for {
+			select {
+			case <-hb.ch:
+				got++
+			default:
+				return
+			}
+		}
+	}
+	var borrowed bool
+	for !borrowed {
+		sent := false
+		var err error
+		borrowed, err = lb.ExecWait(func() {}, waitBound, func() bool {
+			if !sent {
+				sent = true
+				require.NoError(t, la.Submit(func() {
+					for i := range reqs {
+						_ = a.NotifyOnLoop(b.Addr(), &reqs[i], time.Minute, func(error) {})
+					}
+				}))
+			}
+			take()
+			return got > 0
+		})
+		require.NoError(t, err)
+		if !borrowed {
+			time.Sleep(time.Millisecond) // the loop was awake: try again once it sleeps
+		}
+	}
+	deadline := time.After(waitBound)
+	for got < burst {
+		select {
+		case <-hb.ch:
+			got++
+		case <-deadline:
+			t.Fatalf("%d of %d notifies of the burst arrived", got, burst)
+		}
+	}
+}

@@ -130,9 +130,11 @@ type Loop struct {
 	log  zerolog.Logger
 	epfd int
 	wfd  int // wake-up eventfd
-	// outer is the set the loop blocks on while callers wait as the loop (ExecWait): wfd and
-	// epfd. Such a caller disarms epfd there, so that the kernel does not wake the loop for
-	// its events. Otherwise the loop blocks on epfd itself (one epoll_wait per wake-up).
+	// outer is the set the loop blocks on while callers wait as the loop (ExecWait) or poll
+	// (busy poll): wfd and epfd. A spinning caller disarms epfd there, so that the kernel does
+	// not wake the loop for its events, as does an ExecWait while a draining fd is outside
+	// the callers' set; the loop itself disarms it when it leaves events to a turn's holder.
+	// Otherwise the loop blocks on epfd itself (one epoll_wait per wake-up).
 	outer int // -1 once closed (under holdMu)
 	// callers is the set an ExecWait caller blocks on: the wake-up eventfd and every fd whose
 	// handler drains (AddDrained, completion channels), each added there before the loop's
