@@ -180,7 +180,8 @@ type Loop struct {
 
 	// Loop only.
 	fds      map[int]*fdEntry
-	unpaired int // draining fds in the loop's set alone (arm): ExecWait disarms instead
+	unpaired int        // draining fds in the loop's set alone (arm): ExecWait disarms instead
+	choice   waitChoice // where ExecWait's caller waits
 	gen      uint32
 	events   []unix.EpollEvent
 	pevents  []unix.EpollEvent // Poll's: the loop thread may be filling events meanwhile

@@ -244,23 +244,28 @@ func (l *Loop) ExecWait(f func(), d time.Duration, done func() bool) (borrowed b
 	ran := false
 	func() {
 		defer l.endBorrow()
-		// With every draining fd in the callers' set, the caller waits there: the kernel
-		// wakes it alone for those fds, and nothing is set up for the wait. Marked before f,
-		// so that the loop, should an answer wake it before this wait begins, leaves the
-		// answer to this turn (waitOuter) but never an event the callers' set does not see.
-		l.onCallers.Store(l.unpaired == 0)
+		// With every draining fd in the callers' set, the caller waits there unless the
+		// traffic makes the disarm cheaper (waitChoice): the kernel wakes it alone for those
+		// fds, and nothing is set up for the wait. Marked before f, so that the loop, should
+		// an answer wake it before this wait begins, leaves the answer to this turn
+		// (waitOuter) but never an event the callers' set does not see.
+		onCallers := l.unpaired == 0 && l.choice.onCallers()
+		l.onCallers.Store(onCallers)
 		defer l.onCallers.Store(false)
+		left := l.st.leftToCaller.Load()
 		if ran = l.runBorrowed(f); !ran {
 			return
 		}
 		l.waitTurnAt.Store(max(l.now.Load(), 1))
-		if l.unpaired == 0 {
+		if onCallers && l.unpaired == 0 {
 			l.waitBorrowed(l.callers, d, done)
+			l.choice.record(l.st.leftToCaller.Load() != left)
 			return
 		}
-		// A draining fd outside the callers' set (the soft provider's channels): the loop's
-		// set is disarmed for the wait, f's sends having left first (no system call between
-		// the caller and its send), and the caller waits in the loop's own set.
+		// The loop's set is disarmed for the wait, f's sends having left first (no system
+		// call between the caller and its send), and the caller waits in it: a draining fd
+		// is outside the callers' set (the soft provider's channels), or events come close
+		// together.
 		l.onCallers.Store(false)
 		l.blindForWait()
 		defer l.unblind()
