@@ -194,3 +194,19 @@ func TestUnpairedFdWaitsInTheLoopsSet(t *testing.T) {
 	sleeping(t, l)
 	answeredInTurn(t, l, peer, handledOn, handled, false)
 }
+
+// TestCallersSetSeesTheEventfd: the wake-up eventfd is in the callers' set with its
+// generation, so a batch of a caller waiting there reports the wake-up (a submission or
+// Stop ends the wait at once) rather than skipping it as a stale event.
+func TestCallersSetSeesTheEventfd(t *testing.T) {
+	l := newLoop(t)
+	sleeping(t, l)
+	var woken bool
+	borrowed, err := l.ExecWait(func() {
+		_, _ = unix.Write(l.wfd, wakeOne[:]) // as a producer does (the loop wakes for it too)
+		_, woken = l.borrowedBatch(l.callers, 0)
+	}, waitBound, func() bool { return true })
+	require.NoError(t, err)
+	require.True(t, borrowed)
+	require.True(t, woken, "the eventfd's event in the callers' set was not seen")
+}

@@ -273,13 +273,12 @@ func New(opts ...Option) (*Loop, error) {
 	l.deferArm = cfg.busyPoll > 0
 	// The eventfd wakes a caller waiting in the callers' set as well as the loop: a
 	// submission or Stop ends that wait (the loop takes over). Marked seen in the loop's set.
-	we := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wfd)}
+	l.gen = 1
+	l.fds[wfd] = &fdEntry{kind: kindWake, gen: l.gen, ev: Readable}
+	data := l.gen | seenBit
+	we := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wfd), Pad: int32(data)}
 	err = unix.EpollCtl(callers, unix.EPOLL_CTL_ADD, wfd, &we)
 	if err == nil {
-		l.gen = 1
-		l.fds[wfd] = &fdEntry{kind: kindWake, gen: 1, ev: Readable}
-		gen := l.gen | seenBit
-		we.Pad = int32(gen)
 		err = unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wfd, &we)
 	}
 	if err == nil {
