@@ -230,8 +230,10 @@ func (l *Loop) borrowedBatch(set, ms int) (work, woken bool) {
 // leaving the answer to the caller; an event of an fd outside the callers' set (Add) is
 // taken over: the loop ends the wait through the eventfd and handles it once the turn is
 // back. With a draining fd the kernel would not add there (the soft provider's epoll-fd
-// channels), the caller waits in the loop's own set instead, disarmed in the outer set once
-// f's sends have left (no system call between the caller and its send). A submission or
+// channels), or while more than 3 in 10 of its waits there woke the loop (events close
+// together, each coming while the caller was busy with the one before: waitChoice), the
+// caller waits in the loop's own set instead, disarmed in the outer set once f's sends
+// have left (no system call between the caller and its send). A submission or
 // Stop (the eventfd) ends the wait: the loop takes over. When the turn is not free, f is
 // queued as Submit would (borrowed false, no wait). done is called in the turn.
 func (l *Loop) ExecWait(f func(), d time.Duration, done func() bool) (borrowed bool, err error) {
