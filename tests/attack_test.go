@@ -269,7 +269,7 @@ func TestAttackSparseSeqs(t *testing.T) {
 // sends 200. The receiver holds at most 64 OOB notifies, plus one of the good peer (a known
 // pair with none held among the 64), and answers the rest busy; once the consumer reads,
 // every notify answered success is delivered once, none answered busy is, and the good
-// peer's arrive in order.
+// peer's all arrive, in order.
 func TestAttackPipelinedWhileFull(t *testing.T) {
 	const attacks, goodN, maxHeld = 2000, 200, 64
 	rcv := newEngine(t, notify.TransportOOB, notify.WithRecvQueue(16))
@@ -377,8 +377,14 @@ func TestAttackPipelinedWhileFull(t *testing.T) {
 		return true
 	})
 	require.Equal(t, okCount+otherDelivered, len(flooded), "a flood notify nobody sent was delivered")
-	acked, _, _, _ := l.tally(t, "good peer through the full queue", goodGot)
-	require.Equal(t, goodN, acked, "the good peer's notifies are retried until the queue has room")
+	acked, arrived, _, _ := l.tally(t, "good peer through the full queue", goodGot)
+	// Every good notify is delivered, once and in order (tally), and acknowledged, except
+	// the one the receiver holds: the consumer reads only once the flood has been answered
+	// busy often enough, which on a loaded machine may take longer than its sender's request
+	// timeout (10 s), and that one then ends ErrMaybeDelivered (tally: a delivered notify
+	// that failed otherwise fails the test).
+	require.Equal(t, goodN, arrived, "the good peer's notifies are retried until the queue has room")
+	require.GreaterOrEqual(t, acked, goodN-1, "more good notifies unacknowledged than the one held")
 }
 
 // TestAttackEscapingOverFrame (row 6): OOB notifies under the notify size limit whose JSON
