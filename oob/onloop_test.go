@@ -158,7 +158,9 @@ func TestReaderGoesOnAfterItsReadCap(t *testing.T) {
 		}
 	}
 	var borrowed bool
+	tryUntil := time.Now().Add(waitBound)
 	for !borrowed {
+		require.True(t, time.Now().Before(tryUntil), "the loop never slept for the test to borrow its turn")
 		sent := false
 		var err error
 		borrowed, err = lb.ExecWait(func() {}, waitBound, func() bool {

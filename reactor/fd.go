@@ -117,7 +117,7 @@ func (l *Loop) Modify(fd int, ev Events) error {
 	if err != nil {
 		return err
 	}
-	if !e.paired && !e.drained {
+	if !e.paired {
 		ee := unix.EpollEvent{Events: uint32(ev), Fd: int32(fd), Pad: int32(e.gen)}
 		if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_MOD, fd, &ee); err != nil {
 			return fmt.Errorf("reactor: epoll_ctl mod fd %d: %w", fd, err)
