@@ -137,6 +137,7 @@ func TestPlainFdIsTakenOverFromTheCaller(t *testing.T) {
 	fd, peer, handledOn, handled := byteReader(t, l, false)
 	onOuter(t, l)
 	onLoop(t, l, func() { require.False(t, l.fds[fd].paired) })
+	sleeping(t, l) // the turn is free for the caller: the loop is back in its wait
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	me := int64(unix.Gettid())
