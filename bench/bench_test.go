@@ -125,10 +125,11 @@ func TestTwoProcesses(t *testing.T) {
 
 // TestNoEcho: with NoEcho a two-process latency round trip of the engines is a notify and its
 // ACK, measured as the floors' is (rtt/2 of the call); by default it is a notify and the
-// receiver's echo.
+// receiver's echo, and floor-echo's the same four frames over raw sockets (with no engine
+// breakdown).
 func TestNoEcho(t *testing.T) {
 	for _, noEcho := range []bool{false, true} {
-		cfg := tinyConfig(t, TransportOOB, TransportRDMA)
+		cfg := tinyConfig(t, TransportOOB, TransportRDMA, FloorEcho)
 		cfg.Procs = 2
 		cfg.Sizes = []int{64}
 		cfg.Scenarios = []string{ScenarioLatency}
@@ -138,10 +139,13 @@ func TestNoEcho(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, rep.Failures)
 		require.Equal(t, noEcho, rep.Settings.NoEcho)
-		require.Len(t, rep.Results, 2)
+		require.Len(t, rep.Results, 3)
 		for _, r := range rep.Results {
 			require.Zero(t, r.Errors, "%s: %s", r.Transport, r.FirstError)
 			upTo(t, 50, int64(r.OneWay.Count), r)
+			if r.Transport == FloorEcho {
+				require.Nil(t, r.Breakdown)
+			}
 			if noEcho {
 				require.Equal(t, "rtt/2 (ack)", r.OneWayMethod, r.Transport)
 				require.Nil(t, r.Breakdown, r.Transport)
@@ -170,6 +174,9 @@ func TestFloorURing(t *testing.T) {
 	}
 	testWaitFloor(t, FloorURing)
 }
+
+// TestFloorEcho: floor-echo runs the latency scenario only (its echo: TestNoEcho).
+func TestFloorEcho(t *testing.T) { testWaitFloor(t, FloorEcho) }
 
 func testWaitFloor(t *testing.T, floor string) {
 	for _, procs := range []int{1, 2} {

@@ -134,6 +134,23 @@ func runChild(parent context.Context, spec childSpec, host string, sc *bufio.Sca
 				s.bad.Add(1)
 			}
 		}
+	} else if spec.Echo && spec.Transport == FloorEcho && len(nodes) > 0 {
+		// floor-echo answers as an engine's handler does, on the receiving thread: the echo
+		// goes on this side's own connection and its ack is read before the message's own
+		// ack is written (floor-block's connection thread, locked to its OS thread, is the
+		// one thread that uses the client).
+		fc, err := newFloorClient(false, spec.Parent[:1])
+		if err != nil {
+			return fail(err)
+		}
+		defer fc.close() // after the nodes (deferred before): their threads have ended
+		msg := newMsg(spec.Size)
+		s.echoNow = func(seq uint64) {
+			putSeq(msg, seq)
+			if err := fc.send(ctx, 0, msg); err != nil {
+				s.bad.Add(1)
+			}
+		}
 	} else if spec.Echo && len(nodes) > 0 {
 		s.echo = make(chan uint64, 1024)
 		c, err := nodes[0].newClient(spec.Parent[:1])

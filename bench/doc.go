@@ -8,7 +8,9 @@
 // reads in a spin loop; floor-epoll, floor-loop, floor-node and floor-uring, asked for by
 // name: floor-block's exchange waited for as the reactor waits, epoll_wait and ExecWait's
 // disarm, with no engine; the same on the reactor itself; the same as the engine's OOB
-// frames through an oob.Node on it, with no notify engine; or through io_uring), HDR
+// frames through an oob.Node on it, with no notify engine; or through io_uring; and
+// floor-echo, floor-block's threads moving the engines' echoed round trip: the receiving
+// thread sends every message back on its own connection, each message acked), HDR
 // histograms
 // of the latencies, CPU and wake-up accounting, the table, JSON and SVG outputs, and the
 // harness that puts the receiving side in a second process: a child (the binary

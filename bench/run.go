@@ -206,7 +206,7 @@ func (c *Config) specs() []runSpec {
 			if t == FloorStream && sc != ScenarioBurst {
 				continue // the pipelined floor of one sender and one receiver
 			}
-			if (t == FloorEpoll || t == FloorLoop || t == FloorNode || t == FloorURing) && sc != ScenarioLatency {
+			if (t == FloorEpoll || t == FloorLoop || t == FloorNode || t == FloorURing || t == FloorEcho) && sc != ScenarioLatency {
 				continue // a ping-pong: what the reactor's waits cost one message and its ack
 			}
 			if isVerbsFloor(t) && sc != ScenarioBurst && sc != ScenarioLatency {

@@ -245,7 +245,9 @@ func runOne(ctx context.Context, spec runSpec, exe string, args []string) (*Resu
 func (r *run) latency() (*Result, error) {
 	s := r.spec
 	floor := isFloor(s.Transport)
-	echo := s.Procs == 2 && !floor && !s.NoEcho
+	// An echo: the engines' latency run in two processes, and floor-echo, its raw-socket
+	// reference (the other floors' round trip is one message and its ack).
+	echo := s.Procs == 2 && (!floor || s.Transport == FloorEcho) && !s.NoEcho
 	if err := r.setup(1, 1, childSpec{Echo: echo}); err != nil {
 		return nil, err
 	}
@@ -269,7 +271,7 @@ func (r *run) latency() (*Result, error) {
 		r.sSink.timed(t0, uint64(warm))
 	}
 	var st *stamps
-	if echo && s.Server == "" && s.Size >= seqLen+stampLen { // CLOCK_MONOTONIC of one host
+	if echo && !floor && s.Server == "" && s.Size >= seqLen+stampLen { // CLOCK_MONOTONIC of one host; an engine's hops
 		st = newStamps(total)
 		r.sSink.mu.Lock()
 		r.sSink.peerAt, r.sSink.echoAt = make([]atomic.Int64, total), make([]atomic.Int64, total)

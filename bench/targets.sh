@@ -2,7 +2,8 @@
 # targets.sh: the stack's own cost against its references, in one run, R alternating rounds.
 #
 # Each round runs, two processes, 64 B: latency in event mode (oob, floor-block and UCX's
-# ucp_am_lat over TCP; the oob round trip is a notify and the receiver's echo), the same
+# ucp_am_lat over TCP; the oob round trip is a notify and the receiver's echo, and
+# floor-echo moves that echo's four frames over raw sockets), the same
 # with --no-echo (a round trip is one notify and its ACK, as floor-block's is one message
 # and its ack: the like-for-like CPU per notify; beside them floor-epoll, the same exchange
 # waited for as the reactor waits, with no engine; floor-loop, on the reactor itself;
@@ -35,7 +36,7 @@ fi
 bin=$OUT/twosided
 for r in $(seq 1 "$R"); do
 	echo "== round $r of $R ($(date +%T), load $(cut -d' ' -f1 /proc/loadavg))"
-	"$bin" bench --scenario latency --transport oob,floor-block -s 64 -n "$N" --keepalive-off --anchors ucx --json "$OUT/round-$r-ev.json"
+	"$bin" bench --scenario latency --transport oob,floor-block,floor-echo -s 64 -n "$N" --keepalive-off --anchors ucx --json "$OUT/round-$r-ev.json"
 	"$bin" bench --scenario latency --transport oob,floor-block,floor-epoll,floor-loop,floor-node,floor-uring -s 64 -n "$N" --keepalive-off --no-echo --json "$OUT/round-$r-ack.json"
 	"$bin" bench --scenario latency --transport oob,floor-spin -s 64 -n "$N" --keepalive-off --busy-poll 50us --json "$OUT/round-$r-busy.json"
 	"$bin" bench --scenario burst --transport oob -s 64 --window 256 --repeat 1 --burst-time 1s --keepalive-off --anchors ucx --json "$OUT/round-$r-burst.json"

@@ -18,6 +18,7 @@ const (
 	FloorLoop           = "floor-loop"       // floor-epoll's exchange on the engines' reactor (fd handlers, ExecWait), no OOB node or engine (latency)
 	FloorNode           = "floor-node"       // floor-loop's exchange as the engine's OOB frames through an oob.Node, no notify engine (latency)
 	FloorURing          = "floor-uring"      // floor-block's exchange waited for as a reactor on io_uring would (SEND and RECV in one io_uring_enter), no engine (latency)
+	FloorEcho           = "floor-echo"       // floor-block with the engines' echo: the receiving thread sends every message back on its own connection, each message acked (latency, two processes)
 	FloorVerbs          = "floor-verbs"      // RC SEND/RECV on ibv directly, completion events (latency, burst)
 	FloorVerbsSpin      = "floor-verbs-spin" // the same, busy-polling the CQ (latency, burst)
 )
@@ -28,10 +29,10 @@ var Transports = []string{TransportRDMA, TransportOOB, TransportOOBClassic, Floo
 // AllTransports adds floor-epoll and floor-uring (what the reactor's waits cost, and
 // would cost on io_uring, with no engine) and the verbs floors (the device, bench
 // --provider verbs), asked for by name (or "all").
-var AllTransports = append(append([]string(nil), Transports...), FloorEpoll, FloorLoop, FloorNode, FloorURing, FloorVerbs, FloorVerbsSpin)
+var AllTransports = append(append([]string(nil), Transports...), FloorEpoll, FloorLoop, FloorNode, FloorURing, FloorEcho, FloorVerbs, FloorVerbsSpin)
 
 func isFloor(t string) bool {
-	return t == FloorBlock || t == FloorSpin || t == FloorStream || t == FloorEpoll || t == FloorLoop || t == FloorNode || t == FloorURing || isVerbsFloor(t)
+	return t == FloorBlock || t == FloorSpin || t == FloorStream || t == FloorEpoll || t == FloorLoop || t == FloorNode || t == FloorURing || t == FloorEcho || isVerbsFloor(t)
 }
 
 func isVerbsFloor(t string) bool { return t == FloorVerbs || t == FloorVerbsSpin }
@@ -56,7 +57,7 @@ type client interface {
 
 func newNode(transport string, o nodeOpts, s *sink) (node, error) {
 	switch transport {
-	case FloorBlock, FloorSpin:
+	case FloorBlock, FloorSpin, FloorEcho:
 		return newFloorNode(transport == FloorSpin, o.single, false, o.host, s)
 	case FloorStream:
 		return newFloorNode(false, false, true, o.host, s)

@@ -4,7 +4,7 @@
 //
 //	go run ./bench/targets DIR
 //
-// DIR holds round-N-ev.json (latency, events: oob, floor-block, UCX ucp_am_lat),
+// DIR holds round-N-ev.json (latency, events: oob, floor-block, floor-echo, UCX ucp_am_lat),
 // round-N-ack.json (latency, events, --no-echo: oob, floor-block, floor-epoll, floor-loop,
 // floor-node and floor-uring, each round trip one message and its acknowledgement),
 // round-N-busy.json (latency, --busy-poll: oob, floor-spin), round-N-burst.json (burst,
@@ -68,6 +68,18 @@ var targets = []target{
 	{"oob one-way p50 / floor-spin (busy poll)", "busy", "×", 1.3, true, func(r *bench.Report) (float64, bool) {
 		a, okA := p50(find(r, "latency", "oob"))
 		b, okB := p50(find(r, "latency", "floor-spin"))
+		return ratio(a, b, okA, okB)
+	}},
+	// The echoed round trip's like for like: floor-echo moves the echo's four frames (the
+	// message, the echo on the receiver's own connection, both acked) over raw sockets.
+	{"floor-echo p50 / floor-block (events)", "ev", "×", 0, true, func(r *bench.Report) (float64, bool) {
+		a, okA := p50(find(r, "latency", bench.FloorEcho))
+		b, okB := p50(find(r, "latency", "floor-block"))
+		return ratio(a, b, okA, okB)
+	}},
+	{"oob one-way p50 / floor-echo (events)", "ev", "×", 0, true, func(r *bench.Report) (float64, bool) {
+		a, okA := p50(find(r, "latency", "oob"))
+		b, okB := p50(find(r, "latency", bench.FloorEcho))
 		return ratio(a, b, okA, okB)
 	}},
 	{"oob busy-poll p50 / UCX ucp_am_lat (TCP)", "busy+ev", "×", 2, true, nil}, // two reports: below

@@ -29,7 +29,7 @@ func TestSummarize(t *testing.T) {
 	dir := t.TempDir()
 	for r, oob := range []float64{20, 26, 30} { // over floor-block 20: 1.0, 1.3, 1.5
 		n := r + 1
-		writeReport(t, dir, n, "ev", lat("oob", oob, 90), lat("floor-block", 20, 50), lat(bench.TransportUCX, 10, 0))
+		writeReport(t, dir, n, "ev", lat("oob", oob, 90), lat("floor-block", 20, 50), lat(bench.FloorEcho, 21, 80), lat(bench.TransportUCX, 10, 0))
 		writeReport(t, dir, n, "ack", lat("oob", oob*1.2, 70), lat("floor-block", 20, 50), lat(bench.FloorEpoll, 22, 55), lat(bench.FloorLoop, 23, 56), lat(bench.FloorNode, 24, 58), lat(bench.FloorURing, 20.4, 45)) // 1.2, 1.56, 1.8; CPU 1.4
 		writeReport(t, dir, n, "busy", lat("oob", 15, 0), lat("floor-spin", 10, 0))
 		writeReport(t, dir, n, "burst",
@@ -53,6 +53,8 @@ func TestSummarize(t *testing.T) {
 	require.Contains(t, line("oob one-way p50 / floor-block"), "1.30×")
 	require.True(t, strings.HasSuffix(line("oob one-way p50 / floor-block"), "  met"))
 	require.Contains(t, line("oob one-way p50 / floor-spin"), "NOT met")
+	require.True(t, strings.HasSuffix(line("floor-echo p50 / floor-block"), "1.05×        -  for reference"), line("floor-echo p50 / floor-block"))
+	require.Contains(t, line("oob one-way p50 / floor-echo"), "0.95 1.24 1.43") // 20, 26, 30 over 21
 	require.Contains(t, line("oob busy-poll p50 / UCX"), "1.50×")
 	require.Contains(t, line("oob p50 / floor-block (acked"), "1.20 1.56 1.80")
 	require.Contains(t, line("oob p50 / floor-block (acked"), "NOT met") // 1.56
