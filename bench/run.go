@@ -207,7 +207,7 @@ func (c *Config) specs() []runSpec {
 				continue // the pipelined floor of one sender and one receiver
 			}
 			if (t == FloorEpoll || t == FloorLoop || t == FloorNode || t == FloorURing || t == FloorEcho) && sc != ScenarioLatency {
-				continue // a ping-pong: what the reactor's waits cost one message and its ack
+				continue // the reference ping-pongs: latency only
 			}
 			if isVerbsFloor(t) && sc != ScenarioBurst && sc != ScenarioLatency {
 				continue // ibv_rc_pingpong's two figures: ping-pong and a window in flight

@@ -26,9 +26,10 @@ const (
 // Transports lists the default suite's transports in table order.
 var Transports = []string{TransportRDMA, TransportOOB, TransportOOBClassic, FloorBlock, FloorSpin, FloorStream}
 
-// AllTransports adds floor-epoll and floor-uring (what the reactor's waits cost, and
-// would cost on io_uring, with no engine) and the verbs floors (the device, bench
-// --provider verbs), asked for by name (or "all").
+// AllTransports adds the reference floors (floor-epoll, floor-loop, floor-node and
+// floor-uring: what the reactor's waits, the reactor, the OOB node cost, and what waits on
+// io_uring would; floor-echo: the echoed round trip's frames on raw sockets) and the verbs
+// floors (the device, bench --provider verbs), asked for by name (or "all").
 var AllTransports = append(append([]string(nil), Transports...), FloorEpoll, FloorLoop, FloorNode, FloorURing, FloorEcho, FloorVerbs, FloorVerbsSpin)
 
 func isFloor(t string) bool {
