@@ -52,6 +52,15 @@ func p50(x *bench.Result) (float64, bool) {
 	return x.OneWay.P50, true
 }
 
+// p50Ratio is a row's figure: transport a's latency p50 over transport b's, of one report.
+func p50Ratio(a, b string) func(r *bench.Report) (float64, bool) {
+	return func(r *bench.Report) (float64, bool) {
+		x, okX := p50(find(r, "latency", a))
+		y, okY := p50(find(r, "latency", b))
+		return ratio(x, y, okX, okY)
+	}
+}
+
 func ratio(a, b float64, okA, okB bool) (float64, bool) {
 	if !okA || !okB || b <= 0 {
 		return 0, false
@@ -60,72 +69,32 @@ func ratio(a, b float64, okA, okB bool) (float64, bool) {
 }
 
 var targets = []target{
-	{"oob one-way p50 / floor-block (events)", "ev", "×", 1.3, true, func(r *bench.Report) (float64, bool) {
-		a, okA := p50(find(r, "latency", "oob"))
-		b, okB := p50(find(r, "latency", "floor-block"))
-		return ratio(a, b, okA, okB)
-	}},
-	{"oob one-way p50 / floor-spin (busy poll)", "busy", "×", 1.3, true, func(r *bench.Report) (float64, bool) {
-		a, okA := p50(find(r, "latency", "oob"))
-		b, okB := p50(find(r, "latency", "floor-spin"))
-		return ratio(a, b, okA, okB)
-	}},
+	{"oob one-way p50 / floor-block (events)", "ev", "×", 1.3, true, p50Ratio("oob", "floor-block")},
+	{"oob one-way p50 / floor-spin (busy poll)", "busy", "×", 1.3, true, p50Ratio("oob", "floor-spin")},
 	// The echoed round trip's like for like: floor-echo moves the echo's four frames (the
 	// message, the echo on the receiver's own connection, both acked) over raw sockets.
-	{"floor-echo p50 / floor-block (events)", "ev", "×", 0, true, func(r *bench.Report) (float64, bool) {
-		a, okA := p50(find(r, "latency", bench.FloorEcho))
-		b, okB := p50(find(r, "latency", "floor-block"))
-		return ratio(a, b, okA, okB)
-	}},
-	{"oob one-way p50 / floor-echo (events)", "ev", "×", 0, true, func(r *bench.Report) (float64, bool) {
-		a, okA := p50(find(r, "latency", "oob"))
-		b, okB := p50(find(r, "latency", bench.FloorEcho))
-		return ratio(a, b, okA, okB)
-	}},
+	{"floor-echo p50 / floor-block (events)", "ev", "×", 0, true, p50Ratio(bench.FloorEcho, "floor-block")},
+	{"oob one-way p50 / floor-echo (events)", "ev", "×", 0, true, p50Ratio("oob", bench.FloorEcho)},
 	{"oob busy-poll p50 / UCX ucp_am_lat (TCP)", "busy+ev", "×", 2, true, nil}, // two reports: below
 	// The acked runs compare like with like: a round trip is one notify and its ACK, as
 	// floor-block's is one message and its ack (the echo runs above move two notifies and
 	// two ACKs per round trip against the floor's message and ack).
-	{"oob p50 / floor-block (acked, no echo)", "ack", "×", 1.3, true, func(r *bench.Report) (float64, bool) {
-		a, okA := p50(find(r, "latency", "oob"))
-		b, okB := p50(find(r, "latency", "floor-block"))
-		return ratio(a, b, okA, okB)
-	}},
+	{"oob p50 / floor-block (acked, no echo)", "ack", "×", 1.3, true, p50Ratio("oob", "floor-block")},
 	{"CPU per notify, oob / floor-block (acked)", "ack", "×", 1.5, true, func(r *bench.Report) (float64, bool) {
 		return cpuRatio(r, "oob", "floor-block")
 	}},
 	// Where the acked ratio comes from: the reactor's waits alone (floor-epoll: epoll_wait
 	// then read, ExecWait's disarm and re-arm, no engine), then the engine's code over them.
-	{"floor-epoll p50 / floor-block (acked)", "ack", "×", 0, true, func(r *bench.Report) (float64, bool) {
-		a, okA := p50(find(r, "latency", bench.FloorEpoll))
-		b, okB := p50(find(r, "latency", "floor-block"))
-		return ratio(a, b, okA, okB)
-	}},
-	{"oob p50 / floor-epoll (acked)", "ack", "×", 0, true, func(r *bench.Report) (float64, bool) {
-		a, okA := p50(find(r, "latency", "oob"))
-		b, okB := p50(find(r, "latency", bench.FloorEpoll))
-		return ratio(a, b, okA, okB)
-	}},
+	{"floor-epoll p50 / floor-block (acked)", "ack", "×", 0, true, p50Ratio(bench.FloorEpoll, "floor-block")},
+	{"oob p50 / floor-epoll (acked)", "ack", "×", 0, true, p50Ratio("oob", bench.FloorEpoll)},
 	// The layers above the waits, one at a time: the same exchange on the engines' reactor
 	// (floor-loop: fd handlers, the turn, ExecWait), then as the engine's OOB frames through
 	// an oob.Node on it (floor-node); oob adds the notify engine on top.
-	{"floor-loop p50 / floor-block (acked)", "ack", "×", 0, true, func(r *bench.Report) (float64, bool) {
-		a, okA := p50(find(r, "latency", bench.FloorLoop))
-		b, okB := p50(find(r, "latency", "floor-block"))
-		return ratio(a, b, okA, okB)
-	}},
-	{"floor-node p50 / floor-block (acked)", "ack", "×", 0, true, func(r *bench.Report) (float64, bool) {
-		a, okA := p50(find(r, "latency", bench.FloorNode))
-		b, okB := p50(find(r, "latency", "floor-block"))
-		return ratio(a, b, okA, okB)
-	}},
+	{"floor-loop p50 / floor-block (acked)", "ack", "×", 0, true, p50Ratio(bench.FloorLoop, "floor-block")},
+	{"floor-node p50 / floor-block (acked)", "ack", "×", 0, true, p50Ratio(bench.FloorNode, "floor-block")},
 	// The same exchange waited for as a reactor on io_uring would wait (one io_uring_enter
 	// per hop, the sender's disarm carried in it, its re-arm an epoll_ctl).
-	{"floor-uring p50 / floor-block (acked)", "ack", "×", 0, true, func(r *bench.Report) (float64, bool) {
-		a, okA := p50(find(r, "latency", bench.FloorURing))
-		b, okB := p50(find(r, "latency", "floor-block"))
-		return ratio(a, b, okA, okB)
-	}},
+	{"floor-uring p50 / floor-block (acked)", "ack", "×", 0, true, p50Ratio(bench.FloorURing, "floor-block")},
 	{"CPU, floor-uring / floor-block (acked)", "ack", "×", 0, true, func(r *bench.Report) (float64, bool) {
 		return cpuRatio(r, bench.FloorURing, "floor-block")
 	}},
