@@ -2,7 +2,8 @@
 #
 #   make test        vet, gofmt check, unit tests with -race (after test-deps: redis-server
 #                    for the directory's Redis tests), the allocation tests without -race
-#                    (the race detector allocates, so they skip under it), short
+#                    (the race detector allocates, so they skip under it), the
+#                    tracepoints build (-tags tracepoints: vet, its recorder's tests), short
 #                    fuzzing, then the cgo verbs provider (build tag rdma) on softverbs, the
 #                    userspace libibverbs of ibv/softverbs: vet, its tests and the conformance
 #                    suite, ibv_devinfo and ibv_rc_pingpong, and the engine's tests (notify,
@@ -55,9 +56,9 @@ SOFTVERBS_LIBDIR := $(CURDIR)/build/softverbs
 
 include ibv/softverbs/softverbs.mk
 
-.PHONY: test build vet fmt-check unit allocs fuzz fuzz-short bench bench-anchors bench-targets rdma rdma-deps test-deps soak
+.PHONY: test build vet fmt-check unit allocs tracepoints fuzz fuzz-short bench bench-anchors bench-targets rdma rdma-deps test-deps soak
 
-test: vet fmt-check unit allocs fuzz-short rdma
+test: vet fmt-check unit allocs tracepoints fuzz-short rdma
 
 build:
 	$(GO) build $(PKGS)
@@ -73,6 +74,12 @@ fmt-check:
 # 2-3 times that beside other load, past go test's default of 10 min.
 unit: test-deps
 	$(GO) test -race -timeout $(TEST_TIMEOUT) $(PKGS)
+
+# tracepoints: the build with the segment profile's stamps (-tags tracepoints, see
+# internal/tracepoint and bench/segments) compiles, and its recorder and table work.
+tracepoints:
+	$(GO) vet -tags tracepoints ./internal/... ./bench/... ./cmd/... ./oob/ ./reactor/ ./notify/
+	$(GO) test -count=1 -tags tracepoints ./internal/tracepoint/ ./bench/segments/
 
 # allocs runs the allocation tests (testing.AllocsPerRun) without the race detector, whose
 # instrumentation allocates: under -race they skip.

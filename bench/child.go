@@ -78,7 +78,11 @@ func ChildMain() {
 		_ = json.NewEncoder(os.Stdout).Encode(childReply{Err: err.Error()})
 		os.Exit(1)
 	}
-	os.Exit(runChild(context.Background(), spec, "", newCtrlScanner(os.Stdin), os.Stdout))
+	code := runChild(context.Background(), spec, "", newCtrlScanner(os.Stdin), os.Stdout)
+	if err := DumpTracepoints("child"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
+	os.Exit(code)
 }
 
 // runChild serves one receiving side: its nodes listen on host ("": 127.0.0.1), requests

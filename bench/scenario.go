@@ -6,6 +6,8 @@ import (
 	"runtime"
 	"sync/atomic"
 	"time"
+
+	"github.com/twosided/twosided/internal/tracepoint"
 )
 
 // Scenarios, in table order.
@@ -297,6 +299,7 @@ func (r *run) latency() (*Result, error) {
 		if st != nil {
 			st.send[i] = monoNow()
 		}
+		tracepoint.Mark(tracepoint.Submit, i)
 		start := nanotime()
 		t0[i].Store(start)
 		err := c.send(r.ctx, 0, msg)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+
+	"github.com/twosided/twosided/internal/tracepoint"
 )
 
 // seqLen is the head of every bench message: the sequence number in 16 hex digits, so the
@@ -82,6 +84,7 @@ func (s *sink) timed(t0 []atomic.Int64, from uint64) {
 }
 
 func (s *sink) deliver(msg []byte) {
+	tracepoint.Mark(tracepoint.Deliver, len(msg))
 	now := nanotime()
 	seq, ok := parseSeq(msg)
 	if !ok {
@@ -103,6 +106,7 @@ func (s *sink) deliver(msg []byte) {
 	s.mu.Unlock()
 	if s.echoNow != nil && ok {
 		s.echoNow(seq)
+		tracepoint.Mark(tracepoint.HandlerDone, 0)
 	} else if s.echo != nil && ok {
 		select {
 		case s.echo <- seq:

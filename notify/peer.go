@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/twosided/twosided/ctrlchannel"
+	"github.com/twosided/twosided/internal/tracepoint"
 	"github.com/twosided/twosided/oob"
 	"github.com/twosided/twosided/reactor"
 )
@@ -109,6 +110,7 @@ func (r *sendReq) run() {
 		r.finish(sendErr(ErrClosed, r.peer, "", nil, false))
 		return
 	}
+	tracepoint.Mark(tracepoint.SendRun, 0)
 	e.reqs[r.id] = r
 	e.m.send(e.loop.Now(), r.id, r.peer, r.n.ID, r.deadline, len(r.n.Name)+len(r.n.Msg))
 	e.perform()
@@ -386,6 +388,7 @@ func (e *Engine) report(t oobTarget, err error, maybe, local bool) {
 // when the pair's pacing allows (a fence after its backoff); a seq-less notify is sent again
 // here after a pause, until the deadline.
 func (e *Engine) sendOOB(peer string, req oob.NotifyRequest, deadline time.Time, t oobTarget) {
+	tracepoint.Mark(tracepoint.SendOOB, 0)
 	if req.Session == 0 {
 		// A Mooncake peer has no seqs to reorder by: its notifies go one after another.
 		e.legacyOOB.push(peer, func() { e.doOOB(peer, req, deadline, t) })

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/twosided/twosided/internal/tracepoint"
 	"github.com/twosided/twosided/reactor"
 )
 
@@ -270,7 +271,9 @@ func (n *Node) NotifyOnLoop(peer string, req *NotifyRequest, timeout time.Durati
 	}
 	c.ltD = d
 	c.sync = true
+	tracepoint.Mark(tracepoint.CallStart, 0)
 	c.start()
+	tracepoint.Mark(tracepoint.CallQueued, 0)
 	c.sync = false
 	if c.finished {
 		err := c.err

@@ -9,6 +9,7 @@ import (
 	"github.com/panjf2000/gnet/v2/pkg/buffer/elastic"
 	"golang.org/x/sys/unix"
 
+	"github.com/twosided/twosided/internal/tracepoint"
 	"github.com/twosided/twosided/reactor"
 )
 
@@ -116,7 +117,9 @@ func (c *conn) onEvent(ev reactor.Events) {
 func (c *conn) onReadable() {
 	n := c.n
 	for i := 0; i < 16; i++ {
+		tracepoint.Mark(tracepoint.ReadStart, 0)
 		k, err := unix.Read(c.fd, n.scratch)
+		tracepoint.Mark(tracepoint.ReadEnd, k)
 		switch {
 		case err == unix.EINTR:
 			continue
@@ -319,7 +322,9 @@ func (c *conn) writeNow(b []byte) ([]byte, bool) {
 	wrote := false
 	for len(b) > 0 {
 		c.n.writeCalls++
+		tracepoint.Mark(tracepoint.WriteStart, len(b))
 		k, err := unix.Write(c.fd, b)
+		tracepoint.Mark(tracepoint.WriteEnd, k)
 		if err == unix.EINTR {
 			continue
 		}
@@ -358,6 +363,7 @@ func (n *Node) markDirty(c *conn) {
 // peer, waiting for that ACK, finds both in one wake-up instead of waking again for the
 // answer after it returned. Loop-only.
 func (n *Node) flushBatches() {
+	tracepoint.Mark(tracepoint.Flush, len(n.dirty))
 	n.flushQueued = false
 	replies := false
 	for _, c := range n.dirty {
@@ -390,7 +396,9 @@ func (c *conn) flush() {
 	for !c.out.IsEmpty() {
 		head, _ := c.out.Peek(-1)
 		c.n.writeCalls++
+		tracepoint.Mark(tracepoint.WriteStart, len(head))
 		k, err := unix.Write(c.fd, head)
+		tracepoint.Mark(tracepoint.WriteEnd, k)
 		if err == unix.EINTR {
 			continue
 		}

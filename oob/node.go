@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
+	"github.com/twosided/twosided/internal/tracepoint"
 	"github.com/twosided/twosided/reactor"
 )
 
@@ -42,6 +43,7 @@ type NotifyReply struct {
 
 // Send writes the reply: nil is "success"; an error is a refusal (see Handler).
 func (r NotifyReply) Send(err error) {
+	tracepoint.Mark(tracepoint.AckSend, 0)
 	n := r.c.n
 	if n.loop.InLoop() {
 		r.c.replyNotify(r.seq, r.m, err)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/twosided/twosided/internal/tracepoint"
 	"github.com/twosided/twosided/reactor"
 )
 
@@ -90,6 +91,7 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 		// from the node's slab; the request struct and its strings come from the reused
 		// decoder.
 		req.Msg = n.slab.Copy(req.Msg)
+		tracepoint.Mark(tracepoint.Handle, len(req.Msg))
 		n.h.HandleNotify(req, NotifyReply{c: c, seq: c.openRequest(), m: m})
 	case TypeConnection, TypeOldProtocol:
 		// A frame without a type byte is Mooncake's older protocol: a Connection request,

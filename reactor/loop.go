@@ -14,6 +14,8 @@ import (
 	"github.com/petermattis/goid"
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
+
+	"github.com/twosided/twosided/internal/tracepoint"
 )
 
 // Events is a set of epoll event bits (EPOLLIN, EPOLLOUT, EPOLLERR, EPOLLHUP, EPOLLRDHUP).
@@ -428,7 +430,9 @@ func (l *Loop) wait() int {
 		// where such a caller disarms the loop's own set, then take the events from the latter.
 		n, haveTurn, err = l.waitOuter(timeout)
 	} else {
+		tracepoint.Mark(tracepoint.SleepLoop, timeout)
 		n, err = unix.EpollWait(l.epfd, l.events, timeout)
+		tracepoint.Mark(tracepoint.LoopWoke, n)
 	}
 	l.state.Store(awake)
 	if timeout != 0 && !haveTurn {
@@ -472,6 +476,7 @@ func (l *Loop) wait() int {
 func (l *Loop) waitOuter(timeout int) (n int, haveTurn bool, err error) {
 	for {
 		var k int
+		tracepoint.Mark(tracepoint.SleepOuter, timeout)
 		if k, err = unix.EpollWait(l.outer, l.obuf[:], timeout); err != nil || k == 0 {
 			return 0, false, err
 		}
@@ -483,7 +488,9 @@ func (l *Loop) waitOuter(timeout int) (n int, haveTurn bool, err error) {
 		}
 		// The events go into the loop thread's own buffer; they stay valid through a turn
 		// borrowed meanwhile (fd generations).
-		if n, err = unix.EpollWait(l.epfd, l.events, 0); err != nil || !own {
+		n, err = unix.EpollWait(l.epfd, l.events, 0)
+		tracepoint.Mark(tracepoint.LoopWoke, n)
+		if err != nil || !own {
 			return n, false, err
 		}
 		if n > 0 {
@@ -705,6 +712,7 @@ func (l *Loop) dispatch(evs []unix.EpollEvent, borrowed bool) (woken, handled bo
 // runQueue runs at most one queue's worth of submitted funcs, so that a flood of submissions
 // cannot starve the fds and timers; it returns how many ran.
 func (l *Loop) runQueue() int {
+	tracepoint.Mark(tracepoint.RunQueue, 0)
 	n := 0
 	for n < int(l.q.size) {
 		f, ok := l.q.pop()

@@ -8,6 +8,8 @@ import (
 
 	"github.com/petermattis/goid"
 	"golang.org/x/sys/unix"
+
+	"github.com/twosided/twosided/internal/tracepoint"
 )
 
 // Submit queues f to run on the loop. It never blocks and allocates nothing: ErrQueueFull
@@ -192,7 +194,11 @@ func (l *Loop) Poll() bool {
 // cycles, doorbells. It reports whether it handled anything, and woken: the eventfd was
 // ready, so the loop thread is awake (or waking) for a submission or Stop.
 func (l *Loop) borrowedBatch(set, ms int) (work, woken bool) {
+	if ms != 0 {
+		tracepoint.Mark(tracepoint.SleepCaller, ms)
+	}
 	n, err := unix.EpollWait(set, l.pevents, ms)
+	tracepoint.Mark(tracepoint.CallerWoke, n)
 	if ms != 0 {
 		l.st.wakeups.Add(1)
 	}

@@ -174,6 +174,9 @@ func runBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 		cfg.Progress = w // a status line while the suite runs (bench shows it after 2 s)
 	}
 	rep, err := bench.Run(ctx, cfg, stdout)
+	if derr := bench.DumpTracepoints("parent"); derr != nil && err == nil {
+		err = derr
+	}
 	if err != nil {
 		return err
 	}
