@@ -27,6 +27,9 @@ func writeTable(w io.Writer, rep *Report) {
 	short := shortCommit(s.Commit)
 	fmt.Fprintf(w, "twosided bench: %s, provider %s, %s, %d CPUs, commit %s, %.1f s\n",
 		procs, s.Provider, s.GoVersion, s.NumCPU, short, rep.ElapsedS)
+	if note := s.CPUCheck.note(); note != "" {
+		fmt.Fprintln(w, note)
+	}
 	if s.BusyPollUS > 0 {
 		fmt.Fprintf(w, "busy poll %.0f µs; ", s.BusyPollUS)
 	}

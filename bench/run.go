@@ -299,6 +299,8 @@ type Settings struct {
 	// Server: the bench server of a two-host run (--client), as it described itself.
 	Server *ServerInfo `json:"server,omitempty"`
 	Client string      `json:"client,omitempty"` // this host's address on the route to it
+	// CPUCheck: how evenly this host's CPUs ran a fixed loop before and after the runs.
+	CPUCheck *CPUCheck `json:"cpu_check,omitempty"`
 }
 
 // Report is the outcome of Run: the settings, every run's figures and the runs that failed.
@@ -338,6 +340,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	}
 	rep := &Report{Settings: settingsOf(&cfg)}
 	rep.Settings.Server = info
+	rep.Settings.CPUCheck = newCPUCheck()
 	specs := cfg.specs()
 	prog := newProgress(cfg.Progress, len(specs))
 	defer prog.stop()
@@ -372,6 +375,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 		rep.Anchors = runUCXAnchors(ctx, &cfg, rep)
 	}
 	rep.ElapsedS = float64(nanotime()-start) / 1e9
+	rep.Settings.CPUCheck.finish()
 	compareFloors(rep.Results, rep.Settings.Floor)
 	writeTable(out, rep)
 	var errs []error

@@ -118,6 +118,14 @@ var targets = []target{
 	{"CPU, rdma echoed round trip / floor-verbs's", "rdma", "×", 0, true, func(r *bench.Report) (float64, bool) {
 		return cpuRatio(r, bench.TransportRDMA, "floor-verbs")
 	}},
+	// How evenly the machine's CPUs ran a fixed loop around the echo's run: on a VM whose
+	// host slows one vCPU, a round's ratios depend on which vCPU each process ran on.
+	{"CPU speeds, slowest / fastest (echo run)", "ev", "×", 0, true, func(r *bench.Report) (float64, bool) {
+		if r.Settings.CPUCheck == nil {
+			return 0, false
+		}
+		return r.Settings.CPUCheck.Spread(), true
+	}},
 }
 
 func rdmaGap(r *bench.Report) (float64, bool) {
