@@ -9,6 +9,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/twosided/twosided/ibv"
+	"github.com/twosided/twosided/internal/tracepoint"
 	"github.com/twosided/twosided/reactor"
 	"github.com/twosided/twosided/reactor/limits"
 )
@@ -475,6 +476,7 @@ func (c *Channel) loopOnly(op string) error {
 
 // HandleWC is step 1 of the completion rule (reactor.CQHandler).
 func (c *Channel) HandleWC(wcs []ibv.WC) {
+	tracepoint.Mark(tracepoint.CQPoll, len(wcs))
 	if c.tornDown {
 		return
 	}
@@ -691,8 +693,11 @@ func (c *Channel) flushSends() {
 			c.swr[i].Next = &c.swr[i+1]
 		}
 	}
+	tracepoint.Mark(tracepoint.PostSendStart, c.nswr)
 	c.nswr = 0
-	if _, err := c.qp.PostSend(&c.swr[0]); err != nil {
+	_, err := c.qp.PostSend(&c.swr[0])
+	tracepoint.Mark(tracepoint.PostSendEnd, 0)
+	if err != nil {
 		c.postErrors++
 		c.m.Close(fmt.Errorf("%w: post send: %w", ErrPeerError, err))
 	}

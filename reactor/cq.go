@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/twosided/twosided/ibv"
+	"github.com/twosided/twosided/internal/tracepoint"
 )
 
 // CQHandler consumes the completions of a watched CQ, on the loop goroutine.
@@ -222,6 +223,7 @@ func (l *Loop) drainChannel(cw *chanWatch) {
 			break
 		}
 		l.st.cqEvents.Add(1)
+		tracepoint.Mark(tracepoint.ChannelEvents, 1)
 		if w := cw.find(cq); w != nil {
 			w.events++
 		} else if cq != nil {
