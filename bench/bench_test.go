@@ -178,6 +178,34 @@ func TestFloorURing(t *testing.T) {
 // TestFloorEcho: floor-echo runs the latency scenario only (its echo: TestNoEcho).
 func TestFloorEcho(t *testing.T) { testWaitFloor(t, FloorEcho) }
 
+// TestFloorVerbsEchoOnSoft: on the soft provider floor-verbs-echo's echo is refused with a
+// reason (its manual progress would hold every packet for the backstop); in one process,
+// where there is no echo, it runs floor-verbs's exchange. On a libibverbs device:
+// TestFloorVerbsEcho (-tags rdma).
+func TestFloorVerbsEchoOnSoft(t *testing.T) {
+	cfg := tinyConfig(t, FloorVerbsEcho)
+	cfg.Procs = 2
+	cfg.Provider = "soft"
+	cfg.Sizes = []int{64}
+	cfg.Scenarios = []string{ScenarioLatency}
+	var out bytes.Buffer
+	rep, err := Run(context.Background(), cfg, &out)
+	require.NoError(t, err)
+	require.Len(t, rep.Failures, 1)
+	require.Contains(t, rep.Failures[0].Error, "floor-verbs-echo: the soft provider makes progress only for a thread that waits on the device's first channel")
+	require.Contains(t, rep.Failures[0].Error, "--provider verbs")
+
+	cfg.Procs = 1
+	rep, err = Run(context.Background(), cfg, &out)
+	require.NoError(t, err)
+	require.Empty(t, rep.Failures)
+	require.Len(t, rep.Results, 1)
+	r := rep.Results[0]
+	require.Zero(t, r.Errors, r.FirstError)
+	require.Equal(t, "one clock", r.OneWayMethod, "one process: each message timed to its delivery")
+	upTo(t, 50, int64(r.OneWay.Count), r)
+}
+
 func testWaitFloor(t *testing.T, floor string) {
 	for _, procs := range []int{1, 2} {
 		cfg := tinyConfig(t, TransportOOB, FloorBlock, floor)

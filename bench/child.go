@@ -138,16 +138,30 @@ func runChild(parent context.Context, spec childSpec, host string, sc *bufio.Sca
 				s.bad.Add(1)
 			}
 		}
-	} else if spec.Echo && spec.Transport == FloorEcho && len(nodes) > 0 {
-		// floor-echo answers as an engine's handler does, on the receiving thread: the echo
-		// goes on this side's own connection and its ack is read before the message's own
-		// ack is written (floor-block's connection thread, locked to its OS thread, is the
-		// one thread that uses the client).
-		fc, err := newFloorClient(false, spec.Parent[:1])
+	} else if spec.Echo && isEchoFloor(spec.Transport) && len(nodes) > 0 {
+		// The echo floors answer as an engine's handler does, on the receiving thread: the
+		// echo goes on this side's own connection (floor-echo: a TCP connection;
+		// floor-verbs-echo: a QP of the node's device) and its answer is read before the
+		// message's own answer is sent (the node's connection thread, locked to its OS
+		// thread, is the one thread that uses the client).
+		var fc client
+		var err error
+		if spec.Transport == FloorEcho {
+			fc, err = newFloorClient(false, spec.Parent[:1])
+		} else if vn, ok := nodes[0].(*verbsNode); ok && vn.dev.provider == "soft" {
+			// The soft provider makes progress on the thread that waits on its device's
+			// first channel (manual progress, ibv/soft's doc); the echo's thread waits on
+			// its second, so every packet would wait for the provider's backstop (ms).
+			err = fmt.Errorf("%w: %s: the soft provider makes progress only for a thread that waits on the device's first channel, and the echo waits on a second: run it on a libibverbs device (--provider verbs, -tags rdma)", ErrConfig, spec.Transport)
+		} else {
+			fc, err = nodes[0].newClient(spec.Parent[:1])
+		}
 		if err != nil {
 			return fail(err)
 		}
-		defer fc.close() // after the nodes (deferred before): their threads have ended
+		// Closed before the nodes (deferred after them), once the runs are over: their
+		// threads wait for a message then, not in the client.
+		defer fc.close()
 		msg := newMsg(spec.Size)
 		s.echoNow = func(seq uint64) {
 			putSeq(msg, seq)

@@ -36,11 +36,12 @@ const verbsWait = 10 * time.Second
 // engine of this process takes (real providers before the soft one), restricted to
 // provider when it is set.
 type verbsDevice struct {
-	ctx  ibv.Context
-	pd   ibv.PD
-	port ibv.PortAttr
-	gid  ibv.GIDEntry
-	name string
+	ctx      ibv.Context
+	pd       ibv.PD
+	port     ibv.PortAttr
+	gid      ibv.GIDEntry
+	name     string
+	provider string
 }
 
 func openVerbsDevice(provider string) (*verbsDevice, error) {
@@ -87,7 +88,7 @@ func openVerbsDevice(provider string) (*verbsDevice, error) {
 			errs = append(errs, err)
 			continue
 		}
-		return &verbsDevice{ctx: ctx, pd: pd, port: port, gid: gid, name: d.Provider + ":" + d.Name}, nil
+		return &verbsDevice{ctx: ctx, pd: pd, port: port, gid: gid, name: d.Provider + ":" + d.Name, provider: d.Provider}, nil
 	}
 	what := "any provider"
 	if provider != "" {

@@ -206,7 +206,7 @@ func (c *Config) specs() []runSpec {
 			if t == FloorStream && sc != ScenarioBurst {
 				continue // the pipelined floor of one sender and one receiver
 			}
-			if (t == FloorEpoll || t == FloorLoop || t == FloorNode || t == FloorURing || t == FloorEcho) && sc != ScenarioLatency {
+			if (t == FloorEpoll || t == FloorLoop || t == FloorNode || t == FloorURing || isEchoFloor(t)) && sc != ScenarioLatency {
 				continue // the reference ping-pongs: latency only
 			}
 			if isVerbsFloor(t) && sc != ScenarioBurst && sc != ScenarioLatency {

@@ -247,9 +247,10 @@ func runOne(ctx context.Context, spec runSpec, exe string, args []string) (*Resu
 func (r *run) latency() (*Result, error) {
 	s := r.spec
 	floor := isFloor(s.Transport)
-	// An echo: the engines' latency run in two processes, and floor-echo, its raw-socket
-	// reference (the other floors' round trip is one message and its ack).
-	echo := s.Procs == 2 && (!floor || s.Transport == FloorEcho) && !s.NoEcho
+	// An echo: the engines' latency run in two processes, and floor-echo and
+	// floor-verbs-echo, its references on raw sockets and on the verbs device (the other
+	// floors' round trip is one message and its answer).
+	echo := s.Procs == 2 && (!floor || isEchoFloor(s.Transport)) && !s.NoEcho
 	if err := r.setup(1, 1, childSpec{Echo: echo}); err != nil {
 		return nil, err
 	}

@@ -11,7 +11,8 @@
 # io_uring), latency with --busy-poll 50us (oob,
 # floor-spin), a pipelined burst (window 256, 1 s, oob and UCX's ucp_am_bw) and, when the
 # verbs provider builds and softverbs is there (make softverbs), rdma_twosided against
-# floor-verbs on it, with the echo and with --no-echo. Then bench/targets prints every
+# floor-verbs on it, with the echo (and floor-verbs-echo, the echo's SENDs on the device) and
+# with --no-echo. Then bench/targets prints every
 # target's figure per round, the median and whether it is met (exit status 1 when one is
 # not).
 #
@@ -42,7 +43,7 @@ for r in $(seq 1 "$R"); do
 	"$bin" bench --scenario burst --transport oob -s 64 --window 256 --repeat 1 --burst-time 1s --keepalive-off --anchors ucx --json "$OUT/round-$r-burst.json"
 	if [ -n "$rdma" ]; then
 		LD_LIBRARY_PATH="$PWD/build/softverbs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$OUT/twosided-rdma" bench --provider verbs \
-			--scenario latency --transport rdma_twosided,floor-verbs -s 64 -n "$N" --keepalive-off --json "$OUT/round-$r-rdma.json"
+			--scenario latency --transport rdma_twosided,floor-verbs,floor-verbs-echo -s 64 -n "$N" --keepalive-off --json "$OUT/round-$r-rdma.json"
 		LD_LIBRARY_PATH="$PWD/build/softverbs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$OUT/twosided-rdma" bench --provider verbs \
 			--scenario latency --transport rdma_twosided,floor-verbs -s 64 -n "$N" --keepalive-off --no-echo --json "$OUT/round-$r-rdma-ack.json"
 	fi

@@ -21,6 +21,7 @@ const (
 	FloorEcho           = "floor-echo"       // floor-block with the engines' echo: the receiving thread sends every message back on its own connection, each message acked (latency, two processes)
 	FloorVerbs          = "floor-verbs"      // RC SEND/RECV on ibv directly, completion events (latency, burst)
 	FloorVerbsSpin      = "floor-verbs-spin" // the same, busy-polling the CQ (latency, burst)
+	FloorVerbsEcho      = "floor-verbs-echo" // floor-verbs with the engines' echo: the receiving thread sends every message back on a QP of its own, each message answered (latency, two processes)
 )
 
 // Transports lists the default suite's transports in table order.
@@ -29,14 +30,20 @@ var Transports = []string{TransportRDMA, TransportOOB, TransportOOBClassic, Floo
 // AllTransports adds the reference floors (floor-epoll, floor-loop, floor-node and
 // floor-uring: what the reactor's waits, the reactor, the OOB node cost, and what waits on
 // io_uring would; floor-echo: the echoed round trip's frames on raw sockets) and the verbs
-// floors (the device, bench --provider verbs), asked for by name (or "all").
-var AllTransports = append(append([]string(nil), Transports...), FloorEpoll, FloorLoop, FloorNode, FloorURing, FloorEcho, FloorVerbs, FloorVerbsSpin)
+// floors (the device, bench --provider verbs; floor-verbs-echo: the echoed round trip's
+// SENDs on it), asked for by name (or "all").
+var AllTransports = append(append([]string(nil), Transports...), FloorEpoll, FloorLoop, FloorNode, FloorURing, FloorEcho, FloorVerbs, FloorVerbsSpin, FloorVerbsEcho)
 
 func isFloor(t string) bool {
 	return t == FloorBlock || t == FloorSpin || t == FloorStream || t == FloorEpoll || t == FloorLoop || t == FloorNode || t == FloorURing || t == FloorEcho || isVerbsFloor(t)
 }
 
-func isVerbsFloor(t string) bool { return t == FloorVerbs || t == FloorVerbsSpin }
+func isVerbsFloor(t string) bool { return t == FloorVerbs || t == FloorVerbsSpin || t == FloorVerbsEcho }
+
+// isEchoFloor reports whether t is a floor whose two-process round trip is the engines'
+// echo (the message, the receiver's echo on its own connection, each answered): the echoed
+// latency's like-for-like references. They run the latency scenario only.
+func isEchoFloor(t string) bool { return t == FloorEcho || t == FloorVerbsEcho }
 
 // node is one endpoint of a run: it receives into a sink and makes clients that send to
 // other nodes.
@@ -70,7 +77,7 @@ func newNode(transport string, o nodeOpts, s *sink) (node, error) {
 		return newOOBNode(o.host, s)
 	case FloorURing:
 		return newURingFloorNode(o.host, s)
-	case FloorVerbs, FloorVerbsSpin:
+	case FloorVerbs, FloorVerbsSpin, FloorVerbsEcho:
 		return newVerbsNode(transport == FloorVerbsSpin, o, s)
 	case TransportRDMA, TransportOOB, TransportOOBClassic:
 		return newEngineNode(transport, o, s)

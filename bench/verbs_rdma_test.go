@@ -71,3 +71,42 @@ func TestVerbsProvider(t *testing.T) {
 	require.Empty(t, rep.Failures)
 	require.Equal(t, want, rep.Settings.Provider, "the default provider")
 }
+
+// TestFloorVerbsEcho: on a libibverbs device floor-verbs-echo moves the engines' echoed round
+// trip as SENDs (the message, the receiver's echo on a QP of its own, each answered),
+// latency only, timed as the engines' echo is, with no engine breakdown; floor-verbs beside
+// it stays the rdma_twosided row's floor.
+func TestFloorVerbsEcho(t *testing.T) {
+	activeVerbsDevice(t)
+	cfg := tinyConfig(t, TransportRDMA, FloorVerbs, FloorVerbsEcho)
+	cfg.Procs = 2
+	cfg.Provider = "verbs"
+	cfg.Sizes = []int{64}
+	cfg.Scenarios = []string{ScenarioLatency, ScenarioBurst}
+	var out bytes.Buffer
+	rep, err := Run(context.Background(), cfg, &out)
+	require.NoError(t, err)
+	t.Log("\n" + out.String())
+	require.Empty(t, rep.Failures)
+	require.Len(t, rep.Results, 5, "floor-verbs-echo runs no burst")
+	var echo, rdma *Result
+	for _, r := range rep.Results {
+		require.Zero(t, r.Errors, "%s %s: %s", r.Scenario, r.Transport, r.FirstError)
+		if r.Scenario != ScenarioLatency {
+			require.NotEqual(t, FloorVerbsEcho, r.Transport)
+			continue
+		}
+		upTo(t, 50, int64(r.OneWay.Count), r)
+		switch r.Transport {
+		case FloorVerbsEcho:
+			echo = r
+		case TransportRDMA:
+			rdma = r
+		}
+	}
+	require.NotNil(t, echo)
+	require.Equal(t, "rtt/2 (echo notify)", echo.OneWayMethod)
+	require.Nil(t, echo.Breakdown)
+	require.NotNil(t, rdma)
+	require.Equal(t, "one-way p50 / "+FloorVerbs, rdma.VsFloorOf)
+}

@@ -9,8 +9,8 @@
 // floor-node and floor-uring, each round trip one message and its acknowledgement),
 // round-N-busy.json (latency, --busy-poll: oob, floor-spin), round-N-burst.json (burst,
 // window 256: oob, UCX ucp_am_bw) and, when the verbs provider ran, round-N-rdma.json (latency: rdma_twosided,
-// floor-verbs) and round-N-rdma-ack.json (the same with --no-echo), as twosided bench
-// --json writes them.
+// floor-verbs, floor-verbs-echo) and round-N-rdma-ack.json (rdma_twosided and floor-verbs
+// with --no-echo), as twosided bench --json writes them.
 package main
 
 import (
@@ -109,6 +109,10 @@ var targets = []target{
 		return ratio(a.OpsPerSec, b.OpsPerSec, true, true)
 	}},
 	{"rdma_twosided p50 - floor-verbs p50", "rdma", "µs", 3, true, rdmaGap},
+	// The echoed round trip's like for like on the device: floor-verbs-echo moves the
+	// echo's SENDs (the message, the echo on the receiver's own QP, each answered).
+	{"floor-verbs-echo p50 - floor-verbs p50", "rdma", "µs", 0, true, p50Gap(bench.FloorVerbsEcho, "floor-verbs")},
+	{"rdma_twosided p50 - floor-verbs-echo p50", "rdma", "µs", 0, true, p50Gap(bench.TransportRDMA, bench.FloorVerbsEcho)},
 	// As for oob: floor-verbs's round trip is one SEND and its one-byte answer, so the
 	// like-for-like round trip of rdma_twosided is a notify and its ACK.
 	{"rdma_twosided p50 - floor-verbs p50 (acked)", "rdma-ack", "µs", 3, true, rdmaGap},
@@ -128,10 +132,15 @@ var targets = []target{
 	}},
 }
 
-func rdmaGap(r *bench.Report) (float64, bool) {
-	a, okA := p50(find(r, "latency", bench.TransportRDMA))
-	b, okB := p50(find(r, "latency", "floor-verbs"))
-	return a - b, okA && okB
+func rdmaGap(r *bench.Report) (float64, bool) { return p50Gap(bench.TransportRDMA, "floor-verbs")(r) }
+
+// p50Gap is a row's figure: transport a's latency p50 minus transport b's, of one report.
+func p50Gap(a, b string) func(r *bench.Report) (float64, bool) {
+	return func(r *bench.Report) (float64, bool) {
+		x, okX := p50(find(r, "latency", a))
+		y, okY := p50(find(r, "latency", b))
+		return x - y, okX && okY
+	}
 }
 
 func cpuRatio(r *bench.Report, ours, ref string) (float64, bool) {

@@ -76,7 +76,7 @@ func TestSummarize(t *testing.T) {
 	for r, gap := range []float64{4, 2, 9} {
 		n := r + 1
 		writeReport(t, rd, n, "ev", lat("oob", 20, 50), lat("floor-block", 20, 50))
-		writeReport(t, rd, n, "rdma", lat(bench.TransportRDMA, 40+gap+10, 200), lat("floor-verbs", 40, 100))
+		writeReport(t, rd, n, "rdma", lat(bench.TransportRDMA, 40+gap+10, 200), lat("floor-verbs", 40, 100), lat(bench.FloorVerbsEcho, 47, 180))
 		writeReport(t, rd, n, "rdma-ack", lat(bench.TransportRDMA, 40+gap, 90), lat("floor-verbs", 40, 100))
 	}
 	out.Reset()
@@ -88,6 +88,10 @@ func TestSummarize(t *testing.T) {
 	require.True(t, strings.HasSuffix(line("rdma_twosided p50 - floor-verbs p50 (acked)"), "4.00µs     ≤3µs  NOT met"), line("rdma_twosided p50 - floor-verbs p50 (acked)"))
 	require.True(t, strings.HasSuffix(line("CPU per notify, rdma_twosided"), "0.90×    ≤1.5×  met"), line("CPU per notify, rdma_twosided"))
 	require.True(t, strings.HasSuffix(line("CPU, rdma echoed"), "2.00×        -  for reference"), line("CPU, rdma echoed"))
+	// The echo's like for like on the device: the floor's own echo over its ping-pong, and
+	// ours over that (54, 52, 59 against 47).
+	require.True(t, strings.HasSuffix(line("floor-verbs-echo p50 - floor-verbs p50"), "7.00µs        -  for reference"), line("floor-verbs-echo p50 - floor-verbs p50"))
+	require.Contains(t, line("rdma_twosided p50 - floor-verbs-echo p50"), "7.00 5.00 12.00")
 
 	var none strings.Builder
 	require.Equal(t, 2, summarize(&none, t.TempDir()))

@@ -139,7 +139,7 @@ func runBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout io.Wr
 	var sizes sizeList
 	var server serverFlag
 	fs.Var(&scenarios, "scenario", "scenarios, comma list: "+strings.Join(bench.Scenarios, ", ")+" (default all)")
-	fs.Var(&transports, "transport", "transports, comma list: "+strings.Join(bench.AllTransports, ", ")+" (default all but floor-epoll, floor-loop, floor-node, floor-uring, floor-echo and the verbs floors)")
+	fs.Var(&transports, "transport", "transports, comma list: "+strings.Join(bench.AllTransports, ", ")+" (default all but floor-epoll, floor-loop, floor-node, floor-uring, floor-echo and the verbs floors: floor-verbs, floor-verbs-spin, floor-verbs-echo)")
 	fs.IntVar(&cfg.Procs, "procs", 2, "1: sender and receiver in one process (one clock); 2: the receivers in a child process")
 	fs.IntVar(&cfg.Count, "count", 0, "notifies per run (default 2000; burst at most 16 MiB per run)")
 	fs.IntVar(&cfg.Count, "n", 0, "short for --count (perftest's -n)")
