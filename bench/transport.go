@@ -38,7 +38,9 @@ func isFloor(t string) bool {
 	return t == FloorBlock || t == FloorSpin || t == FloorStream || t == FloorEpoll || t == FloorLoop || t == FloorNode || t == FloorURing || t == FloorEcho || isVerbsFloor(t)
 }
 
-func isVerbsFloor(t string) bool { return t == FloorVerbs || t == FloorVerbsSpin || t == FloorVerbsEcho }
+func isVerbsFloor(t string) bool {
+	return t == FloorVerbs || t == FloorVerbsSpin || t == FloorVerbsEcho
+}
 
 // isEchoFloor reports whether t is a floor whose two-process round trip is the engines'
 // echo (the message, the receiver's echo on its own connection, each answered): the echoed
