@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"math"
 	"runtime"
 	"slices"
 	"strings"
@@ -17,7 +18,7 @@ import (
 // floors' is mostly the kernel's.
 type CPUCheck struct {
 	CPUs    []int     `json:"cpus"`
-	StartMS []float64 `json:"start_ms"`         // the loop's median time on each CPU, before the runs
+	StartMS []float64 `json:"start_ms"`         // the loop's best time on each CPU, before the runs
 	EndMS   []float64 `json:"end_ms,omitempty"` // after them
 }
 
@@ -41,7 +42,9 @@ func cpuLoop(n int) uint64 {
 }
 
 // timeCPUs times cpuLoop on each CPU of this thread's affinity (at most cpuCheckMax; none
-// otherwise), the median of three runs after a warm-up, and leaves the affinity as it was.
+// otherwise), the best of five runs after a warm-up, and leaves the affinity as it was. The
+// best, not the median: a process that shares the CPU for a moment (the last run's child
+// exiting) slows some runs, a host that slows the vCPU slows them all.
 func timeCPUs() (cpus []int, ms []float64) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -60,15 +63,14 @@ func timeCPUs() (cpus []int, ms []float64) {
 			continue
 		}
 		cpuLoopSink += cpuLoop(cpuLoopIters / 4)
-		var d [3]time.Duration
-		for i := range d {
+		best := time.Duration(math.MaxInt64)
+		for range 5 {
 			t0 := time.Now()
 			cpuLoopSink += cpuLoop(cpuLoopIters)
-			d[i] = time.Since(t0)
+			best = min(best, time.Since(t0))
 		}
-		slices.Sort(d[:])
 		cpus = append(cpus, cpu)
-		ms = append(ms, float64(d[1])/1e6)
+		ms = append(ms, float64(best)/1e6)
 	}
 	return cpus, ms
 }
