@@ -2,7 +2,6 @@ package bench
 
 import (
 	"fmt"
-	"math"
 	"runtime"
 	"slices"
 	"strings"
@@ -18,7 +17,7 @@ import (
 // floors' is mostly the kernel's.
 type CPUCheck struct {
 	CPUs    []int     `json:"cpus"`
-	StartMS []float64 `json:"start_ms"`         // the loop's best time on each CPU, before the runs
+	StartMS []float64 `json:"start_ms"`         // the loop's CPU time on each CPU, before the runs
 	EndMS   []float64 `json:"end_ms,omitempty"` // after them
 }
 
@@ -26,8 +25,9 @@ type CPUCheck struct {
 // vCPUs, and the time it would take).
 const cpuCheckMax = 16
 
-// cpuLoopIters is the loop's length: a dependent multiply-add chain, about 2 ms at 3 GHz.
-const cpuLoopIters = 1_500_000
+// cpuLoopIters is the loop's length: a dependent multiply-add chain, about 25 ms at 3 GHz,
+// long enough to span the host's scheduling of a vCPU.
+const cpuLoopIters = 20_000_000
 
 var cpuLoopSink uint64
 
@@ -42,9 +42,11 @@ func cpuLoop(n int) uint64 {
 }
 
 // timeCPUs times cpuLoop on each CPU of this thread's affinity (at most cpuCheckMax; none
-// otherwise), the best of five runs after a warm-up, and leaves the affinity as it was. The
-// best, not the median: a process that shares the CPU for a moment (the last run's child
-// exiting) slows some runs, a host that slows the vCPU slows them all.
+// otherwise) after a warm-up, and leaves the affinity as it was. The time is the thread's
+// CPU time (CLOCK_THREAD_CPUTIME_ID), not the wall clock's: another process sharing the CPU
+// for a moment (the last run's child exiting) takes wall time but not the thread's, while a
+// host that runs the vCPU a part of the time only slows the thread's own (the guest's
+// clock runs on while the host has the vCPU off).
 func timeCPUs() (cpus []int, ms []float64) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -62,17 +64,26 @@ func timeCPUs() (cpus []int, ms []float64) {
 		if unix.SchedSetaffinity(0, &one) != nil {
 			continue
 		}
-		cpuLoopSink += cpuLoop(cpuLoopIters / 4)
-		best := time.Duration(math.MaxInt64)
-		for range 5 {
-			t0 := time.Now()
-			cpuLoopSink += cpuLoop(cpuLoopIters)
-			best = min(best, time.Since(t0))
+		cpuLoopSink += cpuLoop(cpuLoopIters / 8)
+		t0, ok0 := threadCPU()
+		cpuLoopSink += cpuLoop(cpuLoopIters)
+		t1, ok1 := threadCPU()
+		if !ok0 || !ok1 || t1 <= t0 {
+			continue
 		}
 		cpus = append(cpus, cpu)
-		ms = append(ms, float64(best)/1e6)
+		ms = append(ms, float64(t1-t0)/1e6)
 	}
 	return cpus, ms
+}
+
+// threadCPU is the calling thread's CPU time.
+func threadCPU() (time.Duration, bool) {
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts) != nil {
+		return 0, false
+	}
+	return time.Duration(ts.Nano()), true
 }
 
 // newCPUCheck times the CPUs before the runs; nil where they could not be timed.
