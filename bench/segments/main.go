@@ -2,8 +2,8 @@
 // with -tags tracepoints (bench.TracepointsEnv): for each process, every pair of points
 // that follow each other on its threads (two threads' stamps interleave, so a pair may
 // span two threads), how often it occurred and the median and p90 of the time between
-// them; then, across the two processes, each write's start to the other process's next
-// wake-up (the wire and the wake-up).
+// them; then, across the two processes, each OOB write's or ctrl channel post's start to
+// the other process's next wake-up (the wire and the wake-up).
 //
 //	go build -tags tracepoints -o /tmp/twosided-tp ./cmd/twosided
 //	mkdir /tmp/tp && TWOSIDED_TRACEPOINTS=/tmp/tp /tmp/twosided-tp bench --scenario latency \
@@ -67,9 +67,9 @@ func run(w io.Writer, dir string, share float64) error {
 		fmt.Fprintf(w, "%s (%d stamps): pair, count, p50 µs, p90 µs\n", role, len(procs[role]))
 		printPairs(w, procs[role], share)
 	}
-	fmt.Fprintln(w, "across: a write's start in one process to the other's next wake-up (µs)")
-	printAcross(w, "parent write> → child woke", procs["parent"], procs["child"])
-	printAcross(w, "child write> → parent woke", procs["child"], procs["parent"])
+	fmt.Fprintln(w, "across: a write's (OOB) or a post's (ctrl channel) start in one process to the other's next wake-up (µs)")
+	printAcross(w, "parent sends → child woke", procs["parent"], procs["child"])
+	printAcross(w, "child sends → parent woke", procs["child"], procs["parent"])
 	return nil
 }
 
@@ -135,7 +135,7 @@ func printAcross(w io.Writer, what string, from, to []stamp) {
 	slices.Sort(wakes)
 	var v []int64
 	for _, s := range from {
-		if s.p != tracepoint.WriteStart {
+		if s.p != tracepoint.WriteStart && s.p != tracepoint.PostSendStart {
 			continue
 		}
 		if i, _ := slices.BinarySearch(wakes, s.t); i < len(wakes) && wakes[i]-s.t < 1e6 {

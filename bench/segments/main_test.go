@@ -48,8 +48,8 @@ func TestSegments(t *testing.T) {
 	require.Regexp(t, `write> +→ write< +10 +10\.00`, s)
 	require.Regexp(t, `loop-woke +→ read> +10 +0\.50`, s)
 	require.NotContains(t, s, "flush", "a pair seen once of ten is left out")
-	require.Regexp(t, `parent write> → child woke +10 +14\.0`, s)
-	require.Contains(t, s, "child write> → parent woke: none")
+	require.Regexp(t, `parent sends → child woke +10 +14\.0`, s)
+	require.Contains(t, s, "child sends → parent woke: none")
 }
 
 // A directory without both processes' files, or a malformed line, is an error that says so.

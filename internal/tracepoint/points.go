@@ -35,7 +35,7 @@ const (
 	Submit              // bench: the sender's clock starts for a notify (argument: sequence number)
 	Deliver             // bench: a notify reached the application's handler
 	HandlerDone         // bench: the handler returned (its echo, if any, was sent)
-	ChannelEvents       // the loop read a completion channel's events (argument: CQs with events)
+	ChannelEvents       // the loop read an event from a completion channel (one stamp per event)
 	CQPoll              // a CQ's completions are handed to its handler (argument: work completions)
 	PostSendStart       // a ctrl channel posts its turn's SENDs (argument: work requests)
 	PostSendEnd         // the post returned
