@@ -10,9 +10,10 @@
 // disarm, with no engine; the same on the reactor itself; the same as the engine's OOB
 // frames through an oob.Node on it, with no notify engine; or through io_uring; and
 // floor-echo, floor-block's threads moving the engines' echoed round trip: the receiving
-// thread sends every message back on its own connection, each message acked), HDR
-// histograms
-// of the latencies, CPU and wake-up accounting, the table, JSON and SVG outputs, and the
+// thread sends every message back on its own connection, each message acked), the verbs
+// floors on the device (floor-verbs, floor-verbs-spin, and floor-verbs-echo: the echoed
+// round trip's SENDs), HDR histograms of the latencies, CPU and wake-up accounting, a check
+// of how evenly the CPUs run (cpucheck.go), the table, JSON and SVG outputs, and the
 // harness that puts the receiving side in a second process: a child (the binary
 // re-executes itself; control travels over the child's stdin and stdout) or a bench server
 // on another host (Server, NewServer: the same control protocol on a TCP connection of its
