@@ -34,6 +34,23 @@ func activeVerbsDevice(t *testing.T) string {
 	return ""
 }
 
+// runOnVerbs runs the latency and burst scenarios of transports in two processes on the
+// verbs provider, 64 B, and requires every run to have produced its figures.
+func runOnVerbs(t *testing.T, transports ...string) *Report {
+	t.Helper()
+	cfg := tinyConfig(t, transports...)
+	cfg.Procs = 2
+	cfg.Provider = "verbs"
+	cfg.Sizes = []int{64}
+	cfg.Scenarios = []string{ScenarioLatency, ScenarioBurst}
+	var out bytes.Buffer
+	rep, err := Run(context.Background(), cfg, &out)
+	require.NoError(t, err)
+	t.Log("\n" + out.String())
+	require.Empty(t, rep.Failures)
+	return rep
+}
+
 // TestVerbsProvider: a tiny run with --provider verbs runs rdma_twosided and the verbs
 // floor over libibverbs, in two processes, and the report names the device it ran on
 // (verbs:softverbs0 on softverbs). With no provider set, a binary with the verbs provider
@@ -45,16 +62,7 @@ func TestVerbsProvider(t *testing.T) {
 		want = "verbs:softverbs0"
 	}
 
-	cfg := tinyConfig(t, TransportRDMA, FloorVerbs)
-	cfg.Procs = 2
-	cfg.Provider = "verbs"
-	cfg.Sizes = []int{64}
-	cfg.Scenarios = []string{ScenarioLatency, ScenarioBurst}
-	var out bytes.Buffer
-	rep, err := Run(context.Background(), cfg, &out)
-	require.NoError(t, err)
-	t.Log("\n" + out.String())
-	require.Empty(t, rep.Failures)
+	rep := runOnVerbs(t, TransportRDMA, FloorVerbs)
 	require.Equal(t, want, rep.Settings.Provider)
 	require.Len(t, rep.Results, 2*2)
 	for _, r := range rep.Results {
@@ -62,11 +70,11 @@ func TestVerbsProvider(t *testing.T) {
 		upTo(t, 50, r.Notifies, r)
 	}
 
-	cfg = tinyConfig(t, TransportRDMA)
+	cfg := tinyConfig(t, TransportRDMA)
 	cfg.Sizes = []int{64}
 	cfg.Scenarios = []string{ScenarioLatency}
-	out.Reset()
-	rep, err = Run(context.Background(), cfg, &out)
+	var out bytes.Buffer
+	rep, err := Run(context.Background(), cfg, &out)
 	require.NoError(t, err)
 	require.Empty(t, rep.Failures)
 	require.Equal(t, want, rep.Settings.Provider, "the default provider")
@@ -78,16 +86,7 @@ func TestVerbsProvider(t *testing.T) {
 // it stays the rdma_twosided row's floor.
 func TestFloorVerbsEcho(t *testing.T) {
 	activeVerbsDevice(t)
-	cfg := tinyConfig(t, TransportRDMA, FloorVerbs, FloorVerbsEcho)
-	cfg.Procs = 2
-	cfg.Provider = "verbs"
-	cfg.Sizes = []int{64}
-	cfg.Scenarios = []string{ScenarioLatency, ScenarioBurst}
-	var out bytes.Buffer
-	rep, err := Run(context.Background(), cfg, &out)
-	require.NoError(t, err)
-	t.Log("\n" + out.String())
-	require.Empty(t, rep.Failures)
+	rep := runOnVerbs(t, TransportRDMA, FloorVerbs, FloorVerbsEcho)
 	require.Len(t, rep.Results, 5, "floor-verbs-echo runs no burst")
 	var echo, rdma *Result
 	for _, r := range rep.Results {

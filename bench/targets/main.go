@@ -108,14 +108,14 @@ var targets = []target{
 		}
 		return ratio(a.OpsPerSec, b.OpsPerSec, true, true)
 	}},
-	{"rdma_twosided p50 - floor-verbs p50", "rdma", "µs", 3, true, rdmaGap},
+	{"rdma_twosided p50 - floor-verbs p50", "rdma", "µs", 3, true, p50Gap(bench.TransportRDMA, "floor-verbs")},
 	// The echoed round trip's like for like on the device: floor-verbs-echo moves the
 	// echo's SENDs (the message, the echo on the receiver's own QP, each answered).
 	{"floor-verbs-echo p50 - floor-verbs p50", "rdma", "µs", 0, true, p50Gap(bench.FloorVerbsEcho, "floor-verbs")},
 	{"rdma_twosided p50 - floor-verbs-echo p50", "rdma", "µs", 0, true, p50Gap(bench.TransportRDMA, bench.FloorVerbsEcho)},
 	// As for oob: floor-verbs's round trip is one SEND and its one-byte answer, so the
 	// like-for-like round trip of rdma_twosided is a notify and its ACK.
-	{"rdma_twosided p50 - floor-verbs p50 (acked)", "rdma-ack", "µs", 3, true, rdmaGap},
+	{"rdma_twosided p50 - floor-verbs p50 (acked)", "rdma-ack", "µs", 3, true, p50Gap(bench.TransportRDMA, "floor-verbs")},
 	{"CPU per notify, rdma_twosided / floor-verbs (acked)", "rdma-ack", "×", 1.5, true, func(r *bench.Report) (float64, bool) {
 		return cpuRatio(r, bench.TransportRDMA, "floor-verbs")
 	}},
@@ -131,8 +131,6 @@ var targets = []target{
 		return r.Settings.CPUCheck.Spread(), true
 	}},
 }
-
-func rdmaGap(r *bench.Report) (float64, bool) { return p50Gap(bench.TransportRDMA, "floor-verbs")(r) }
 
 // p50Gap is a row's figure: transport a's latency p50 minus transport b's, of one report.
 func p50Gap(a, b string) func(r *bench.Report) (float64, bool) {
