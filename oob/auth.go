@@ -157,6 +157,8 @@ func appendHelloReply(dst []byte, m reqMeta, a *authKeys, ca *connAuth, maxFrame
 	}
 	// The client measures its requests' encoded frames against this limit.
 	o.uint(fMaxFrame, uint64(maxFrame))
+	// The client may send its notifies as compact frames (compact.go).
+	o.uint(fCompact, 1)
 	if m.hasID {
 		o.uint(fID, m.id)
 	}

@@ -256,7 +256,7 @@ func (n *Node) NotifyOnLoop(peer string, req *NotifyRequest, timeout time.Durati
 	if err := checkNotify(req); err != nil {
 		return err
 	}
-	ap, err := netip.ParseAddrPort(peer)
+	ap, err := n.literalPeer(peer)
 	if err != nil {
 		return fmt.Errorf("%w: %s: notify: not a literal ip:port (NotifyOnLoop resolves no names)", ErrBadRequest, peer)
 	}
@@ -282,6 +282,19 @@ func (n *Node) NotifyOnLoop(peer string, req *NotifyRequest, timeout time.Durati
 	}
 	c.lt.Reset(d)
 	return nil
+}
+
+// literalPeer parses a literal ip:port and remembers the last one, so a stream of notifies
+// to one peer parses its address once. Loop-only.
+func (n *Node) literalPeer(peer string) (netip.AddrPort, error) {
+	if peer == n.lastPeer && peer != "" {
+		return n.lastAP, nil
+	}
+	ap, err := netip.ParseAddrPort(peer)
+	if err == nil {
+		n.lastPeer, n.lastAP = peer, ap
+	}
+	return ap, err
 }
 
 // NotifyClassic sends req on a connection of its own, as Mooncake does.
@@ -565,7 +578,11 @@ func (pc *conn) sendCall(c *call) {
 	n := pc.n
 	n.nextID++
 	c.id = n.nextID
-	n.out = n.encodeCall(n.out[:0], c, reqMeta{id: c.id, hasID: true, twosided: true}, true)
+	if c.typ == TypeNotify && pc.compact {
+		n.out = appendNotifyCompact(n.out[:0], &c.nreq, reqMeta{id: c.id, hasID: true, twosided: true, compact: true})
+	} else {
+		n.out = n.encodeCall(n.out[:0], c, reqMeta{id: c.id, hasID: true, twosided: true}, true)
+	}
 	if err := n.checkFrame(c, pc.peer, n.out); err != nil {
 		c.conn = nil
 		c.finish(err, nil)
@@ -701,9 +718,17 @@ func (c *conn) replyFrame(t MsgType, body []byte) {
 		resp *HandshakeDesc
 		err  error
 	)
-	if t == TypeConnection {
+	switch t {
+	case TypeConnection:
 		resp, m, err = decodeHandshake(body)
-	} else {
+	case TypeNotifyCompact:
+		if !c.compact {
+			err = compactErr(fCompact, "a compact reply on a connection that sent none")
+		} else {
+			err = n.ri.decodeCompact(body)
+		}
+		m, t = n.ri.m, TypeNotify // the same reply as the JSON one from here on
+	default:
 		n.key, err = n.ri.decode(body, n.key)
 		m = n.ri.m
 	}
@@ -722,6 +747,7 @@ func (c *conn) replyFrame(t MsgType, body []byte) {
 		c.peer.twosided = true
 		c.peer.classicUntil = 0
 		c.peer.maxFrame = int(n.ri.maxFrame)
+		c.compact = n.ri.compact
 		c.helloDone()
 		return
 	}

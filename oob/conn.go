@@ -72,6 +72,7 @@ type conn struct {
 	queue   []*call
 	one     *call // classic: the only request
 	kaID    uint64
+	compact bool // the server's hello offered compact notifies (compact.go): they go so
 
 	again func() // readMore's, made once
 }

@@ -15,7 +15,8 @@
 // # Wire format
 //
 // A frame is Mooncake's writeString/readString: a u64 little-endian length that counts the
-// type byte, one type byte (Connection=0, Metadata=1, Notify=2, Probe=3), then JSON text.
+// type byte, one type byte (Connection=0, Metadata=1, Notify=2, Probe=3), then JSON text
+// (between two twosided Nodes a notify may also be a compact binary frame, type 0x82).
 // A length of 0 or above Config.MaxFrame is answered with an error reply and the connection
 // is closed; the server keeps serving other connections. A reply carries the request's type
 // byte (Connection when the request had none, i.e. a zero length). An error reply is
@@ -38,7 +39,8 @@
 //
 // Between two twosided nodes a connection is persistent and multiplexed: the client's first
 // frame on a new connection is a Probe carrying {"ts_hello":1}. A twosided server answers
-// {"ts_hello":1} and keeps the connection; after that every request and reply carries
+// {"ts_hello":1,...} (its frame limit, its offer of compact notifies, see below) and keeps
+// the connection; after that every request and reply carries
 // "ts_id" (u64) and replies are matched by id, many in flight. Any other answer (a Mooncake
 // server replies to a probe without ts_hello and closes) marks the peer as classic, and
 // requests to it use one connection per request; a classic mark is re-probed after a minute.
@@ -105,6 +107,25 @@
 // bytes of a-z and '_'); the client's error then wraps a *RefusedError, ErrRejected and the
 // code's sentinel (ErrBusy, ErrLimit, ErrAuth, ErrNoCtrl, ErrPeerClosed, ErrInvalid, ErrStale).
 // A Handler sends one by replying with an error that is or wraps a *RefusedError.
+//
+// # Compact notify frames
+//
+// A twosided server's hello reply carries "ts_compact":1: it takes the compact form of a
+// Notify, type byte 0x82 (0x80 | Notify), and answers one in kind. A client that reads the
+// offer sends every notify of that connection so; one that does not (an earlier version)
+// ignores the member and sends JSON, which the server still takes. The compact form carries
+// the members above in fixed little-endian fields, with no escaping and no base64:
+//
+//	request  u64 ts_id, ts_session, ts_epoch, ts_seq, ts_token, ts_to, ts_skip_from, ts_skip_n;
+//	         u8 len(ts_from), u8 len(ts_nid), u32 len(name); ts_from, ts_nid, name; the msg
+//	reply    u64 ts_id, u8 status (0 success, 1 rejected);
+//	         rejected: u8 len(ts_refuse), u16 len(ts_error), ts_refuse, ts_error
+//
+// A zero field is an absent member. The decoder checks the lengths against the body and
+// ts_skip_from/ts_skip_n as the JSON decoder does. A compact frame on a connection that
+// did not say hello, or before a required key was proved, gets the JSON error reply and
+// the connection closes; so does one that cannot be read. A Mooncake peer never says
+// hello and so never sees the form.
 //
 // # Handshake JSON
 //

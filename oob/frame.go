@@ -23,6 +23,10 @@ const (
 	// or whitespace). Bytes 128..255 stay an unknown type. The value 0x7f is this
 	// package's marker (Mooncake's is 0xff, an unknown type byte here); it never travels.
 	TypeOldProtocol MsgType = 0x7f
+	// TypeNotifyCompact is a Notify request or reply in the compact binary form two
+	// twosided Nodes use once the server's hello offered it (see compact.go): 0x80 plus
+	// TypeNotify. Mooncake never sends a type byte above 0x7f.
+	TypeNotifyCompact MsgType = 0x80 | TypeNotify
 )
 
 func (t MsgType) String() string {
@@ -37,11 +41,13 @@ func (t MsgType) String() string {
 		return "probe"
 	case TypeOldProtocol:
 		return "connection (no type byte)"
+	case TypeNotifyCompact:
+		return "notify (compact)"
 	}
 	return fmt.Sprintf("type(%d)", uint8(t))
 }
 
-func (t MsgType) valid() bool { return t <= TypeProbe }
+func (t MsgType) valid() bool { return t <= TypeProbe || t == TypeNotifyCompact }
 
 // headerLen is the bytes before the body: the length, and the type byte when there is one.
 func (t MsgType) headerLen() int {
@@ -85,7 +91,7 @@ const notifyFraming = 64 << 10
 
 // frameLimit is the length limit of a frame of type t under maxFrame.
 func frameLimit(t MsgType, maxFrame int) int {
-	if t == TypeNotify {
+	if t == TypeNotify || t == TypeNotifyCompact {
 		return NotifyFrameLimit(maxFrame)
 	}
 	return maxFrame

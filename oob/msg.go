@@ -137,6 +137,7 @@ const (
 	fMaxFrame   = "ts_max_frame"
 	fBye        = "ts_bye"
 	fMaxNotify  = "ts_max_notify"
+	fCompact    = "ts_compact"
 
 	replySuccess = "success"
 	helloVersion = 1
@@ -149,6 +150,7 @@ type reqMeta struct {
 	hasID    bool
 	twosided bool // saw any ts_* member
 	old      bool // the request had no type byte (TypeOldProtocol): so has its reply
+	compact  bool // the request was a compact Notify (TypeNotifyCompact): so is its reply
 }
 
 // appendNotifyRequest writes a Notify frame. twosided adds the ts_* members, and base64
@@ -363,6 +365,9 @@ func growLen(b []byte, n int) []byte {
 // (rejected) with, for a twosided requester, the reason in ts_error and, when err is or
 // wraps a *RefusedError, its code in ts_refuse.
 func appendNotifyReply(dst []byte, m reqMeta, err error) []byte {
+	if m.compact {
+		return appendCompactReply(dst, m, err)
+	}
 	dst, at := beginFrame(dst, TypeNotify)
 	o := jsonObj{b: append(dst, '{')}
 	o.str(fName, "")
@@ -389,6 +394,9 @@ func appendNotifyReply(dst []byte, m reqMeta, err error) []byte {
 // *RefusedError. A Mooncake reader sees an empty notify_msg and a non-empty reply_msg.
 func appendErrorReply(dst []byte, t MsgType, m reqMeta, err error) []byte {
 	code, reason := refusalOf(err)
+	if t == TypeNotifyCompact {
+		t = TypeNotify // an error reply is JSON, which every client reads
+	}
 	dst, at := beginFrame(dst, t)
 	o := jsonObj{b: append(dst, '{')}
 	o.str(fName, "")
@@ -442,6 +450,7 @@ type replyInfo struct {
 	bye          uint64 // ts_bye: the server is closing
 	session      uint64 // ts_session of a bye: the closing server's session
 	maxFrame     uint64 // ts_max_frame of a hello reply: the server's frame limit
+	compact      bool   // ts_compact of a hello reply: the server takes compact notifies
 
 	// Authentication members of a hello reply.
 	auth         authOffer
@@ -517,6 +526,11 @@ func (ri *replyInfo) decode(body []byte, key []byte) ([]byte, error) {
 		case fAuthRequired:
 			ri.m.twosided = true
 			ri.authRequired, err = r.boolean(fAuthRequired)
+		case fCompact:
+			ri.m.twosided = true
+			var v uint64
+			v, err = r.uint(fCompact, 1<<32-1)
+			ri.compact = v != 0
 		case fNonce:
 			ri.m.twosided, ri.hasNonce = true, true
 			ri.text, err = r.hexFixed(fNonce, ri.nonce[:], ri.text)

@@ -112,6 +112,10 @@ type Node struct {
 	lfd  int
 	t0   time.Time
 
+	// The last peer NotifyOnLoop parsed, and its address (loop-only).
+	lastPeer string
+	lastAP   netip.AddrPort
+
 	closed  atomic.Bool
 	byeName atomic.Pointer[string]
 	// byeSession: the session a bye carries (SetSession); 0: none.

@@ -67,8 +67,20 @@ func (c *conn) serveFrame(t MsgType, body []byte) {
 			n.out = appendProbe(n.out[:0], p.m, false)
 		}
 		c.sendReply(n.out)
-	case TypeNotify:
-		req, m, err := n.nd.decode(body)
+	case TypeNotify, TypeNotifyCompact:
+		var (
+			req *NotifyRequest
+			m   reqMeta
+			err error
+		)
+		switch {
+		case t == TypeNotify:
+			req, m, err = n.nd.decode(body)
+		case !c.persistent:
+			err = compactErr(fCompact, "a compact notify on a connection that did not say hello (the hello reply offers the form)")
+		default:
+			req, m, err = n.nd.decodeCompact(body)
+		}
 		if err != nil {
 			c.reject(t, m, err)
 			return
