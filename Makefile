@@ -126,7 +126,7 @@ bench-anchors:
 	build/twosided bench --scenario latency,burst --transport oob,rdma_twosided,floor-block,floor-spin,floor-stream \
 		--provider soft --anchors ucx --json build/bench-anchors.json --plot build/bench-anchors.svg $(BENCH_FLAGS)
 
-bench-targets:
+bench-targets: rdma-deps
 	$(MAKE) --no-print-directory softverbs
 	bash bench/targets.sh
 

@@ -394,9 +394,12 @@ func (e *Engine) sendOOB(peer string, req oob.NotifyRequest, deadline time.Time,
 		e.legacyOOB.push(peer, func() { e.doOOB(peer, req, deadline, t) })
 		return
 	}
-	if _, err := netip.ParseAddrPort(peer); err != nil {
-		go e.doOOB(peer, req, deadline, t) // a host name: resolved off the loop
-		return
+	if peer == "" || peer != e.lastLiteral {
+		if _, err := netip.ParseAddrPort(peer); err != nil {
+			go e.doOOB(peer, req, deadline, t) // a host name: resolved off the loop
+			return
+		}
+		e.lastLiteral = peer
 	}
 	s := e.getOOBSend()
 	s.peer, s.req, s.deadline, s.t = peer, req, deadline, t
