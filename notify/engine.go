@@ -422,8 +422,17 @@ func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) (err e
 	req := e.reqPool.Get().(*sendReq)
 	req.prepare(peer, n, time.Now().Add(defaultSendTimeout), done)
 	req.start = req.deadline.Add(-defaultSendTimeout)
-	// From a handler too: the loop is awake, so this costs no eventfd write, and it keeps
-	// the per-peer order with sends queued before.
+	// From a handler (the engine delivering, on the loop) with nothing queued before it,
+	// the send runs now: on a ctrl channel its SEND is posted in the completion cycle that
+	// delivered the notify, before the cycle's re-post, re-arm and poll, not after them.
+	// Order holds (nothing submitted earlier waits), and done still runs after this call
+	// returns: the delivering loop performs the send's actions once the handler is back.
+	if e.loop.InLoop() && e.perf && !e.closing && !e.loop.Queued() {
+		req.run()
+		return nil
+	}
+	// Else queued: from a handler behind earlier work, the loop is awake (no eventfd
+	// write) and the order with the sends queued before holds.
 	if err := e.loop.Submit(req.runFn); err != nil {
 		e.reqPool.Put(req)
 		if errors.Is(err, reactor.ErrStopped) {

@@ -476,3 +476,25 @@ func TestExecBehindUnfinishedPush(t *testing.T) {
 	defer mu.Unlock()
 	require.Equal(t, []string{"a", "f1", "f2"}, order)
 }
+
+// Queued says whether a submitted func waits: nothing before the first, the one just
+// submitted after it, nothing once that one runs. Off the loop it panics (race builds).
+func TestQueued(t *testing.T) {
+	l := newLoop(t)
+	got := make(chan [3]bool, 1)
+	var first, second bool
+	require.NoError(t, l.Submit(func() {
+		first = l.Queued()
+		require.NoError(t, l.Submit(func() { got <- [3]bool{first, second, l.Queued()} }))
+		second = l.Queued()
+	}))
+	select {
+	case q := <-got:
+		require.Equal(t, [3]bool{false, true, false}, q)
+	case <-time.After(waitBound):
+		t.Fatal("the submitted funcs did not run")
+	}
+	if assertLoop {
+		require.PanicsWithValue(t, ErrNotInLoop, func() { l.Queued() })
+	}
+}

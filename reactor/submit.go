@@ -43,6 +43,17 @@ func (l *Loop) trySubmit(f func()) error {
 	return nil
 }
 
+// Queued reports whether a submitted func waits to run (its position claimed, not yet
+// run). A callback that would submit work for later may run it at once instead when
+// nothing waits, and keep the order in which work was submitted. Loop only: it panics
+// elsewhere.
+func (l *Loop) Queued() bool {
+	if !l.OnLoop() {
+		panic(ErrNotInLoop)
+	}
+	return l.q.pending()
+}
+
 // SubmitWait queues f like Submit, waiting for room when the queue is full, bounded by ctx.
 // The wait parks on a signal the loop gives when it frees room; it never spins. On the loop
 // goroutine it does not wait (the loop would wait for itself): a full queue is ErrQueueFull.
