@@ -402,8 +402,10 @@ func (e *Engine) cancelSend(req *sendReq, peer string, cause error) error {
 // SendNotifyAsync queues n for peer and returns at once; done (may be nil) is called exactly
 // once with the result, as SendNotify would return it, within 30 s (the deadline of every
 // async send). It never blocks, so it may be called from a WithHandler callback (to answer a
-// notify on the reactor thread). done runs on the reactor thread and must not block. The
-// engine reads n.Msg until done.
+// notify on the reactor thread); there the send starts before the callback returns, so an
+// answer over a ctrl channel leaves in the turn that delivered the notify. done runs on the
+// reactor thread, never before SendNotifyAsync has returned, and must not block. The engine
+// reads n.Msg until done.
 func (e *Engine) SendNotifyAsync(peer string, n Notify, done func(error)) (err error) {
 	defer e.ctr.refused(&err)
 	if e.closed.Load() {
