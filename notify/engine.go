@@ -71,22 +71,23 @@ type Engine struct {
 	dir    engineDir // directory.go: peer names, the registration
 
 	// Loop-owned.
-	lastLiteral string // the last peer sendOOB found to be a literal ip:port
-	m           *peerMachine
-	chans       map[chanID]*ctrlchannel.Channel
-	remote      map[chanID]uint32 // the peer's QPN of each connected channel
-	reqs        map[reqID]*sendReq
-	reqSeq      atomic.Uint64 // numbers sends (sendReq.id), from any goroutine
-	mtimer      *reactor.Timer
-	perf        bool // performing the machine's actions
-	paused      bool
-	heldOOB     []heldNotify
-	closing     bool
-	started     bool // the loop knows e.name
-	ka          keepalive
-	dropped     uint64 // deliveries after close
-	oobBusy     uint64 // OOB notifies answered busy
-	tokenRnd    func() uint64
+	m        *peerMachine
+	chans    map[chanID]*ctrlchannel.Channel
+	remote   map[chanID]uint32 // the peer's QPN of each connected channel
+	reqs     map[reqID]*sendReq
+	reqSeq   atomic.Uint64 // numbers sends (sendReq.id), from any goroutine
+	mtimer   *reactor.Timer
+	perf     bool // performing the machine's actions
+	paused   bool
+	heldOOB  []heldNotify
+	closing  bool
+	started  bool // the loop knows e.name
+	ka       keepalive
+	dropped  uint64 // deliveries after close
+	oobBusy  uint64 // OOB notifies answered busy
+	tokenRnd func() uint64
+
+	lastLiteral string // the last peer sendOOB found to be a literal ip:port (loop-owned)
 
 	rq        recvQueue
 	legacyOOB serialQueues              // OOB sends to Mooncake peers, in order per peer
