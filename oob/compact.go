@@ -3,6 +3,7 @@ package oob
 import (
 	"encoding/binary"
 	"fmt"
+	"unicode/utf8"
 )
 
 // The compact notify frame: a Notify request and its reply between two twosided Nodes, in
@@ -120,7 +121,11 @@ func appendCompactReply(dst []byte, m reqMeta, err error) []byte {
 	}
 	code, msg := refusalOf(err)
 	if len(msg) > maxCompactError {
-		msg = msg[:maxCompactError]
+		cut := maxCompactError
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut-- // not inside a character
+		}
+		msg = msg[:cut]
 	}
 	dst = append(dst, compactRejected, byte(len(code)))
 	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(msg)))

@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 )
@@ -63,6 +64,11 @@ func TestCompactReplyRoundTrip(t *testing.T) {
 	require.False(t, ri.notifyOK)
 	require.Empty(t, ri.refuse)
 	require.Len(t, ri.errMsg, maxCompactError, "a long reason is cut")
+
+	fr = appendNotifyReply(nil, m, errors.New("x"+strings.Repeat("é", maxCompactError)))
+	require.NoError(t, ri.decodeCompact(compactBody(fr)))
+	require.Len(t, ri.errMsg, maxCompactError-1, "cut before a character, not inside it")
+	require.True(t, utf8.Valid(ri.errMsg))
 }
 
 func TestCompactDecodeErrors(t *testing.T) {
