@@ -34,14 +34,18 @@ type CQErrorHandler interface {
 
 // CQWatch is a CQ watched by the loop under the completion handling rule. Loop only.
 type CQWatch struct {
-	l          *Loop
-	cq         ibv.CQ
-	h          CQHandler
-	eh         CQErrorHandler
-	fl         Flusher
-	cw         *chanWatch
-	wcs        []ibv.WC
-	events     int // got from the channel, not acked yet
+	l      *Loop
+	cq     ibv.CQ
+	h      CQHandler
+	eh     CQErrorHandler
+	fl     Flusher
+	cw     *chanWatch
+	wcs    []ibv.WC
+	events int // got from the channel, not acked yet
+	// armed: ReqNotify succeeded and no event of this CQ has been read since: the CQ may
+	// still raise its one event, or have raised it. The cycle does not arm such a CQ again,
+	// so the channel never holds more than one event of it (see drainChannel).
+	armed      bool
 	inCycle    bool
 	kickQueued bool
 	needArm    bool // busy-poll mode: handled while spinning, not armed since
@@ -55,6 +59,16 @@ type chanWatch struct {
 	fd     int
 	cqs    []*CQWatch
 	failed bool // GetEvent failed; the fd is out of the epoll set
+}
+
+// anyArmed: some CQ of the channel may still raise an event, or have one queued.
+func (cw *chanWatch) anyArmed() bool {
+	for _, w := range cw.cqs {
+		if w.armed && !w.closed {
+			return true
+		}
+	}
+	return false
 }
 
 func (cw *chanWatch) find(cq ibv.CQ) *CQWatch {
@@ -113,6 +127,7 @@ func (l *Loop) WatchCQ(cq ibv.CQ, h CQHandler) (*CQWatch, error) {
 		}
 		return nil, fmt.Errorf("reactor: watch cq: req notify: %w", err)
 	}
+	w.armed = true
 	cw.cqs = append(cw.cqs, w)
 	l.watches = append(l.watches, w)
 	l.watchGen++
@@ -146,7 +161,7 @@ func (w *CQWatch) Close() error {
 	}
 	cw := w.cw
 	if !cw.failed {
-		l.drainChannel(cw) // acks this CQ's events; those of the channel's other CQs get a kick
+		l.drainChannel(cw, true) // acks this CQ's events; those of the channel's other CQs get a kick
 	}
 	w.closed = true
 	cw.cqs = removeWatch(cw.cqs, w)
@@ -211,9 +226,17 @@ func (l *Loop) flushCQs() {
 	}
 }
 
-// drainChannel is step 4's wake-up half: get events until ErrWouldBlock, then ack them in
-// one batch per CQ and queue a drain/arm cycle for each CQ that fired.
-func (l *Loop) drainChannel(cw *chanWatch) {
+// drainChannel is step 4's wake-up half: get the channel's events, then ack them in one
+// batch per CQ and queue a drain/arm cycle for each CQ that fired. It reads until
+// ErrWouldBlock when all is set (a CQ leaving the loop: every event of it must be acked),
+// otherwise until no CQ of the channel is armed: a CQ is armed again only once its last
+// arm's event has been read (CQWatch.armed), so the channel holds at most one event per
+// armed CQ, and once each has been read it is empty: the read that would find it so (a
+// system call; on softverbs also a lock and an fcntl) is not made. A drain that stopped
+// early leaves nothing behind, which matters for a channel in the callers' set: readiness
+// left there would not be seen by the loop's set. It always reads once: a readiness without
+// an event (a provider's progress in GetEvent, a busy-poll CQ) ends there as before.
+func (l *Loop) drainChannel(cw *chanWatch, all bool) {
 	for {
 		cq, err := cw.ch.GetEvent()
 		if err != nil {
@@ -226,8 +249,12 @@ func (l *Loop) drainChannel(cw *chanWatch) {
 		tracepoint.Mark(tracepoint.ChannelEvents, 1)
 		if w := cw.find(cq); w != nil {
 			w.events++
+			w.armed = false
 		} else if cq != nil {
 			cq.AckEvents(1) // a CQ no longer watched: its events still need their ack
+		}
+		if !all && !cw.anyArmed() {
+			break
 		}
 	}
 	for _, w := range cw.cqs {
@@ -296,10 +323,19 @@ func (w *CQWatch) cycle(n int) {
 			w.needArm = true // busy poll: armed right before the loop blocks
 			break
 		}
+		if w.armed {
+			// Still armed from before this cycle's polls (a kick, a watch's first cycle, a
+			// busy-poll round, none of which read this CQ's event): a CQE since then raised
+			// the event or will, and its drain polls again. Arming again could let the CQ
+			// fire twice before one event is read.
+			w.needArm = false
+			break
+		}
 		if err := w.cq.ReqNotify(false); err != nil {
 			w.report(fmt.Errorf("reactor: req notify: %w", err))
 			break
 		}
+		w.armed = true
 		w.needArm = false
 		if n = w.poll(); n <= 0 {
 			break

@@ -64,22 +64,37 @@ func TestCQNoLostWakeupBetweenPollAndArm(t *testing.T) {
 	require.Equal(t, uint64(3), recv(t, rec.handled))
 }
 
-// The same race in Kick: the CQ is disarmed (it fired), the hook lands a CQE before the arm.
+// The same race after a Kick: the CQ fires while the loop is busy (its event queued, not
+// read), Kick handles the CQE and, the CQ's arm not seen to fire, does not arm it again; the
+// event's drain then runs the cycle that arms, and the hook lands a CQE right before that
+// arm. Both are handled, and the CQ raised one event per arm.
 func TestCQNoLostWakeupInKick(t *testing.T) {
 	l := newLoop(t)
 	_, cq := newFake(t)
-	rec := &recorder{}
+	rec := &recorder{handled: make(chan uint64, 16)}
 	w := watch(t, l, cq, rec)
+	onLoop(t, l, func() {}) // the watch's first cycle has run
 	var got []uint64
+	var arms int
 	onLoop(t, l, func() {
+		cq.land(ibv.WC{WRID: 4}) // armed: fires the channel and disarms the CQ
 		cq.mu.Lock()
-		cq.armed = false
 		cq.beforeArm = func() { cq.beforeArm = nil; cq.wcs = append(cq.wcs, ibv.WC{WRID: 5}) }
+		arms = cq.arms
 		cq.mu.Unlock()
 		w.Kick()
 		got = rec.got()
+		cq.mu.Lock()
+		arms = cq.arms - arms
+		cq.mu.Unlock()
 	})
-	require.Equal(t, []uint64{5}, got, "lost wake-up in Kick")
+	require.Equal(t, []uint64{4}, got)
+	require.Zero(t, arms, "Kick armed a CQ whose event was not read yet: it could fire twice")
+	require.Equal(t, uint64(4), recv(t, rec.handled))
+	require.Equal(t, uint64(5), recv(t, rec.handled), "lost wake-up in the cycle after Kick")
+	require.Equal(t, 1, cq.gotEvents())
+	onLoop(t, l, func() { got = rec.got() })
+	require.Equal(t, []uint64{4, 5}, got)
 }
 
 // The same race, landed by the hook inside WatchCQ's own arm.
@@ -281,7 +296,13 @@ func TestCQErrorsReported(t *testing.T) {
 	cq.mu.Lock()
 	cq.pollErr, cq.armErr = nil, boom
 	cq.mu.Unlock()
-	onLoop(t, l, func() { w.Kick() })
+	// The CQ is still armed from the watch: its event's drain runs the cycle that arms.
+	cq.land(ibv.WC{WRID: 1})
+	require.Eventually(t, func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return len(rec.errs) == 2
+	}, waitBound, time.Millisecond)
 	cq.mu.Lock()
 	cq.armErr = nil
 	cq.mu.Unlock()
@@ -419,4 +440,52 @@ func TestCQFlushedEveryTurn(t *testing.T) {
 		require.Zero(t, posted, "posts left unflushed after the turn")
 		require.Positive(t, flushes)
 	}
+}
+
+// A drain reads each armed CQ's one event and stops there: the read that would find the
+// channel empty is not made (with the loop reading until ErrWouldBlock, this test fails:
+// one empty read per wake-up). With two CQs on one channel the drain goes on while one of
+// them is armed and its event not read: when both fired, one wake-up reads both, and no
+// more.
+func TestCQDrainSkipsTheEmptyRead(t *testing.T) {
+	l := newLoop(t)
+	emptyReads := func(ch *fakeChannel) int {
+		ch.mu.Lock()
+		defer ch.mu.Unlock()
+		return ch.empty
+	}
+	ch, a := newFake(t)
+	ra := &recorder{handled: make(chan uint64, 64)}
+	watch(t, l, a, ra)
+	before := emptyReads(ch)
+	for i := range 20 {
+		a.land(ibv.WC{WRID: uint64(i)})
+		require.Equal(t, uint64(i), recv(t, ra.handled))
+		onLoop(t, l, func() {}) // the cycle has armed a again
+		require.True(t, a.isArmed())
+	}
+	require.Equal(t, before, emptyReads(ch), "a drain read the channel after its armed CQ's event")
+	require.Equal(t, 20, a.gotEvents())
+
+	ch2, b := newFake(t)
+	c := newFakeCQ(ch2)
+	rb := &recorder{handled: make(chan uint64, 64)}
+	rc := &recorder{handled: make(chan uint64, 64)}
+	watch(t, l, b, rb)
+	watch(t, l, c, rc)
+	before = emptyReads(ch2)
+	for i := range 10 {
+		onLoop(t, l, func() {
+			c.land(ibv.WC{WRID: uint64(100 + i)})
+			b.land(ibv.WC{WRID: uint64(200 + i)})
+		})
+		require.Equal(t, uint64(100+i), recv(t, rc.handled))
+		require.Equal(t, uint64(200+i), recv(t, rb.handled))
+		onLoop(t, l, func() {})
+		require.True(t, b.isArmed())
+		require.True(t, c.isArmed())
+	}
+	require.Equal(t, before, emptyReads(ch2))
+	require.Equal(t, 10, b.gotEvents())
+	require.Equal(t, 10, c.gotEvents())
 }

@@ -144,9 +144,12 @@
 // Completions. WatchCQ applies the completion handling rule of docs/design.md to a CQ: poll until empty
 // handing every WC to the CQHandler; Repost; ReqNotify, then poll once more and go back to the
 // drain if anything came (a CQE that landed between the last poll and the arm raised no
-// event); sleep. When the channel fd is readable: GetEvent until ErrWouldBlock, AckEvents once
-// per CQ for the batch, then the cycle again. A spurious event with an empty CQ is normal.
-// Several CQs may share a channel; its fd is in the epoll set once.
+// event); sleep. A CQ whose last arm's event has not been read is not armed again, so a
+// channel holds at most one event per armed CQ. When the channel fd is readable: GetEvent
+// until each armed CQ of the channel has given its event (or ErrWouldBlock), not once more
+// to see it empty; AckEvents once per CQ for the batch, then the cycle again. A spurious
+// event with an empty CQ is normal. Several CQs may share a channel; its fd is in the epoll
+// set once.
 //
 // Doorbells. A watched CQ that implements Flusher (the soft provider's does) is flushed once
 // per loop iteration, after the fds, submissions, timers and CQ cycles of the turn and before

@@ -14,6 +14,7 @@ type fakeChannel struct {
 	mu     sync.Mutex
 	queue  []*fakeCQ
 	getErr error
+	empty  int // GetEvent calls that found no event
 }
 
 func newFakeChannel() (*fakeChannel, error) {
@@ -46,6 +47,7 @@ func (c *fakeChannel) GetEvent() (ibv.CQ, error) {
 		return nil, c.getErr
 	}
 	if len(c.queue) == 0 {
+		c.empty++
 		var b [8]byte
 		_, _ = unix.Read(c.fd, b[:]) // a write that raced a drain: clear it, or it stays readable
 		return nil, ibv.ErrWouldBlock

@@ -702,7 +702,7 @@ func (l *Loop) dispatch(evs []unix.EpollEvent, borrowed bool) (woken, handled bo
 			l.endCallback("fd", int(ev.Fd))
 		case kindChannel:
 			handled = true
-			l.drainChannel(e.cw)
+			l.drainChannel(e.cw, false)
 			l.runKicks()
 		}
 	}
@@ -760,7 +760,7 @@ func (l *Loop) shutdown() {
 	l.flushCQs()
 	for _, cw := range l.chans {
 		if !cw.failed {
-			l.drainChannel(cw)
+			l.drainChannel(cw, false)
 		}
 		for _, w := range cw.cqs {
 			w.closed = true

@@ -33,9 +33,12 @@ type channel struct {
 	closed   bool
 	raised   bool // fd's level is up (or its raise is under way)
 	inflight int  // fire calls between deciding to raise and seeing the level again
-	// progressed: the last GetEvent returned an event (its progress ran or was not needed);
-	// the next one with none queued skips progress and says ErrWouldBlock.
-	progressed bool
+	// progressed: the last GetEvent returned an event (its progress ran or was not needed)
+	// and no CQ of the channel was armed since; the next one with none queued skips progress
+	// and says ErrWouldBlock. An arm clears it: a consumer that arms goes on to wait on the
+	// fd, and its next GetEvent comes from a new readiness (a consumer that reads one event
+	// per armed CQ, as the reactor does, never makes the empty call).
+	progressed atomic.Bool
 	// waited: GetEvent was called, so the consumer sleeps on the fd: Poll leaves progress
 	// to GetEvent.
 	waited atomic.Bool
@@ -100,7 +103,7 @@ func (ch *channel) GetEvent() (ibv.CQ, error) {
 		return nil, fmt.Errorf("soft: get cq event: %w", ibv.ErrClosed)
 	}
 	ch.waited.Store(true)
-	if ch.n == 0 && ch.efd >= 0 && !ch.progressed {
+	if ch.n == 0 && ch.efd >= 0 && !ch.progressed.Load() {
 		// Manual progress: read the sockets here; the CQEs it makes fire this channel
 		// quietly, as this call takes their events. The call after one that got an event
 		// from its own progress skips it: a consumer drains until ErrWouldBlock, and what
@@ -115,7 +118,7 @@ func (ch *channel) GetEvent() (ibv.CQ, error) {
 		}
 	}
 	if ch.n == 0 {
-		ch.progressed = false
+		ch.progressed.Store(false)
 		if ch.raised || ch.inflight > 0 {
 			// A write still on its way may land after this drain; its writer drains again
 			// once it sees the level lowered. Without this drain a level-triggered consumer
@@ -125,7 +128,7 @@ func (ch *channel) GetEvent() (ibv.CQ, error) {
 		}
 		return nil, ibv.ErrWouldBlock
 	}
-	ch.progressed = ch.efd >= 0
+	ch.progressed.Store(ch.efd >= 0)
 	c := ch.ring[ch.head]
 	ch.ring[ch.head] = nil
 	ch.head = (ch.head + 1) % len(ch.ring)
@@ -306,6 +309,7 @@ func (c *cq) ReqNotify(solicitedOnly bool) error {
 		c.armed = true
 		c.ctx.d.armed.Add(1)
 	}
+	c.ch.progressed.Store(false)
 	c.solicitedOnly = solicitedOnly
 	return nil
 }

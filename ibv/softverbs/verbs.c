@@ -228,7 +228,7 @@ struct sv_ctx {
 	 * only for its timers and wakefd: were both on the sockets, every packet would also
 	 * wake the thread, a context switch per packet on the cores the pollers spin on. */
 	int64_t poll_ns;  /* when a consumer last read the sockets from sv_poll_cq */
-	int poll_streak;  /* how many times it did since a CQ of the context was last armed */
+	int poll_streak;  /* how many times it did for an unarmed CQ since a CQ of the context was last armed */
 	int leave_rx;     /* the thread is waiting with the sockets left to the pollers */
 	struct sv_txb *txb; /* the packets sv_pump is sending, NULL until the first pump */
 	struct sv_rxs *rxs; /* what sv_rx works with, NULL until the first */
@@ -749,7 +749,11 @@ static int sv_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
 			if (k > 0)
 				sv_rx(c, evs, k, 0);
 			__atomic_store_n(&c->poll_ns, sv_now_ns(), __ATOMIC_RELAXED);
-			if (__atomic_load_n(&c->poll_streak, __ATOMIC_RELAXED) < SV_POLL_STREAK)
+			/* A poll of an armed CQ is an event consumer's look before it waits (the
+			 * poll after the arm, or a CQ it keeps armed across polls): not a busy
+			 * poller's, so the thread keeps the sockets. */
+			if (!__atomic_load_n(&cq->armed, __ATOMIC_RELAXED) &&
+			    __atomic_load_n(&c->poll_streak, __ATOMIC_RELAXED) < SV_POLL_STREAK)
 				__atomic_add_fetch(&c->poll_streak, 1, __ATOMIC_RELAXED);
 			busy = __atomic_load_n(&c->poll_streak, __ATOMIC_RELAXED) >= SV_POLL_STREAK;
 			pthread_mutex_unlock(&c->lk);
