@@ -39,6 +39,9 @@ type AgentSpec struct {
 	// Taken: the file in which the agent counts the delivery events it puts (taken.go); ""
 	// (an agent on another host): none.
 	Taken string `json:"taken,omitempty"`
+	// Names: by slot, the names its engine is sent to by (as an operation's Names): a
+	// handler's answer goes to the engine whose notify it took by one of them (answer.go).
+	Names map[string][]string `json:"names,omitempty"`
 }
 
 // AgentEngine is one slot of an agent.
@@ -102,6 +105,7 @@ type agentEngine struct {
 	addr      string
 	transport string
 	consumer  string
+	ans       *answerer // nil: it does not answer from its handler
 	e         *notify.Engine
 	pauseTill atomic.Int64 // unix ns
 	slowUS    atomic.Int64
@@ -220,8 +224,14 @@ func (a *agent) open(slot string, inc int, addr, transport string) (*agentEngine
 		opts = append(opts, notify.WithProvider(a.spec.Provider))
 	}
 	if ae.consumer == ConsumeHandler {
+		if Answering(a.spec.Seed, slot, inc) {
+			ae.ans = newAnswerer(ae)
+		}
 		opts = append(opts, notify.WithHandler(func(n notify.Notify) {
-			ae.take(n)
+			ev := ae.take(n)
+			if ae.ans != nil {
+				ae.ans.answer(ev) // from inside the handler, before it returns
+			}
 			if us := ae.slowUS.Load(); us > 0 {
 				time.Sleep(time.Duration(min(us, 5000)) * time.Microsecond) // a slow handler, bounded
 			}
@@ -291,7 +301,7 @@ func (a *agent) watchStall(slot, addr string, d time.Duration) {
 			a.mu.Lock()
 			var engines []*agentEngine
 			for _, ae := range a.engines {
-				if n := a.async[streamKey{ae.id, slot}]; n != nil && n.Load() > 0 {
+				if n := a.async[streamKey{from: ae.id, slot: slot}]; n != nil && n.Load() > 0 {
 					engines = append(engines, ae)
 				}
 			}
@@ -431,26 +441,28 @@ func (ae *agentEngine) consume() {
 	}
 }
 
-// take reports one notify the application took.
-func (ae *agentEngine) take(n notify.Notify) {
+// take reports one notify the application took, and returns its delivery event (none, K
+// empty, for a hostile client's plain notify).
+func (ae *agentEngine) take(n notify.Notify) Event {
 	if strings.HasPrefix(n.Name, HostileClassicPrefix) {
 		// A hostile client's plain Mooncake notify: the protocol delivers those (a peer
 		// without twosided's extensions is trusted as Mooncake trusts it); not the soak's.
 		ae.a.foreign.Add(1)
-		return
+		return Event{}
 	}
 	ev := Event{K: KindDeliver, Eng: ae.id}
-	from, s, p, size, err := ParseNotifyName(n.Name)
+	from, s, p, size, answer, err := ParseNotifyName(n.Name)
 	if err != nil {
 		ev.Bad = err.Error()
 		if len(ev.Bad) > 200 {
 			ev.Bad = ev.Bad[:200]
 		}
 	} else {
-		ev.From, ev.S, ev.P = from, s, p
+		ev.From, ev.S, ev.P, ev.Answer = from, s, p, answer
 		ev.Bad = CheckPayload(n.Msg, p, size)
 	}
 	ae.a.report(ev)
+	return ev
 }
 
 // report hands a delivery to the parent, through the plant when one is set.
@@ -461,7 +473,7 @@ func (a *agent) report(ev Event) {
 	}
 	a.plantMu.Lock()
 	defer a.plantMu.Unlock()
-	if h := a.held; h != nil && h.Eng == ev.Eng && h.From == ev.From {
+	if h := a.held; h != nil && h.Eng == ev.Eng && h.From == ev.From && h.Answer == ev.Answer {
 		a.held = nil
 		a.putDelivery(ev)
 		a.putDelivery(*h) // after a later call of its pair: reordered
@@ -528,6 +540,9 @@ func (ae *agentEngine) close() {
 		<-ae.done
 		for _, n := range ae.e.GetNotifies() { // what the queue held when Close returned
 			ae.take(n)
+		}
+		if ae.ans != nil {
+			ae.ans.closed()
 		}
 		ae.a.flushHeld(ae.id)
 		ae.a.out.put(Event{K: KindClosed, Eng: ae.id})
@@ -615,7 +630,7 @@ func (a *agent) op(ev Event) {
 		a.out.put(Event{K: KindOpDone, Eng: ev.Eng, Slot: ev.Slot, Op: ev.Op})
 		return
 	}
-	k := streamKey{ev.Eng, ev.Slot}
+	k := streamKey{from: ev.Eng, slot: ev.Slot}
 	ch := a.workers[k]
 	if ch == nil {
 		ch = make(chan Event, 64)
@@ -666,7 +681,12 @@ func classOf(err error) string {
 }
 
 func (w *worker) result(s uint64, sd Send, err error) Event {
-	ev := Event{K: KindResult, Eng: w.ae.id, Slot: w.to, S: s, P: sd.P, Class: classOf(err)}
+	return resultEvent(w.ae.id, w.to, s, sd.P, err)
+}
+
+// resultEvent is the result of call s (payload p) of eng to slot.
+func resultEvent(eng, slot string, s, p uint64, err error) Event {
+	ev := Event{K: KindResult, Eng: eng, Slot: slot, S: s, P: p, Class: classOf(err)}
 	if err != nil {
 		ev.Err = err.Error()
 		if len(ev.Err) > 1000 {
@@ -725,7 +745,7 @@ func (w *worker) window(op Event, sds []Send) {
 		}
 	}
 	c := w.a.calls.add(w.ae.id, w.to, fmt.Sprintf("a window of %d SendNotifyAsync from call %d", len(sds), w.s+1), asyncBound)
-	out := w.a.asyncOut(streamKey{w.ae.id, w.to})
+	out := w.a.asyncOut(streamKey{from: w.ae.id, slot: w.to})
 	out.Add(int32(len(sds)))
 	for i, sd := range sds {
 		w.s++
@@ -769,6 +789,7 @@ type callWatch struct {
 
 type watched struct {
 	eng, slot, what string
+	answer          bool // a handler's answer: its hang is its answer stream's
 	start           time.Time
 	bound           time.Duration
 	said            bool
@@ -783,6 +804,15 @@ func (cw *callWatch) add(eng, slot, what string, bound time.Duration) uint64 {
 	cw.next++
 	cw.m[cw.next] = &watched{eng: eng, slot: slot, what: what, start: time.Now(), bound: bound}
 	return cw.next
+}
+
+// addAnswer is add for a handler's answer.
+func (cw *callWatch) addAnswer(eng, slot, what string, bound time.Duration) uint64 {
+	id := cw.add(eng, slot, what, bound)
+	cw.mu.Lock()
+	cw.m[id].answer = true
+	cw.mu.Unlock()
+	return id
 }
 
 func (cw *callWatch) done(id uint64) {
@@ -804,7 +834,7 @@ func (cw *callWatch) watch(ctx context.Context, out *outQueue) {
 		for _, w := range cw.m {
 			if el := time.Since(w.start); !w.said && el > w.bound+hangGrace {
 				w.said = true
-				out.put(Event{K: KindHang, Eng: w.eng, Slot: w.slot, Err: fmt.Sprintf("%s still runs after %v", w.what, el.Round(time.Second))})
+				out.put(Event{K: KindHang, Eng: w.eng, Slot: w.slot, Answer: w.answer, Err: fmt.Sprintf("%s still runs after %v", w.what, el.Round(time.Second))})
 			}
 		}
 		cw.mu.Unlock()

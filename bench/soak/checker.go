@@ -39,6 +39,9 @@ const (
 	// VSlowRecovery: a restarted engine was not reached (a notify to it acknowledged)
 	// within the recovery bound of its coming up.
 	VSlowRecovery = "slow_recovery"
+	// VEarlyDone: the done of a SendNotifyAsync made from a handler (an answer) ran before
+	// the call returned.
+	VEarlyDone = "early_done"
 )
 
 // Allowance kinds: what the contract allows, counted.
@@ -93,6 +96,7 @@ type Checker struct {
 	// agent's count of deliveries known), with the notifies they lost and the largest
 	// share of a bound one of them used, in percent.
 	Calls, Acked, Maybe, Failed, Delivered, Checked uint64
+	Answers                                         AnswerStats // the answer streams' share of those (Engines: the driver's)
 	Held                                            HeldStats
 	mostUsed                                        float64 // Held.MostUsed, unrounded
 	Violations                                      map[string]int
@@ -125,9 +129,30 @@ type HeldStats struct {
 	Most     string `json:"most_used,omitempty"` // that incarnation's figures
 }
 
-type streamKey struct{ from, slot string }
+// streamKey is a stream: a sender engine's calls to a slot, its scheduled ones (the
+// operations the parent dispatches, made one operation at a time by one worker) or, with
+// answer, the answers its handler made (answer.go; several out at once, no operation).
+// Each has its own call numbers and payloads, and its own order per pair.
+type streamKey struct {
+	from, slot string
+	answer     bool
+}
 
-type pairKey struct{ from, to string }
+// key is the stream of a start, result or early_done.
+func key(ev Event) streamKey { return streamKey{from: ev.Eng, slot: ev.Slot, answer: ev.Answer} }
+
+func (k streamKey) String() string {
+	if k.answer {
+		return k.from + " -> " + k.slot + " (answers)"
+	}
+	return k.from + " -> " + k.slot
+}
+
+// pairKey is the order of one stream towards one receiver engine.
+type pairKey struct {
+	from, to string
+	answer   bool
+}
 
 type stream struct {
 	calls     map[uint64]*call    // by call number
@@ -145,7 +170,10 @@ type stream struct {
 }
 
 type call struct {
-	p, op     uint64
+	p, op uint64
+	// after (an answer): the step at which the incarnation whose notify it answers began;
+	// the answer was made after it, as a scheduled call after its operation's dispatch.
+	after     uint64
 	started   bool
 	class     string // "" until its result
 	delivered bool
@@ -183,8 +211,7 @@ func (c *Checker) Total() int {
 	return n
 }
 
-func (c *Checker) stream(from, slot string) *stream {
-	k := streamKey{from, slot}
+func (c *Checker) stream(k streamKey) *stream {
 	st := c.streams[k]
 	if st == nil {
 		st = &stream{
@@ -193,7 +220,7 @@ func (c *Checker) stream(from, slot string) *stream {
 			delivered: map[uint64]delivery{},
 		}
 		c.streams[k] = st
-		c.bySend[from] = append(c.bySend[from], k)
+		c.bySend[k.from] = append(c.bySend[k.from], k)
 	}
 	return st
 }
@@ -219,7 +246,7 @@ func (c *Checker) violate(kind string, k streamKey, detail string) {
 	if len(c.Details) >= maxDetails && (c.Violations[kind] > 1 || len(c.Details) >= maxDetails+numKinds) {
 		return
 	}
-	v := Violation{Kind: kind, Step: c.step, Stream: k.from + " -> " + k.slot, Detail: detail, Schedule: c.sched.lines()}
+	v := Violation{Kind: kind, Step: c.step, Stream: k.String(), Detail: detail, Schedule: c.sched.lines()}
 	if st := c.streams[k]; st != nil {
 		v.History = st.hist.lines()
 		if st.noted > historyLen {
@@ -279,7 +306,7 @@ func (c *Checker) Step(ev Event) {
 			in.taken, in.takenKnown = ev.N, true
 		}
 	case KindDispatch:
-		st := c.stream(ev.Eng, ev.Slot)
+		st := c.stream(streamKey{from: ev.Eng, slot: ev.Slot})
 		st.ops[ev.Op] = c.step
 		c.note(st, "op %d dispatched: %d sends, window %d", ev.Op, len(ev.Sends), ev.Window)
 	case KindStart:
@@ -289,13 +316,16 @@ func (c *Checker) Step(ev Event) {
 	case KindDeliver:
 		c.deliver(ev)
 	case KindHang:
-		c.violate(VHang, streamKey{ev.Eng, ev.Slot}, ev.Err)
+		c.violate(VHang, key(ev), ev.Err)
 	case KindCrash:
-		c.violate(VCrash, streamKey{ev.Eng, ev.Slot}, ev.Err)
+		c.violate(VCrash, key(ev), ev.Err)
 	case KindLeak:
-		c.violate(VLeak, streamKey{ev.Eng, ev.Slot}, ev.Err)
+		c.violate(VLeak, key(ev), ev.Err)
 	case KindSlowRecovery:
-		c.violate(VSlowRecovery, streamKey{ev.Eng, ev.Slot}, ev.Err)
+		c.violate(VSlowRecovery, key(ev), ev.Err)
+	case KindEarlyDone:
+		c.note(c.stream(key(ev)), "done of s=%d p=%d before its call returned", ev.S, ev.P)
+		c.violate(VEarlyDone, key(ev), fmt.Sprintf("answer %d (payload %d): %s", ev.S, ev.P, ev.Err))
 	}
 }
 
@@ -310,10 +340,15 @@ func (c *Checker) call(st *stream, s, p uint64) *call {
 }
 
 func (c *Checker) start(ev Event) {
-	k := streamKey{ev.Eng, ev.Slot}
-	st := c.stream(ev.Eng, ev.Slot)
+	k := key(ev)
+	st := c.stream(k)
 	c.Calls++
-	c.note(st, "start s=%d p=%d op=%d", ev.S, ev.P, ev.Op)
+	if k.answer {
+		c.Answers.Calls++
+		c.note(st, "start s=%d p=%d, answering %s", ev.S, ev.P, ev.From)
+	} else {
+		c.note(st, "start s=%d p=%d op=%d", ev.S, ev.P, ev.Op)
+	}
 	if ev.S < st.floor {
 		return
 	}
@@ -322,20 +357,31 @@ func (c *Checker) start(ev Event) {
 		c.violate(VCorrupt, k, fmt.Sprintf("call %d started with payload %d, delivered as payload %d", ev.S, ev.P, cl.p))
 	}
 	cl.started, cl.op = true, ev.Op
+	if k.answer {
+		cl.after = c.begun(ev.From)
+	}
 	c.prune(st)
 }
 
+// begun is the step at which engine incarnation id began (0: not known).
+func (c *Checker) begun(id string) uint64 {
+	slot, n, err := ParseEngineID(id)
+	if err != nil {
+		return 0
+	}
+	if in := c.slots[slot][n]; in != nil {
+		return in.begin
+	}
+	return 0
+}
+
 func (c *Checker) result(ev Event) {
-	k := streamKey{ev.Eng, ev.Slot}
-	st := c.stream(ev.Eng, ev.Slot)
+	k := key(ev)
+	st := c.stream(k)
 	c.note(st, "result s=%d p=%d %s %s", ev.S, ev.P, ev.Class, ev.Err)
-	switch ev.Class {
-	case ClassOK:
-		c.Acked++
-	case ClassMaybe:
-		c.Maybe++
-	case ClassFailed:
-		c.Failed++
+	countClass(ev.Class, &c.Acked, &c.Maybe, &c.Failed)
+	if k.answer {
+		countClass(ev.Class, &c.Answers.Acked, &c.Answers.Maybe, &c.Answers.Failed)
 	}
 	if st.calls[ev.S] == nil && ev.S < st.floor {
 		return // forgotten long ago, or its sender was compacted: nothing left to judge
@@ -349,9 +395,15 @@ func (c *Checker) result(ev Event) {
 	switch ev.Class {
 	case ClassOK:
 		if _, ok := st.delivered[ev.P]; ok {
-			c.Checked++
+			c.checked(k)
 		} else {
-			st.acked[ev.P] = ack{s: ev.S, step: c.step, dispatch: st.ops[cl.op]}
+			// The earliest the call can have been made: its operation's dispatch, or for an
+			// answer the start of the incarnation it answers.
+			after := st.ops[cl.op]
+			if k.answer {
+				after = cl.after
+			}
+			st.acked[ev.P] = ack{s: ev.S, step: c.step, dispatch: after}
 		}
 	case ClassFailed:
 		st.failed[ev.S] = true
@@ -361,34 +413,61 @@ func (c *Checker) result(ev Event) {
 	}
 }
 
+// countClass counts a result of class in ok, maybe or failed.
+func countClass(class string, ok, maybe, failed *uint64) {
+	switch class {
+	case ClassOK:
+		*ok++
+	case ClassMaybe:
+		*maybe++
+	case ClassFailed:
+		*failed++
+	}
+}
+
+// checked counts an acknowledged notify of stream k delivered.
+func (c *Checker) checked(k streamKey) {
+	c.Checked++
+	if k.answer {
+		c.Answers.Checked++
+	}
+}
+
 func (c *Checker) deliver(ev Event) {
 	c.Delivered++
+	if ev.Answer {
+		c.Answers.Delivered++
+	}
 	slot, n, err := ParseEngineID(ev.Eng)
 	if err == nil {
 		if in := c.slots[slot][n]; in != nil {
 			in.reported++
 		}
 	}
+	k := streamKey{from: ev.From, slot: slot, answer: ev.Answer}
 	if err != nil || ev.Bad != "" {
-		k := streamKey{ev.From, slot}
 		if st := c.streams[k]; st != nil {
 			c.note(st, "deliver to %s s=%d p=%d BAD %s", ev.Eng, ev.S, ev.P, ev.Bad)
 		}
 		c.violate(VCorrupt, k, fmt.Sprintf("%s delivered s=%d p=%d from %s: %s", ev.Eng, ev.S, ev.P, ev.From, ev.Bad))
 		return
 	}
-	k := streamKey{ev.From, slot}
-	st := c.stream(ev.From, slot)
+	st := c.stream(k)
 	c.note(st, "deliver to %s s=%d p=%d", ev.Eng, ev.S, ev.P)
 	if prev, ok := st.delivered[ev.P]; ok {
-		if prev.eng == ev.Eng {
+		switch {
+		case prev.eng == ev.Eng:
 			c.violate(VDuplicate, k, fmt.Sprintf("%s delivered payload %d as call %d, and before as call %d", ev.Eng, ev.P, ev.S, prev.s))
+			return
+		case k.answer:
+			// An answer is one call, never retried: no new incarnation may have it again.
+			c.violate(VDuplicate, k, fmt.Sprintf("%s delivered answer %d (payload %d), which %s delivered before", ev.Eng, ev.S, ev.P, prev.eng))
 			return
 		}
 		c.Allowances[ANewIncarnation]++
 	}
 	st.delivered[ev.P] = delivery{ev.S, ev.Eng}
-	pk := pairKey{ev.From, ev.Eng}
+	pk := pairKey{from: ev.From, to: ev.Eng, answer: ev.Answer}
 	if last := c.pairs[pk]; ev.S == last {
 		c.violate(VDuplicate, k, fmt.Sprintf("%s delivered call %d (payload %d) twice in a row", ev.Eng, ev.S, ev.P))
 		return
@@ -400,7 +479,7 @@ func (c *Checker) deliver(ev Event) {
 	if a, ok := st.acked[ev.P]; ok {
 		delete(st.acked, ev.P)
 		_ = a
-		c.Checked++
+		c.checked(k)
 	}
 	if ev.S < st.floor {
 		if st.failed[ev.S] {
@@ -604,7 +683,7 @@ func (c *Checker) judgeHeld() {
 					from, most = f, k
 				}
 			}
-			c.violate(VLostPastBound, streamKey{from, slot}, fmt.Sprintf("killed: %s; the first lost: %s", figures, in.firstLost))
+			c.violate(VLostPastBound, streamKey{from: from, slot: slot}, fmt.Sprintf("killed: %s; the first lost: %s", figures, in.firstLost))
 		}
 	}
 }

@@ -328,7 +328,7 @@ func TestCheckerPrunesAndStillJudges(t *testing.T) {
 			h.send(s, s, ClassOK, true)
 		}
 	}
-	st := h.c.streams[streamKey{snd, dst}]
+	st := h.c.streams[streamKey{from: snd, slot: dst}]
 	require.Less(t, len(st.calls), 3*keepCalls, "resolved calls are forgotten")
 	h.deliver(7, 7) // a failed call delivered long after: still caught (and out of order)
 	c := h.finish()
@@ -343,7 +343,7 @@ func TestCheckerCompactsEndedSenders(t *testing.T) {
 	}
 	h.send(101, 101, ClassFailed, false)
 	h.c.Step(Event{K: KindKill, Slot: "a0e0", Inc: 1})
-	st := h.c.streams[streamKey{snd, dst}]
+	st := h.c.streams[streamKey{from: snd, slot: dst}]
 	require.Empty(t, st.calls)
 	require.Empty(t, st.delivered)
 	require.Len(t, st.acked, 10)
@@ -537,4 +537,180 @@ func TestCheckerLossOfTwoKilledIncarnationsIsNotAttributed(t *testing.T) {
 	only(t, h.c, VLostPastBound)
 	require.Contains(t, h.c.Details[0].Detail, "killed: a1e0.2 lost 5 ")
 	require.Equal(t, 6, h.c.Allowances[ALostReceiverKilled])
+}
+
+// answers builds the answer stream of hist's receiver (a1e0.1), whose handler answers the
+// notifies of a0e0.1: its calls to slot a0e0, each with the payload of its call number.
+type answers struct{ h *hist }
+
+func (a answers) startFor(of string, s uint64) {
+	a.h.c.Step(Event{K: KindStart, Eng: rcv, Slot: "a0e0", S: s, P: s, From: of, Answer: true})
+}
+func (a answers) start(s uint64) { a.startFor(snd, s) }
+func (a answers) result(s uint64, class string) {
+	a.h.c.Step(Event{K: KindResult, Eng: rcv, Slot: "a0e0", S: s, P: s, Class: class, Err: "e", Answer: true})
+}
+func (a answers) deliverTo(eng string, s uint64) {
+	a.h.c.Step(Event{K: KindDeliver, Eng: eng, From: rcv, S: s, P: s, Answer: true})
+}
+func (a answers) deliver(s uint64) { a.deliverTo(snd, s) }
+
+// send is an answer that returns class and, when delivered, is delivered after its result.
+func (a answers) send(s uint64, class string, delivered bool) {
+	a.start(s)
+	a.result(s, class)
+	if delivered {
+		a.deliver(s)
+	}
+}
+
+func TestCheckerAnswersClean(t *testing.T) {
+	h := newHist()
+	a := answers{h}
+	h.send(1, 1, ClassOK, true)
+	// Several answers out at once, their results read in another order than made, one
+	// delivered before its result is read; a failed one not delivered, a maybe one delivered.
+	a.start(1)
+	a.start(2)
+	a.start(3)
+	a.deliver(1)
+	a.result(2, ClassOK)
+	a.result(1, ClassOK)
+	a.deliver(2)
+	a.result(3, ClassFailed)
+	a.send(4, ClassMaybe, true)
+	a.send(5, ClassMaybe, false)
+	// The receiver's scheduled stream to a0e0 has calls 1..3 too, delivered between its
+	// answers and after a later answer: another stream, with its own numbers and order.
+	h.c.Step(Event{K: KindDispatch, Eng: rcv, Slot: "a0e0", Op: 1, Window: 1, Sends: []Send{{P: 1}}})
+	for s := uint64(1); s <= 3; s++ {
+		h.c.Step(Event{K: KindStart, Eng: rcv, Slot: "a0e0", Op: 1, S: s, P: s})
+		h.c.Step(Event{K: KindResult, Eng: rcv, Slot: "a0e0", S: s, P: s, Class: ClassOK})
+		h.c.Step(Event{K: KindDeliver, Eng: snd, From: rcv, S: s, P: s})
+	}
+	a.send(6, ClassOK, true)
+	c := h.finish()
+	require.Empty(t, c.Violations, "%+v", c.Details)
+	require.Empty(t, c.Allowances)
+	require.Equal(t, AnswerStats{Calls: 6, Acked: 3, Maybe: 2, Failed: 1, Delivered: 4, Checked: 3}, c.Answers)
+	require.EqualValues(t, 10, c.Calls, "answers are calls of the run")
+	require.EqualValues(t, 7, c.Checked)
+}
+
+// TestCheckerAnswerViolations: an answer stream shows each violation a scheduled stream
+// does, and early_done, its own; each is reported as the answer stream's.
+func TestCheckerAnswerViolations(t *testing.T) {
+	for _, tc := range []struct {
+		kind  string
+		build func(a answers)
+		also  map[string]int // other violations the history shows
+	}{
+		{VLost, func(a answers) { a.send(1, ClassOK, true); a.send(2, ClassOK, false); a.send(3, ClassOK, true) }, nil},
+		{VDuplicate, func(a answers) { a.send(1, ClassOK, true); a.deliver(1) }, nil},
+		{VReorder, func(a answers) {
+			a.start(1)
+			a.start(2)
+			a.result(1, ClassOK)
+			a.result(2, ClassOK)
+			a.deliver(2)
+			a.deliver(1)
+		}, nil},
+		{VDeliveredAfterFailure, func(a answers) { a.send(1, ClassFailed, true) }, nil},
+		{VCorrupt, func(a answers) {
+			a.start(1)
+			a.result(1, ClassOK)
+			a.h.c.Step(Event{K: KindDeliver, Eng: snd, From: rcv, S: 1, P: 1, Answer: true, Bad: "size 3, sent 4"})
+		}, map[string]int{VLost: 1}}, // the corrupt copy is no delivery
+		{VNoResult, func(a answers) { a.start(1) }, nil},
+		{VPhantom, func(a answers) { a.send(1, ClassOK, true); a.deliver(2) }, nil},
+		{VDoubleResult, func(a answers) { a.send(1, ClassOK, true); a.result(1, ClassMaybe) }, nil},
+		{VHang, func(a answers) {
+			a.start(1)
+			a.h.c.Step(Event{K: KindHang, Eng: rcv, Slot: "a0e0", Answer: true, Err: "answer 1 (SendNotifyAsync from the handler) still runs after 1m31s"})
+		}, map[string]int{VNoResult: 1}},
+		{VEarlyDone, func(a answers) {
+			a.start(1)
+			a.h.c.Step(Event{K: KindEarlyDone, Eng: rcv, Slot: "a0e0", S: 1, P: 1, Answer: true, Err: "done ran before SendNotifyAsync returned"})
+			a.result(1, ClassOK)
+			a.deliver(1)
+		}, nil},
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
+			h := newHist()
+			h.send(1, 1, ClassOK, true)
+			tc.build(answers{h})
+			c := h.finish()
+			want := map[string]int{tc.kind: 1}
+			for k, n := range tc.also {
+				want[k] = n
+			}
+			require.Equal(t, want, c.Violations, "%+v", c.Details)
+			for _, v := range c.Details {
+				require.Equal(t, "a1e0.1 -> a0e0 (answers)", v.Stream)
+				require.NotEmpty(t, v.History)
+			}
+		})
+	}
+}
+
+func TestCheckerAnswerDeliveredByTwoIncarnations(t *testing.T) {
+	// A scheduled call's payload delivered again by a new incarnation is allowed (its retry
+	// with the same ID); an answer is one call, never retried: a second copy anywhere is a
+	// duplicate.
+	h := newHist()
+	a := answers{h}
+	a.start(1)
+	a.deliver(1)
+	h.c.Step(Event{K: KindClosed, Eng: snd})
+	h.c.Step(Event{K: KindBegin, Slot: "a0e0", Inc: 2})
+	a.result(1, ClassMaybe)
+	a.deliverTo("a0e0.2", 1)
+	h.c.Step(Event{K: KindClosed, Eng: "a0e0.2"})
+	h.c.Step(Event{K: KindClosed, Eng: rcv})
+	h.c.Finish()
+	only(t, h.c, VDuplicate)
+	require.Contains(t, h.c.Details[0].Detail, "which a0e0.1 delivered before")
+	require.Empty(t, h.c.Allowances)
+}
+
+func TestCheckerAnswerLossAllowedOnlyWhereItCouldBeHeld(t *testing.T) {
+	t.Run("the answered engine killed", func(t *testing.T) {
+		h := newHist()
+		a := answers{h}
+		a.send(1, ClassOK, true)
+		a.send(2, ClassOK, false) // held by a0e0.1 when it was killed
+		h.c.Step(Event{K: KindKill, Slot: "a0e0", Inc: 1})
+		h.c.Step(Event{K: KindClosed, Eng: rcv})
+		h.c.Finish()
+		require.Empty(t, h.c.Violations, "%+v", h.c.Details)
+		require.Equal(t, map[string]int{ALostReceiverKilled: 1}, h.c.Allowances)
+	})
+	t.Run("killed before the answered engine began", func(t *testing.T) {
+		// a0e0.1 was killed before a0e0.2 began; the answer to a0e0.2's notify was made
+		// after that, acknowledged, and never delivered by a0e0.2, closed cleanly.
+		h := newHist()
+		a := answers{h}
+		h.c.Step(Event{K: KindKill, Slot: "a0e0", Inc: 1})
+		h.c.Step(Event{K: KindBegin, Slot: "a0e0", Inc: 2})
+		a.startFor("a0e0.2", 1)
+		a.result(1, ClassOK)
+		h.c.Step(Event{K: KindClosed, Eng: "a0e0.2"})
+		h.c.Step(Event{K: KindClosed, Eng: rcv})
+		h.c.Finish()
+		only(t, h.c, VLost)
+		require.Empty(t, h.c.Allowances)
+	})
+	t.Run("the answering engine killed", func(t *testing.T) {
+		// Its answers without a result are unknown; its acknowledged ones must arrive.
+		h := newHist()
+		a := answers{h}
+		a.send(1, ClassOK, false)
+		a.start(2)
+		h.c.Step(Event{K: KindKill, Slot: dst, Inc: 1})
+		a.deliver(3) // its start line died with it
+		h.c.Step(Event{K: KindClosed, Eng: snd})
+		h.c.Finish()
+		only(t, h.c, VLost)
+		require.Equal(t, map[string]int{AUnreportedStart: 1}, h.c.Allowances)
+	})
 }

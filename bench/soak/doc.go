@@ -1,7 +1,8 @@
 // Package soak checks the delivery contract of package notify end to end, for as long as
 // it is run: engines in several processes send to each other with a seeded mix of
 // SendNotify, SendNotifyAsync windows, retries with the same Notify.ID, two names for one
-// peer, sizes up to the limit and every consumer (Recv, WithHandler, GetNotifies), while the
+// peer, sizes up to the limit and every consumer (Recv, WithHandler, GetNotifies; a handler
+// may answer what it takes with SendNotifyAsync from inside itself, answer.go), while the
 // processes are killed and restarted, stopped and continued, and engines closed mid-stream.
 //
 // Three parts, kept apart as in Jepsen or FoundationDB's simulation:

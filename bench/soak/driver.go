@@ -146,10 +146,25 @@ type Result struct {
 	// sender or restarted receiver was killed or closed before an ack.
 	StalledSlow int `json:"stalled_slow"`
 	StalledGone int `json:"stalled_gone"`
+	// Answers: the handlers' answers (among the calls, deliveries and notifies checked above).
+	Answers AnswerStats `json:"answers"`
 	// Resources: each agent's baseline and final sample (those that lived past the warm-up).
 	Resources []AgentRes  `json:"resources,omitempty"`
 	Details   []Violation `json:"violation_details,omitempty"`
 	Verdict   string      `json:"verdict"`
+}
+
+// AnswerStats counts the answers handlers made (answer.go): Engines, the incarnations begun
+// that answer; the answers' calls, their results, their deliveries, and those checked (an
+// acknowledged answer delivered).
+type AnswerStats struct {
+	Engines   int    `json:"engines"`
+	Calls     uint64 `json:"calls"`
+	Acked     uint64 `json:"acked"`
+	Maybe     uint64 `json:"maybe_delivered"`
+	Failed    uint64 `json:"failed"`
+	Delivered uint64 `json:"delivered"`
+	Checked   uint64 `json:"checked"`
 }
 
 // RecoveryStats summarizes recovery times.
@@ -243,6 +258,7 @@ type driver struct {
 	hostile      HostileStats
 	attacks      sync.WaitGroup // hostile bursts under way
 	takenDir     string         // the agents' count files; "": none
+	answering    int            // incarnations begun that answer from their handler
 }
 
 // Run runs a soak and returns what it found; the error wraps ErrViolation when the contract
@@ -705,6 +721,10 @@ func (d *driver) spawn(ap *agentProc) error {
 	if ap.idx == 0 && !d.plantSet {
 		spec.Plant, d.plantSet = d.cfg.Plant, true
 	}
+	spec.Names = map[string][]string{}
+	for slot := range d.addrs {
+		spec.Names[slot] = d.names(slot)
+	}
 	for _, slot := range ap.slots {
 		d.incs[slot]++
 		spec.Engines = append(spec.Engines, AgentEngine{Slot: slot, Inc: d.incs[slot], Addr: d.addrs[slot], Transport: d.tr[slot]})
@@ -914,7 +934,7 @@ func (d *driver) handle(m agentMsg) {
 				continue
 			}
 			st := &driverStream{from: ev.Eng, to: slot, agent: ap.idx, gen: NewStreamGen(d.cfg.Seed, ev.Eng, slot, d.cfg.Mix)}
-			d.streams[streamKey{ev.Eng, slot}] = st
+			d.streams[streamKey{from: ev.Eng, slot: slot}] = st
 			d.dispatch(st)
 		}
 	case KindClosed:
@@ -929,13 +949,16 @@ func (d *driver) handle(m agentMsg) {
 			}
 		}
 	case KindOpDone:
-		if st := d.streams[streamKey{ev.Eng, ev.Slot}]; st != nil {
+		if st := d.streams[streamKey{from: ev.Eng, slot: ev.Slot}]; st != nil {
 			st.busy = false
 			if d.running && !st.closing {
 				d.dispatch(st)
 			}
 		}
 	case KindResult:
+		if ev.Answer {
+			return // recovery is judged by the scheduled streams' acks, as before answers
+		}
 		if t, ok := d.restarts[ev.Slot]; ok && ev.Class == ClassOK {
 			d.recovery = append(d.recovery, time.Since(t))
 			delete(d.restarts, ev.Slot)
@@ -963,16 +986,23 @@ func (d *driver) handle(m agentMsg) {
 
 func (d *driver) dispatch(st *driverStream) {
 	ev := st.gen.Next()
-	ev.Eng, ev.Slot = st.from, st.to
-	_, port, _ := net.SplitHostPort(d.addrs[st.to])
-	ev.Names = []string{d.addrs[st.to], net.JoinHostPort("localhost", port)}
-	if d.cfg.Mix.OneName || !loopback(d.addrs[st.to]) {
-		ev.Names = ev.Names[:1]
-	}
+	ev.Eng, ev.Slot, ev.Names = st.from, st.to, d.names(st.to)
 	st.busy = true
 	d.ops++
 	d.step(Event{K: KindDispatch, Eng: ev.Eng, Slot: ev.Slot, Op: ev.Op, Window: ev.Window, Sends: ev.Sends})
 	d.send(d.agents[st.agent], ev)
+}
+
+// names are the names slot's engine is sent to by: its address and, on loopback, the same
+// port as localhost (two names of one peer), or its address alone (--one-name, or another
+// host, where localhost is this one).
+func (d *driver) names(slot string) []string {
+	_, port, _ := net.SplitHostPort(d.addrs[slot])
+	names := []string{d.addrs[slot], net.JoinHostPort("localhost", port)}
+	if d.cfg.Mix.OneName || !loopback(d.addrs[slot]) {
+		names = names[:1]
+	}
+	return names
 }
 
 func (d *driver) dropStreams(ap *agentProc) {
@@ -1207,6 +1237,9 @@ func (d *driver) stalled(ev Event) {
 func (d *driver) begin(slot string) Event {
 	inc := d.incs[slot]
 	ev := Event{K: KindBegin, Slot: slot, Inc: inc, Queue: RecvQueue(d.cfg.Seed, slot, inc), Consumer: Consumer(d.cfg.Seed, slot, inc)}
+	if Answering(d.cfg.Seed, slot, inc) {
+		d.answering++
+	}
 	if ev.Queue == 0 {
 		ev.Queue = int(limits.RecvQueue.Default)
 	}
@@ -1275,8 +1308,8 @@ func (d *driver) faultCount() int {
 }
 
 func (d *driver) progress(el time.Duration) {
-	fmt.Fprintf(d.cfg.Progress, "soak %s: ops %d, calls %d, acked %d, checked %d, faults %d, violations %d\n",
-		el.Round(time.Second), d.ops, d.c.Calls, d.c.Acked, d.c.Checked, d.faultCount(), d.c.Total())
+	fmt.Fprintf(d.cfg.Progress, "soak %s: ops %d, calls %d, acked %d, checked %d, answers %d, faults %d, violations %d\n",
+		el.Round(time.Second), d.ops, d.c.Calls, d.c.Acked, d.c.Checked, d.c.Answers.Calls, d.faultCount(), d.c.Total())
 }
 
 func (d *driver) result(el time.Duration) Result {
@@ -1284,8 +1317,9 @@ func (d *driver) result(el time.Duration) Result {
 		Seed: d.cfg.Seed, Duration: el.Seconds(), Procs: len(d.agents), Transports: d.cfg.Transports, Provider: d.cfg.Provider,
 		Ops: d.ops, Calls: d.c.Calls, Acked: d.c.Acked, Maybe: d.c.Maybe, Failed: d.c.Failed, Delivered: d.c.Delivered,
 		NotifiesChecked: d.c.Checked, Faults: d.faults, Violations: d.c.Violations, Allowances: d.c.Allowances, Details: d.c.Details,
-		Held: d.c.Held,
+		Held: d.c.Held, Answers: d.c.Answers,
 	}
+	r.Answers.Engines = d.answering
 	if n := d.hostile.Conns.Load(); n > 0 {
 		r.Hostile = map[string]uint64{"conns": n, "frames": d.hostile.Frames.Load(), "refused": d.hostile.Refused.Load()}
 	}
@@ -1326,6 +1360,8 @@ func msStats(ds []time.Duration) RecoveryStats {
 func (r Result) Report(w io.Writer, replay string) {
 	fmt.Fprintf(w, "soak %s: %.0f s, seed %d, %d procs, %s; ops %d, calls %d (acked %d, maybe %d, failed %d), delivered %d, notifies checked %d\n",
 		r.Verdict, r.Duration, r.Seed, r.Procs, strings.Join(r.Transports, "+"), r.Ops, r.Calls, r.Acked, r.Maybe, r.Failed, r.Delivered, r.NotifiesChecked)
+	fmt.Fprintf(w, "  answers from handlers: %d answering engines; calls %d (acked %d, maybe %d, failed %d), delivered %d, checked %d\n",
+		r.Answers.Engines, r.Answers.Calls, r.Answers.Acked, r.Answers.Maybe, r.Answers.Failed, r.Answers.Delivered, r.Answers.Checked)
 	fmt.Fprintf(w, "  faults: %s\n  allowances: %s\n  violations: %s\n", counts(r.Faults), counts(r.Allowances), counts(r.Violations))
 	fmt.Fprintf(w, "  killed engines held to what they could hold: %d, %d acknowledged notifies lost with them, at most %d%% of a bound\n",
 		r.Held.Checked, r.Held.Lost, r.Held.MostUsed)

@@ -11,10 +11,10 @@ import (
 	"github.com/twosided/twosided/bench/soak/mix"
 )
 
-// The event kinds. Agents write start, result, deliver, up, closed, opdone, hang, log and
-// bye on their stdout; the parent makes begin, kill, dispatch and fault itself. The parent
-// writes its commands (op, reopen, pause, slow, stop) on an agent's stdin in the same
-// format.
+// The event kinds. Agents write start, result, deliver, early_done, up, closed, opdone,
+// hang, log and bye on their stdout; the parent makes begin, kill, dispatch and fault
+// itself. The parent writes its commands (op, reopen, pause, slow, stop) on an agent's
+// stdin in the same format.
 const (
 	// KindBegin: the parent starts incarnation Inc of engine slot Slot (a process spawned
 	// or an engine reopened). Its engine id is EngineID(Slot, Inc).
@@ -31,14 +31,19 @@ const (
 
 	// KindUp: engine Eng (slot Slot) listens on Addr.
 	KindUp = "up"
-	// KindStart: sender Eng starts call S of its stream to Slot, payload P, in operation Op.
+	// KindStart: sender Eng starts call S of its stream to Slot, payload P, in operation Op;
+	// with Answer, call S of its answer stream to Slot, made from its handler for a notify
+	// of engine From (no operation).
 	KindStart = "start"
 	// KindResult: call S (payload P) of sender Eng to Slot returned; Class is ok, maybe
 	// (the error wraps ErrMaybeDelivered) or failed; Err is the error's text.
 	KindResult = "result"
-	// KindDeliver: engine Eng handed its application call S (payload P) of sender From;
-	// Bad names what is wrong with the payload, if anything.
+	// KindDeliver: engine Eng handed its application call S (payload P) of sender From (with
+	// Answer: of From's answer stream); Bad names what is wrong with the payload, if anything.
 	KindDeliver = "deliver"
+	// KindEarlyDone: the done of answer S (payload P) of Eng to Slot ran before the
+	// SendNotifyAsync that made it returned (Answer is set).
+	KindEarlyDone = "early_done"
 	// KindClosed: engine Eng was closed cleanly and everything it held was delivered.
 	KindClosed = "closed"
 	// KindOpDone: sender Eng finished operation Op of its stream to Slot.
@@ -111,6 +116,10 @@ type Event struct {
 	Ring     int    `json:"ring,omitempty"`
 	// N (KindTaken): delivery events put.
 	N uint64 `json:"n,omitempty"`
+	// Answer (KindStart, KindResult, KindDeliver, KindEarlyDone, KindHang): the call is of
+	// the sender's answer stream to Slot, made from its handler, not of an operation
+	// (answer.go).
+	Answer bool `json:"ans,omitempty"`
 	// Res: an agent's resources (KindRes).
 	Res *Res `json:"res,omitempty"`
 }
@@ -196,6 +205,9 @@ func (ev *Event) validate() error {
 	if ev.MS < 0 || ev.MS > maxPauseMS || ev.US < 0 || ev.US > maxSlowUS {
 		return errors.New("field ms or us out of range")
 	}
+	if ev.Answer && ev.K != KindStart && ev.K != KindResult && ev.K != KindDeliver && ev.K != KindEarlyDone && ev.K != KindHang {
+		return errors.New("field ans: only on start, result, deliver, early_done and hang")
+	}
 	if ev.Window < 0 || ev.Window > maxSends {
 		return fmt.Errorf("field w: %d out of 0..%d", ev.Window, maxSends)
 	}
@@ -243,7 +255,7 @@ func (ev *Event) validate() error {
 			return fmt.Errorf("field e: %q is not of slot %q", ev.Eng, ev.Slot)
 		}
 		return nil
-	case KindStart, KindResult:
+	case KindStart, KindResult, KindEarlyDone:
 		if err := need("e", ev.Eng, checkEngine); err != nil {
 			return err
 		}
@@ -252,6 +264,11 @@ func (ev *Event) validate() error {
 		}
 		if ev.S == 0 || ev.P == 0 {
 			return errors.New("field s or p: zero")
+		}
+		if ev.K == KindStart && ev.Answer {
+			if err := need("from", ev.From, checkEngine); err != nil {
+				return err
+			}
 		}
 		if ev.K == KindResult && ev.Class != ClassOK && ev.Class != ClassMaybe && ev.Class != ClassFailed {
 			return fmt.Errorf("field c: %q is not ok, maybe or failed", ev.Class)

@@ -15,6 +15,11 @@ func TestEventRoundTrip(t *testing.T) {
 		{K: KindStart, Eng: "a0e1.3", Slot: "a1e0", Op: 9, S: 17, P: 12},
 		{K: KindResult, Eng: "a0e1.3", Slot: "a1e0", S: 17, P: 12, Class: ClassMaybe, Err: "notify: timeout"},
 		{K: KindDeliver, Eng: "a1e0.1", From: "a0e1.3", S: 17, P: 12},
+		{K: KindStart, Eng: "a1e0.1", Slot: "a0e1", S: 3, P: 3, From: "a0e1.3", Answer: true},
+		{K: KindResult, Eng: "a1e0.1", Slot: "a0e1", S: 3, P: 3, Class: ClassOK, Answer: true},
+		{K: KindDeliver, Eng: "a0e1.3", From: "a1e0.1", S: 3, P: 3, Answer: true},
+		{K: KindEarlyDone, Eng: "a1e0.1", Slot: "a0e1", S: 3, P: 3, Answer: true, Err: "done ran before SendNotifyAsync returned"},
+		{K: KindHang, Eng: "a1e0.1", Slot: "a0e1", Answer: true, Err: "answer 3 (SendNotifyAsync from the handler) still runs after 1m31s"},
 		{K: KindDeliver, Eng: "a1e0.1", Bad: "name \"x\" is not soak/<from>/<s>/<p>/<size>"},
 		{K: KindClosed, Eng: "a1e0.1"},
 		{K: KindOpDone, Eng: "a0e1.3", Slot: "a1e0", Op: 9},
@@ -69,6 +74,9 @@ func TestDecodeRejects(t *testing.T) {
 		"leak without e":     `{"k":"leak","err":"x"}`,
 		"stalled no slot":    `{"k":"stalled","e":"a0e1.1"}`,
 		"watch without addr": `{"k":"watchstall","slot":"a1e0","ms":10}`,
+		"answer no from":     `{"k":"start","e":"a0e1.1","slot":"a1e0","s":1,"p":1,"ans":true}`,
+		"answer on an op":    `{"k":"op","e":"a0e1.1","slot":"a1e0","names":["x"],"w":1,"sends":[{"p":1}],"ans":true}`,
+		"early done no s":    `{"k":"early_done","e":"a0e1.1","slot":"a1e0","p":1,"ans":true}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := Decode([]byte(line))
@@ -78,15 +86,19 @@ func TestDecodeRejects(t *testing.T) {
 }
 
 func TestNotifyNameAndPayload(t *testing.T) {
-	name := NotifyName("a3e1.7", 12, 9, 5)
-	from, s, p, size, err := ParseNotifyName(name)
-	require.NoError(t, err)
-	require.Equal(t, "a3e1.7", from)
-	require.EqualValues(t, 12, s)
-	require.EqualValues(t, 9, p)
-	require.Equal(t, 5, size)
-	for _, bad := range []string{"", "soak/a3e1.7/12/9", "soak/a3e1/12/9/5", "soak/a3e1.7/0/9/5", "x/a3e1.7/1/9/5", "soak/a3e1.7/1/9/-5", "soak/a3e1.7/012/9/5"} {
-		_, _, _, _, err := ParseNotifyName(bad)
+	for name, answer := range map[string]bool{NotifyName("a3e1.7", 12, 9, 5): false, AnswerName("a3e1.7", 12, 9, 5): true} {
+		from, s, p, size, ans, err := ParseNotifyName(name)
+		require.NoError(t, err)
+		require.Equal(t, "a3e1.7", from)
+		require.EqualValues(t, 12, s)
+		require.EqualValues(t, 9, p)
+		require.Equal(t, 5, size)
+		require.Equal(t, answer, ans, name)
+	}
+	require.Equal(t, "soak-answer/a3e1.7/12/9/5", AnswerName("a3e1.7", 12, 9, 5))
+	for _, bad := range []string{"", "soak/a3e1.7/12/9", "soak/a3e1/12/9/5", "soak/a3e1.7/0/9/5", "x/a3e1.7/1/9/5", "soak/a3e1.7/1/9/-5", "soak/a3e1.7/012/9/5",
+		"soak-answer/a3e1.7/12/9", "soak-answers/a3e1.7/1/9/5", "soak-answer/a3e1.7/012/9/5"} {
+		_, _, _, _, _, err := ParseNotifyName(bad)
 		require.Error(t, err, bad)
 	}
 	msg := make([]byte, 300)
@@ -104,6 +116,7 @@ func TestNotifyNameAndPayload(t *testing.T) {
 func FuzzDecode(f *testing.F) {
 	for _, s := range []string{
 		`{"k":"deliver","e":"a1e0.1","from":"a0e1.3","s":17,"p":12}`,
+		`{"k":"start","e":"a1e0.1","slot":"a0e1","s":3,"p":3,"from":"a0e1.3","ans":true}`,
 		`{"k":"op","e":"a0e1.3","slot":"a1e0","op":9,"w":2,"names":["127.0.0.1:1","localhost:1"],"sends":[{"p":1,"n":10,"name":1,"id":true,"r":2,"dl":500}]}`,
 		`{"k":"result","e":"a0e1.3","slot":"a1e0","s":17,"p":12,"c":"maybe","err":"x"}`,
 		`{"k":"up","e":"a0e1.3","slot":"a0e1","addr":"127.0.0.1:4000"}`,
@@ -132,11 +145,16 @@ func FuzzDecode(f *testing.F) {
 func FuzzParseNotifyName(f *testing.F) {
 	f.Add("soak/a3e1.7/12/9/5")
 	f.Add("soak/a0e0.1/1/1/0")
+	f.Add("soak-answer/a0e0.1/1/1/0")
 	f.Fuzz(func(t *testing.T, name string) {
-		from, s, p, size, err := ParseNotifyName(name)
+		from, s, p, size, answer, err := ParseNotifyName(name)
 		if err != nil {
 			return
 		}
-		require.Equal(t, NotifyName(from, s, p, size), name)
+		if answer {
+			require.Equal(t, AnswerName(from, s, p, size), name)
+		} else {
+			require.Equal(t, NotifyName(from, s, p, size), name)
+		}
 	})
 }

@@ -8,29 +8,44 @@ import (
 
 // A soak notify carries its identity in its name, "soak/<sender engine>/<call>/<payload>/
 // <size>", so that its message can be anything from 0 bytes to the limit; the message is a
-// pattern derived from the payload number, checked on delivery.
+// pattern derived from the payload number, checked on delivery. A handler's answer (a
+// stream of its own, agent.go) is named the same under "soak-answer/".
+
+const (
+	namePrefix   = "soak"
+	answerPrefix = "soak-answer"
+)
 
 // NotifyName is the name of call s (payload p, size bytes) of sender from.
 func NotifyName(from string, s, p uint64, size int) string {
-	return "soak/" + from + "/" + strconv.FormatUint(s, 10) + "/" + strconv.FormatUint(p, 10) + "/" + strconv.Itoa(size)
+	return soakName(namePrefix, from, s, p, size)
 }
 
-// ParseNotifyName reads what NotifyName wrote.
-func ParseNotifyName(name string) (from string, s, p uint64, size int, err error) {
+// AnswerName is the name of answer s (payload p, size bytes) of the answering engine from.
+func AnswerName(from string, s, p uint64, size int) string {
+	return soakName(answerPrefix, from, s, p, size)
+}
+
+func soakName(prefix, from string, s, p uint64, size int) string {
+	return prefix + "/" + from + "/" + strconv.FormatUint(s, 10) + "/" + strconv.FormatUint(p, 10) + "/" + strconv.Itoa(size)
+}
+
+// ParseNotifyName reads what NotifyName or AnswerName wrote; answer says which.
+func ParseNotifyName(name string) (from string, s, p uint64, size int, answer bool, err error) {
 	f := strings.Split(name, "/")
-	if len(f) != 5 || f[0] != "soak" {
-		return "", 0, 0, 0, fmt.Errorf("name %.80q is not soak/<from>/<s>/<p>/<size>", name)
+	if len(f) != 5 || (f[0] != namePrefix && f[0] != answerPrefix) {
+		return "", 0, 0, 0, false, fmt.Errorf("name %.80q is not soak/<from>/<s>/<p>/<size> or soak-answer/...", name)
 	}
 	if err := checkEngine(f[1]); err != nil {
-		return "", 0, 0, 0, err
+		return "", 0, 0, 0, false, err
 	}
 	s, err1 := strconv.ParseUint(f[2], 10, 64)
 	p, err2 := strconv.ParseUint(f[3], 10, 64)
 	size, err3 := strconv.Atoi(f[4])
-	if err1 != nil || err2 != nil || err3 != nil || s == 0 || p == 0 || size < 0 || NotifyName(f[1], s, p, size) != name {
-		return "", 0, 0, 0, fmt.Errorf("name %.80q: bad numbers", name)
+	if err1 != nil || err2 != nil || err3 != nil || s == 0 || p == 0 || size < 0 || soakName(f[0], f[1], s, p, size) != name {
+		return "", 0, 0, 0, false, fmt.Errorf("name %.80q: bad numbers", name)
 	}
-	return f[1], s, p, size, nil
+	return f[1], s, p, size, f[0] == answerPrefix, nil
 }
 
 // FillPayload writes payload p's pattern into b.

@@ -110,6 +110,51 @@ func RecvQueue(seed uint64, slot string, inc int) int {
 	return [...]int{0, 0, 256, 32}[seeded(seed, "recvqueue", EngineID(slot, inc)).IntN(4)]
 }
 
+// Answering draws whether incarnation inc of slot answers from its handler: three in four
+// of the incarnations whose consumer is the handler and that send (a receiver only sends
+// nothing, answers included).
+func Answering(seed uint64, slot string, inc int) bool {
+	id := EngineID(slot, inc)
+	return Consumer(seed, slot, inc) == ConsumeHandler && !Receiver(seed, id) && seeded(seed, "answering", id).IntN(4) != 0
+}
+
+// MaxAnswerSize bounds an answer's message: answers are small.
+const MaxAnswerSize = 512
+
+// AnswerGen draws, notify by notify in the order its handler takes them, what an answering
+// incarnation does with each: whether it answers, and the answer. Each incarnation draws
+// its share once: every notify (an echo), one in four, or one in sixteen.
+type AnswerGen struct {
+	r     *rand.Rand
+	every int
+}
+
+// NewAnswerGen seeds the answers of engine incarnation id.
+func NewAnswerGen(seed uint64, id string) *AnswerGen {
+	r := seeded(seed, "answers", id)
+	return &AnswerGen{r: r, every: [...]int{1, 4, 16}[r.IntN(3)]}
+}
+
+// Every is the incarnation's share: it answers one notify in Every.
+func (g *AnswerGen) Every() int { return g.every }
+
+// Next draws what the handler does with the next notify it takes from a sender with names
+// names: ok says whether it answers; the answer's Size (0 to MaxAnswerSize, mostly up to
+// 64 B), ID (half of them carry a Notify.ID) and Name (which of the names). P, Retries and
+// DeadlineMS are not drawn: an answer is SendNotifyAsync (the engine's 30 s), never retried.
+func (g *AnswerGen) Next(names int) (sd Send, ok bool) {
+	if g.r.IntN(g.every) != 0 {
+		return Send{}, false
+	}
+	sd.Size = g.r.IntN(65)
+	if g.r.IntN(4) == 0 {
+		sd.Size = g.r.IntN(MaxAnswerSize + 1)
+	}
+	sd.ID = g.r.IntN(2) == 0
+	sd.Name = g.r.IntN(max(names, 1))
+	return sd, true
+}
+
 // Fault is one injection: Kind on Agent (kill, stop) or on engine Slot (reopen, pause,
 // slow), lasting MS milliseconds (stop, pause; the time down for kill) or US microseconds
 // per notify (slow); the next one comes AfterMS later.

@@ -137,3 +137,65 @@ func TestConsumerIsSeeded(t *testing.T) {
 	}
 	require.Len(t, seen, 3, "every consumer is drawn")
 }
+
+func TestAnswersAreSeeded(t *testing.T) {
+	answering := 0
+	for inc := 1; inc <= 200; inc++ {
+		ok := Answering(1, "a0e0", inc)
+		require.Equal(t, ok, Answering(1, "a0e0", inc))
+		if ok {
+			answering++
+			require.Equal(t, ConsumeHandler, Consumer(1, "a0e0", inc), "only a handler answers")
+			require.False(t, Receiver(1, EngineID("a0e0", inc)), "a receiver only sends nothing")
+		}
+	}
+	require.Positive(t, answering)
+
+	const takes = 2000
+	draw := func(id string) (int, []Send) { // the answers to takes notifies
+		g := NewAnswerGen(1, id)
+		var out []Send
+		for range takes {
+			if sd, ok := g.Next(2); ok {
+				out = append(out, sd)
+			}
+		}
+		return g.Every(), out
+	}
+	_, a := draw("a0e0.1")
+	_, again := draw("a0e0.1")
+	require.Equal(t, a, again, "one seed, one answer sequence")
+	shares := map[int]bool{}
+	var made, ids, zero, over64, names [2]int
+	for inc := 1; inc <= 30; inc++ {
+		every, a := draw(EngineID("a0e0", inc))
+		shares[every] = true
+		for _, sd := range a {
+			require.LessOrEqual(t, sd.Size, MaxAnswerSize)
+			require.Less(t, sd.Name, 2)
+			names[sd.Name]++
+			if sd.ID {
+				ids[0]++
+			}
+			if sd.Size == 0 {
+				zero[0]++
+			}
+			if sd.Size > 64 {
+				over64[0]++
+			}
+		}
+		require.InDelta(t, takes/every, len(a), float64(takes/every)/2+10, "a share of about one in %d", every)
+		made[0] += len(a)
+	}
+	require.Equal(t, map[int]bool{1: true, 4: true, 16: true}, shares, "every share is drawn")
+	for what, n := range map[string]int{"answers": made[0], "with an id": ids[0], "empty": zero[0], "over 64 B": over64[0],
+		"first name": names[0], "second name": names[1]} {
+		require.Positive(t, n, what)
+	}
+	g := NewAnswerGen(1, "a0e0.1")
+	for range 200 {
+		if sd, ok := g.Next(1); ok {
+			require.Zero(t, sd.Name, "one name")
+		}
+	}
+}

@@ -35,12 +35,16 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
+// testSeed draws, among the first incarnations, a handler that answers every notify it
+// takes (a0e0.1) and one that answers none (a1e0.1); TestSoakAnswers holds it to that.
+const testSeed = 3
+
 // testConfig is a short soak: a few seconds, small messages (under -race a 1 MiB OOB
 // notify takes seconds on a loaded machine), the two engines of two agents, each peer sent
 // to by both its names.
 func testConfig(t *testing.T, d time.Duration, faults []string) Config {
 	return Config{
-		Duration: d, Seed: 42, Faults: faults, Procs: 2,
+		Duration: d, Seed: testSeed, Faults: faults, Procs: 2,
 		Transports: []string{notify.TransportRDMATwoSided, notify.TransportOOB}, Provider: "soft",
 		FaultEvery: 700 * time.Millisecond,
 		Mix:        Mix{MaxSize: 64 << 10, MaxWindow: 16},
@@ -78,8 +82,8 @@ func runSoak(t *testing.T, cfg Config) (Result, error) {
 	done := make(chan out, 1)
 	go func() { r, err := Run(ctx, cfg); done <- out{r, err} }()
 	o := <-done
-	t.Logf("%s: ops %d, calls %d, acked %d, checked %d, faults %v, allowances %v, violations %v",
-		o.r.Verdict, o.r.Ops, o.r.Calls, o.r.Acked, o.r.NotifiesChecked, o.r.Faults, o.r.Allowances, o.r.Violations)
+	t.Logf("%s: ops %d, calls %d, acked %d, checked %d, answers %+v, faults %v, allowances %v, violations %v",
+		o.r.Verdict, o.r.Ops, o.r.Calls, o.r.Acked, o.r.NotifiesChecked, o.r.Answers, o.r.Faults, o.r.Allowances, o.r.Violations)
 	return o.r, o.err
 }
 
@@ -98,6 +102,33 @@ func TestSoakClean(t *testing.T) {
 	require.Empty(t, r.Violations)
 	require.Positive(t, r.NotifiesChecked, "nothing was checked")
 	require.Positive(t, r.Ops)
+}
+
+// TestSoakAnswers: where an engine's consumer is a handler that answers (the seed's
+// a0e0.1, every notify it takes), the run's summary shows answers made, acknowledged and
+// delivered, and the contract holds for them. No faults: that incarnation lives the whole
+// run, and takes notifies from its first operations on.
+func TestSoakAnswers(t *testing.T) {
+	cfg := testConfig(t, 2*time.Second, nil)
+	require.True(t, Answering(cfg.Seed, "a0e0", 1), "the seed draws no answering handler: pick another")
+	require.Equal(t, 1, NewAnswerGen(cfg.Seed, "a0e0.1").Every())
+	require.Equal(t, ConsumeHandler, Consumer(cfg.Seed, "a1e0", 1))
+	require.False(t, Answering(cfg.Seed, "a1e0", 1), "a handler that does not answer is in the mix too")
+	r, err := runSoak(t, cfg)
+	for _, v := range r.Details {
+		t.Logf("%s at step %d, %s: %s\nhistory:\n%s", v.Kind, v.Step, v.Stream, v.Detail, strings.Join(v.History, "\n"))
+	}
+	require.NoError(t, err)
+	require.Equal(t, "PASS", r.Verdict)
+	require.Equal(t, 1, r.Answers.Engines)
+	require.Positive(t, r.Answers.Calls, "no answer was made")
+	require.Positive(t, r.Answers.Acked)
+	require.Positive(t, r.Answers.Delivered)
+	require.Positive(t, r.Answers.Checked)
+	require.LessOrEqual(t, r.Answers.Checked, r.NotifiesChecked)
+	var report strings.Builder
+	r.Report(&report, "")
+	require.Contains(t, report.String(), fmt.Sprintf("answers from handlers: 1 answering engines; calls %d", r.Answers.Calls))
 }
 
 func TestSoakPlants(t *testing.T) {
