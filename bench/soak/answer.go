@@ -34,11 +34,12 @@ type answerer struct {
 	g             *AnswerGen
 	s             map[string]uint64 // by target slot: the last answer's call number
 	out           atomic.Int32      // answers without a result
+	none          chan struct{}     // a token each time out drops to 0 (closed waits on it)
 	made, skipped atomic.Uint64     // answers made; notifies not answered at the bound
 }
 
 func newAnswerer(ae *agentEngine) *answerer {
-	return &answerer{ae: ae, g: NewAnswerGen(ae.a.spec.Seed, ae.id), s: map[string]uint64{}}
+	return &answerer{ae: ae, g: NewAnswerGen(ae.a.spec.Seed, ae.id), s: map[string]uint64{}, none: make(chan struct{}, 1)}
 }
 
 // answer answers delivery ev (a notify the handler took) when the draw says so. Handler
@@ -115,7 +116,12 @@ func (c *answerCall) finish(err error) {
 		return // a second result: reported, the checker counts it
 	}
 	a.calls.done(c.watch)
-	c.an.out.Add(-1)
+	if c.an.out.Add(-1) == 0 {
+		select {
+		case c.an.none <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // closed runs once the engine's Close returned: every answer has its result then (Close
@@ -124,10 +130,15 @@ func (c *answerCall) finish(err error) {
 // async send, for the results to come, so that the agent does not exit before them.
 func (an *answerer) closed() {
 	if an.out.Load() > 0 {
-		end := time.Now().Add(asyncBound)
-		for an.out.Load() > 0 && time.Now().Before(end) {
-			time.Sleep(10 * time.Millisecond)
+		bound := time.NewTimer(asyncBound)
+		for wait := true; wait && an.out.Load() > 0; {
+			select {
+			case <-an.none:
+			case <-bound.C:
+				wait = false
+			}
 		}
+		bound.Stop()
 	}
 	an.ae.a.log("%s: answered %d notifies from its handler (one in %d drawn), %d not at the bound of %d without a result, %d still without one",
 		an.ae.id, an.made.Load(), an.g.Every(), an.skipped.Load(), maxAnswersOut, an.out.Load())
