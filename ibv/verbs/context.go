@@ -83,7 +83,12 @@ func (c *deviceContext) CreateCompChannel() (ibv.CompChannel, error) {
 		C.tsv_destroy_comp_channel(ch)
 		return nil, fmt.Errorf("verbs: %s: comp channel fd O_NONBLOCK: %w", c.info.Name, syscall.Errno(rc))
 	}
-	return &compChannel{ctx: c, ch: ch, ev: new(cqEvent)}, nil
+	ev := (*C.struct_tsv_cq_event)(C.calloc(1, C.sizeof_struct_tsv_cq_event))
+	if ev == nil {
+		C.tsv_destroy_comp_channel(ch)
+		return nil, fmt.Errorf("verbs: %s: comp channel: event buffer: %w", c.info.Name, syscall.ENOMEM)
+	}
+	return &compChannel{ctx: c, ch: ch, ev: ev}, nil
 }
 
 func (c *deviceContext) CreateCQ(cqe int, ch ibv.CompChannel) (ibv.CQ, error) {

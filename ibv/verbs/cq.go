@@ -17,18 +17,17 @@ import (
 	"github.com/twosided/twosided/ibv"
 )
 
-// cqEvent is what ibv_get_cq_event writes, kept per channel so GetEvent allocates nothing.
-type cqEvent struct {
-	cq     *C.struct_ibv_cq
-	handle C.uintptr_t
-}
-
 // compChannel is ibv.CompChannel over struct ibv_comp_channel (fd non-blocking).
 type compChannel struct {
 	ctx *deviceContext
 	ch  *C.struct_ibv_comp_channel
-	ev  *cqEvent
+	ev  *C.struct_tsv_cq_event // C memory: what ibv_get_cq_event writes, so GetEvent allocates nothing
 }
+
+// cptr is the address of C memory for the shim's hot calls, which take it as uintptr_t:
+// cgo checks each argument of a pointer type for Go memory at every call, and these never
+// point to Go memory.
+func cptr[T any](p *T) C.uintptr_t { return C.uintptr_t(uintptr(unsafe.Pointer(p))) }
 
 var _ ibv.CompChannel = (*compChannel)(nil)
 
@@ -45,7 +44,7 @@ func (ch *compChannel) GetEvent() (ibv.CQ, error) {
 	if ch.ch == nil {
 		return nil, fmt.Errorf("verbs: get cq event: %w", ibv.ErrClosed)
 	}
-	rc := C.tsv_get_cq_event(ch.ch, &ch.ev.cq, &ch.ev.handle)
+	rc := C.tsv_get_cq_event(cptr(ch.ch), cptr(ch.ev))
 	if rc == C.EAGAIN {
 		return nil, ibv.ErrWouldBlock
 	}
@@ -55,7 +54,7 @@ func (ch *compChannel) GetEvent() (ibv.CQ, error) {
 	q, ok := lookupHandle(uintptr(ch.ev.handle)).(*cq)
 	if !ok {
 		// Not ours any more: acknowledge it here, or destroying that CQ would wait forever.
-		C.tsv_ack_cq_events(ch.ev.cq, 1)
+		C.tsv_ack_cq_events(cptr(ch.ev.cq), 1)
 		return nil, fmt.Errorf("verbs: cq event for unknown cq handle %d: %w", uintptr(ch.ev.handle), ibv.ErrClosed)
 	}
 	q.events.Add(1)
@@ -71,6 +70,8 @@ func (ch *compChannel) Close() error {
 		return fmt.Errorf("verbs: ibv_destroy_comp_channel: %w", rcErr(rc, errno))
 	}
 	ch.ch = nil
+	C.free(unsafe.Pointer(ch.ev))
+	ch.ev = nil
 	return nil
 }
 
@@ -125,7 +126,7 @@ func (q *cq) Poll(wcs []ibv.WC) (int, error) {
 	total := 0
 	for total < len(wcs) {
 		n := min(len(wcs)-total, len(q.flat))
-		got := int(C.tsv_poll(q.cq, C.int(n), q.raw, &q.flat[0]))
+		got := int(C.tsv_poll(cptr(q.cq), C.int(n), q.raw, &q.flat[0]))
 		if got < 0 {
 			return total, fmt.Errorf("verbs: ibv_poll_cq: %w", syscall.EIO)
 		}
@@ -158,7 +159,7 @@ func (q *cq) ReqNotify(solicitedOnly bool) error {
 	if solicitedOnly {
 		so = 1
 	}
-	if rc := C.tsv_req_notify(q.cq, so); rc != 0 {
+	if rc := C.tsv_req_notify(cptr(q.cq), so); rc != 0 {
 		return fmt.Errorf("verbs: ibv_req_notify_cq: %w", rcErr(rc, nil))
 	}
 	return nil
@@ -174,7 +175,7 @@ func (q *cq) AckEvents(n int) {
 	if n <= 0 {
 		return
 	}
-	C.tsv_ack_cq_events(q.cq, C.uint(n))
+	C.tsv_ack_cq_events(cptr(q.cq), C.uint(n))
 	q.events.Add(int64(-n))
 }
 

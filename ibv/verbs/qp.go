@@ -247,7 +247,7 @@ func (q *qp) PostSend(wr *ibv.SendWR) (*ibv.SendWR, error) {
 			}
 			n, nsge, wr = n+1, nsge+k, wr.Next
 		}
-		if rc := C.tsv_post_send(q.qp, &q.sendIn[0], C.int(n), &q.sendSGE[0], q.sendWR, q.sendBad); rc != 0 {
+		if rc := C.tsv_post_send(cptr(q.qp), &q.sendIn[0], C.int(n), &q.sendSGE[0], cptr(q.sendWR), q.sendBad); rc != 0 {
 			bad := head
 			for i := 0; i < int(*q.sendBad) && bad.Next != nil; i++ {
 				bad = bad.Next
@@ -282,7 +282,7 @@ func (q *qp) PostRecv(wr *ibv.RecvWR) (*ibv.RecvWR, error) {
 			}
 			n, nsge, wr = n+1, nsge+k, wr.Next
 		}
-		if rc := C.tsv_post_recv(q.qp, &q.recvIn[0], C.int(n), &q.recvSGE[0], q.recvWR, q.recvBad); rc != 0 {
+		if rc := C.tsv_post_recv(cptr(q.qp), &q.recvIn[0], C.int(n), &q.recvSGE[0], cptr(q.recvWR), q.recvBad); rc != 0 {
 			bad := head
 			for i := 0; i < int(*q.recvBad) && bad.Next != nil; i++ {
 				bad = bad.Next

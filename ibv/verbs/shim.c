@@ -239,9 +239,9 @@ int tsv_destroy_cq(struct ibv_cq *cq)
 	return fn.destroy_cq(cq);
 }
 
-void tsv_ack_cq_events(struct ibv_cq *cq, unsigned int n)
+void tsv_ack_cq_events(uintptr_t cq, unsigned int n)
 {
-	fn.ack_cq_events(cq, n);
+	fn.ack_cq_events((struct ibv_cq *)cq, n);
 }
 
 int tsv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask, struct ibv_qp_init_attr *init)
@@ -311,23 +311,24 @@ int tsv_num_comp_vectors(struct ibv_context *ctx)
 }
 
 // tsv_get_cq_event returns 0, or errno (EAGAIN on an empty non-blocking channel).
-int tsv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq, uintptr_t *handle)
+int tsv_get_cq_event(uintptr_t ch, uintptr_t ev)
 {
+	struct tsv_cq_event *e = (struct tsv_cq_event *)ev;
 	void *ctx = NULL;
-	if (fn.get_cq_event(ch, cq, &ctx))
+	if (fn.get_cq_event((struct ibv_comp_channel *)ch, &e->cq, &ctx))
 		return errno ? errno : EIO;
-	*handle = (uintptr_t)ctx;
+	e->handle = (uintptr_t)ctx;
 	return 0;
 }
 
-int tsv_req_notify(struct ibv_cq *cq, int solicited_only)
+int tsv_req_notify(uintptr_t cq, int solicited_only)
 {
-	return ibv_req_notify_cq(cq, solicited_only);
+	return ibv_req_notify_cq((struct ibv_cq *)cq, solicited_only);
 }
 
-int tsv_poll(struct ibv_cq *cq, int n, struct ibv_wc *raw, struct tsv_wc *out)
+int tsv_poll(uintptr_t cq, int n, struct ibv_wc *raw, struct tsv_wc *out)
 {
-	int got = ibv_poll_cq(cq, n, raw);
+	int got = ibv_poll_cq((struct ibv_cq *)cq, n, raw);
 	for (int i = 0; i < got; i++) {
 		out[i].wr_id = raw[i].wr_id;
 		out[i].status = raw[i].status;
@@ -361,9 +362,11 @@ struct ibv_qp *tsv_create_qp(struct ibv_pd *pd, struct ibv_cq *send_cq, struct i
 
 // tsv_post_send chains n flat WRs in scratch and posts them. On failure *bad is the index
 // of the first WR not posted and the return value is the errno.
-int tsv_post_send(struct ibv_qp *qp, const struct tsv_send *in, int n,
-		  struct ibv_sge *sges, struct ibv_send_wr *scratch, int *bad)
+int tsv_post_send(uintptr_t qpp, const struct tsv_send *in, int n,
+		  struct ibv_sge *sges, uintptr_t scratchp, int *bad)
 {
+	struct ibv_qp *qp = (struct ibv_qp *)qpp;
+	struct ibv_send_wr *scratch = (struct ibv_send_wr *)scratchp;
 	struct ibv_sge *sg = sges;
 	for (int i = 0; i < n; i++) {
 		struct ibv_send_wr *w = &scratch[i];
@@ -384,9 +387,11 @@ int tsv_post_send(struct ibv_qp *qp, const struct tsv_send *in, int n,
 	return rc;
 }
 
-int tsv_post_recv(struct ibv_qp *qp, const struct tsv_recv *in, int n,
-		  struct ibv_sge *sges, struct ibv_recv_wr *scratch, int *bad)
+int tsv_post_recv(uintptr_t qpp, const struct tsv_recv *in, int n,
+		  struct ibv_sge *sges, uintptr_t scratchp, int *bad)
 {
+	struct ibv_qp *qp = (struct ibv_qp *)qpp;
+	struct ibv_recv_wr *scratch = (struct ibv_recv_wr *)scratchp;
 	struct ibv_sge *sg = sges;
 	for (int i = 0; i < n; i++) {
 		struct ibv_recv_wr *w = &scratch[i];
