@@ -86,7 +86,7 @@ func TestCallersSetWakesTheCallerAlone(t *testing.T) {
 	}
 	onLoop(t, l, func() {
 		require.Zero(t, l.unpaired)
-		require.True(t, l.fds[fd].paired, "a draining socket is not in the callers' set")
+		require.True(t, l.fds.get(fd).paired, "a draining socket is not in the callers' set")
 		l.holdMu.Lock()
 		defer l.holdMu.Unlock()
 		require.Zero(t, l.blinds, "the outer set is left disarmed")
@@ -110,7 +110,7 @@ func TestModifyKeepsTheCallersSet(t *testing.T) {
 	onLoop(t, l, func() {
 		require.NoError(t, l.Modify(fd, Readable|Writable))
 		require.NoError(t, l.Modify(fd, Readable))
-		require.True(t, l.fds[fd].paired)
+		require.True(t, l.fds.get(fd).paired)
 	})
 	sleeping(t, l)
 	answeredInTurn(t, l, peer, handledOn, handled, false)
@@ -136,7 +136,7 @@ func TestPlainFdIsTakenOverFromTheCaller(t *testing.T) {
 	l := newLoop(t)
 	fd, peer, handledOn, handled := byteReader(t, l, false)
 	onOuter(t, l)
-	onLoop(t, l, func() { require.False(t, l.fds[fd].paired) })
+	onLoop(t, l, func() { require.False(t, l.fds.get(fd).paired) })
 	sleeping(t, l) // the turn is free for the caller: the loop is back in its wait
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -178,8 +178,8 @@ func TestUnpairedFdWaitsInTheLoopsSet(t *testing.T) {
 	ep := unpairedFd(t, l)
 	onLoop(t, l, func() {
 		require.Equal(t, 1, l.unpaired)
-		require.False(t, l.fds[ep].paired)
-		require.True(t, l.fds[fd].paired)
+		require.False(t, l.fds.get(ep).paired)
+		require.True(t, l.fds.get(fd).paired)
 	})
 	onOuter(t, l)
 	answeredInTurn(t, l, peer, handledOn, handled, true)

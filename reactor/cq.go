@@ -106,7 +106,7 @@ func (l *Loop) WatchCQ(cq ibv.CQ, h CQHandler) (*CQWatch, error) {
 	fd := ch.Fd()
 	cw := l.chans[fd]
 	if cw == nil {
-		if _, ok := l.fds[fd]; ok {
+		if l.fds.get(fd) != nil {
 			return nil, fmt.Errorf("reactor: watch cq: channel fd %d: %w", fd, ErrRegistered)
 		}
 		cw = &chanWatch{ch: ch, fd: fd}
@@ -186,8 +186,8 @@ func removeWatch(s []*CQWatch, w *CQWatch) []*CQWatch {
 
 func (l *Loop) unregisterChannel(cw *chanWatch) error {
 	delete(l.chans, cw.fd)
-	e := l.fds[cw.fd]
-	delete(l.fds, cw.fd)
+	e := l.fds.get(cw.fd)
+	l.fds.del(cw.fd)
 	if cw.failed || e == nil {
 		return nil
 	}
@@ -277,7 +277,7 @@ func (l *Loop) drainChannel(cw *chanWatch, all bool) {
 // it would stay readable forever) and tells its CQs.
 func (l *Loop) channelFailed(cw *chanWatch, err error) {
 	cw.failed = true
-	if e := l.fds[cw.fd]; e != nil && !e.lost {
+	if e := l.fds.get(cw.fd); e != nil && !e.lost {
 		_ = l.disarm(cw.fd, e)
 		e.lost = true // out of both sets: unregisterChannel has nothing left to take out
 	}

@@ -222,7 +222,7 @@ func TestCQWatchCloseAcksAndUnregisters(t *testing.T) {
 		a.land(ibv.WC{WRID: 1})
 		b.land(ibv.WC{WRID: 2})
 		errs[0] = wa.Close() // gets both events: acks a's, queues b's cycle
-		_, registered[0] = l.fds[ch.fd]
+		registered[0] = l.fds.get(ch.fd) != nil
 		errs[1] = wa.Close()
 	})
 	require.NoError(t, errs[0])
@@ -237,7 +237,7 @@ func TestCQWatchCloseAcksAndUnregisters(t *testing.T) {
 
 	onLoop(t, l, func() {
 		errs[2] = wb.Close()
-		_, registered[1] = l.fds[ch.fd]
+		registered[1] = l.fds.get(ch.fd) != nil
 	})
 	require.NoError(t, errs[2])
 	require.False(t, registered[1], "the channel fd leaves with its last CQ")

@@ -181,7 +181,7 @@ type Loop struct {
 	st       counters
 
 	// Loop only.
-	fds      map[int]*fdEntry
+	fds      fdTable
 	unpaired int        // draining fds in the loop's set alone (arm): ExecWait disarms instead
 	choice   waitChoice // where ExecWait's caller waits
 	gen      uint32
@@ -262,7 +262,6 @@ func New(opts ...Option) (*Loop, error) {
 		done:    make(chan struct{}),
 		q:       newRing(cfg.submitQueue),
 		room:    make(chan struct{}),
-		fds:     make(map[int]*fdEntry),
 		events:  make([]unix.EpollEvent, maxEpollEvents),
 		pevents: make([]unix.EpollEvent, maxEpollEvents),
 		chans:   make(map[int]*chanWatch),
@@ -276,7 +275,7 @@ func New(opts ...Option) (*Loop, error) {
 	// The eventfd wakes a caller waiting in the callers' set as well as the loop: a
 	// submission or Stop ends that wait (the loop takes over). Marked seen in the loop's set.
 	l.gen = 1
-	l.fds[wfd] = &fdEntry{kind: kindWake, gen: l.gen, ev: Readable}
+	l.fds.set(wfd, &fdEntry{kind: kindWake, gen: l.gen, ev: Readable})
 	data := l.gen | seenBit
 	we := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wfd), Pad: int32(data)}
 	err = unix.EpollCtl(callers, unix.EPOLL_CTL_ADD, wfd, &we)
@@ -683,7 +682,7 @@ func (l *Loop) blind(d int) {
 func (l *Loop) dispatch(evs []unix.EpollEvent, borrowed bool) (woken, handled bool) {
 	for i := range evs {
 		ev := &evs[i]
-		e := l.fds[int(ev.Fd)]
+		e := l.fds.get(int(ev.Fd))
 		if e == nil || e.gen != uint32(ev.Pad)&genMask {
 			continue // removed (or replaced) by an earlier callback of this batch
 		}
@@ -767,8 +766,8 @@ func (l *Loop) shutdown() {
 		}
 	}
 	l.kicks = l.kicks[:0]
-	for fd, e := range l.fds {
-		if e.kind == kindUser {
+	for fd, e := range l.fds.s {
+		if e != nil && e.kind == kindUser {
 			_ = unix.Close(fd)
 		}
 	}
@@ -779,7 +778,7 @@ func (l *Loop) shutdown() {
 	l.holdMu.Unlock()
 	_ = unix.Close(l.epfd)
 	_ = unix.Close(l.callers)
-	l.fds, l.chans, l.watches, l.timers = nil, nil, nil, nil
+	l.fds, l.chans, l.watches, l.timers = fdTable{}, nil, nil, nil
 	l.gid.Store(0)
 	close(l.done)
 }

@@ -10,6 +10,7 @@ import "C"
 
 import (
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
@@ -22,6 +23,50 @@ type compChannel struct {
 	ctx *deviceContext
 	ch  *C.struct_ibv_comp_channel
 	ev  *C.struct_tsv_cq_event // C memory: what ibv_get_cq_event writes, so GetEvent allocates nothing
+
+	// cqs are the channel's CQs, copied on write (CQs come and go on any goroutine): an
+	// event's CQ is found here without the handle table's lock and map.
+	cqs   atomic.Pointer[[]*cq]
+	cqsMu sync.Mutex
+}
+
+func (ch *compChannel) attach(q *cq) {
+	ch.cqsMu.Lock()
+	defer ch.cqsMu.Unlock()
+	var s []*cq
+	if p := ch.cqs.Load(); p != nil {
+		s = append(s, *p...)
+	}
+	s = append(s, q)
+	ch.cqs.Store(&s)
+}
+
+func (ch *compChannel) detach(q *cq) {
+	ch.cqsMu.Lock()
+	defer ch.cqsMu.Unlock()
+	p := ch.cqs.Load()
+	if p == nil {
+		return
+	}
+	s := make([]*cq, 0, len(*p))
+	for _, x := range *p {
+		if x != q {
+			s = append(s, x)
+		}
+	}
+	ch.cqs.Store(&s)
+}
+
+// find is the channel's CQ of handle h, nil if none.
+func (ch *compChannel) find(h uintptr) *cq {
+	if p := ch.cqs.Load(); p != nil {
+		for _, q := range *p {
+			if q.handle == h {
+				return q
+			}
+		}
+	}
+	return nil
 }
 
 // cptr is the address of C memory for the shim's hot calls, which take it as uintptr_t:
@@ -51,8 +96,11 @@ func (ch *compChannel) GetEvent() (ibv.CQ, error) {
 	if rc != 0 {
 		return nil, fmt.Errorf("verbs: ibv_get_cq_event: %w", syscall.Errno(rc))
 	}
-	q, ok := lookupHandle(uintptr(ch.ev.handle)).(*cq)
-	if !ok {
+	q := ch.find(uintptr(ch.ev.handle))
+	if q == nil {
+		q, _ = lookupHandle(uintptr(ch.ev.handle)).(*cq)
+	}
+	if q == nil {
 		// Not ours any more: acknowledge it here, or destroying that CQ would wait forever.
 		C.tsv_ack_cq_events(cptr(ch.ev.cq), 1)
 		return nil, fmt.Errorf("verbs: cq event for unknown cq handle %d: %w", uintptr(ch.ev.handle), ibv.ErrClosed)
@@ -111,6 +159,9 @@ func newCQ(c *deviceContext, cqe int, ch *compChannel) (*cq, error) {
 	}
 	q.cq = r
 	q.cqe = int(r.cqe)
+	if ch != nil {
+		ch.attach(q)
+	}
 	batch := min(q.cqe, maxPollBatch)
 	q.raw = (*C.struct_ibv_wc)(C.calloc(C.size_t(batch), C.sizeof_struct_ibv_wc))
 	flat := (*C.struct_tsv_wc)(C.calloc(C.size_t(batch), C.sizeof_struct_tsv_wc))
@@ -201,6 +252,9 @@ func (q *cq) Destroy() error {
 		return fmt.Errorf("verbs: ibv_destroy_cq: %w", rcErr(rc, errno))
 	}
 	q.cq = nil
+	if q.ch != nil {
+		q.ch.detach(q)
+	}
 	freeHandle(q.handle)
 	C.free(unsafe.Pointer(q.raw))
 	C.free(unsafe.Pointer(unsafe.SliceData(q.flat)))
