@@ -106,8 +106,9 @@ func (ch *channel) GetEvent() (ibv.CQ, error) {
 	if ch.n == 0 && ch.efd >= 0 && !ch.progressed.Load() {
 		// Manual progress: read the sockets here; the CQEs it makes fire this channel
 		// quietly, as this call takes their events. The call after one that got an event
-		// from its own progress skips it: a consumer drains until ErrWouldBlock, and what
-		// arrived meanwhile keeps the fd readable.
+		// skips it unless a CQ was armed since: a consumer that drains until ErrWouldBlock
+		// pays one socket read per wake-up, and what arrived meanwhile keeps the fd
+		// readable.
 		ch.quiet = true
 		ch.mu.Unlock()
 		ch.ctx.d.progress()

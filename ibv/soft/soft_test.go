@@ -327,3 +327,40 @@ func TestIdleQPFailsWhenPeerDeviceGone(t *testing.T) {
 	require.Equal(t, uint64(1), c.PathsLost)
 	require.Zero(t, c.RetryExceeded, "no SEND was in flight")
 }
+
+// TestArmMakesGetEventProgress: with manual progress a GetEvent that returned an event skips
+// progress on the next call (a consumer draining to ErrWouldBlock pays one socket read per
+// wake-up), but only until a CQ of the channel is armed again: a consumer that reads its
+// armed CQ's one event and arms (the reactor), then wakes for the next packet, gets the
+// event from that wake-up's first GetEvent, not ErrWouldBlock and a second wake-up. Without
+// the arm clearing the mark, rounds after the first fail here.
+func TestArmMakesGetEventProgress(t *testing.T) {
+	p := soft.New(soft.WithDevices(2), soft.WithInProcess(false))
+	A, B := pairEnds(t, p, 16)
+	wcs := make([]ibv.WC, 4)
+	evs := make([]unix.EpollEvent, 1)
+	for i := range 10 {
+		_, err := B.qp.PostRecv(&ibv.RecvWR{WRID: uint64(i), SGList: []ibv.SGE{B.sge(4096, 64)}})
+		require.NoError(t, err)
+		require.NoError(t, B.rcq.ReqNotify(false))
+		_, err = A.qp.PostSend(&ibv.SendWR{WRID: uint64(i), Opcode: ibv.WRSend, SGList: []ibv.SGE{A.sge(0, 64)}})
+		require.NoError(t, err)
+		n := 0
+		for deadline := time.Now().Add(30 * time.Second); n == 0 && time.Now().Before(deadline); {
+			if n, err = unix.EpollWait(B.ep, evs, 1000); err == unix.EINTR {
+				n = 0
+			} else {
+				require.NoError(t, err)
+			}
+		}
+		require.Equal(t, 1, n, "round %d: the channel never became readable", i)
+		c, err := B.ch.GetEvent()
+		require.NoError(t, err, "round %d: the wake-up's first GetEvent", i)
+		require.Equal(t, B.rcq, c)
+		c.AckEvents(1)
+		got, err := B.rcq.Poll(wcs)
+		require.NoError(t, err)
+		require.Equal(t, 1, got)
+		require.Equal(t, uint64(i), wcs[0].WRID)
+	}
+}
