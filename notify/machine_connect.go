@@ -693,7 +693,7 @@ func (m *peerMachine) staleAnswer(now time.Time, ne *nameEntry, p *peerEntry, as
 // its way is stale (replaced).
 func (m *peerMachine) readvertised(p *peerEntry, advertised string) {
 	found := false
-	for _, q := range m.peers {
+	for _, q := range m.peersInOrder() {
 		if q == p || q.key.legacy != "" || q.adv != advertised {
 			continue
 		}

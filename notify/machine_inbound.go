@@ -155,7 +155,15 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 		}
 		return rep
 	}
-	fresh := false // the entry is made here: our state for the pair starts at 1
+	// fresh: our state for the pair starts at 1 (ts_fresh), so a dialer that kept state for
+	// it restarts the pair (bind). An entry made here is; so is one no handshake has proved
+	// and that neither sent nor received a notify: a handshake without proof (not proven)
+	// comes from an engine that holds no token of it, so it has never used the entry, and
+	// what it kept is of a pair we forgot. Such an entry may have been made by a third
+	// party claiming the session (it is answered, replyLost) after our entry for the real
+	// peer went: a reply saying "not fresh" would have the peer go on with seqs our window
+	// does not expect, held there until the gap timeout.
+	fresh := p != nil && !proven && !p.proved && !p.hasState()
 	if p == nil {
 		if busy, err := m.roomForPeer(now, hs.from, cookied); err != nil {
 			if busy {

@@ -74,8 +74,8 @@ func (m *peerMachine) heldBehind(p *peerEntry, id reqID) bool {
 // new name's do. Those with sends waiting try now. So an engine restarted at an address is
 // reached by all its names at once, and their waiting sends keep their order.
 func (m *peerMachine) hintPort(now time.Time, name string, p *peerEntry) {
-	for _, ne := range m.names {
-		if ne.name == name || !ne.unreachable || !mayLeadTo(ne.name, p) {
+	for _, ne := range m.namesInOrder() {
+		if m.names[ne.name] != ne || ne.name == name || !ne.unreachable || !mayLeadTo(ne.name, p) {
 			continue
 		}
 		ne.hinted = true

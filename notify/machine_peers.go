@@ -349,11 +349,12 @@ func (m *peerMachine) flushWindow(p *peerEntry) {
 // closeAll fails every waiting send and forgets every channel (the engine closes); what
 // windows hold is delivered, gaps given up.
 func (m *peerMachine) closeAll(err error) {
-	for _, p := range m.peers {
+	for _, p := range m.peersInOrder() {
 		m.flushWindow(p)
 	}
 	var unknown error // for a send on its way (posted, or written over OOB) or one whose earlier try may have landed
-	for id, r := range m.reqs {
+	for _, id := range m.reqsInOrder() {
+		r := m.reqs[id]
 		e := err
 		if r.ch != 0 || r.oob || r.maybe {
 			if unknown == nil {
@@ -364,8 +365,8 @@ func (m *peerMachine) closeAll(err error) {
 		m.emit(mAction{kind: aComplete, req: id, err: e})
 	}
 	clear(m.reqs)
-	for id := range m.chans {
-		m.emit(mAction{kind: aClose, ch: id, err: err})
+	for _, ce := range m.chansInOrder() {
+		m.emit(mAction{kind: aClose, ch: ce.id, err: err})
 	}
 	clear(m.chans)
 	m.channels, m.unconfirmed, m.connects, m.connectQ = 0, 0, 0, nil

@@ -186,7 +186,8 @@ func (n *simNet) runWith(until time.Time, after func()) {
 		if next.After(n.now) {
 			n.now = next
 		}
-		for _, e := range n.engines {
+		for _, name := range slices.Sorted(maps.Keys(n.engines)) { // in a fixed order: runs reproduce
+			e := n.engines[name]
 			if !e.timerAt.IsZero() && !e.timerAt.After(n.now) {
 				e.timerAt = time.Time{}
 				e.m.tick(n.now)
@@ -643,6 +644,34 @@ func TestMachineForgedSession(t *testing.T) {
 	}
 }
 
+// TestMachineUnprovedEntryAnswersFresh: a handshake without proof answered on an entry
+// that exists (replyLost) says the state is fresh (ts_fresh) when the entry was never
+// proved and never sent nor received: here a third party claiming session 10 made it,
+// and the real engine of that session, which forgot our token, handshakes after it. Its
+// seqs of a pair we forgot would otherwise go on where our new window does not expect
+// them. Once we sent in the pair, the reply says the state is kept.
+func TestMachineUnprovedEntryAnswersFresh(t *testing.T) {
+	now := time.Unix(1000, 0)
+	tok := uint64(100)
+	m := newPeerMachine(20, simCfg(), func() uint64 { tok++; return tok })
+	rep := m.inbound(now, inboundHS{name: "evil", session: 10, token: 99, ctrl: true})
+	require.Empty(t, rep.refuse)
+	require.True(t, rep.fresh, "an entry made by the handshake")
+	m.inboundUp(now, rep.ch, nil)
+	now = now.Add(time.Second)
+	rep = m.inbound(now, inboundHS{name: "a", session: 10, token: 5, ctrl: true})
+	require.Empty(t, rep.refuse, "answered again: its first reply may have been lost")
+	require.True(t, rep.fresh, "an entry nobody proved and that holds no state")
+	m.inboundUp(now, rep.ch, nil)
+	p := m.peers[peerKey{session: 10}]
+	require.NotZero(t, p.ch)
+	m.send(now, 1, "a", "", now.Add(time.Hour), 0)
+	require.True(t, p.hasState(), "the send drew a seq in the pair")
+	rep = m.inbound(now, inboundHS{name: "a", session: 10, token: 6, ctrl: true})
+	require.Empty(t, rep.refuse)
+	require.False(t, rep.fresh, "the entry sent in the pair: its state is not fresh")
+}
+
 // TestMachineIdempotentRetry: a caller retries a notify whose outcome it did not learn,
 // with the same id; it is delivered once.
 func TestMachineIdempotentRetry(t *testing.T) {
@@ -840,82 +869,121 @@ func TestMachineBogusHandshakeFlood(t *testing.T) {
 // peer's notifies once and in order, and never delivers a forged one.
 func FuzzMachineHostileInput(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12})
-	f.Fuzz(func(t *testing.T, ops []byte) {
-		n := newSimNet(t, 1)
-		cfg := simCfg()
-		cfg.maxPeers, cfg.maxNames, cfg.maxUnconfirmed = 8, 16, 4
-		// As the engine's defaults are (60 s gap, 30 s sends), a gap outlives every send
-		// that could fill it; a shorter one may deliver a very late seq out of order.
-		cfg.gapTimeout = 2 * time.Hour
-		a := n.add("a", 10, simCfg())
-		b := n.add("b", 20, cfg)
-		var order []reqID
-		for i := 0; i+2 < len(ops); i += 3 {
-			op, x, y := ops[i], uint64(ops[i+1]), uint64(ops[i+2])
-			switch op % 5 {
-			case 0:
-				var from netip.Addr
-				if op&16 != 0 {
-					from = netip.AddrFrom4([4]byte{10, 0, 0, byte(y % 3)})
-				}
-				proof := y % 3
-				if op&32 != 0 { // the cookie of a busy refusal, returned
-					proof = b.m.cookie(x%12, fmt.Sprint("h", x%20))
-				}
-				rep := b.m.inbound(n.now, inboundHS{name: fmt.Sprint("h", x%20), session: x % 12, token: y, proof: proof, epoch: y % 4, ctrl: op&8 != 0, from: from})
-				if rep.ch != 0 {
-					b.m.inboundUp(n.now, rep.ch, nil)
-					b.links[rep.ch] = &simLink{local: b, id: rep.ch, dead: true}
-				}
-			case 1:
-				// Session 0 is a Mooncake engine's classic notify: unauthenticated by design
-				// (WithOOBAuthKey closes that); any other session needs its pair's token.
-				msg := "forged"
-				if x%12 == 0 {
-					msg = fmt.Sprint("legacy", i)
-				}
-				b.m.oobArrive(n.now, oobArrival{session: x % 12, token: y, seq: y, skipFrom: x, skipN: y % 5, n: Notify{Msg: []byte(msg)}})
-			case 2:
-				order = append(order, a.send("b", fmt.Sprint("real", len(order)), ""))
-			case 3:
-				for k := int(x % 8); k > 0 && n.step(); k-- {
-				}
-			case 4:
-				n.now = n.now.Add(time.Duration(x) * 100 * time.Millisecond)
-				b.m.tick(n.now)
+	f.Fuzz(func(t *testing.T, ops []byte) { hostileRun(t, ops, nil) })
+}
+
+// hostileRun runs FuzzMachineHostileInput's ops; trace (when not nil) sees each action of
+// both engines.
+func hostileRun(t *testing.T, ops []byte, trace func(string)) {
+	n := newSimNet(t, 1)
+	cfg := simCfg()
+	cfg.maxPeers, cfg.maxNames, cfg.maxUnconfirmed = 8, 16, 4
+	// As the engine's defaults are (60 s gap, 30 s sends), a gap outlives every send
+	// that could fill it; a shorter one may deliver a very late seq out of order.
+	cfg.gapTimeout = 2 * time.Hour
+	a := n.add("a", 10, simCfg())
+	b := n.add("b", 20, cfg)
+	if trace != nil {
+		a.trace = func(x mAction) { trace("a " + describeAction(x)) }
+		b.trace = func(x mAction) { trace("b " + describeAction(x)) }
+	}
+	var order []reqID
+	for i := 0; i+2 < len(ops); i += 3 {
+		op, x, y := ops[i], uint64(ops[i+1]), uint64(ops[i+2])
+		switch op % 5 {
+		case 0:
+			var from netip.Addr
+			if op&16 != 0 {
+				from = netip.AddrFrom4([4]byte{10, 0, 0, byte(y % 3)})
 			}
-			b.perform()
-			if len(b.m.peers) > cfg.maxPeers || len(b.m.names) > cfg.maxNames || b.m.unconfirmed > 2*cfg.maxUnconfirmed || b.m.unconfirmed < 0 {
-				t.Fatalf("caps broken: %d peers, %d names, %d unconfirmed", len(b.m.peers), len(b.m.names), b.m.unconfirmed)
+			proof := y % 3
+			if op&32 != 0 { // the cookie of a busy refusal, returned
+				proof = b.m.cookie(x%12, fmt.Sprint("h", x%20))
 			}
-			unconfirmed, byAddr := 0, map[netip.Addr]int{}
-			for _, p := range b.m.peers {
-				if !p.confirmed {
-					unconfirmed++
-					if p.from.IsValid() {
-						byAddr[p.from]++
-					}
-				}
+			rep := b.m.inbound(n.now, inboundHS{name: fmt.Sprint("h", x%20), session: x % 12, token: y, proof: proof, epoch: y % 4, ctrl: op&8 != 0, from: from})
+			if rep.ch != 0 {
+				b.m.inboundUp(n.now, rep.ch, nil)
+				b.links[rep.ch] = &simLink{local: b, id: rep.ch, dead: true}
 			}
-			if unconfirmed != b.m.unconfirmedPeers || !maps.Equal(byAddr, b.m.unconfirmedBy) {
-				t.Fatalf("unconfirmed peers counted %d %v, there are %d %v", b.m.unconfirmedPeers, b.m.unconfirmedBy, unconfirmed, byAddr)
+		case 1:
+			// Session 0 is a Mooncake engine's classic notify: unauthenticated by design
+			// (WithOOBAuthKey closes that); any other session needs its pair's token.
+			msg := "forged"
+			if x%12 == 0 {
+				msg = fmt.Sprint("legacy", i)
 			}
-			unusedCounts(t, b.m)
+			b.m.oobArrive(n.now, oobArrival{session: x % 12, token: y, seq: y, skipFrom: x, skipN: y % 5, n: Notify{Msg: []byte(msg)}})
+		case 2:
+			order = append(order, a.send("b", fmt.Sprint("real", len(order)), ""))
+		case 3:
+			for k := int(x % 8); k > 0 && n.step(); k-- {
+			}
+		case 4:
+			n.now = n.now.Add(time.Duration(x) * 100 * time.Millisecond)
+			b.m.tick(n.now)
 		}
-		n.run()
-		seen := map[string]bool{}
-		for _, g := range b.got {
-			m := string(g.Msg)
-			if m == "forged" {
-				t.Fatal("a forged notify was delivered")
-			}
-			if seen[m] {
-				t.Fatalf("%s delivered twice", m)
-			}
-			seen[m] = true
+		b.perform()
+		if len(b.m.peers) > cfg.maxPeers || len(b.m.names) > cfg.maxNames || b.m.unconfirmed > 2*cfg.maxUnconfirmed || b.m.unconfirmed < 0 {
+			t.Fatalf("caps broken: %d peers, %d names, %d unconfirmed", len(b.m.peers), len(b.m.names), b.m.unconfirmed)
 		}
-		checkDelivery(t, a, b, order)
-	})
+		unconfirmed, byAddr := 0, map[netip.Addr]int{}
+		for _, p := range b.m.peers {
+			if !p.confirmed {
+				unconfirmed++
+				if p.from.IsValid() {
+					byAddr[p.from]++
+				}
+			}
+		}
+		if unconfirmed != b.m.unconfirmedPeers || !maps.Equal(byAddr, b.m.unconfirmedBy) {
+			t.Fatalf("unconfirmed peers counted %d %v, there are %d %v", b.m.unconfirmedPeers, b.m.unconfirmedBy, unconfirmed, byAddr)
+		}
+		unusedCounts(t, b.m)
+	}
+	n.run()
+	seen := map[string]bool{}
+	for _, g := range b.got {
+		m := string(g.Msg)
+		if m == "forged" {
+			t.Fatal("a forged notify was delivered")
+		}
+		if seen[m] {
+			t.Fatalf("%s delivered twice", m)
+		}
+		seen[m] = true
+	}
+	checkDelivery(t, a, b, order)
+}
+
+// TestMachineDeterministic: one input gives one sequence of actions. The machine's loops
+// that act (tick, closeAll, hintPort, readvertised) visit its maps in a fixed order; with
+// Go's random map order this input (a fuzz find: a hostile client fills the peer table and
+// lets unconfirmed channels expire in one tick) gave different action sequences run to run,
+// and failed one run in six.
+func TestMachineDeterministic(t *testing.T) {
+	ops := []byte("zcB\xed07X:c(72(\xf51\x19\xf08)19.Yc)x&a20)ax21X 78,27Z9\"207A12#a782&2~x'87ZXZy1x\xcd;8C(70$Xx#aY70&\xa31zY7C0\"Y10\xbc]72x90CZ0\x90C9ya1!2cZ20711908X7BxC8ZAZ\"8\xa122cBBb&2b,70gA0?0J7%0b9\xbd02bB")
+	var first []string
+	for run := 0; run < 10; run++ {
+		var acts []string
+		hostileRun(t, ops, func(s string) { acts = append(acts, s) })
+		require.NotEmpty(t, acts)
+		if run == 0 {
+			first = acts
+			continue
+		}
+		require.Equal(t, first, acts, "run %d acted otherwise than run 0", run)
+	}
+}
+
+// describeAction writes x without pointers (an error by its text).
+func describeAction(x mAction) string {
+	e := ""
+	if x.err != nil {
+		e = x.err.Error()
+	}
+	return fmt.Sprintf("%d %q ch=%d req=%d seq=%d epoch=%d session=%d token=%d proof=%d fence=%d+%d pair=%d legacy=%v err=%q n=%s/%s/%q/%s at=%d deadline=%d",
+		x.kind, x.name, x.ch, x.req, x.seq, x.epoch, x.session, x.token, x.proof, x.first, x.count, x.pair, x.legacy, e,
+		x.n.Peer, x.n.Name, x.n.Msg, x.n.ID, x.at.UnixNano(), x.deadline.UnixNano())
 }
 
 // TestMachineConnectSlots: at most maxConnects handshakes run at once; the others wait in

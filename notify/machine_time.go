@@ -32,7 +32,10 @@ func (m *peerMachine) tick(now time.Time) {
 			next = t
 		}
 	}
-	for key, p := range m.peers {
+	for _, p := range m.peersInOrder() {
+		if m.peers[p.key] != p {
+			continue // forgotten or replaced by an earlier visit
+		}
 		if p.win.held > 0 {
 			p.win.expire(now, m.cfg.gapTimeout, func(d Notify) {
 				p.received++
@@ -80,7 +83,7 @@ func (m *peerMachine) tick(now time.Time) {
 		}
 		if p.ch == 0 && len(p.waiters) == 0 && p.inflight == 0 && p.win.held == 0 && p.seqs.unresolved() == 0 &&
 			!m.connectingTo(p) && now.Sub(p.lastActive) >= m.cfg.peerIdle {
-			m.forget(key, p)
+			m.forget(p.key, p)
 			m.stats.PeersPruned++
 			continue
 		}
@@ -88,8 +91,8 @@ func (m *peerMachine) tick(now time.Time) {
 			later(p.lastActive.Add(m.cfg.peerIdle))
 		}
 	}
-	for _, ce := range m.chans {
-		if !ce.inbound || ce.confirmed || ce.dropped {
+	for _, ce := range m.chansInOrder() {
+		if m.chans[ce.id] != ce || !ce.inbound || ce.confirmed || ce.dropped {
 			continue
 		}
 		if exp := ce.born.Add(m.cfg.connectTimeout); now.Before(exp) {
@@ -106,8 +109,9 @@ func (m *peerMachine) tick(now time.Time) {
 			later(p.lastActive.Add(m.cfg.peerIdle))
 		}
 	}
-	for id, r := range m.reqs {
-		if r.ch != 0 || r.oob {
+	for _, id := range m.reqsInOrder() {
+		r := m.reqs[id]
+		if r == nil || r.ch != 0 || r.oob {
 			continue // on its way: its path's own bound ends it
 		}
 		if !now.Before(r.deadline) {
@@ -116,7 +120,10 @@ func (m *peerMachine) tick(now time.Time) {
 		}
 		later(r.deadline)
 	}
-	for _, ne := range m.names {
+	for _, ne := range m.namesInOrder() {
+		if m.names[ne.name] != ne {
+			continue
+		}
 		if (ne.peer == nil || ne.askedAgain) && !ne.connecting && len(ne.waiters) > 0 && ne.failures > 0 && ne.stragglers == 0 {
 			if now.Before(ne.backoffAt) {
 				later(ne.backoffAt)
