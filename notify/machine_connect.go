@@ -839,9 +839,21 @@ func (m *peerMachine) failName(now time.Time, ne *nameEntry, err error) {
 }
 
 func (m *peerMachine) dropName(ne *nameEntry) {
-	if ne.peer == nil && !ne.connecting && len(ne.waiters) == 0 && !ne.legacyOOB && ne.failures == 0 {
+	if ne.peer == nil && !ne.connecting && len(ne.waiters) == 0 && !ne.legacyOOB && ne.failures == 0 && !m.keepsLost(ne) {
 		delete(m.names, ne.name)
 	}
+}
+
+// keepsLost reports whether ne must stay for what it knows of a refused pair (lost): we
+// still hold state for that pair, and the next handshake via ne must tell the peer's
+// fresh answer to restart it (bind). A name entry made again would not know: the pair's
+// sends still on their way would come back refused after later sends drew their seqs.
+func (m *peerMachine) keepsLost(ne *nameEntry) bool {
+	if ne.lost == 0 {
+		return false
+	}
+	p := m.peers[peerKey{session: ne.lost}]
+	return p != nil && p.hasState()
 }
 
 // failPeerWaiters fails or falls back what waits on p when no channel can carry it.

@@ -132,7 +132,7 @@ func (m *peerMachine) tick(now time.Time) {
 			}
 			continue
 		}
-		if ne.peer == nil && !ne.connecting && len(ne.waiters) == 0 && ne.stragglers == 0 && (ne.retryAt.IsZero() || !now.Before(ne.retryAt)) {
+		if ne.peer == nil && !ne.connecting && len(ne.waiters) == 0 && ne.stragglers == 0 && (ne.retryAt.IsZero() || !now.Before(ne.retryAt)) && !m.keepsLost(ne) {
 			if now.Before(ne.backoffAt) {
 				later(ne.backoffAt) // its backoff outlives the entry's use
 				continue
