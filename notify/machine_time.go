@@ -7,6 +7,7 @@ package notify
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -109,16 +110,24 @@ func (m *peerMachine) tick(now time.Time) {
 			later(p.lastActive.Add(m.cfg.peerIdle))
 		}
 	}
-	for _, id := range m.reqsInOrder() {
-		r := m.reqs[id]
-		if r == nil || r.ch != 0 || r.oob {
-			continue // on its way: its path's own bound ends it
+	// Sends whose deadline passed while they waited for a path: only those are sorted (in
+	// send order), not every request the engine holds.
+	var due []reqID
+	for id, r := range m.reqs {
+		if r.ch == 0 && !r.oob && !now.Before(r.deadline) { // on its way: its path's own bound ends it
+			due = append(due, id)
 		}
-		if !now.Before(r.deadline) {
+	}
+	slices.Sort(due)
+	for _, id := range due {
+		if r := m.reqs[id]; r != nil && r.ch == 0 && !r.oob {
 			m.cancel(now, id, errors.New("deadline passed while waiting for a path"))
-			continue
 		}
-		later(r.deadline)
+	}
+	for _, r := range m.reqs {
+		if r.ch == 0 && !r.oob {
+			later(r.deadline)
+		}
 	}
 	for _, ne := range m.namesInOrder() {
 		if m.names[ne.name] != ne {
