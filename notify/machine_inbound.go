@@ -133,6 +133,11 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 	if proven {
 		p.proved = true
 	}
+	if !proven && hs.proof != 0 && m.cookieTakes(p) && hs.proof == m.cookie(hs.session, hs.name) {
+		// Our cookie, returned for an entry nobody has used: it gives way (cookieTakes).
+		m.evictPeer(p)
+		p = nil
+	}
 	if p != nil && p.tokenIn[0] != 0 && !proven && !m.openRace(now, p, hs) && !replyLost(p, hs) {
 		m.stats.AuthRefused++
 		return inboundReply{refuse: refuseAuth, err: fmt.Errorf("%w: ts_proof: session %x is known here and the proof does not match", ErrAuth, hs.session)}

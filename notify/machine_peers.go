@@ -226,6 +226,21 @@ func (m *peerMachine) roomForPeer(now time.Time, from netip.Addr, strong bool) (
 	return false, nil
 }
 
+// cookieTakes reports whether p, the entry of a session that returns our cookie (a handshake
+// or an OOB notify), gives way to it: no handshake or notify proved p, it neither sent nor
+// received a notify, and it holds nothing (no send, no channel it confirmed, no handshake
+// of ours). Such an entry may have been made by a third party claiming the session after
+// we refused the real peer busy and gave it the cookie; kept, it would refuse the cookie
+// (it counts only when no entry stands), the peer's sends under it would be refused while
+// the entry stands and accepted once it was evicted, and a seq refused before a later one
+// was accepted leaves a gap the peer can no longer fence (docs/design.md). Letting the
+// cookie take its place gives a claimant nothing it lacked: an unproved entry answers a
+// handshake without proof anyway (replyLost).
+func (m *peerMachine) cookieTakes(p *peerEntry) bool {
+	return p != nil && !p.proved && !p.confirmed && !p.hasState() && len(p.waiters) == 0 &&
+		p.inflight == 0 && p.oldInflight == 0 && p.seqs.unresolved() == 0 && !m.connectingTo(p)
+}
+
 // openRace reports whether a handshake without proof for a known session is the other half
 // of a simultaneous open: its sender could not know our session when it sent, we learned
 // its session from our own handshake moments ago, and nothing came from it since. That is

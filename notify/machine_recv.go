@@ -156,7 +156,11 @@ func (m *peerMachine) provenByToken(now time.Time, p *peerEntry, a *oobArrival) 
 	if a.token == 0 {
 		return p, "", nil
 	}
-	cookie := p == nil && a.token == m.cookie(a.session, a.from)
+	cookie := (p == nil || m.cookieTakes(p)) && a.token == m.cookie(a.session, a.from)
+	if cookie && p != nil {
+		m.evictPeer(p) // an entry nobody has used gives way to our cookie (cookieTakes)
+		p = nil
+	}
 	name, offered := m.offered[a.token]
 	if offered && p != nil && p.adv != name && !slices.Contains(p.names, name) {
 		if ne := m.names[name]; ne != nil && ne.connecting && ne.token == a.token && ne.peer == nil && mayLeadTo(name, p) {

@@ -672,6 +672,55 @@ func TestMachineUnprovedEntryAnswersFresh(t *testing.T) {
 	require.False(t, rep.fresh, "the entry sent in the pair: its state is not fresh")
 }
 
+// TestMachineCookieTakesUnusedEntry: a peer refused busy holds our cookie; a third party
+// then makes an entry claiming its session. The cookie, returned by the real peer's
+// handshake or its OOB notify, takes that entry's place while nobody has used it; once the
+// entry was used, the cookie is refused (auth) and the entry stays.
+func TestMachineCookieTakesUnusedEntry(t *testing.T) {
+	now := time.Unix(1000, 0)
+	tok := uint64(100)
+	fresh := func() *peerMachine {
+		m := newPeerMachine(20, simCfg(), func() uint64 { tok++; return tok })
+		rep := m.inbound(now, inboundHS{name: "evil", session: 10, token: 99, ctrl: true})
+		require.Empty(t, rep.refuse)
+		return m
+	}
+	cookie := func(m *peerMachine) uint64 { return m.cookie(10, "a") }
+
+	// A handshake proving the cookie: answered in a new entry, the third party's gone.
+	m := fresh()
+	evil := m.peers[peerKey{session: 10}]
+	rep := m.inbound(now, inboundHS{name: "a", session: 10, token: 5, proof: cookie(m), ctrl: true})
+	require.Empty(t, rep.refuse, "%v", rep.err)
+	require.True(t, rep.fresh)
+	p := m.peers[peerKey{session: 10}]
+	require.NotSame(t, evil, p, "the cookie took the unused entry's place")
+	require.NotEqual(t, evil.tokenIn[0], rep.token, "the third party's token does not lead to the new entry")
+	require.Equal(t, uint64(1), m.stats.PeersEvicted)
+
+	// An OOB notify under the cookie: accepted and delivered in a new entry.
+	m = fresh()
+	evil = m.peers[peerKey{session: 10}]
+	code, err := m.oobArrive(now, oobArrival{session: 10, token: cookie(m), to: 20, seq: 1, nid: "n1", from: "a", n: Notify{Msg: []byte("1")}})
+	require.Empty(t, code, "%v", err)
+	p = m.peers[peerKey{session: 10}]
+	require.NotSame(t, evil, p)
+	require.Equal(t, uint64(1), p.received)
+	require.False(t, m.tokenOK(p, evil.tokenIn[0]), "the third party's token was not carried over")
+
+	// Once the third party used its entry, the cookie no longer takes it.
+	m = fresh()
+	evil = m.peers[peerKey{session: 10}]
+	code, err = m.oobArrive(now, oobArrival{session: 10, token: evil.tokenIn[0], to: 20, seq: 1, nid: "e1", from: "evil", n: Notify{Msg: []byte("e")}})
+	require.Empty(t, code, "%v", err)
+	code, err = m.oobArrive(now, oobArrival{session: 10, token: cookie(m), to: 20, seq: 2, nid: "n2", from: "a", n: Notify{Msg: []byte("2")}})
+	require.Equal(t, refuseAuth, code)
+	require.ErrorIs(t, err, ErrAuth)
+	rep = m.inbound(now, inboundHS{name: "a", session: 10, token: 5, proof: cookie(m), ctrl: true})
+	require.Equal(t, refuseAuth, rep.refuse)
+	require.Same(t, evil, m.peers[peerKey{session: 10}])
+}
+
 // TestMachineIdempotentRetry: a caller retries a notify whose outcome it did not learn,
 // with the same id; it is delivered once.
 func TestMachineIdempotentRetry(t *testing.T) {
