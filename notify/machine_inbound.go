@@ -191,6 +191,13 @@ func (m *peerMachine) inbound(now time.Time, hs inboundHS) inboundReply {
 		if hs.name != "" {
 			p.names = append(p.names, hs.name)
 		}
+		if cookied {
+			// The pair's token is a new one; the cookie stays valid beside it, so what the
+			// peer sent over OOB under the cookie before this reply reached it lands in
+			// this entry rather than being refused, or taking its place (cookieTakes).
+			m.addTokenIn(p, hs.proof)
+			m.addTokenIn(p, m.rand())
+		}
 	}
 	p.lastActive = now
 	switch {

@@ -235,7 +235,8 @@ func (m *peerMachine) roomForPeer(now time.Time, from netip.Addr, strong bool) (
 // the entry stands and accepted once it was evicted, and a seq refused before a later one
 // was accepted leaves a gap the peer can no longer fence (docs/design.md). Letting the
 // cookie take its place gives a claimant nothing it lacked: an unproved entry answers a
-// handshake without proof anyway (replyLost).
+// handshake without proof anyway (replyLost). An entry made by a handshake that returned
+// the cookie holds the cookie as a token, so the cookie never gets here for it.
 func (m *peerMachine) cookieTakes(p *peerEntry) bool {
 	return p != nil && !p.proved && !p.confirmed && !p.hasState() && len(p.waiters) == 0 &&
 		p.inflight == 0 && p.oldInflight == 0 && p.seqs.unresolved() == 0 && !m.connectingTo(p)

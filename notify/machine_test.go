@@ -675,7 +675,8 @@ func TestMachineUnprovedEntryAnswersFresh(t *testing.T) {
 // TestMachineCookieTakesUnusedEntry: a peer refused busy holds our cookie; a third party
 // then makes an entry claiming its session. The cookie, returned by the real peer's
 // handshake or its OOB notify, takes that entry's place while nobody has used it; once the
-// entry was used, the cookie is refused (auth) and the entry stays.
+// entry was used, the cookie is refused (auth) and the entry stays. An entry made by the
+// cookie's own handshake keeps the cookie: the peer's notifies sent under it land there.
 func TestMachineCookieTakesUnusedEntry(t *testing.T) {
 	now := time.Unix(1000, 0)
 	tok := uint64(100)
@@ -707,6 +708,19 @@ func TestMachineCookieTakesUnusedEntry(t *testing.T) {
 	require.NotSame(t, evil, p)
 	require.Equal(t, uint64(1), p.received)
 	require.False(t, m.tokenOK(p, evil.tokenIn[0]), "the third party's token was not carried over")
+
+	// An entry the cookie's own handshake made keeps the cookie valid beside the token it
+	// issued: a notify the peer sent under the cookie before that reply lands there.
+	m = newPeerMachine(20, simCfg(), func() uint64 { tok++; return tok })
+	rep = m.inbound(now, inboundHS{name: "a", session: 10, token: 5, proof: cookie(m), ctrl: true})
+	require.Empty(t, rep.refuse, "%v", rep.err)
+	require.NotEqual(t, cookie(m), rep.token, "the pair's token is not the cookie")
+	mine := m.peers[peerKey{session: 10}]
+	code, err = m.oobArrive(now, oobArrival{session: 10, token: cookie(m), to: 20, seq: 1, nid: "n1", from: "a", n: Notify{Msg: []byte("1")}})
+	require.Empty(t, code, "%v", err)
+	require.Same(t, mine, m.peers[peerKey{session: 10}], "the entry stays")
+	require.Equal(t, uint64(1), mine.received)
+	require.True(t, m.tokenOK(mine, rep.token))
 
 	// Once the third party used its entry, the cookie no longer takes it.
 	m = fresh()
