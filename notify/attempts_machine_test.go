@@ -49,3 +49,44 @@ func TestMachineUnknownOutcomeNamesTheAttempt(t *testing.T) {
 		"(completion error: transport retry counter exceeded); attempt 2 over oob failed: oob: peer unreachable: connect: "+
 		"connection refused [outcome unknown: the notify may have been delivered]", done.err.Error())
 }
+
+// A handshake refused "superseded" (the peer's entry has a channel of a later epoch) may
+// still say the peer's state for the pair is fresh: its entry was made for us anew, or by a
+// third party claiming our session, and kept no state. The reply's token is the one we send
+// under next, so the pair starts over then, as for an accepting fresh reply; kept, our seqs
+// would go on past a window that expects 1 and wait there for the gap timeout.
+func TestMachineFreshRefusalRestartsPair(t *testing.T) {
+	for _, refuse := range []string{refuseSuperseded, refuseLimit, ""} {
+		t.Run(fmt.Sprintf("refuse=%q", refuse), func(t *testing.T) {
+			var seed uint64 = 1
+			m := newPeerMachine(10, simCfg(), func() uint64 { seed++; return seed })
+			now := time.Unix(1000, 0)
+			acts := func(kind mActKind) []mAction {
+				var out []mAction
+				for _, a := range m.ready() {
+					if a.kind == kind {
+						out = append(out, a)
+					}
+				}
+				return out
+			}
+			m.send(now, 1, "b", "", now.Add(time.Hour), 5)
+			c := acts(aConnect)
+			require.Len(t, c, 1)
+			m.connected(now, "b", c[0].ch, hsResult{session: 20, token: 0xb1, ctrl: true, peerName: "b"})
+			require.Len(t, acts(aPost), 1)
+			m.sendResult(now, 1, nil, true, false)
+			m.chanClosed(now, c[0].ch, errors.New("the QP went to the error state"))
+			m.ready()
+			m.send(now, 2, "b", "", now.Add(time.Hour), 5)
+			c = acts(aConnect)
+			require.Len(t, c, 1)
+			require.EqualValues(t, 0xb1, c[0].proof)
+			m.connected(now, "b", c[0].ch, hsResult{session: 20, token: 0xb2, refuse: refuse, ctrl: true, peerName: "b", fresh: true})
+			require.EqualValues(t, 1, m.stats.PairsRestarted, "the peer's state starts at 1: so does ours")
+			p := m.peers[peerKey{session: 20}]
+			require.NotNil(t, p)
+			require.EqualValues(t, 0xb2, p.tokenOut)
+		})
+	}
+}

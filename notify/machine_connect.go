@@ -280,7 +280,7 @@ type hsResult struct {
 	ctrl      bool   // the channel is connected (ch != 0)
 	peerName  string // the name the peer advertised
 	noCtrlMsg string
-	fresh     bool   // the peer made its state for us just now (ts_fresh)
+	fresh     bool   // the peer's state for the pair starts at 1 (ts_fresh), in a refusal too
 	maxNotify int    // the peer's max_notify_size (ts_max_notify; 0: not said)
 	refuseMsg string // the text of the peer's refusal (which limit, ...)
 	// refuseCause (ts_refuse_cause) qualifies refuse: causeDevice with refuseLimit is the
@@ -432,7 +432,10 @@ func (m *peerMachine) connected(now time.Time, name string, ch chanID, res hsRes
 		m.failName(now, ne, err)
 		return
 	}
-	p, err := m.bind(now, ne, res.session, res.peerName, res.fresh && (res.refuse == "" || res.refuse == refuseNoCtrl))
+	// A fresh answer counts in a refusal too (superseded, a channel limit): the peer keeps
+	// the entry that answered, and the token this reply carries is the one we send under
+	// next, so our seqs must start where its state does.
+	p, err := m.bind(now, ne, res.session, res.peerName, res.fresh)
 	if err != nil {
 		closeCh(err)
 		m.failName(now, ne, err)

@@ -109,7 +109,7 @@ type inboundReply struct {
 	ch     chanID // accept with a channel: the driver creates and connects it, then calls inboundUp
 	token  uint64 // the token we issue the peer
 	epoch  uint64
-	fresh  bool // the entry was made by this handshake (ts_fresh)
+	fresh  bool // our state for the pair starts at 1 (ts_fresh; see inbound)
 }
 
 // replyLost reports whether hs, a handshake without proof of a session we know, may be

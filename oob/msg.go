@@ -73,8 +73,9 @@ type HandshakeDesc struct {
 	// handshake of the pair: a handshake claiming a session the responder knows must
 	// carry it. 0 = none.
 	Proof uint64
-	// Fresh (ts_fresh), in an accepting reply: the responder knew nothing of the pair and
-	// made its state for the initiator's session just now, so its sequence space toward
+	// Fresh (ts_fresh), in a reply that carries a token (an accepting one, or a refusal
+	// that keeps the responder's entry: superseded, a channel limit): the responder's state
+	// for the initiator's session holds nothing of the pair, so its sequence space toward
 	// the initiator and its receive window both start at 1. An initiator that kept its own
 	// state (the responder forgot an idle pair) starts the pair over, or each side's seqs
 	// would land in a window expecting others.
