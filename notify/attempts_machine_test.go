@@ -50,11 +50,12 @@ func TestMachineUnknownOutcomeNamesTheAttempt(t *testing.T) {
 		"connection refused [outcome unknown: the notify may have been delivered]", done.err.Error())
 }
 
-// A handshake refused "superseded" (the peer's entry has a channel of a later epoch) may
-// still say the peer's state for the pair is fresh: its entry was made for us anew, or by a
-// third party claiming our session, and kept no state. The reply's token is the one we send
-// under next, so the pair starts over then, as for an accepting fresh reply; kept, our seqs
-// would go on past a window that expects 1 and wait there for the gap timeout.
+// A handshake refused "superseded" (the peer's entry has a channel of a later epoch) or for
+// a channel limit may still say the peer's state for the pair is fresh: its entry was made
+// for us anew, or by a third party claiming our session, and kept no state. The reply's
+// token is the one we send under next, so the pair starts over then, as for an accepting
+// fresh reply (the third case); kept, our seqs would go on past a window that expects 1
+// and wait there for the gap timeout.
 func TestMachineFreshRefusalRestartsPair(t *testing.T) {
 	for _, refuse := range []string{refuseSuperseded, refuseLimit, ""} {
 		t.Run(fmt.Sprintf("refuse=%q", refuse), func(t *testing.T) {
