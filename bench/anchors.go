@@ -127,6 +127,13 @@ func runUCXAnchors(ctx context.Context, cfg *Config, rep *Report) []*Anchor {
 		if n == 0 {
 			n = defaultCount
 		}
+		// ucx_perftest has no time limit, and its round trip is short: a count that keeps
+		// ours busy for a second may end its run in half of one. A short run measures the
+		// round trip, and the run then has at least BurstTime's worth of iterations (as
+		// ucp_am_bw's below; at most 1 000 000).
+		if c := runUCX(ctx, cfg, path, "ucp_am_lat", ScenarioLatency, size, 2000); c.Error == "" && c.AvgUS > 0 {
+			n = max(n, min(int(1e6), int(math.Ceil(float64(cfg.BurstTime/time.Microsecond)/(2*c.AvgUS)))))
+		}
 		a := runUCX(ctx, cfg, path, "ucp_am_lat", ScenarioLatency, size, n)
 		out = append(out, a)
 		if a.Error == "" {

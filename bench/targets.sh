@@ -17,12 +17,15 @@
 # not).
 #
 # Environment: R, rounds (default 3); OUT, a directory for the binaries and the JSON of
-# every run (default build/targets); N, notifies per latency run (default 60000: every phase
-# runs at least 1 s on the machines measured so far).
+# every run (default build/targets); N, notifies per latency run in event mode (default
+# 60000: every phase runs at least 1 s on the machines measured so far); N_BUSY, notifies
+# per busy-poll run (default 200000: a busy-polled round trip takes 10-20 us here, so 60000
+# would end a phase in under a second).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 R=${R:-3}
 N=${N:-60000}
+N_BUSY=${N_BUSY:-200000}
 OUT=${OUT:-build/targets}
 GO=${GO:-go}
 mkdir -p "$OUT"
@@ -39,7 +42,7 @@ for r in $(seq 1 "$R"); do
 	echo "== round $r of $R ($(date +%T), load $(cut -d' ' -f1 /proc/loadavg))"
 	"$bin" bench --scenario latency --transport oob,floor-block,floor-echo -s 64 -n "$N" --keepalive-off --anchors ucx --json "$OUT/round-$r-ev.json"
 	"$bin" bench --scenario latency --transport oob,floor-block,floor-epoll,floor-loop,floor-node,floor-uring -s 64 -n "$N" --keepalive-off --no-echo --json "$OUT/round-$r-ack.json"
-	"$bin" bench --scenario latency --transport oob,floor-spin -s 64 -n "$N" --keepalive-off --busy-poll 50us --json "$OUT/round-$r-busy.json"
+	"$bin" bench --scenario latency --transport oob,floor-spin -s 64 -n "$N_BUSY" --keepalive-off --busy-poll 50us --json "$OUT/round-$r-busy.json"
 	"$bin" bench --scenario burst --transport oob -s 64 --window 256 --repeat 1 --burst-time 1s --keepalive-off --anchors ucx --json "$OUT/round-$r-burst.json"
 	if [ -n "$rdma" ]; then
 		LD_LIBRARY_PATH="$PWD/build/softverbs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$OUT/twosided-rdma" bench --provider verbs \
