@@ -105,8 +105,7 @@ func (m *peerMachine) takeable(now time.Time, ce *chanEntry, strong bool) bool {
 // seq or held notify, and no channel but one its peer has not used that may close
 // (takeable; strong: for a proven newcomer).
 func (m *peerMachine) evictable(now time.Time, p *peerEntry, strong bool) bool {
-	if p.confirmed || len(p.waiters) != 0 || p.inflight != 0 || p.oldInflight != 0 ||
-		p.win.held != 0 || p.seqs.unresolved() != 0 || m.connectingTo(p) {
+	if p.confirmed || !m.holdsNothing(p) {
 		return false
 	}
 	for _, id := range [2]chanID{p.ch, p.inCh} {
@@ -115,6 +114,13 @@ func (m *peerMachine) evictable(now time.Time, p *peerEntry, strong bool) bool {
 		}
 	}
 	return true
+}
+
+// holdsNothing reports whether p holds no send, seq or held notify and no handshake of ours
+// is on its way to it: forgetting it loses nothing.
+func (m *peerMachine) holdsNothing(p *peerEntry) bool {
+	return len(p.waiters) == 0 && p.inflight == 0 && p.oldInflight == 0 && p.win.held == 0 &&
+		p.seqs.unresolved() == 0 && !m.connectingTo(p)
 }
 
 // evictOldest forgets the oldest evictable entry (made by a handshake from "from" when it
@@ -238,8 +244,7 @@ func (m *peerMachine) roomForPeer(now time.Time, from netip.Addr, strong bool) (
 // handshake without proof anyway (replyLost). An entry made by a handshake that returned
 // the cookie holds the cookie as a token, so the cookie never gets here for it.
 func (m *peerMachine) cookieTakes(p *peerEntry) bool {
-	return p != nil && !p.proved && !p.confirmed && !p.hasState() && len(p.waiters) == 0 &&
-		p.inflight == 0 && p.oldInflight == 0 && p.seqs.unresolved() == 0 && !m.connectingTo(p)
+	return p != nil && !p.proved && !p.confirmed && !p.hasState() && m.holdsNothing(p)
 }
 
 // openRace reports whether a handshake without proof for a known session is the other half
